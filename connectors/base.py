@@ -1,0 +1,111 @@
+"""What a source or sink must provide to the compiler.
+
+Driver side, a source gives Spark a DataFrame of its raw rows (a bounded read, or a streaming
+read for unbounded sources). Executor side, its :class:`Decoder` turns Arrow batches of those
+rows into records: ``(id, ts, element)`` triples, or :class:`DeadLetter` for rows that cannot
+be decoded. Sinks open a :class:`SinkWriter` per task; ``flush`` returns only once everything
+written is durably delivered (for Kafka: acknowledged by the broker).
+
+Connectors must pickle (Spark ships them to workers): never open clients in ``__init__``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from onceflow.records import DeadLetter, Record
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+
+Decoded = Record | DeadLetter
+Decoder = Callable[["pa.RecordBatch"], Iterator[Decoded]]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """Where a sink writer runs: which sink, batch, partition and attempt."""
+
+    pipeline: str
+    sink: str
+    batch: int
+    partition: int
+    attempt: int
+
+
+class SourceConnector(abc.ABC):
+    """Base of every source."""
+
+    bounded: bool = True
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """One line for plans."""
+
+    def frame(self, session: SparkSession, parallelism: int) -> DataFrame:
+        """Bounded read: a DataFrame of raw rows."""
+        msg = f"{type(self).__name__} cannot be read as a bounded source"
+        raise NotImplementedError(msg)
+
+    def stream(self, session: SparkSession, pipeline: str, source: str) -> DataFrame:
+        """Streaming read: a streaming DataFrame of raw rows."""
+        msg = f"{type(self).__name__} cannot be read as a stream; use it in a bounded run"
+        raise NotImplementedError(msg)
+
+    @abc.abstractmethod
+    def decoder(self, source: str, with_ids: bool) -> Decoder:
+        """A picklable function from raw Arrow batches to records (run on workers).
+
+        ``source`` is the source stage's name (part of position-derived IDs); with
+        ``with_ids`` False the decoder may leave IDs empty (the plain runtime needs none).
+        """
+
+    def prepare(self, pipeline: str, streaming: bool) -> None:  # noqa: B027 - optional hook
+        """Driver-side checks before a run (topics exist, files readable ...)."""
+
+
+class SinkWriter(abc.ABC):
+    """Writes records of one task."""
+
+    @abc.abstractmethod
+    def write(self, records: Sequence[Record]) -> None:
+        """Send records (they may be buffered until :meth:`flush`)."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook
+        """Return once everything written so far is durably delivered."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """The task succeeded: make what was written final and release resources."""
+
+    def abort(self) -> None:  # noqa: B027 - optional hook
+        """The task failed: drop what is not yet final and release resources."""
+
+
+class SinkConnector(abc.ABC):
+    """Base of every sink."""
+
+    #: True for sinks whose records travel back to the driver (Collect).
+    to_driver: bool = False
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """One line for plans."""
+
+    def prepare(self, pipeline: str, streaming: bool) -> None:  # noqa: B027 - optional hook
+        """Driver-side setup before a run (create directories, topics ...)."""
+
+    def open(self, task: TaskInfo) -> SinkWriter:
+        """Executor side: a writer for one task."""
+        msg = f"{type(self).__name__} does not write from workers"
+        raise NotImplementedError(msg)
+
+    def receive(self, values: Sequence[Any]) -> None:  # noqa: B027 - optional hook
+        """Driver side: elements sent back by workers (``to_driver`` sinks only)."""
+
+    def finish(self) -> None:  # noqa: B027 - optional hook
+        """Driver side, after a bounded run or a micro-batch."""

@@ -1,0 +1,261 @@
+"""Line-oriented files: text and JSON-lines sources, and a JSON-lines sink.
+
+Sources split files into byte ranges; a range owns the lines that *start* inside it, so
+splits never cut or repeat a line. A record's ID derives from its file and byte offset, and a
+line that does not decode becomes a dead letter naming ``path@offset``.
+
+The sink writes one part file per task, atomically (temporary name, then rename). In a
+bounded run the driver concatenates the parts, in partition order, into the single file the
+user named. In a streaming run the path is a directory and every flush leaves a complete part
+file ``part-<batch>-<partition>-<n>.jsonl`` there.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from connectors.base import Decoded, Decoder, SinkConnector, SinkWriter, SourceConnector, TaskInfo
+from connectors.collections import split_frame, splits_of
+from connectors.errors import ConnectorError
+from onceflow import ids
+from onceflow.codec import ValueCodec, value_codec
+from onceflow.records import DeadLetter, Record
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+DEFAULT_SPLIT_BYTES = 32 << 20
+
+
+def _expand(path: str) -> list[str]:
+    if os.path.isdir(path):
+        found = sorted(
+            os.path.join(path, f)
+            for f in os.listdir(path)
+            if not f.startswith((".", "_")) and os.path.isfile(os.path.join(path, f))
+        )
+    else:
+        found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+    if not found:
+        msg = f"no input files match {path!r}; check the path (relative to {os.getcwd()})"
+        raise ConnectorError(msg)
+    return [os.path.abspath(p) for p in found]
+
+
+class LineFiles(SourceConnector):
+    """Lines of one or more files (a path, a directory or a glob), decoded by a codec."""
+
+    bounded = True
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        codec: str = "utf-8",
+        split_bytes: int = DEFAULT_SPLIT_BYTES,
+        skip_blank: bool = False,
+    ) -> None:
+        self.path = path
+        self.codec = value_codec(codec)
+        self.split_bytes = split_bytes
+        self.skip_blank = skip_blank
+        self.ranges: list[tuple[str, int, int]] = []
+
+    def describe(self) -> str:
+        """One line for plans."""
+        return f"{self.codec.name} lines of {self.path}"
+
+    def prepare(self, pipeline: str, streaming: bool) -> None:
+        """Find the files and cut them into ranges."""
+        self.ranges = []
+        for p in _expand(self.path):
+            size = os.path.getsize(p)
+            start = 0
+            while True:
+                end = min(size, start + self.split_bytes)
+                self.ranges.append((p, start, end))
+                if end >= size:
+                    break
+                start = end
+
+    def frame(self, session: SparkSession, parallelism: int) -> DataFrame:
+        """One row per byte range."""
+        if not self.ranges:
+            self.prepare("", False)
+        return split_frame(session, len(self.ranges))
+
+    def decoder(self, source: str, with_ids: bool) -> Decoder:
+        """Read and decode the lines of each range."""
+        ranges, codec, skip_blank = self.ranges, self.codec, self.skip_blank
+
+        def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
+            for split, _splits in splits_of(batch):
+                path, start, end = ranges[split]
+                for offset, line in read_range(path, start, end):
+                    if skip_blank and not line.strip():
+                        continue
+                    yield _decode_line(source, path, offset, line, codec, with_ids)
+
+        return decode
+
+
+def read_range(path: str, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` for every line starting in ``[start, end)``, without its newline."""
+    with open(path, "rb") as fh:
+        if start > 0:
+            fh.seek(start - 1)
+            fh.readline()  # finish the line that started before this range
+        pos = fh.tell()
+        while pos < end:
+            line = fh.readline()
+            if not line:
+                return
+            yield pos, line.rstrip(b"\r\n")
+            pos += len(line)
+
+
+def _decode_line(
+    source: str, path: str, offset: int, line: bytes, codec: ValueCodec, with_ids: bool
+) -> Decoded:
+    rid = ids.from_position(source, path, 0, offset) if with_ids else b""
+    try:
+        return Record(rid, 0, codec.decode(line))
+    except Exception as exc:  # noqa: BLE001 - undecodable input becomes a dead letter
+        error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
+        return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line)
+
+
+def TextFile(path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES) -> LineFiles:  # noqa: N802
+    """Each line of the file(s) as a ``str``."""
+    return LineFiles(path, codec="utf-8", split_bytes=split_bytes)
+
+
+def JsonLinesSource(path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES) -> LineFiles:  # noqa: N802
+    """Each line of the file(s) parsed as JSON (blank lines are not records and are skipped)."""
+    return LineFiles(path, codec="json", split_bytes=split_bytes, skip_blank=True)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        import base64
+
+        return {"$base64": base64.b64encode(value).decode()}
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    msg = f"{type(value).__name__} is not JSON serializable"
+    raise TypeError(msg)
+
+
+def to_json_line(value: Any) -> bytes:
+    """One JSON line (tuples become arrays, bytes become ``{"$base64": ...}``)."""
+    return (json.dumps(value, default=_json_default, ensure_ascii=False) + "\n").encode()
+
+
+class JsonLinesSink(SinkConnector):
+    """Writes elements as JSON lines (see the module docstring for the file layout)."""
+
+    def __init__(self, path: str, *, with_ids: bool = False) -> None:
+        self.path = os.path.abspath(path)
+        self.with_ids = with_ids
+        self.streaming = False
+
+    def describe(self) -> str:
+        """One line for plans."""
+        return f"json lines {self.path}"
+
+    @property
+    def parts_dir(self) -> str:
+        """Where tasks put their part files."""
+        return self.path if self.streaming else self.path + ".parts"
+
+    def prepare(self, pipeline: str, streaming: bool) -> None:
+        """Create the directories; a bounded run starts from empty parts."""
+        self.streaming = streaming
+        if not streaming:
+            shutil.rmtree(self.parts_dir, ignore_errors=True)
+        os.makedirs(self.parts_dir, exist_ok=True)
+
+    def open(self, task: TaskInfo) -> SinkWriter:
+        """A writer for one task."""
+        return _JsonLinesWriter(self, task)
+
+    def finish(self) -> None:
+        """Bounded: concatenate the parts into the final file, atomically."""
+        if self.streaming or not os.path.isdir(self.parts_dir):
+            return
+        parts = sorted(f for f in os.listdir(self.parts_dir) if f.startswith("part-"))
+        tmp = f"{self.path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as out:
+            for name in parts:
+                with open(os.path.join(self.parts_dir, name), "rb") as fh:
+                    shutil.copyfileobj(fh, out)
+        os.replace(tmp, self.path)
+        shutil.rmtree(self.parts_dir, ignore_errors=True)
+
+    def read(self) -> list[Any]:
+        """Every element written so far (bounded: the file; streaming: all part files)."""
+        files = (
+            [self.path]
+            if not self.streaming
+            else [os.path.join(self.path, f) for f in sorted(os.listdir(self.path))
+                  if f.startswith("part-")]
+        )
+        out: list[Any] = []
+        for f in files:
+            if os.path.exists(f):
+                with open(f, encoding="utf-8") as fh:
+                    out.extend(json.loads(line) for line in fh if line.strip())
+        return out
+
+
+class _JsonLinesWriter(SinkWriter):
+    def __init__(self, sink: JsonLinesSink, task: TaskInfo) -> None:
+        self.sink = sink
+        self.task = task
+        self.pending: list[bytes] = []
+        self.flushes = 0
+        self.written: list[str] = []
+        safe = task.sink.replace("/", "_")
+        self.stem = f"part-{task.batch:06d}-{task.partition:05d}-{safe}"
+
+    def write(self, records: Sequence[Record]) -> None:
+        if self.sink.with_ids:
+            self.pending.extend(to_json_line({"id": r.id.hex(), "value": r.elem}) for r in records)
+        else:
+            self.pending.extend(to_json_line(r.elem) for r in records)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        if self.sink.streaming:  # every flush is a complete, visible file
+            name = f"{self.stem}-{self.task.attempt}-{self.flushes:04d}-{uuid.uuid4().hex[:8]}.jsonl"
+            self._publish(name, self.pending)
+            self.pending = []
+            self.flushes += 1
+
+    def close(self) -> None:
+        if self.sink.streaming:
+            self.flush()
+        elif self.pending:
+            self._publish(f"{self.stem}.jsonl", self.pending)
+            self.pending = []
+
+    def abort(self) -> None:
+        self.pending = []
+
+    def _publish(self, name: str, lines: list[bytes]) -> None:
+        final = os.path.join(self.sink.parts_dir, name)
+        tmp = os.path.join(self.sink.parts_dir, f".tmp-{uuid.uuid4().hex}")
+        with open(tmp, "wb") as fh:
+            fh.writelines(lines)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        self.written.append(final)

@@ -1,0 +1,253 @@
+"""Declaring a pipeline: ``Pipeline``, ``Stream`` and the transforms.
+
+Every transform takes an explicit stage name first. Names are stable identities: record IDs
+and Redis keys are derived from them, so renaming a stage of a running streaming pipeline is a
+data-format change (its dedup history and state start over). Names must be unique in a
+pipeline and must not contain ``/`` (reserved for names the optimizer derives).
+
+Each transform is a thin wrapper over the optimizer's primitives: map, filter, flat_map,
+key_by, map_values, windows and merge are flat-maps; combine_per_key and group_by_key are an
+exchange followed by a combine.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from graph_optimizer.combine_fn import CombineFn
+from graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Node, Sink, Source, validate
+from pipeline.combiners import ToList, resolve
+from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    from connectors.base import SinkConnector, SourceConnector
+    from graph_optimizer.plan import Plan
+    from pipeline.runner import RunResult
+
+_PIPELINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+EXCHANGE_SUFFIX = "/exchange"
+
+
+def _check_stage_name(name: object) -> str:
+    if not isinstance(name, str) or not name.strip():
+        msg = f"a stage name must be a non-empty string, got {name!r}"
+        raise PipelineError(msg)
+    if "/" in name or any(ord(c) < 32 for c in name):
+        msg = (
+            f"stage name {name!r} contains '/' or a control character; '/' is reserved for "
+            "names the optimizer derives - use letters, digits, '-', '_' or '.'"
+        )
+        raise PipelineError(msg)
+    return name
+
+
+def _check_callable(stage: str, what: str, fn: object) -> None:
+    if not callable(fn):
+        msg = f"stage {stage!r} needs a function for {what}, got {type(fn).__name__}"
+        raise PipelineError(msg)
+
+
+class Pipeline:
+    """A named graph of stages; build it with :meth:`read` and the :class:`Stream` methods.
+
+    ``dead_letters`` is a sink for records that fail (undecodable input, an exception in your
+    code, a value too big or not encodable); by default they go to a JSON-lines file
+    (bounded runs) or a ``<name>.dead-letters`` Kafka topic (Kafka pipelines). With
+    ``on_error="fail"`` such a record stops the run instead.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        dead_letters: SinkConnector | None = None,
+        on_error: str = "dead_letter",
+        max_record_bytes: int = 1 << 20,
+    ) -> None:
+        if not isinstance(name, str) or not _PIPELINE_NAME.match(name):
+            msg = (
+                f"pipeline name {name!r} is not valid: use 1-100 letters, digits, '.', '_' or "
+                "'-', starting with a letter or digit (it names Redis keys and Kafka topics)"
+            )
+            raise PipelineError(msg)
+        if on_error not in ("dead_letter", "fail"):
+            msg = f"on_error must be 'dead_letter' or 'fail', got {on_error!r}"
+            raise PipelineError(msg)
+        if max_record_bytes <= 0:
+            msg = f"max_record_bytes must be positive, got {max_record_bytes}"
+            raise PipelineError(msg)
+        self.name = name
+        self.dead_letters = dead_letters
+        self.on_error = on_error
+        self.max_record_bytes = max_record_bytes
+        self._nodes: dict[str, Node] = {}
+
+    # -- building ----------------------------------------------------------------------------
+
+    def _add(self, node: Node) -> str:
+        if node.name in self._nodes:
+            msg = f"stage {node.name!r} is declared twice; give each stage a unique name"
+            raise PipelineError(msg)
+        self._nodes[node.name] = node
+        return node.name
+
+    def read(self, name: str, source: SourceConnector) -> Stream:
+        """Read records from ``source`` (see :mod:`pipeline.sources`)."""
+        _check_stage_name(name)
+        if not hasattr(source, "decoder"):
+            msg = f"stage {name!r}: {source!r} is not a source; use one from pipeline.sources"
+            raise PipelineError(msg)
+        self._add(Source(name, (), label=source.describe(), connector=source))
+        return Stream(self, name, keyed=False)
+
+    def merge(self, name: str, *streams: Stream) -> Stream:
+        """One stream with the elements of all ``streams``."""
+        _check_stage_name(name)
+        if len(streams) < 2:
+            msg = f"merge {name!r} needs at least two streams, got {len(streams)}"
+            raise PipelineError(msg)
+        for s in streams:
+            if s.pipeline is not self:
+                msg = f"merge {name!r}: stream {s.name!r} belongs to another pipeline"
+                raise PipelineError(msg)
+        keyed = {s.keyed for s in streams}
+        if len(keyed) > 1:
+            names = ", ".join(f"{s.name!r} ({'keyed' if s.keyed else 'unkeyed'})" for s in streams)
+            msg = f"merge {name!r} mixes keyed and unkeyed streams: {names}; key them alike"
+            raise PipelineError(msg)
+        node = FlatMap(name, tuple(s.name for s in streams), label="merge", fn=_identity)
+        self._add(node)
+        return Stream(self, name, keyed=keyed.pop())
+
+    # -- inspecting and running --------------------------------------------------------------
+
+    @property
+    def graph(self) -> Graph:
+        """The validated logical graph."""
+        return validate(Graph(self.name, tuple(self._nodes.values())))
+
+    def plan(self, rules: Iterable[Callable[[Plan], Plan]] | None = None) -> Plan:
+        """The physical plan, optimized with ``rules`` (all rules by default, () for none)."""
+        from graph_optimizer.optimizer import RULES, optimize
+
+        return optimize(self.graph, tuple(RULES if rules is None else rules))
+
+    def run(self, **settings: Any) -> RunResult:
+        """Run the pipeline (see :func:`pipeline.runner.run` for the settings)."""
+        from pipeline.runner import run
+
+        return run(self, **settings)
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name!r}, {len(self._nodes)} stages)"
+
+
+def _identity(x: Any) -> tuple[Any]:
+    return (x,)
+
+
+class Stream:
+    """The output of a stage; call transforms on it to add stages that read it.
+
+    Elements of a keyed stream are ``(key, value)`` tuples.
+    """
+
+    def __init__(self, pipeline: Pipeline, name: str, keyed: bool) -> None:
+        self.pipeline = pipeline
+        self.name = name
+        self.keyed = keyed
+
+    def _flat(
+        self, name: str, label: str, fn: Callable[..., Iterable[Any]], keyed: bool | None
+    ) -> Stream:
+        _check_stage_name(name)
+        self.pipeline._add(FlatMap(name, (self.name,), label=label, fn=fn, keyed=keyed))
+        return Stream(self.pipeline, name, self.keyed if keyed is None else keyed)
+
+    def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
+        """One output per element: ``fn(element)``. The result is unkeyed."""
+        _check_callable(name, "map", fn)
+        return self._flat(name, "map", lambda x: (fn(x),), keyed=False)
+
+    def flat_map(self, name: str, fn: Callable[[Any], Iterable[Any]]) -> Stream:
+        """Zero or more outputs per element: the items of ``fn(element)``. Unkeyed."""
+        _check_callable(name, "flat_map", fn)
+        return self._flat(name, "flat_map", fn, keyed=False)
+
+    def filter(self, name: str, predicate: Callable[[Any], bool]) -> Stream:
+        """Keep the elements for which ``predicate`` is true (keyedness is kept)."""
+        _check_callable(name, "filter", predicate)
+        return self._flat(name, "filter", lambda x: (x,) if predicate(x) else (), keyed=None)
+
+    def key_by(self, name: str, key_fn: Callable[[Any], Any]) -> Stream:
+        """Key each element: outputs ``(key_fn(element), element)``."""
+        _check_callable(name, "key_by", key_fn)
+        return self._flat(name, "key_by", lambda x: ((key_fn(x), x),), keyed=True)
+
+    def map_values(self, name: str, fn: Callable[[Any], Any]) -> Stream:
+        """On a keyed stream: ``(key, fn(value))``, still keyed."""
+        self._need_keyed(name, "map_values")
+        _check_callable(name, "map_values", fn)
+        return self._flat(name, "map_values", lambda kv: ((kv[0], fn(kv[1])),), keyed=True)
+
+    def window(self, name: str, size_seconds: float) -> Stream:
+        """Fixed event-time windows: the key becomes ``(key, window_start_ms)``.
+
+        A following ``combine_per_key`` then folds each key per window. Event time comes from
+        the source (a ``timestamp`` function, or the Kafka record time).
+        """
+        self._need_keyed(name, "window")
+        size = int(size_seconds * 1000)
+        if size <= 0:
+            msg = f"window {name!r} needs a positive size, got {size_seconds} s"
+            raise PipelineError(msg)
+
+        def assign(kv: tuple[Any, Any], ts: int) -> tuple[tuple[Any, Any]]:
+            return (((kv[0], ts - ts % size), kv[1]),)
+
+        assign.onceflow_timestamped = True  # type: ignore[attr-defined]
+        return self._flat(name, f"window {size_seconds:g}s", assign, keyed=True)
+
+    def combine_per_key(self, name: str, combiner: CombineFn | str) -> Stream:
+        """Fold the values of each key: ``(key, result)``.
+
+        ``combiner`` is a :class:`~pipeline.combiners.CombineFn` or the name of a built-in:
+        ``sum``, ``count``, ``min``, ``max``, ``mean``, ``list``. In a streaming run the
+        result is updated every micro-batch and emitted for the keys that changed.
+        """
+        _check_stage_name(name)
+        self._need_keyed(name, "combine_per_key")
+        fn = resolve(combiner)
+        exchange = name + EXCHANGE_SUFFIX
+        self.pipeline._add(Exchange(exchange, (self.name,), label="exchange by key"))
+        self.pipeline._add(Combine(name, (exchange,), label=fn.label, combine_fn=fn))
+        return Stream(self.pipeline, name, keyed=True)
+
+    def count_per_key(self, name: str) -> Stream:
+        """``combine_per_key(name, "count")``."""
+        return self.combine_per_key(name, "count")
+
+    def group_by_key(self, name: str) -> Stream:
+        """All values of each key in a list: ``(key, [values])``."""
+        return self.combine_per_key(name, ToList())
+
+    def write(self, name: str, sink: SinkConnector) -> None:
+        """Write the elements to ``sink`` (see :mod:`pipeline.sinks`)."""
+        _check_stage_name(name)
+        if not hasattr(sink, "open") or not hasattr(sink, "to_driver"):
+            msg = f"stage {name!r}: {sink!r} is not a sink; use one from pipeline.sinks"
+            raise PipelineError(msg)
+        self.pipeline._add(Sink(name, (self.name,), label=sink.describe(), connector=sink))
+
+    def _need_keyed(self, name: str, what: str) -> None:
+        if not self.keyed:
+            msg = (
+                f"{what} {name!r} needs a keyed stream but {self.name!r} is not keyed; "
+                f"add .key_by(...) before {name!r}"
+            )
+            raise PipelineError(msg)
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name!r}{', keyed' if self.keyed else ''})"

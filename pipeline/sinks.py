@@ -1,0 +1,8 @@
+"""Sinks a pipeline can write (re-exported from :mod:`connectors`)."""
+
+from __future__ import annotations
+
+from connectors.collect import Collect
+from connectors.files import JsonLinesSink as JsonLines
+
+__all__ = ["Collect", "JsonLines"]
