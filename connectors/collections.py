@@ -6,12 +6,13 @@ pass (the decoder), so a collection costs no extra Python pass over the data.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from connectors.base import Decoded, Decoder, SourceConnector
 from connectors.errors import ConnectorError
 from onceflow import codec, ids
+from onceflow.errors import CodecError
 from onceflow.records import DeadLetter, Record
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class Collection(SourceConnector):
     ) -> None:
         try:
             self.encoded = [codec.encode(x) for x in items]
-        except codec.CodecError as exc:
+        except CodecError as exc:
             msg = f"a Collection item cannot be encoded: {exc}"
             raise ConnectorError(msg) from exc
         self.id_fn = id
@@ -127,7 +128,8 @@ class Generate(SourceConnector):
                         ts = int(ts_fn(i)) if ts_fn is not None else 0
                     except Exception as exc:  # noqa: BLE001 - user code: dead-letter it
                         rid = ids.from_position(source, "generate", 0, i) if with_ids else b""
-                        yield DeadLetter(rid, 0, source, f"{type(exc).__name__}: {exc}", f"index {i}")
+                        error = f"{type(exc).__name__}: {exc}"
+                        yield DeadLetter(rid, 0, source, error, f"index {i}")
                         continue
                     rid = ids.from_position(source, "generate", 0, i) if with_ids else b""
                     yield Record(rid, ts, value)
@@ -148,8 +150,14 @@ def _record(
         rid, ts = _id_and_ts(source, split, index, value, id_fn, ts_fn, with_ids)
     except Exception as exc:  # noqa: BLE001 - user id/timestamp functions
         rid = ids.from_position(source, split, 0, index) if with_ids else b""
-        return DeadLetter(rid, 0, source, f"{type(exc).__name__}: {exc}", f"{split}[{index}]",
-                          value=repr(value)[:500])
+        return DeadLetter(
+            rid,
+            0,
+            source,
+            f"{type(exc).__name__}: {exc}",
+            f"{split}[{index}]",
+            value=repr(value)[:500],
+        )
     return Record(rid, ts, value)
 
 

@@ -204,8 +204,11 @@ class JsonLinesSink(SinkConnector):
         files = (
             [self.path]
             if not self.streaming
-            else [os.path.join(self.path, f) for f in sorted(os.listdir(self.path))
-                  if f.startswith("part-")]
+            else [
+                os.path.join(self.path, f)
+                for f in sorted(os.listdir(self.path))
+                if f.startswith("part-")
+            ]
         )
         out: list[Any] = []
         for f in files:
@@ -235,7 +238,8 @@ class _JsonLinesWriter(SinkWriter):
         if not self.pending:
             return
         if self.sink.streaming:  # every flush is a complete, visible file
-            name = f"{self.stem}-{self.task.attempt}-{self.flushes:04d}-{uuid.uuid4().hex[:8]}.jsonl"
+            unique = f"{self.task.attempt}-{self.flushes:04d}-{uuid.uuid4().hex[:8]}"
+            name = f"{self.stem}-{unique}.jsonl"
             self._publish(name, self.pending)
             self.pending = []
             self.flushes += 1

@@ -28,13 +28,20 @@ def _to_builtin(obj: Any) -> Any:
     """Map subclasses of supported types onto the types themselves (msgpack strict mode)."""
     if isinstance(obj, tuple):
         return msgpack.ExtType(_EXT_TUPLE, _pack_nested([*obj]))
-    for base in (bool, int, float, str, bytes):
-        if isinstance(obj, base):
-            return base(obj)
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return bytes(obj)
     if isinstance(obj, dict):
         return dict(obj)
-    if isinstance(obj, list | bytearray | memoryview):
-        return list(obj) if isinstance(obj, list) else bytes(obj)
+    if isinstance(obj, list):
+        return list(obj)
     name = type(obj).__name__
     msg = (
         f"cannot encode a value of type {name!r}: records must be built from None, bool, int, "
@@ -85,7 +92,11 @@ def encode(value: Any) -> bytes:
     except CodecError:
         _reset()
         raise
-    except (TypeError, ValueError, OverflowError) as exc:
+    except OverflowError as exc:
+        _reset()
+        msg = f"cannot encode value: an integer is outside the 64-bit range ({exc}); send it as str"
+        raise CodecError(msg) from exc
+    except (TypeError, ValueError) as exc:
         _reset()
         msg = f"cannot encode value: {exc}"
         raise CodecError(msg) from exc

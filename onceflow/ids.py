@@ -102,11 +102,13 @@ class Deriver:
         h = self._base.copy()
         for part in parts:
             if isinstance(part, str):
-                part = part.encode()
+                raw = part.encode()
             elif isinstance(part, int):
-                part = part.to_bytes(8, "big", signed=True)
-            h.update(len(part).to_bytes(4, "big"))
-            h.update(part)
+                raw = part.to_bytes(8, "big", signed=True)
+            else:
+                raw = part
+            h.update(len(raw).to_bytes(4, "big"))
+            h.update(raw)
         return h.digest()  # type: ignore[no-any-return]
 
 

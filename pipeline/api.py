@@ -144,6 +144,11 @@ class Pipeline:
         return f"Pipeline({self.name!r}, {len(self._nodes)} stages)"
 
 
+def _fn_name(fn: object) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return "lambda" if name is None or "<lambda>" in name else str(name)
+
+
 def _identity(x: Any) -> tuple[Any]:
     return (x,)
 
@@ -160,37 +165,48 @@ class Stream:
         self.keyed = keyed
 
     def _flat(
-        self, name: str, label: str, fn: Callable[..., Iterable[Any]], keyed: bool | None
+        self,
+        name: str,
+        label: str,
+        fn: Callable[..., Iterable[Any]],
+        keyed: bool | None,
+        user_fn: object = None,
     ) -> Stream:
         _check_stage_name(name)
+        if user_fn is not None:
+            label = f"{label} {_fn_name(user_fn)}"
         self.pipeline._add(FlatMap(name, (self.name,), label=label, fn=fn, keyed=keyed))
         return Stream(self.pipeline, name, self.keyed if keyed is None else keyed)
 
     def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
         """One output per element: ``fn(element)``. The result is unkeyed."""
         _check_callable(name, "map", fn)
-        return self._flat(name, "map", lambda x: (fn(x),), keyed=False)
+        return self._flat(name, "map", lambda x: (fn(x),), keyed=False, user_fn=fn)
 
     def flat_map(self, name: str, fn: Callable[[Any], Iterable[Any]]) -> Stream:
         """Zero or more outputs per element: the items of ``fn(element)``. Unkeyed."""
         _check_callable(name, "flat_map", fn)
-        return self._flat(name, "flat_map", fn, keyed=False)
+        return self._flat(name, "flat_map", fn, keyed=False, user_fn=fn)
 
     def filter(self, name: str, predicate: Callable[[Any], bool]) -> Stream:
         """Keep the elements for which ``predicate`` is true (keyedness is kept)."""
         _check_callable(name, "filter", predicate)
-        return self._flat(name, "filter", lambda x: (x,) if predicate(x) else (), keyed=None)
+        return self._flat(
+            name, "filter", lambda x: (x,) if predicate(x) else (), keyed=None, user_fn=predicate
+        )
 
     def key_by(self, name: str, key_fn: Callable[[Any], Any]) -> Stream:
         """Key each element: outputs ``(key_fn(element), element)``."""
         _check_callable(name, "key_by", key_fn)
-        return self._flat(name, "key_by", lambda x: ((key_fn(x), x),), keyed=True)
+        return self._flat(name, "key_by", lambda x: ((key_fn(x), x),), keyed=True, user_fn=key_fn)
 
     def map_values(self, name: str, fn: Callable[[Any], Any]) -> Stream:
         """On a keyed stream: ``(key, fn(value))``, still keyed."""
         self._need_keyed(name, "map_values")
         _check_callable(name, "map_values", fn)
-        return self._flat(name, "map_values", lambda kv: ((kv[0], fn(kv[1])),), keyed=True)
+        return self._flat(
+            name, "map_values", lambda kv: ((kv[0], fn(kv[1])),), keyed=True, user_fn=fn
+        )
 
     def window(self, name: str, size_seconds: float) -> Stream:
         """Fixed event-time windows: the key becomes ``(key, window_start_ms)``.

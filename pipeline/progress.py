@@ -13,8 +13,15 @@ if TYPE_CHECKING:
 class TaskProgress:
     """Polls Spark's status tracker for a job group and draws a tqdm bar of tasks."""
 
-    def __init__(self, sc: SparkContext, group: str, *, enabled: bool = True,
-                 stream: TextIO | None = None, interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        sc: SparkContext,
+        group: str,
+        *,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        interval: float = 0.25,
+    ) -> None:
         self.sc = sc
         self.group = group
         self.enabled = enabled
@@ -26,8 +33,9 @@ class TaskProgress:
     def __enter__(self) -> TaskProgress:
         self.sc.setJobGroup(self.group, "onceflow run", interruptOnCancel=True)
         if self.enabled:
-            self._thread = threading.Thread(target=self._loop, name="onceflow-progress",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name="onceflow-progress", daemon=True
+            )
             self._thread.start()
         return self
 
@@ -56,8 +64,9 @@ class TaskProgress:
     def _loop(self) -> None:
         from tqdm import tqdm
 
-        bar: Any = tqdm(total=0, unit="task", file=self.stream, leave=False,
-                        desc="running", dynamic_ncols=True)
+        bar: Any = tqdm(
+            total=0, unit="task", file=self.stream, leave=False, desc="running", dynamic_ncols=True
+        )
         try:
             while not self._stop.wait(self.interval):
                 done, total, active = self.snapshot()

@@ -21,7 +21,7 @@ from graph_optimizer.compile.spark import compile_batch
 from graph_optimizer.compile.task import no_guard
 from graph_optimizer.ir import Sink
 from graph_optimizer.optimizer import RULES
-from pipeline.errors import RunError
+from pipeline.errors import ConfigError, RunError
 from pipeline.progress import TaskProgress
 from pipeline.session import spark_session
 
@@ -69,16 +69,19 @@ class RunResult:
         for stage in self.plan.ordered:
             prefix = stage.name + "/"
             out = sum(
-                n for k, n in self.counters.items()
+                n
+                for k, n in self.counters.items()
                 if k.startswith(prefix + "out/") and not k.endswith("/dead-letters")
             )
-            rows.append((
-                stage.name,
-                self.counters.get(prefix + "in", 0),
-                out,
-                self.counters.get(prefix + "dead_letters", 0),
-                self.counters.get(prefix + "duplicates_dropped", 0),
-            ))
+            rows.append(
+                (
+                    stage.name,
+                    self.counters.get(prefix + "in", 0),
+                    out,
+                    self.counters.get(prefix + "dead_letters", 0),
+                    self.counters.get(prefix + "duplicates_dropped", 0),
+                )
+            )
         return rows
 
     def summary(self) -> str:
@@ -128,16 +131,27 @@ def run(
         from pipeline.streaming import run_streaming
 
         return run_streaming(
-            pipeline, plan, master=master, parallelism=parallelism, progress=progress,
-            session=session, output_dir=output_dir, **streaming,
+            pipeline,
+            plan,
+            master=master,
+            parallelism=parallelism,
+            progress=progress,
+            session=session,
+            output_dir=output_dir,
+            **streaming,
         )
     if streaming:
         names = ", ".join(sorted(streaming))
         msg = f"settings {names} only apply to streaming runs; every source here is bounded"
-        raise RunError(msg)
+        raise ConfigError(msg)
     return run_bounded(
-        pipeline, plan, master=master, parallelism=parallelism, progress=progress,
-        session=session, output_dir=output_dir,
+        pipeline,
+        plan,
+        master=master,
+        parallelism=parallelism,
+        progress=progress,
+        session=session,
+        output_dir=output_dir,
     )
 
 
@@ -164,8 +178,15 @@ def run_bounded(
     metrics = spark.sparkContext.accumulator({}, CounterParam())
     started = time.monotonic()
     compiled = compile_batch(
-        plan, spark, sources, no_guard, batch=0, parallelism=parallelism,
-        dead_letters=dead, metrics=metrics, on_error=pipeline.on_error,
+        plan,
+        spark,
+        sources,
+        no_guard,
+        batch=0,
+        parallelism=parallelism,
+        dead_letters=dead,
+        metrics=metrics,
+        on_error=pipeline.on_error,
         max_record_bytes=pipeline.max_record_bytes,
     )
     group = f"onceflow-{pipeline.name}-{uuid.uuid4().hex[:8]}"
@@ -201,10 +222,10 @@ def _explain_failure(name: str, exc: Exception) -> str:
     text = str(exc)
     marker = "StageFailure:"
     if marker in text:
-        detail = text[text.index(marker) + len(marker):].strip().splitlines()[0]
+        detail = text[text.index(marker) + len(marker) :].strip().splitlines()[0]
         return f"pipeline {name!r} stopped: {detail}"
-    for line in reversed(text.splitlines()):
-        line = line.strip()
+    for raw in reversed(text.splitlines()):
+        line = raw.strip()
         if line and ("Error" in line or "Exception" in line) and not line.startswith("at "):
             return f"pipeline {name!r} failed: {line}"
     return f"pipeline {name!r} failed: {text[:2000]}"

@@ -48,7 +48,7 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(parallelism))
         .config("spark.default.parallelism", str(parallelism))
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .config("spark.driver.extraJavaOptions", _driver_java_options())
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
     )
     for key, value in {**REQUIRED_SQL_CONF, **(extra_conf or {})}.items():
@@ -57,6 +57,15 @@ def spark_session(
     session.sparkContext.setLogLevel("ERROR")
     logging.getLogger("py4j").setLevel(logging.ERROR)
     return session
+
+
+LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+
+
+def _driver_java_options() -> str:
+    # Fast JVM start (~half the session start time) and errors-only logging.
+    jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    return f"{jvm} -Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
 
 
 def adopt(session: SparkSession) -> None:

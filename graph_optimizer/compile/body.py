@@ -102,8 +102,7 @@ class CombineOp:
             self.acc[kb] = [key, acc, ts]
             return
         entry[1] = fn.merge(entry[1], value) if self.merging else fn.add(entry[1], value)
-        if ts > entry[2]:
-            entry[2] = ts
+        entry[2] = max(entry[2], ts)
 
     def touch(self, kb: bytes, key: Any, ts: int) -> None:
         """Remember a key whose effect was committed earlier (a replayed record)."""
@@ -237,7 +236,12 @@ class StageBody:
             msg = f"stage {node!r} failed on {describe(elem, 200)}: {error_text(exc)}"
             raise StageFailure(msg) from exc
         letter = DeadLetter(
-            self.cursor.parent, self.cursor.ts, node, error_text(exc), self._origin(), None,
+            self.cursor.parent,
+            self.cursor.ts,
+            node,
+            error_text(exc),
+            self._origin(),
+            None,
             describe(elem),
         )
         self.dead(letter)
@@ -422,9 +426,9 @@ class StageBody:
             except (CodecError, TypeError, ValueError) as exc:
                 self._boundary_dead(target, parent, ts, elem, exc, dead)
                 continue
-            if len(value) > limit:
-                exc = CodecError(f"encoded value is {len(value)} bytes; the limit is {limit}")
-                self._boundary_dead(target, parent, ts, elem, exc, dead)
+            if len(value) > limit and not dead:  # a dead letter is never dropped for size
+                too_big = CodecError(f"encoded value is {len(value)} bytes; the limit is {limit}")
+                self._boundary_dead(target, parent, ts, elem, too_big, dead)
                 continue
             outputs.append(Output(index, rid, ts, key, value))
 
@@ -432,7 +436,8 @@ class StageBody:
         self, target: TargetSpec, parent: bytes, ts: int, elem: Any, exc: Exception, dead: bool
     ) -> None:
         if dead:  # a dead letter that cannot be encoded: keep its text only
-            raise CompileError(f"cannot encode a dead letter of {target.name}: {exc}") from exc
+            msg = f"cannot encode a dead letter of {target.name}: {exc}"
+            raise CompileError(msg) from exc
         if self.spec.on_error == "fail":
             msg = f"output of {target.name!r} cannot be written: {exc}"
             raise StageFailure(msg) from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.accumulators import AccumulatorParam
 
 
-class CounterParam(AccumulatorParam):  # type: ignore[misc]
+class CounterParam(AccumulatorParam[dict[str, int]]):
     """Adds dictionaries of counts key by key."""
 
     def zero(self, value: dict[str, int]) -> dict[str, int]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from graph_optimizer.compile.spec import StageSpec, TargetKind, inbound_ports, stage_spec
+from graph_optimizer.compile.spec import StageSpec, inbound_ports, stage_spec
 from graph_optimizer.compile.task import ROW_SCHEMA, GuardFactory, StageFunction
 from graph_optimizer.errors import CompileError
 from graph_optimizer.plan import Plan, Stage, Via
@@ -85,7 +85,10 @@ def compile_batch(
     persisted: list[DataFrame] = []
     for stage in plan.ordered:
         spec = stage_spec(
-            plan, stage, dead_letters=dead_letters, on_error=on_error,
+            plan,
+            stage,
+            dead_letters=dead_letters,
+            on_error=on_error,
             max_record_bytes=max_record_bytes,
         )
         specs[stage.name] = spec
@@ -101,7 +104,7 @@ def compile_batch(
     driver_targets: dict[tuple[int, int], Any] = {}
     for ix, stage in enumerate(plan.ordered):
         spec = specs[stage.name]
-        driver = [t for t in spec.targets if t.kind is TargetKind.DRIVER]
+        driver = [t for t in spec.targets if t.to_driver]
         for t in driver:
             driver_targets[(ix, t.index)] = t.connector
         if not plan.consumers_of(stage):
@@ -153,7 +156,8 @@ def _input_frame(
     result = None
     for index, (producer, boundary) in enumerate(inbound_ports(plan, stage)):
         port = next(t.index for t in specs[producer].targets if t.name == boundary)
-        part = frames[producer].where(F.col("port") == port).withColumn("port", F.lit(index).cast("int"))
+        part = frames[producer].where(F.col("port") == port)
+        part = part.withColumn("port", F.lit(index).cast("int"))
         result = part if result is None else result.unionByName(part)
     assert result is not None
     if vias == {Via.EXCHANGE}:

@@ -39,6 +39,18 @@ class TargetSpec:
     keyed: bool
     connector: Any = None
 
+    @property
+    def to_driver(self) -> bool:
+        """Records of this target travel back to the driver instead of being written."""
+        return self.kind is TargetKind.DRIVER or (
+            self.kind is TargetKind.DEAD and bool(getattr(self.connector, "to_driver", False))
+        )
+
+    @property
+    def is_row(self) -> bool:
+        """Records of this target leave the task as Spark rows (ports and driver sinks)."""
+        return self.kind is TargetKind.PORT or self.to_driver
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -105,7 +117,8 @@ def stage_spec(
     members = set(stage.nodes)
     targets = _targets(plan, stage, dead_letters)
     port_index = {t.name: t.index for t in targets if t.kind is TargetKind.PORT}
-    sink_index = {t.name: t.index for t in targets if t.kind in (TargetKind.SINK, TargetKind.DRIVER)}
+    sinks = (TargetKind.SINK, TargetKind.DRIVER)
+    sink_index = {t.name: t.index for t in targets if t.kind in sinks}
 
     def outputs_of(name: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
         ops: list[str] = []
@@ -177,7 +190,8 @@ def _targets(plan: Plan, stage: Stage, dead_letters: Any) -> tuple[TargetSpec, .
         node = graph[name]
         if isinstance(node, Sink):
             kind = TargetKind.DRIVER if node.connector.to_driver else TargetKind.SINK
-            out.append(TargetSpec(len(out), kind, name, graph.keyed[node.inputs[0]], node.connector))
+            keyed = graph.keyed[node.inputs[0]]
+            out.append(TargetSpec(len(out), kind, name, keyed, node.connector))
     out.append(
         TargetSpec(len(out), TargetKind.DEAD, f"{stage.name}/{DEAD_LETTERS}", False, dead_letters)
     )
@@ -197,15 +211,15 @@ def _inbound(
         return (InboundSpec(0, False, ops, outs),)
     groups: dict[tuple[str, str | None], tuple[list[str], list[int]]] = {}
     for e in plan.inbound(stage):
-        ops, outs = groups.setdefault((e.producer, e.exchange), ([], []))
+        entry_ops, entry_sinks = groups.setdefault((e.producer, e.exchange), ([], []))
         if isinstance(graph[e.consumer], Sink):
-            outs.append(sink_index[e.consumer])
-        elif e.consumer not in ops:
-            ops.append(e.consumer)
+            entry_sinks.append(sink_index[e.consumer])
+        elif e.consumer not in entry_ops:
+            entry_ops.append(e.consumer)
     result = []
-    for i, ((producer, exchange), (ops, outs)) in enumerate(groups.items()):
+    for i, ((producer, exchange), (entry_ops, entry_sinks)) in enumerate(groups.items()):
         keyed = graph.keyed[producer] or exchange is not None
-        result.append(InboundSpec(i, keyed, tuple(ops), tuple(outs)))
+        result.append(InboundSpec(i, keyed, tuple(entry_ops), tuple(entry_sinks)))
     return tuple(result)
 
 

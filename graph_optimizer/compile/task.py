@@ -318,8 +318,7 @@ class TaskRun:
         rows: list[Output] = []
         by_sink: dict[int, list[Output]] = {}
         for out in outputs:
-            kind = targets[out.target].kind
-            if kind is TargetKind.PORT or kind is TargetKind.DRIVER:
+            if targets[out.target].is_row:
                 rows.append(out)
             else:
                 by_sink.setdefault(out.target, []).append(out)
@@ -350,7 +349,9 @@ class TaskRun:
         if writer is None:
             from connectors.base import TaskInfo
 
-            info = TaskInfo(self.spec.pipeline, target.name, self.batch, self.partition, self.attempt)
+            info = TaskInfo(
+                self.spec.pipeline, target.name, self.batch, self.partition, self.attempt
+            )
             writer = target.connector.open(info)
             self.writers[target.index] = writer
         return writer

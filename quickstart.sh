@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Onceflow quick start. Installs what it needs, then runs the demo or the test suite.
+#
+#   ./quickstart.sh demo            the main job on embedded defaults (Redis + broker started
+#                                    for you unless REDIS_URL / KAFKA_BOOTSTRAP_SERVERS are set)
+#   ./quickstart.sh test [ARGS...]   the whole test suite (ARGS go to pytest)
+#
+# Safe to run again: each step checks before it installs. Needs Debian with Python >= 3.11
+# and Java 17; as root it installs missing Debian packages itself (otherwise via sudo).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+DEBIAN_PACKAGES=(redis-server graphviz)
+TEST_DEBIAN_PACKAGES=(podman runc uidmap slirp4netns fuse-overlayfs debootstrap)
+VENV=.venv
+
+log() { printf '[quickstart] %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else log "need root to run: $*"; return 1; fi
+}
+
+ensure_debian_packages() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
+    as_root apt-get update -q >/dev/null
+    as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+find_python() {
+  for candidate in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+    [ -n "$candidate" ] || continue
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+      echo "$candidate"; return 0
+    fi
+  done
+  log "Python >= 3.11 not found (set PYTHON=/path/to/python3.11)"; return 1
+}
+
+ensure_java() {
+  command -v java >/dev/null 2>&1 && return 0
+  log "Java not found; installing openjdk-17-jre-headless"
+  ensure_debian_packages openjdk-17-jre-headless
+}
+
+ensure_venv() {
+  [ -x "$VENV/bin/python" ] && return 0
+  local py; py=$(find_python)
+  log "creating virtual environment $VENV with $py"
+  if ! "$py" -m venv "$VENV" 2>/dev/null; then
+    rm -rf "$VENV"
+    ensure_debian_packages python3-venv
+    "$py" -m venv "$VENV"
+  fi
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+}
+
+ensure_python_packages() {
+  local stamp="$VENV/.onceflow-installed" want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+  log "installing Python packages (first time: a few minutes, PySpark is large)"
+  "$VENV/bin/python" -m pip install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+}
+
+main() {
+  local cmd="${1:-}"; shift || true
+  case "$cmd" in
+    demo)
+      ensure_debian_packages "${DEBIAN_PACKAGES[@]}"; ensure_java; ensure_venv; ensure_python_packages
+      exec "$VENV/bin/onceflow" demo "$@" ;;
+    test)
+      ensure_debian_packages "${DEBIAN_PACKAGES[@]}" "${TEST_DEBIAN_PACKAGES[@]}"
+      ensure_java; ensure_venv; ensure_python_packages
+      exec "$VENV/bin/python" -m pytest "$@" ;;
+    *)
+      echo "usage: $0 demo [ARGS...] | test [PYTEST ARGS...]" >&2; exit 2 ;;
+  esac
+}
+
+main "$@"
