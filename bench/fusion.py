@@ -46,16 +46,19 @@ def main() -> None:
     configs = {"fused + lifted (all rules)": None, "unoptimized (no rules)": ()}
     for label, rules in configs.items():
         plan = pipeline.plan(rules)
-        print(f"{label}: {len(plan.stages)} stage(s): "
-              + " | ".join("+".join(s.nodes) for s in plan.ordered))
+        print(
+            f"{label}: {len(plan.stages)} stage(s): "
+            + " | ".join("+".join(s.nodes) for s in plan.ordered)
+        )
     pipeline.run(session=spark, progress=False, rules=(), output_dir="/tmp/onceflow-bench")
     results: dict[str, list[float]] = {label: [] for label in configs}
     expected = None
     for i in range(args.repeat):
         for label, rules in configs.items():
             started = time.perf_counter()
-            pipeline.run(session=spark, progress=False, rules=rules,
-                         output_dir="/tmp/onceflow-bench")
+            pipeline.run(
+                session=spark, progress=False, rules=rules, output_dir="/tmp/onceflow-bench"
+            )
             seconds = time.perf_counter() - started
             total = sum(v for _, v in sink.results)
             expected = total if expected is None else expected

@@ -24,7 +24,7 @@ from onceflow.errors import CodecError
 _EXT_TUPLE = 1
 
 
-def _to_builtin(obj: Any) -> Any:
+def _to_builtin(obj: Any) -> Any:  # noqa: PLR0911 - one return per supported type
     """Map subclasses of supported types onto the types themselves (msgpack strict mode)."""
     if isinstance(obj, tuple):
         return msgpack.ExtType(_EXT_TUPLE, _pack_nested([*obj]))

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from graph_optimizer.compile.body import InRow, Mode, StageBody
+from graph_optimizer.compile.body import InRow, Mode, StageBody, describe
 from graph_optimizer.compile.spec import StageSpec, TargetKind, TargetSpec
 from onceflow import codec
 from onceflow.records import DeadLetter, Output, Record
@@ -44,6 +44,7 @@ class Admission:
     fresh: list[InRow]
     replayed: list[InRow] = field(default_factory=list)  # effect committed by an earlier attempt
     duplicates: int = 0
+    late: list[InRow] = field(default_factory=list)  # older than the dedup horizon
 
 
 @dataclass
@@ -246,6 +247,15 @@ class TaskRun:
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
+        for _inbound, rid, ts, _kb, elem in admission.late:
+            self.count("late")
+            reason = (
+                f"event time {ts} is older than the dedup horizon: a copy of this record could "
+                "no longer be recognised, so it is not processed"
+            )
+            self.body.dead(
+                DeadLetter(rid, ts, self.spec.name, reason, rid.hex(), None, describe(elem))
+            )
         fresh = admission.fresh
         while True:
             self.body.run(fresh)
@@ -258,6 +268,7 @@ class TaskRun:
             if not conflicts:
                 break
             self.count("commit_conflicts", len(conflicts))
+            self.count("duplicates_dropped", len(conflicts))
             self.body.reset_chunk()
             fresh = [r for r in fresh if r[1] not in conflicts]
         self.body.chunk_committed()

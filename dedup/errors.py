@@ -1,0 +1,13 @@
+"""Errors of the receiving side."""
+
+from __future__ import annotations
+
+from onceflow.errors import OnceflowError
+
+
+class FencedError(OnceflowError):
+    """A newer driver or task attempt owns this work; this one must not commit."""
+
+
+class DedupConfigError(OnceflowError):
+    """Dedup settings contradict each other or the pipeline's stored settings."""

@@ -1,0 +1,580 @@
+"""Per-task guards backed by Redis: exactly-once, and the at-least-once baseline.
+
+:class:`ExactlyOnceGuard` implements the task hooks described in
+:mod:`graph_optimizer.compile.task` for one stage, micro-batch and partition:
+
+* ``open``: bump the task's fencing token, read the task's backup (replayed, never
+  recomputed) and make every receiver's Bloom filters trustworthy (catch up from the journal
+  or the snapshot; see :mod:`dedup.bloom`);
+* ``admit``: the Bloom filter of the record's time bucket says "no" (new) or "maybe"; only the
+  maybes are settled by one Redis lookup per chunk. Records older than the dedup horizon are
+  returned as late (they become dead letters: they can no longer be deduplicated);
+* ``commit``: one Lua call (:data:`dedup.scripts.COMMIT`) checks-and-marks the IDs, stores the
+  outputs and the state;
+* sinks: ``undelivered`` skips what an earlier attempt delivered, ``delivered`` marks what the
+  sink acknowledged.
+
+Receivers are the stage itself (its inputs) and each sink it writes (``<sink>/delivered``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from backup.store import TaskBackup, chunk_field, encode_outputs
+from dedup.bloom import ReceiverFilters
+from dedup.config import DedupConfig
+from dedup.errors import FencedError
+from dedup.scripts import Scripts
+from graph_optimizer.compile.body import InRow, Mode
+from graph_optimizer.compile.spec import StageSpec, TargetSpec
+from graph_optimizer.compile.task import Admission, Replay
+from onceflow.keyspace import Keyspace
+from onceflow.records import Output
+from onceflow.settings import RedisSettings, redis_client
+
+DELIVERED = "/delivered"
+_REDIS_ONLY = frozenset({"in", "duplicates", "late", "committed"})
+
+# Filters live as long as the Python worker process: Spark reuses workers across tasks.
+_FILTERS: dict[tuple[str, str, int], ReceiverFilters] = {}
+_SCRIPTS: dict[int, Scripts] = {}
+
+
+def _scripts(client: Any) -> Scripts:
+    found = _SCRIPTS.get(id(client))
+    if found is None:
+        found = Scripts(client)
+        _SCRIPTS[id(client)] = found
+    return found
+
+
+def receiver_name(target: TargetSpec) -> str:
+    """Redis name of a sink's delivered-set (stage names never contain '/')."""
+    return target.name + DELIVERED
+
+
+@dataclass(frozen=True)
+class ExactlyOnceGuards:
+    """Guard factory for one driver epoch (pickled to the workers)."""
+
+    redis: RedisSettings
+    namespace: str
+    epoch: int
+    config: DedupConfig
+
+    def __call__(self, spec: StageSpec, batch: int, partition: int, attempt: int) -> Any:
+        """A guard for one task."""
+        return ExactlyOnceGuard(self, spec, batch, partition)
+
+
+@dataclass(frozen=True)
+class AtLeastOnceGuards:
+    """The baseline: keyed state in Redis, no IDs, no backup, no dedup."""
+
+    redis: RedisSettings
+    namespace: str
+    config: DedupConfig
+
+    def __call__(self, spec: StageSpec, batch: int, partition: int, attempt: int) -> Any:
+        """A guard for one task."""
+        return AtLeastOnceGuard(self, partition)
+
+
+class _Receiver:
+    """One receiver of a task: its name, filters and what Redis said about them."""
+
+    def __init__(self, namespace: str, name: str, partition: int, config: DedupConfig) -> None:
+        self.name = name
+        key = (namespace, name, partition)
+        filters = _FILTERS.get(key)
+        if filters is None:
+            filters = ReceiverFilters(config.bloom_capacity, config.bloom_error)
+            _FILTERS[key] = filters
+        self.filters = filters
+        self.trusted = False
+        self.redis_seq = 0
+        self.snapshot_seq = 0
+        self.cache_key = key
+
+
+class ExactlyOnceGuard:
+    """Exactly-once hooks of one task (see the module docstring)."""
+
+    mode = Mode.EXACTLY_ONCE
+
+    def __init__(
+        self, factory: ExactlyOnceGuards, spec: StageSpec, batch: int, partition: int
+    ) -> None:
+        self.config = factory.config
+        self.chunk_size = factory.config.chunk_size
+        self.ks = Keyspace(factory.namespace)
+        self.client = redis_client(factory.redis)
+        self.scripts = _scripts(self.client)
+        self.epoch = str(factory.epoch)
+        self.spec = spec
+        self.batch = batch
+        self.partition = partition
+        self.owner = f"{batch}.{partition}".encode()
+        self.token = ""
+        self.floor = 0
+        self.stage = _Receiver(factory.namespace, spec.name, partition, self.config)
+        self.sinks = {
+            t.index: _Receiver(factory.namespace, receiver_name(t), partition, self.config)
+            for t in spec.targets
+            if not t.is_row
+        }
+        self.admitted: set[bytes] = set()
+        self.pending: dict[str, int] = {}
+        self.counters: dict[str, int] = {}
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        if n:
+            self.counters[name] = self.counters.get(name, 0) + n
+            self.pending[name] = self.pending.get(name, 0) + n
+
+    def _round_trip(self) -> None:
+        self.counters["redis_round_trips"] = self.counters.get("redis_round_trips", 0) + 1
+
+    def _stat_args(self) -> list[Any]:
+        args: list[Any] = [len(self.pending)]
+        for name, n in self.pending.items():
+            args += [name, n]
+        return args
+
+    def _check(self, reply: Any) -> Any:
+        if reply and reply[0] == b"fenced":
+            who = reply[1].decode()
+            msg = (
+                f"stage {self.spec.name!r} batch {self.batch} partition {self.partition}: a "
+                f"newer {who} owns this work; this {who} must stop (fenced)"
+            )
+            raise FencedError(msg)
+        return reply
+
+    # -- open ---------------------------------------------------------------------------------
+
+    def open(self) -> Replay:
+        """Fence older attempts, read the backup, make the filters trustworthy."""
+        ks = self.ks
+        receivers = [self.stage, *self.sinks.values()]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incr(ks.token(self.spec.name, self.partition))
+        pipe.get(ks.watermark)
+        pipe.hgetall(ks.backup(self.spec.name, self.batch, self.partition))
+        for r in receivers:
+            pipe.get(ks.filter_seq(r.name, self.partition))
+            pipe.hget(ks.filter_snapshot(r.name, self.partition), "seq")
+        replies = pipe.execute()
+        self._round_trip()
+        self.token = str(replies[0])
+        self.floor = self.config.floor(int(replies[1] or 0))
+        backup = TaskBackup.parse(replies[2])
+        for n, r in enumerate(receivers):
+            r.redis_seq = int(replies[3 + 2 * n] or 0)
+            r.snapshot_seq = int(replies[4 + 2 * n] or 0)
+        self._catch_up(receivers)
+        return Replay(backup.outputs, backup.done, backup.next_chunk)
+
+    def _catch_up(self, receivers: list[_Receiver]) -> None:
+        """Bring each receiver's filters up to Redis's commit count before trusting them."""
+        need_journal = []
+        need_snapshot = []
+        for r in receivers:
+            f = r.filters
+            if f.seq == r.redis_seq:
+                r.trusted = True
+            elif r.snapshot_seq <= f.seq < r.redis_seq:
+                need_journal.append(r)
+            else:  # new, restarted, or too far behind: start from the snapshot
+                fresh = ReceiverFilters(self.config.bloom_capacity, self.config.bloom_error)
+                _FILTERS[r.cache_key] = fresh
+                r.filters = fresh
+                need_snapshot.append(r)
+        if not need_journal and not need_snapshot:
+            return
+        ks = self.ks
+        pipe = self.client.pipeline(transaction=False)
+        for r in need_journal:
+            pipe.lrange(
+                ks.filter_journal(r.name, self.partition), r.filters.seq - r.snapshot_seq, -1
+            )
+        for r in need_snapshot:
+            pipe.hgetall(ks.filter_snapshot(r.name, self.partition))
+            pipe.lrange(ks.filter_journal(r.name, self.partition), 0, -1)
+        replies = pipe.execute()
+        self._round_trip()
+        for r, entries in zip(need_journal, replies, strict=False):
+            self._apply_journal(r, entries, r.filters.seq)
+        rest = replies[len(need_journal) :]
+        for n, r in enumerate(need_snapshot):
+            snapshot, entries = rest[2 * n], rest[2 * n + 1]
+            base = 0
+            for field, blob in snapshot.items():
+                name = field.decode()
+                if name == "seq":
+                    base = int(blob)
+                elif name.startswith("b"):
+                    r.filters.load_bucket(int(name[1:]), blob)
+            r.filters.seq = base
+            self._count("bloom_loaded_snapshots", 1 if snapshot else 0)
+            self._apply_journal(r, entries, base)
+
+    def _apply_journal(self, r: _Receiver, entries: list[bytes], start_seq: int) -> None:
+        """Add the IDs of commits ``start_seq + 1 .. redis_seq`` (one journal entry each)."""
+        for blob in entries:
+            for bucket, rid in msgpack.unpackb(blob, raw=False):
+                r.filters.add(rid.hex(), bucket)
+        applied = len(entries)
+        if applied == r.redis_seq - start_seq:
+            r.filters.seq = r.redis_seq
+            r.trusted = True
+            self._count("bloom_journal_entries", applied)
+        else:  # the journal does not reach back far enough: rebuild from the seen-IDs
+            self._rebuild(r)
+
+    def _rebuild(self, r: _Receiver) -> None:
+        fresh = ReceiverFilters(self.config.bloom_capacity, self.config.bloom_error)
+        for key in self.client.scan_iter(match=self.ks.seen_pattern(r.name), count=1000):
+            bucket = int(key.decode().rsplit(":", 2)[1])
+            for rid in self.client.hkeys(key):
+                fresh.add(rid.hex(), bucket)
+            self._round_trip()
+        fresh.seq = r.redis_seq
+        _FILTERS[r.cache_key] = fresh
+        r.filters = fresh
+        r.trusted = True
+        self._count("bloom_rebuilds")
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def admit(self, rows: list[InRow]) -> Admission:
+        """Bloom first, Redis only for maybes; see the module docstring."""
+        cfg = self.config
+        filters = self.stage.filters
+        trusted = self.stage.trusted
+        decision: list[str] = [""] * len(rows)
+        maybes: list[int] = []
+        in_chunk: set[bytes] = set()
+        for i, row in enumerate(rows):
+            rid, ts = row[1], row[2]
+            bucket = ts // cfg.bucket_ms
+            if bucket < self.floor:
+                decision[i] = "late"
+                continue
+            if rid in in_chunk or rid in self.admitted:
+                decision[i] = "dup"
+                continue
+            in_chunk.add(rid)
+            maybe = filters.check_and_add(rid.hex(), bucket, self._neighbour(ts))
+            if maybe or not trusted:
+                maybes.append(i)
+            else:
+                decision[i] = "fresh"
+        if maybes:
+            owners = self._lookup([(rows[i][1], rows[i][2]) for i in maybes])
+            for i, owner in zip(maybes, owners, strict=True):
+                decision[i] = (
+                    "fresh" if owner is None else ("replay" if owner == self.owner else "dup")
+                )
+        adm = Admission([])
+        for row, d in zip(rows, decision, strict=True):
+            if d == "fresh":
+                adm.fresh.append(row)
+            elif d == "replay":
+                adm.replayed.append(row)
+            elif d == "dup":
+                adm.duplicates += 1
+            else:
+                adm.late.append(row)
+        self._count("in", len(rows))
+        self._count("bloom_maybe", len(maybes))
+        self._count("duplicates", adm.duplicates)
+        self._count("late", len(adm.late))
+        return adm
+
+    def _neighbour(self, ts: int) -> int | None:
+        n = self.config.neighbour(ts)
+        return n if n is not None and n >= self.floor else None
+
+    def _lookup(
+        self, items: Sequence[tuple[bytes, int]], receiver: str | None = None
+    ) -> list[bytes | None]:
+        """Owner of each ``(id, ts)`` in the authoritative store (None when unseen)."""
+        name = receiver or self.spec.name
+        keys: dict[str, int] = {}
+        args: list[Any] = [len(items)]
+        for rid, ts in items:
+            own, alt = self._shard_keys(name, rid, ts, keys)
+            args += [rid, own, alt]
+        reply = self.scripts.lookup(keys=list(keys), args=args)
+        self._round_trip()
+        self._count("redis_lookups", len(items))
+        return [o if o else None for o in reply]
+
+    def _shard_keys(self, name: str, rid: bytes, ts: int, keys: dict[str, int]) -> tuple[int, int]:
+        cfg = self.config
+        shard = cfg.shard(rid)
+        own = keys.setdefault(self.ks.seen(name, ts // cfg.bucket_ms, shard), len(keys) + 1)
+        neighbour = self._neighbour(ts)
+        if neighbour is None:
+            return own, 0
+        alt = keys.setdefault(self.ks.seen(name, neighbour, shard), len(keys) + 1)
+        return own, alt
+
+    def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:
+        """Current accumulators of ``keys`` for a stateful combine of this partition."""
+        if not keys:
+            return {}
+        values = self.client.hmget(self.ks.state(node, self.partition), list(keys))
+        self._round_trip()
+        return dict(zip(keys, values, strict=True))
+
+    # -- committing -----------------------------------------------------------------------
+
+    def commit(
+        self,
+        chunk: int,
+        fresh: list[InRow],
+        outputs: list[Output],
+        updates: Mapping[str, Mapping[bytes, bytes]],
+    ) -> set[bytes]:
+        """Atomically mark ``fresh`` seen and store outputs and state; see scripts.COMMIT."""
+        if not fresh and not outputs and not any(updates.values()):
+            return set()
+        ks = self.ks
+        fixed = [
+            ks.epoch,
+            ks.token(self.spec.name, self.partition),
+            ks.backup(self.spec.name, self.batch, self.partition),
+            ks.filter_seq(self.spec.name, self.partition),
+            ks.filter_journal(self.spec.name, self.partition),
+            ks.stats(self.spec.name),
+            ks.watermark,
+        ]
+        keys: dict[str, int] = {k: n + 1 for n, k in enumerate(fixed)}
+        journal = []
+        id_args: list[Any] = []
+        max_ts = 0
+        for row in fresh:
+            rid, ts = row[1], row[2]
+            own, alt = self._shard_keys(self.spec.name, rid, ts, keys)
+            id_args += [rid, own, alt]
+            journal.append((ts // self.config.bucket_ms, rid))
+            max_ts = max(max_ts, ts)
+        state_args: list[Any] = []
+        n_state = 0
+        for node, values in updates.items():
+            index = keys.setdefault(ks.state(node, self.partition), len(keys) + 1)
+            for kb, value in values.items():
+                state_args += [index, kb, value]
+                n_state += 1
+        self._count("committed", len(fresh))
+        args = [
+            self.epoch,
+            self.token,
+            self.owner,
+            chunk_field(chunk),
+            encode_outputs(outputs),
+            msgpack.packb(journal, use_bin_type=True),
+            max_ts,
+            len(fresh),
+            *id_args,
+            n_state,
+            *state_args,
+            *self._stat_args(),
+        ]
+        reply = self._check(self.scripts.commit(keys=list(keys), args=args))
+        self._round_trip()
+        if reply[0] == b"conflict":  # copies committed meanwhile by another partition's task
+            self.counters["committed"] -= len(fresh)
+            self.pending["committed"] -= len(fresh)
+            flat = reply[1]
+            conflicts = {bytes(flat[i]) for i in range(0, len(flat), 2)}
+            self._count("duplicates", len(conflicts))
+            return conflicts
+        self.pending.clear()
+        seq = int(reply[1])
+        if seq > 0:
+            self.stage.filters.seq = seq
+        self.admitted.update(row[1] for row in fresh)
+        return set()
+
+    def finish(self, outputs: list[Output], updates: Mapping[str, Mapping[bytes, bytes]]) -> None:
+        """Store the end-of-task outputs and mark the task done, in one step."""
+        ks = self.ks
+        keys = [
+            ks.epoch,
+            ks.token(self.spec.name, self.partition),
+            ks.backup(self.spec.name, self.batch, self.partition),
+            ks.stats(self.spec.name),
+        ]
+        blob = encode_outputs(outputs) if outputs else b""
+        args = [self.epoch, self.token, blob, *self._stat_args()]
+        self._check(self.scripts.finish(keys=keys, args=args))
+        self._round_trip()
+        self.pending.clear()
+
+    # -- sinks ----------------------------------------------------------------------------
+
+    def undelivered(self, target: TargetSpec, outputs: list[Output]) -> list[Output]:
+        """Sink records no attempt has delivered yet."""
+        rx = self.sinks[target.index]
+        maybes = []
+        todo_flags = [True] * len(outputs)
+        for i, out in enumerate(outputs):
+            bucket = out.ts // self.config.bucket_ms
+            if (
+                rx.filters.check_and_add(out.id.hex(), bucket, self._neighbour(out.ts))
+                or not rx.trusted
+            ):
+                maybes.append(i)
+        if maybes:
+            owners = self._lookup([(outputs[i].id, outputs[i].ts) for i in maybes], rx.name)
+            for i, owner in zip(maybes, owners, strict=True):
+                if owner is not None:
+                    todo_flags[i] = False
+        return [o for o, keep in zip(outputs, todo_flags, strict=True) if keep]
+
+    def delivered(self, target: TargetSpec, outputs: list[Output]) -> None:
+        """Mark sink records delivered (after the sink acknowledged them)."""
+        rx = self.sinks[target.index]
+        ks = self.ks
+        fixed = [
+            ks.epoch,
+            ks.token(self.spec.name, self.partition),
+            ks.filter_seq(rx.name, self.partition),
+            ks.filter_journal(rx.name, self.partition),
+            ks.stats(rx.name),
+        ]
+        keys: dict[str, int] = {k: n + 1 for n, k in enumerate(fixed)}
+        pairs: list[Any] = []
+        journal = []
+        for out in outputs:
+            bucket = out.ts // self.config.bucket_ms
+            index = keys.setdefault(
+                ks.seen(rx.name, bucket, self.config.shard(out.id)), len(keys) + 1
+            )
+            pairs += [out.id, index]
+            journal.append((bucket, out.id))
+        args = [
+            self.epoch,
+            self.token,
+            self.owner,
+            msgpack.packb(journal, use_bin_type=True),
+            len(outputs),
+            *pairs,
+        ]
+        reply = self._check(self.scripts.mark_delivered(keys=list(keys), args=args))
+        self._round_trip()
+        seq, again = int(reply[1]), int(reply[2])
+        if seq > 0:
+            rx.filters.seq = seq
+        self._count("delivered", len(outputs) - again)
+        self._count("delivered_again", again)
+
+    # -- closing --------------------------------------------------------------------------
+
+    def close(self) -> dict[str, int]:
+        """Snapshot filters whose journal grew long; return counters for the run."""
+        for rx in [self.stage, *self.sinks.values()]:
+            self._maybe_snapshot(rx)
+        # "in", "duplicates", "late" and "committed" go to Redis only: the task counts its own.
+        counters = {k: v for k, v in self.counters.items() if k not in _REDIS_ONLY}
+        counters["bloom_bytes"] = sum(
+            rx.filters.memory_bytes() for rx in [self.stage, *self.sinks.values()]
+        )
+        return counters
+
+    def _maybe_snapshot(self, rx: _Receiver) -> None:
+        f = rx.filters
+        dropped = f.drop_before(self.floor)
+        if f.seq - rx.snapshot_seq < self.config.snapshot_every or not rx.trusted:
+            return
+        ks = self.ks
+        keys = [
+            ks.epoch,
+            ks.token(self.spec.name, self.partition),
+            ks.filter_seq(rx.name, self.partition),
+            ks.filter_journal(rx.name, self.partition),
+            ks.filter_snapshot(rx.name, self.partition),
+        ]
+        dirty = sorted(f.dirty)
+        args: list[Any] = [self.epoch, self.token, f.seq, len(dirty)]
+        for bucket in dirty:
+            args += [f"b{bucket}", f.dump_bucket(bucket)]
+        args += [len(dropped), *(f"b{b}" for b in dropped)]
+        try:
+            reply = self.scripts.snapshot(keys=keys, args=args)
+        except Exception:  # noqa: BLE001 - a snapshot is an optimisation; the journal remains
+            return
+        self._round_trip()
+        if reply and reply[0] == b"ok":
+            f.dirty.clear()
+            self._count("bloom_snapshots")
+
+
+class AtLeastOnceGuard:
+    """Keyed state in Redis, read-merge-write per chunk; nothing else."""
+
+    mode = Mode.AT_LEAST_ONCE
+
+    def __init__(self, factory: AtLeastOnceGuards, partition: int) -> None:
+        self.chunk_size = max(factory.config.chunk_size, 5000)
+        self.ks = Keyspace(factory.namespace)
+        self.client = redis_client(factory.redis)
+        self.partition = partition
+        self.round_trips = 0
+
+    def open(self) -> Replay:
+        """Nothing is backed up."""
+        return Replay()
+
+    def admit(self, rows: list[InRow]) -> Admission:
+        """Everything is fresh: no dedup."""
+        return Admission(rows)
+
+    def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:
+        """Current accumulators."""
+        if not keys:
+            return {}
+        self.round_trips += 1
+        values = self.client.hmget(self.ks.state(node, self.partition), list(keys))
+        return dict(zip(keys, values, strict=True))
+
+    def commit(
+        self,
+        chunk: int,
+        fresh: list[InRow],
+        outputs: list[Output],
+        updates: Mapping[str, Mapping[bytes, bytes]],
+    ) -> set[bytes]:
+        """Write state (not atomically with anything: a crash may apply a chunk twice)."""
+        if any(updates.values()):
+            pipe = self.client.pipeline(transaction=False)
+            for node, values in updates.items():
+                if values:
+                    pipe.hset(self.ks.state(node, self.partition), mapping=dict(values))
+            pipe.execute()
+            self.round_trips += 1
+        return set()
+
+    def finish(self, outputs: list[Output], updates: Mapping[str, Mapping[bytes, bytes]]) -> None:
+        """Nothing to store."""
+
+    def undelivered(self, target: TargetSpec, outputs: list[Output]) -> list[Output]:
+        """Everything is written."""
+        return outputs
+
+    def delivered(self, target: TargetSpec, outputs: list[Output]) -> None:
+        """Nothing to mark."""
+
+    def close(self) -> dict[str, int]:
+        """Round trips, for the benchmark."""
+        return {"redis_round_trips": self.round_trips}
