@@ -245,7 +245,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         """One input partition per Kafka partition with records in ``[start, end)``."""
         parts = []
-        for key in sorted(end, key=lambda k: _split_tp(k)):
+        for key in sorted(end, key=_split_tp):
             lo = start.get(key, 0)
             hi = end[key]
             if hi > lo:

@@ -75,7 +75,7 @@ def read_topic(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> li
             if time.monotonic() > deadline:
                 msg = f"reading {topic!r} did not reach its end within {timeout:.0f} s"
                 raise ConnectorError(msg)
-            for tp, records in consumer.poll(timeout_ms=200).items():
+            for records in consumer.poll(timeout_ms=200).values():
                 out.extend(
                     TopicRecord(
                         r.partition, r.offset, r.timestamp, r.key, r.value, dict(r.headers or [])

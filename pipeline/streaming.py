@@ -316,7 +316,8 @@ def _await(query: Any, state: StreamingRun, stop_after: int | None, timeout: flo
     if error is not None:
         text = str(error)
         if "FencedError" in text:
-            raise RunError(f"pipeline {state.pipeline.name!r} was fenced: {text[:500]}")
+            msg = f"pipeline {state.pipeline.name!r} was fenced: {text[:500]}"
+            raise RunError(msg)
         raise RunError(_explain_failure(state.pipeline.name, Exception(text)))
 
 

@@ -448,11 +448,11 @@ def trigger_crash(mode: str, where: str) -> None:
     """Fail (``raise``) or freeze until killed (``kill``); see :func:`crashpoint`."""
     import time
 
+    path = os.environ.get("ONCEFLOW_CRASH_FILE")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(where + "\n")
     if mode == "kill":
-        path = os.environ.get("ONCEFLOW_CRASH_FILE")
-        if path:
-            with open(path, "w") as fh:
-                fh.write(where)
         for _ in itertools.count():
             time.sleep(3600)
     msg = f"injected failure at {where}"
