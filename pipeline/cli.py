@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from onceflow.errors import ConfigError, OnceflowError
+from pipeline.ops_cli import add_commands
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -213,17 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", type=int, default=20000, help="events to produce (exactly-once)")
     p.set_defaults(handler=cmd_demo)
 
-    _add_operator_commands(sub)
-    return parser
-
-
-def _add_operator_commands(sub: Any) -> None:
-    """Operator commands (audit, gc, status) register themselves here when available."""
-    try:
-        from pipeline.ops_cli import add_commands
-    except ImportError:
-        return
     add_commands(sub)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 POINTS = ("before_commit", "after_commit", "after_sink_write", "task_end", "batch_end")
@@ -118,8 +118,12 @@ def run_pipeline(
     env: Mapping[str, str] | None = None,
     crash: Crash | None = None,
     timeout: float = 600,
+    echo: Callable[[str], None] | None = None,
 ) -> Outcome:
-    """``python -m onceflow run FILE ARGS`` in its own session, crashing it if asked."""
+    """``python -m onceflow run FILE ARGS`` in its own session, crashing it if asked.
+
+    ``echo`` receives each output line as it arrives (to show progress).
+    """
     marker = os.path.join(tempfile.mkdtemp(prefix="onceflow-crash-"), "crashed")
     full_env = {**os.environ, **(env or {})}
     full_env.pop("ONCEFLOW_CRASH", None)
@@ -132,9 +136,15 @@ def run_pipeline(
         cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
     chunks: list[bytes] = []
-    reader = threading.Thread(
-        target=lambda: chunks.extend(iter(proc.stdout.readline, b"")), daemon=True
-    )  # type: ignore[union-attr]
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, b""):
+            chunks.append(line)
+            if echo is not None:
+                echo(line.decode(errors="replace").rstrip("\n"))
+
+    reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     crashed = False
     try:
@@ -173,13 +183,14 @@ def crash_and_resume(
     *,
     env: Mapping[str, str] | None = None,
     timeout: float = 600,
+    echo: Callable[[str], None] | None = None,
 ) -> tuple[Outcome, Outcome]:
     """Run until ``crash`` (which must be reached), then run again to the end."""
-    first = run_pipeline(pipeline_file, args, env=env, crash=crash, timeout=timeout)
+    first = run_pipeline(pipeline_file, args, env=env, crash=crash, timeout=timeout, echo=echo)
     if crash.mode == "kill" and not first.crashed:
         msg = f"crash point {crash.env()} was never reached:\n{first.output[-4000:]}"
         raise AssertionError(msg)
-    second = run_pipeline(pipeline_file, args, env=env, timeout=timeout).check()
+    second = run_pipeline(pipeline_file, args, env=env, timeout=timeout, echo=echo).check()
     return first, second
 
 
