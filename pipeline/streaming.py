@@ -118,10 +118,13 @@ class StreamingRun:
         records = sum(delta.get(f"{s}/in", 0) for s in sources)
         dups = sum(v for k, v in delta.items() if k.endswith("/duplicates_dropped"))
         dead = sum(v for k, v in delta.items() if k.endswith("/dead_letters"))
+        replayed = sum(v for k, v in delta.items() if k.endswith("/replayed_outputs"))
         rate = records / seconds if seconds > 0 else 0.0
+        again = f", {replayed:,} outputs replayed from backup" if replayed else ""
         print(
             f"[{self.pipeline.name}] batch {batch_id}: {records:,} records in, {dups:,} "
-            f"duplicates dropped, {dead:,} dead letters, {seconds:.1f} s ({rate:,.0f}/s)",
+            f"duplicates dropped, {dead:,} dead letters{again}, {seconds:.1f} s "
+            f"({rate:,.0f}/s)",
             file=sys.stderr,
             flush=True,
         )

@@ -123,12 +123,10 @@ def main(args: argparse.Namespace) -> int:
         ]
         crash = Crash("batch_end", batch=2)
         say(
-            f"run 1: will be killed with SIGKILL at the end of micro-batch 2, after its sink "
+            "run 1: will be killed with SIGKILL at the end of micro-batch 2, after its sink "
             "writes and before Spark commits it"
         )
-        first, second = crash_and_resume(
-            PIPELINE_FILE, crash, cli, env=env, echo=lambda line: _echo(line)
-        )
+        first, second = crash_and_resume(PIPELINE_FILE, crash, cli, env=env, echo=_echo)
         say(f"run 1: killed after {first.seconds:.0f} s ({first.where.strip()})")
         say(f"run 2: resumed from the checkpoint and Redis, finished in {second.seconds:.0f} s")
         return _report(events, sends, env, kafka, redis_url)
