@@ -28,7 +28,7 @@ def chunk_field(chunk: int) -> str:
 
 def encode_outputs(outputs: list[Output]) -> bytes:
     """Outputs as one MessagePack blob."""
-    return msgpack.packb([list(o) for o in outputs], use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(outputs, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def decode_outputs(blob: bytes) -> list[Output]:

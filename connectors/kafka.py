@@ -127,7 +127,7 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(json.loads(self.options["config"]))
 
 
-class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets, high-water marks and reads of one or more topics."""
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -160,7 +160,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         from kafka import TopicPartition
 
         consumer = self._consumer()
-        found = []
+        found: list[Any] = []
         for topic in self.topics:
             parts = consumer.partitions_for_topic(topic)
             if not parts:
@@ -592,6 +592,10 @@ class _KafkaWriter(SinkWriter):
             batch_size=256 * 1024,
             retries=10,
             max_in_flight_requests_per_connection=1,
+            # Dedup is by onceflow-id, so the broker's idempotent producer adds nothing; and a
+            # producer id reused across a crashed and a restarted process could let a broker
+            # acknowledge a batch as a "duplicate sequence" without storing it.
+            enable_idempotence=False,
         )
         self.futures: list[Any] = []
 

@@ -23,7 +23,8 @@ class DedupConfig:
     successor in the same bucket (rotation by count as well as by time).
     ``shards``: seen-IDs of a bucket are spread over this many small Redis hashes, which Redis
     keeps in its compact listpack encoding (~20 bytes per ID instead of ~110 for a key each).
-    ``chunk_size``: records per atomic commit (a 1,000-ID Lua call blocks Redis ~4 ms).
+    ``chunk_size``: records per atomic commit. Larger chunks amortize per-call work (2,500 ran
+    ~10% faster than 1,000; more gained nothing) but a call holds Redis longer (~10 ms).
     ``snapshot_every``: commits between Bloom snapshots (a moved filter replays the journal of
     commits since the last snapshot).
     """
@@ -34,8 +35,8 @@ class DedupConfig:
     bloom_capacity: int = 100_000
     bloom_error: float = 0.001
     shards: int = 1024
-    chunk_size: int = 1000
-    snapshot_every: int = 64
+    chunk_size: int = 2500
+    snapshot_every: int = 8
 
     def __post_init__(self) -> None:
         problems = []

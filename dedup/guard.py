@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from backup.store import TaskBackup, chunk_field, encode_outputs
 from dedup.bloom import ReceiverFilters
@@ -102,6 +103,20 @@ class _Receiver:
         self.cache_key = key
 
 
+def _admission(rows: list[InRow], decision: list[str]) -> Admission:
+    adm = Admission([])
+    for row, d in zip(rows, decision, strict=True):
+        if d == "fresh":
+            adm.fresh.append(row)
+        elif d == "replay":
+            adm.replayed.append(row)
+        elif d == "dup":
+            adm.duplicates += 1
+        else:
+            adm.late.append(row)
+    return adm
+
+
 class ExactlyOnceGuard:
     """Exactly-once hooks of one task (see the module docstring)."""
 
@@ -129,6 +144,7 @@ class ExactlyOnceGuard:
             if not t.is_row
         }
         self.admitted: set[bytes] = set()
+        self._seen_names: dict[tuple[str, int], list[str]] = {}
         self.pending: dict[str, int] = {}
         self.counters: dict[str, int] = {}
 
@@ -228,9 +244,14 @@ class ExactlyOnceGuard:
 
     def _apply_journal(self, r: _Receiver, entries: list[bytes], start_seq: int) -> None:
         """Add the IDs of commits ``start_seq + 1 .. redis_seq`` (one journal entry each)."""
-        for blob in entries:
-            for bucket, rid in msgpack.unpackb(blob, raw=False):
-                r.filters.add(rid.hex(), bucket)
+        ids: list[bytes] = []
+        buckets: list[int] = []
+        for entry in entries:
+            for bucket, blob in msgpack.unpackb(entry, raw=False):
+                chunk = [blob[i : i + 16] for i in range(0, len(blob), 16)]
+                ids.extend(chunk)
+                buckets.extend([bucket] * len(chunk))
+        r.filters.add(ids, buckets)
         applied = len(entries)
         if applied == r.redis_seq - start_seq:
             r.filters.seq = r.redis_seq
@@ -243,8 +264,8 @@ class ExactlyOnceGuard:
         fresh = ReceiverFilters(self.config.bloom_capacity, self.config.bloom_error)
         for key in self.client.scan_iter(match=self.ks.seen_pattern(r.name), count=1000):
             bucket = int(key.decode().rsplit(":", 2)[1])
-            for rid in self.client.hkeys(key):
-                fresh.add(rid.hex(), bucket)
+            ids = self.client.hkeys(key)
+            fresh.add(ids, [bucket] * len(ids))
             self._round_trip()
         fresh.seq = r.redis_seq
         _FILTERS[r.cache_key] = fresh
@@ -255,49 +276,58 @@ class ExactlyOnceGuard:
     # -- receiving ------------------------------------------------------------------------
 
     def admit(self, rows: list[InRow]) -> Admission:
-        """Bloom first, Redis only for maybes; see the module docstring."""
-        cfg = self.config
-        filters = self.stage.filters
-        trusted = self.stage.trusted
-        decision: list[str] = [""] * len(rows)
-        maybes: list[int] = []
-        in_chunk: set[bytes] = set()
-        for i, row in enumerate(rows):
-            rid, ts = row[1], row[2]
-            bucket = ts // cfg.bucket_ms
-            if bucket < self.floor:
-                decision[i] = "late"
-                continue
-            if rid in in_chunk or rid in self.admitted:
-                decision[i] = "dup"
-                continue
-            in_chunk.add(rid)
-            maybe = filters.check_and_add(rid.hex(), bucket, self._neighbour(ts))
-            if maybe or not trusted:
-                maybes.append(i)
-            else:
+        """Bloom first (one batch per chunk), Redis only for maybes; see the module docstring."""
+        decision, candidates = self._triage(rows)
+        maybes = self._maybe(self.stage, [(rows[i][1], rows[i][2]) for i in candidates])
+        asks = [i for i, m in zip(candidates, maybes, strict=True) if m]
+        for i, m in zip(candidates, maybes, strict=True):
+            if not m:
                 decision[i] = "fresh"
-        if maybes:
-            owners = self._lookup([(rows[i][1], rows[i][2]) for i in maybes])
-            for i, owner in zip(maybes, owners, strict=True):
-                decision[i] = (
-                    "fresh" if owner is None else ("replay" if owner == self.owner else "dup")
-                )
-        adm = Admission([])
-        for row, d in zip(rows, decision, strict=True):
-            if d == "fresh":
-                adm.fresh.append(row)
-            elif d == "replay":
-                adm.replayed.append(row)
-            elif d == "dup":
-                adm.duplicates += 1
-            else:
-                adm.late.append(row)
+        if asks:
+            owners = self._lookup([(rows[i][1], rows[i][2]) for i in asks])
+            for i, owner in zip(asks, owners, strict=True):
+                decision[i] = self._settle(owner)
+        adm = _admission(rows, decision)
         self._count("in", len(rows))
-        self._count("bloom_maybe", len(maybes))
+        self._count("bloom_maybe", len(asks))
         self._count("duplicates", adm.duplicates)
         self._count("late", len(adm.late))
         return adm
+
+    def _triage(self, rows: list[InRow]) -> tuple[list[str], list[int]]:
+        """Late and in-task duplicates are decided at once; the rest are candidates."""
+        bucket_ms = self.config.bucket_ms
+        decision = [""] * len(rows)
+        candidates: list[int] = []
+        in_chunk: set[bytes] = set()
+        for i, row in enumerate(rows):
+            rid = row[1]
+            if row[2] // bucket_ms < self.floor:
+                decision[i] = "late"
+            elif rid in in_chunk or rid in self.admitted:
+                decision[i] = "dup"
+            else:
+                in_chunk.add(rid)
+                candidates.append(i)
+        return decision, candidates
+
+    def _settle(self, owner: bytes | None) -> str:
+        """What a Redis answer means: unseen, committed by an earlier attempt, or a copy."""
+        if owner is None:
+            return "fresh"
+        return "replay" if owner == self.owner else "dup"
+
+    def _maybe(self, rx: _Receiver, items: Sequence[tuple[bytes, int]]) -> list[bool]:
+        """Bloom answers for ``(id, ts)`` pairs, adding them; all "maybe" if not trusted."""
+        if not items:
+            return []
+        bucket_ms = self.config.bucket_ms
+        answers = rx.filters.check_and_add(
+            [rid for rid, _ in items],
+            [ts // bucket_ms for _, ts in items],
+            [self._neighbour(ts) for _, ts in items],
+        )
+        return answers if rx.trusted else [True] * len(items)
 
     def _neighbour(self, ts: int) -> int | None:
         n = self.config.neighbour(ts)
@@ -319,14 +349,73 @@ class ExactlyOnceGuard:
         return [o if o else None for o in reply]
 
     def _shard_keys(self, name: str, rid: bytes, ts: int, keys: dict[str, int]) -> tuple[int, int]:
+        """KEYS indices of one ID's shard and of its neighbour-bucket shard (or 0)."""
         cfg = self.config
         shard = cfg.shard(rid)
-        own = keys.setdefault(self.ks.seen(name, ts // cfg.bucket_ms, shard), len(keys) + 1)
+        own = keys.setdefault(self._seen_key(name, ts // cfg.bucket_ms, shard), len(keys) + 1)
         neighbour = self._neighbour(ts)
         if neighbour is None:
             return own, 0
-        alt = keys.setdefault(self.ks.seen(name, neighbour, shard), len(keys) + 1)
+        alt = keys.setdefault(self._seen_key(name, neighbour, shard), len(keys) + 1)
         return own, alt
+
+    def _address(
+        self, name: str, rids: list[bytes], tss: list[int], keys: dict[str, int], near: bool
+    ) -> tuple[bytes, bytes, bytes, bytes]:
+        """A chunk's IDs, addressed for a script.
+
+        Returns the IDs blob, their shard indices, their neighbour-bucket shard indices (empty
+        when no ID is near a bucket edge, or ``near`` is False) and the journal entry.
+        """
+        cfg = self.config
+        blob = b"".join(rids)
+        if not rids:
+            return b"", b"", b"", msgpack.packb([], use_bin_type=True)
+        raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, 16)
+        shards = ((raw[:, 0].astype(np.int64) << 8) | raw[:, 1]) % cfg.shards
+        ts = np.asarray(tss, dtype=np.int64)
+        buckets = ts // cfg.bucket_ms
+        owns = self._key_indices(name, buckets, shards, keys)
+        alts = b""
+        if near:
+            offset = ts - buckets * cfg.bucket_ms
+            low, high = offset < cfg.skew_ms, (cfg.bucket_ms - offset) <= cfg.skew_ms
+            if low.any() or high.any():
+                alt_bucket = np.where(low, buckets - 1, buckets + 1)
+                valid = (low | high) & (alt_bucket >= self.floor)
+                index = np.zeros(len(rids), dtype=np.int64)
+                if valid.any():
+                    index[valid] = self._key_indices(name, alt_bucket[valid], shards[valid], keys)
+                alts = index.astype("<u2").tobytes()
+        entries = [
+            [int(b), b"".join(rids[i] for i in np.flatnonzero(buckets == b))]
+            for b in np.unique(buckets)
+        ]
+        journal = msgpack.packb(entries, use_bin_type=True)
+        return blob, owns.astype("<u2").tobytes(), alts, journal
+
+    def _key_indices(
+        self, name: str, buckets: np.ndarray, shards: np.ndarray, keys: dict[str, int]
+    ) -> np.ndarray:
+        codes = buckets * 65536 + shards
+        unique, inverse = np.unique(codes, return_inverse=True)
+        index = np.array(
+            [
+                keys.setdefault(self._seen_key(name, int(c) >> 16, int(c) & 0xFFFF), len(keys) + 1)
+                for c in unique
+            ],
+            dtype=np.int64,
+        )
+        return index[inverse]
+
+    def _seen_key(self, name: str, bucket: int, shard: int) -> str:
+        """Key of a seen-ID shard (names cached: thousands are built per chunk otherwise)."""
+        names = self._seen_names.get((name, bucket))
+        if names is None:
+            prefix = self.ks.seen(name, bucket, 0)[:-1]
+            names = [f"{prefix}{s}" for s in range(self.config.shards)]
+            self._seen_names[(name, bucket)] = names
+        return names[shard]
 
     def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:
         """Current accumulators of ``keys`` for a stateful combine of this partition."""
@@ -359,15 +448,10 @@ class ExactlyOnceGuard:
             ks.watermark,
         ]
         keys: dict[str, int] = {k: n + 1 for n, k in enumerate(fixed)}
-        journal = []
-        id_args: list[Any] = []
-        max_ts = 0
-        for row in fresh:
-            rid, ts = row[1], row[2]
-            own, alt = self._shard_keys(self.spec.name, rid, ts, keys)
-            id_args += [rid, own, alt]
-            journal.append((ts // self.config.bucket_ms, rid))
-            max_ts = max(max_ts, ts)
+        rids = [row[1] for row in fresh]
+        tss = [row[2] for row in fresh]
+        ids_blob, owns, alts, journal = self._address(self.spec.name, rids, tss, keys, True)
+        max_ts = max(tss, default=0)
         state_args: list[Any] = []
         n_state = 0
         for node, values in updates.items():
@@ -382,10 +466,12 @@ class ExactlyOnceGuard:
             self.owner,
             chunk_field(chunk),
             encode_outputs(outputs),
-            msgpack.packb(journal, use_bin_type=True),
+            journal,
             max_ts,
             len(fresh),
-            *id_args,
+            ids_blob,
+            owns,
+            alts,
             n_state,
             *state_args,
             *self._stat_args(),
@@ -426,21 +512,14 @@ class ExactlyOnceGuard:
     def undelivered(self, target: TargetSpec, outputs: list[Output]) -> list[Output]:
         """Sink records no attempt has delivered yet."""
         rx = self.sinks[target.index]
-        maybes = []
-        todo_flags = [True] * len(outputs)
-        for i, out in enumerate(outputs):
-            bucket = out.ts // self.config.bucket_ms
-            if (
-                rx.filters.check_and_add(out.id.hex(), bucket, self._neighbour(out.ts))
-                or not rx.trusted
-            ):
-                maybes.append(i)
-        if maybes:
-            owners = self._lookup([(outputs[i].id, outputs[i].ts) for i in maybes], rx.name)
-            for i, owner in zip(maybes, owners, strict=True):
-                if owner is not None:
-                    todo_flags[i] = False
-        return [o for o, keep in zip(outputs, todo_flags, strict=True) if keep]
+        maybes = self._maybe(rx, [(o.id, o.ts) for o in outputs])
+        asks = [i for i, m in enumerate(maybes) if m]
+        keep = [True] * len(outputs)
+        if asks:
+            owners = self._lookup([(outputs[i].id, outputs[i].ts) for i in asks], rx.name)
+            for i, owner in zip(asks, owners, strict=True):
+                keep[i] = owner is None
+        return [o for o, k in zip(outputs, keep, strict=True) if k]
 
     def delivered(self, target: TargetSpec, outputs: list[Output]) -> None:
         """Mark sink records delivered (after the sink acknowledged them)."""
@@ -454,23 +533,10 @@ class ExactlyOnceGuard:
             ks.stats(rx.name),
         ]
         keys: dict[str, int] = {k: n + 1 for n, k in enumerate(fixed)}
-        pairs: list[Any] = []
-        journal = []
-        for out in outputs:
-            bucket = out.ts // self.config.bucket_ms
-            index = keys.setdefault(
-                ks.seen(rx.name, bucket, self.config.shard(out.id)), len(keys) + 1
-            )
-            pairs += [out.id, index]
-            journal.append((bucket, out.id))
-        args = [
-            self.epoch,
-            self.token,
-            self.owner,
-            msgpack.packb(journal, use_bin_type=True),
-            len(outputs),
-            *pairs,
-        ]
+        ids_blob, owns, _alts, journal = self._address(
+            rx.name, [o.id for o in outputs], [o.ts for o in outputs], keys, False
+        )
+        args = [self.epoch, self.token, self.owner, journal, len(outputs), ids_blob, owns]
         reply = self._check(self.scripts.mark_delivered(keys=list(keys), args=args))
         self._round_trip()
         seq, again = int(reply[1]), int(reply[2])

@@ -7,9 +7,11 @@ task attempt therefore cannot commit after its successor has started.
 ``COMMIT`` is the heart of exactly-once: in one atomic step it checks that none of the chunk's
 IDs was seen before, marks them seen, stores the chunk's outputs (the upstream backup for the
 next boundary), writes keyed state, appends the IDs to the Bloom journal and bumps counters.
-If any ID was already seen it writes nothing and returns those IDs with their owners, and the
-task redoes the chunk without them. It is idempotent: run twice (a retried call after a lost
-reply), the second run sees its chunk already stored and changes nothing.
+If any ID was already seen it undoes its marks before returning (the script is atomic, so
+nobody sees them), returns those IDs with their owners, and the task redoes the chunk without
+them. One ``HSETNX`` per ID does the check and the mark together. It is idempotent: run
+twice (a retried call after a lost reply), the second run sees its chunk already stored and
+changes nothing.
 """
 
 from __future__ import annotations
@@ -19,35 +21,47 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {'fenced', 'task'} end
 """
 
+# IDs travel as one blob of 16-byte IDs, with the KEYS index of each ID's shard (and of its
+# neighbour-bucket shard, or 0) as blobs of little-endian uint16: a chunk is then a handful of
+# arguments instead of thousands.
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 filter seq, 5 filter journal, 6 stats,
-#       7 watermark, 8.. seen shards and state hashes (referenced by index from ARGV)
+#       7 watermark, 8.. seen shards and state hashes (referenced by index)
 # ARGV: 1 epoch, 2 token, 3 owner, 4 chunk field, 5 outputs blob, 6 journal blob,
-#       7 max event time, 8 n ids, then n x (id, own key, neighbour key or 0),
-#       then m, m x (state key, field, value), then s, s x (stat field, increment)
+#       7 max event time, 8 n ids, 9 ids blob, 10 shard index blob, 11 neighbour index blob
+#       (or ''), then m, m x (state key, field, value), then s, s x (stat field, increment)
 COMMIT = (
     FENCE
     + """
 if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {'ok', '-1'} end
 local n = tonumber(ARGV[8])
-local i = 9
+local ids, owns, alts = ARGV[9], ARGV[10], ARGV[11]
 local conflicts = {}
+local written = {}
 for j = 1, n do
-  local id = ARGV[i]
-  local owner = redis.call('HGET', KEYS[tonumber(ARGV[i + 1])], id)
-  local alt = tonumber(ARGV[i + 2])
-  if (not owner) and alt > 0 then owner = redis.call('HGET', KEYS[alt], id) end
+  local id = string.sub(ids, 16 * j - 15, 16 * j)
+  local own = KEYS[struct.unpack('<H', owns, 2 * j - 1)]
+  local alt = 0
+  if alts ~= '' then alt = struct.unpack('<H', alts, 2 * j - 1) end
+  local owner = false
+  if alt > 0 then owner = redis.call('HGET', KEYS[alt], id) end
+  if not owner then
+    if redis.call('HSETNX', own, id, ARGV[3]) == 1 then
+      written[#written + 1] = own
+      written[#written + 1] = id
+    else
+      owner = redis.call('HGET', own, id)
+    end
+  end
   if owner then
     conflicts[#conflicts + 1] = id
     conflicts[#conflicts + 1] = owner
   end
-  i = i + 3
 end
-if #conflicts > 0 then return {'conflict', conflicts} end
-i = 9
-for j = 1, n do
-  redis.call('HSET', KEYS[tonumber(ARGV[i + 1])], ARGV[i], ARGV[3])
-  i = i + 3
+if #conflicts > 0 then
+  for k = 1, #written, 2 do redis.call('HDEL', written[k], written[k + 1]) end
+  return {'conflict', conflicts}
 end
+local i = 12
 local m = tonumber(ARGV[i])
 i = i + 1
 for j = 1, m do
@@ -91,19 +105,19 @@ return {'ok', 'done'}
 )
 
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 stats, 6.. seen shards
-# ARGV: 1 epoch, 2 token, 3 owner, 4 journal blob, 5 n, then n x (id, key index)
-# Returns {'ok', seq, ids that were already marked (delivered twice)}.
+# ARGV: 1 epoch, 2 token, 3 owner, 4 journal blob, 5 n, 6 ids blob, 7 shard index blob
+# Returns {'ok', seq, how many were already marked (delivered twice)}.
 MARK_DELIVERED = (
     FENCE
     + """
 local n = tonumber(ARGV[5])
+local ids, owns = ARGV[6], ARGV[7]
 local again = 0
-local i = 6
 for j = 1, n do
-  if redis.call('HSET', KEYS[tonumber(ARGV[i + 1])], ARGV[i], ARGV[3]) == 0 then
+  local key = KEYS[struct.unpack('<H', owns, 2 * j - 1)]
+  if redis.call('HSET', key, string.sub(ids, 16 * j - 15, 16 * j), ARGV[3]) == 0 then
     again = again + 1
   end
-  i = i + 2
 end
 local seq = 0
 if n > 0 then

@@ -9,6 +9,7 @@ the process (and, for the crash tests, can be killed and restarted).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
@@ -21,6 +22,23 @@ import time
 from pathlib import Path
 
 from onceflow.errors import ServiceError
+
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+def _track(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """Remember a server process so that it is stopped even if its owner forgets."""
+    _RUNNING.add(proc)
+    return proc
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for proc in list(_RUNNING):
+        if proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
 
 
 def free_port() -> int:
@@ -99,7 +117,7 @@ class LocalRedis:
             "warning",
         ]
         log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        self.proc = _track(subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True))
         log.close()
         _wait_port(self.port, self.proc, "redis-server", 15)
         self._wait_loaded()
@@ -210,8 +228,8 @@ class LocalBroker:
             ]
             log = open(self.log_path, "ab")  # noqa: SIM115
             env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=log, env=env, start_new_session=True
+            self.proc = _track(
+                subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
             )
             log.close()
             try:

@@ -68,6 +68,7 @@ class StreamingRun:
     batches: int = 0
     last_batch: int = -1
     started: float = field(default_factory=time.monotonic)
+    history: list[tuple[int, int, float]] = field(default_factory=list)  # batch, records, s
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         """One micro-batch: acknowledge the previous ones, then run the plan."""
@@ -97,10 +98,17 @@ class StreamingRun:
         )
         compiled.run()
         driver_crashpoint("batch_end", batch_id)
+        seconds = time.monotonic() - t0
         self.batches += 1
         self.last_batch = batch_id
+        self.history.append((batch_id, self._records_since(before), seconds))
         if self.progress:
-            self._report(batch_id, before, time.monotonic() - t0)
+            self._report(batch_id, before, seconds)
+
+    def _records_since(self, before: dict[str, int]) -> int:
+        after = self.metrics.value
+        sources = {self.plan.stage_of[s.name] for s in self.plan.graph.sources()}
+        return sum(after.get(f"{s}/in", 0) - before.get(f"{s}/in", 0) for s in sources)
 
     def _check_epoch(self) -> None:
         current = int(self.client.get(self.keyspace.epoch) or 0)
@@ -228,7 +236,12 @@ def run_streaming(
         counters=dict(state.metrics.value),
         dead_letter_sink=dead.describe(),
         batches=state.batches,
-        extra={"epoch": epoch, "namespace": keyspace.namespace, "checkpoint": ckpt},
+        extra={
+            "epoch": epoch,
+            "namespace": keyspace.namespace,
+            "checkpoint": ckpt,
+            "history": state.history,
+        },
     )
 
 

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 POINTS = ("before_commit", "after_commit", "after_sink_write", "task_end", "batch_end")
 
@@ -226,7 +227,7 @@ class Report:
         )
 
 
-def compare_counts(expected: Mapping[Hashable, int], observed: Mapping[Hashable, int]) -> Report:
+def compare_counts(expected: Mapping[Any, int], observed: Mapping[Any, int]) -> Report:
     """Per key: observed below expected is lost, above is duplicated."""
     report = Report(sum(expected.values()), sum(observed.values()))
     for key in set(expected) | set(observed):

@@ -83,13 +83,15 @@ def error_text(exc: BaseException) -> str:
 class CombineOp:
     """Per-key accumulators of one combine node."""
 
-    def __init__(self, spec: OpSpec, stateful: bool) -> None:
+    def __init__(self, spec: OpSpec, stateful: bool, chunked: bool) -> None:
         assert spec.combine_fn is not None
         self.spec = spec
         self.fn = spec.combine_fn
         self.stateful = stateful
+        self.chunked = chunked  # a partial whose per-chunk deltas are committed with the chunk
         self.merging = spec.phase is Phase.FINAL
         self.acc: dict[bytes, list[Any]] = {}  # key bytes -> [key, accumulator, max ts]
+        self.running: dict[bytes, list[Any]] = {}  # chunked: deltas of committed chunks
         self.touched: dict[bytes, list[Any]] = {}  # stateful: keys changed by this batch
         self.pending: dict[bytes, list[Any]] = {}
 
@@ -126,16 +128,39 @@ class CombineOp:
         return out
 
     def chunk_committed(self) -> None:
-        """The chunk's state change is durable: its keys now count as touched."""
+        """The chunk is durable: its keys count as touched, its deltas join the running sum."""
         for kb, (key, ts) in self.pending.items():
             self.touch(kb, key, ts)
         self.pending.clear()
+        if self.chunked:
+            for kb, (key, acc, ts) in self.acc.items():
+                self.seed(kb, key, acc, ts)
         self.acc.clear()
 
     def reset_chunk(self) -> None:
         """Forget the chunk's deltas (its commit was refused and it will be redone)."""
         self.pending.clear()
         self.acc.clear()
+
+    def seed(self, kb: bytes, key: Any, acc: Any, ts: int) -> None:
+        """Merge a committed delta (of this attempt, or replayed from backup) into the sum."""
+        entry = self.running.get(kb)
+        if entry is None:
+            self.running[kb] = [key, acc, ts]
+            return
+        entry[1] = self.fn.merge(entry[1], acc)
+        entry[2] = max(entry[2], ts)
+
+    def drain(self) -> dict[bytes, list[Any]]:
+        """Everything accumulated, for the end-of-task flush; leaves the combine empty."""
+        if self.chunked:
+            for kb, (key, acc, ts) in self.acc.items():
+                self.seed(kb, key, acc, ts)
+            out, self.running = self.running, {}
+        else:
+            out = self.acc
+        self.acc = {}
+        return out
 
 
 class StageBody:
@@ -211,7 +236,8 @@ class StageBody:
 
     def _build_combine(self, op: OpSpec) -> Push:
         stateful = self.mode.streaming and op.phase is not Phase.PARTIAL
-        combine = CombineOp(op, stateful)
+        chunked = self.mode.ids and op.phase is Phase.PARTIAL
+        combine = CombineOp(op, stateful, chunked)
         self.combines[op.name] = combine
         if self.mode.ids:
             self.op_derivers[op.name] = Deriver(op.name)
@@ -296,12 +322,28 @@ class StageBody:
 
     # -- combines ------------------------------------------------------------------------
 
-    def flush_partials(self, tag: str | int) -> None:
-        """Emit every partial combine's accumulators (IDs tagged with the chunk)."""
-        for op in self.spec.ops:
+    def partial_deltas(self) -> list[Output]:
+        """This chunk's partial-combine deltas, as outputs to back up with the chunk.
+
+        They are not sent anywhere: a partial combine emits once per task (so lifting stays
+        effective), and a retried task re-seeds its sums from these backed-up deltas.
+        Targets are negative: ``-1 - position of the op``.
+        """
+        out: list[Output] = []
+        for position, op in enumerate(self.spec.ops):
             combine = self.combines.get(op.name)
-            if combine is not None and op.phase is Phase.PARTIAL:
-                self._emit_accumulators(combine, tag)
+            if combine is None or not combine.chunked:
+                continue
+            for kb, (_key, acc, ts) in combine.acc.items():
+                out.append(Output(-1 - position, b"", ts, kb, codec.encode(acc)))
+        return out
+
+    def seed_partials(self, outputs: list[Output]) -> None:
+        """Re-seed partial sums from deltas an earlier attempt committed."""
+        for out in outputs:
+            combine = self.combines[self.spec.ops[-1 - out.target].name]
+            assert out.key is not None
+            combine.seed(out.key, codec.decode(out.key), codec.decode(out.value), out.ts)
 
     def state_updates(self, reader: StateReader) -> dict[str, dict[bytes, bytes]]:
         """New state of every stateful combine for the keys changed in this chunk."""
@@ -314,7 +356,7 @@ class StageBody:
     def chunk_committed(self) -> None:
         """The chunk is durable."""
         for combine in self.combines.values():
-            if combine.stateful:
+            if combine.stateful or combine.chunked:
                 combine.chunk_committed()
 
     def reset_chunk(self) -> None:
@@ -322,7 +364,7 @@ class StageBody:
         for buf in self.buffers:
             buf.clear()
         for combine in self.combines.values():
-            if combine.stateful or self.mode.ids:
+            if combine.stateful or combine.chunked:
                 combine.reset_chunk()
 
     def flush_end(self, reader: StateReader | None, partial_tag: str | int = "end") -> None:
@@ -343,12 +385,11 @@ class StageBody:
         out = self._fan_out(self._downstream(combine.spec))
         deriver = self.op_derivers.get(combine.spec.name)
         cursor = self.cursor
-        for kb, (key, acc, ts) in combine.acc.items():
+        for kb, (key, acc, ts) in combine.drain().items():
             if deriver is not None:
                 cursor.parent = deriver.of(self.batch, self.partition, tag, kb)
             cursor.ts = ts
             out((key, acc))
-        combine.acc.clear()
 
     def _emit_results(self, combine: CombineOp) -> None:
         out = self._fan_out(self._downstream(combine.spec))

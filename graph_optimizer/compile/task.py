@@ -216,9 +216,13 @@ class TaskRun:
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Steps 1-4 of the module docstring."""
         replay = self.guard.open()
-        if replay.outputs:
-            self.count("replayed_outputs", len(replay.outputs))
-            yield from self.emit(replay.outputs)
+        deltas = [o for o in replay.outputs if o.target < 0]
+        sent = [o for o in replay.outputs if o.target >= 0]
+        if deltas and not replay.done:
+            self.body.seed_partials(deltas)
+        if sent:
+            self.count("replayed_outputs", len(sent))
+            yield from self.emit(sent)
         if replay.done:
             for _ in batches:  # the input is already reflected in the backup
                 pass
@@ -259,12 +263,11 @@ class TaskRun:
         fresh = admission.fresh
         while True:
             self.body.run(fresh)
-            if self.guard.mode.ids:
-                self.body.flush_partials(chunk_no)
             outputs = self.body.take()
             updates = self.body.state_updates(self.guard.read_state)
+            backup = outputs + self.body.partial_deltas() if self.guard.mode.ids else outputs
             crashpoint("before_commit", self.spec.name, self.batch, self.partition, self.attempt)
-            conflicts = self.guard.commit(chunk_no, fresh, outputs, updates)
+            conflicts = self.guard.commit(chunk_no, fresh, backup, updates)
             if not conflicts:
                 break
             self.count("commit_conflicts", len(conflicts))

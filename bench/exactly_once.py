@@ -1,0 +1,254 @@
+"""Exactly-once against at-least-once: one Kafka-to-Kafka keyed count, both ways, one run.
+
+The baseline is the same pipeline with ``guarantee="at-least-once"``: keyed state in Redis,
+but no record IDs, no backup and no dedup. Both read the same topic from the start with a
+fresh checkpoint and namespace, alternating, ``--repeat`` times, each in a fresh process (a new
+Spark JVM: successive queries in one JVM slow down, for both modes alike) that first runs one
+unmeasured warm-up query. Prints records/s (whole run, and steady state without the first
+micro-batch of the query) and their ratio, Redis round trips
+per 1,000 records, Redis lookups per 1,000 new IDs next to the Bloom filters' configured
+false-positive rate, Bloom filter memory, and Redis bytes per stored ID.
+
+    python bench/exactly_once.py [--records 200000] [--batch 50000] [--repeat 2]
+
+Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+from connectors.kafka import KafkaSink, KafkaSource
+from connectors.kafka_io import produce
+from dedup.config import DedupConfig
+from onceflow.keyspace import Keyspace
+from onceflow.settings import KafkaSettings, RedisSettings, redis_client
+from pipeline import Pipeline
+from pipeline.local_services import LocalBroker, LocalRedis
+from pipeline.session import spark_session
+
+GUARANTEES = ("at-least-once", "exactly-once")
+
+
+def build(name: str, topic: str, out: str) -> Pipeline:
+    p = Pipeline(name)
+    (
+        p.read("events", KafkaSource(topic, codec="json"))
+        .key_by("by-user", lambda e: e["user"])
+        .count_per_key("count")
+        .write("counts", KafkaSink(out))
+    )
+    return p
+
+
+def run_once(
+    spark: Any,
+    guarantee: str,
+    topic: str,
+    records: int,
+    batch: int,
+    redis_url: str,
+    workdir: str,
+    config: DedupConfig,
+) -> dict[str, Any]:
+    name = f"bench-{guarantee[:2]}-{uuid.uuid4().hex[:6]}"
+    pipeline = build(name, topic, f"{name}-out")
+    started = time.perf_counter()
+    result = pipeline.run(
+        session=spark,
+        redis_url=redis_url,
+        guarantee=guarantee,
+        available_now=True,
+        max_records_per_batch=batch,
+        checkpoint=os.path.join(workdir, name, "ckpt"),
+        output_dir=os.path.join(workdir, name),
+        dedup=config,
+        progress=False,
+    )
+    seconds = time.perf_counter() - started
+    assert result.records_in == records, (result.records_in, records)
+    history = result.extra["history"][1:]  # the first micro-batch of a query is warm-up
+    steady_records = sum(n for _, n, _ in history)
+    steady_seconds = sum(s for _, _, s in history)
+    return {
+        "name": name,
+        "seconds": seconds,
+        "rate": records / seconds,
+        "steady": steady_records / steady_seconds if steady_seconds else 0.0,
+        "counters": result.counters,
+        "batches": result.batches,
+    }
+
+
+def redis_footprint(client: Any, namespace: str) -> tuple[int, int]:
+    """(bytes, IDs) of the seen-ID shards of a namespace."""
+    ks = Keyspace(namespace)
+    total_bytes = total_ids = 0
+    for key in client.scan_iter(match=ks.seen_pattern(), count=1000):
+        total_bytes += client.memory_usage(key, samples=0) or 0
+        total_ids += client.hlen(key)
+    return total_bytes, total_ids
+
+
+@contextlib.contextmanager
+def services() -> Any:
+    with contextlib.ExitStack() as stack:
+        redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
+        bootstrap = (
+            os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+            or stack.enter_context(LocalBroker()).bootstrap
+        )
+        yield redis_url, bootstrap
+
+
+def child(args: argparse.Namespace) -> None:
+    """One measured run in this fresh process (after an unmeasured warm-up run)."""
+    spark = spark_session(args.master, app_name="bench-exactly-once")
+    config = DedupConfig()
+    workdir = tempfile.mkdtemp(prefix="onceflow-bench-")
+    redis_url = os.environ["REDIS_URL"]
+    run_once(spark, args.child, args.topic, args.records, args.batch, redis_url, workdir, config)
+    result = run_once(
+        spark, args.child, args.topic, args.records, args.batch, redis_url, workdir, config
+    )
+    print("RESULT " + json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=50_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--child", choices=GUARANTEES, help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    with services() as (redis_url, bootstrap):
+        kafka = KafkaSettings.from_env(bootstrap)
+        topic = f"bench-{uuid.uuid4().hex[:6]}"
+        rng = random.Random(1)
+        t0 = time.perf_counter()
+        records = (
+            (None, json.dumps({"user": f"u{rng.randrange(1000)}", "n": i}).encode(), None)
+            for i in range(args.records)
+        )
+        produce(kafka, topic, records, partitions=2)
+        print(f"produced {args.records:,} records in {time.perf_counter() - t0:.1f} s")
+        env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+        runs: dict[str, list[dict[str, Any]]] = {g: [] for g in GUARANTEES}
+        for i in range(args.repeat):
+            for guarantee in GUARANTEES:
+                r = spawn(guarantee, topic, args, env)
+                runs[guarantee].append(r)
+                print(
+                    f"  run {i + 1} {guarantee:<14} {r['seconds']:6.1f} s  "
+                    f"{r['rate']:>8,.0f} rec/s overall  {r['steady']:>8,.0f} rec/s steady "
+                    f"({r['batches']} batches)",
+                    flush=True,
+                )
+        report(runs, args.records, redis_client(RedisSettings(redis_url)), DedupConfig())
+
+
+def spawn(guarantee: str, topic: str, args: argparse.Namespace, env: dict[str, str]) -> Any:
+    """Run one measured query in a fresh process; return its result."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        guarantee,
+        "--topic",
+        topic,
+        "--records",
+        str(args.records),
+        "--batch",
+        str(args.batch),
+        "--master",
+        args.master,
+    ]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    msg = f"benchmark child failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    raise RuntimeError(msg)
+
+
+def report(
+    runs: dict[str, list[dict[str, Any]]], records: int, client: Any, config: DedupConfig
+) -> None:
+    med = {
+        g: (statistics.median(r["rate"] for r in rs), statistics.median(r["steady"] for r in rs))
+        for g, rs in runs.items()
+    }
+    alo, eo = med["at-least-once"], med["exactly-once"]
+    print()
+    print(f"{'':<30} {'overall rec/s':>14} {'steady rec/s':>14}")
+    for g, (overall, steady) in med.items():
+        print(f"{g:<30} {overall:>14,.0f} {steady:>14,.0f}")
+    print(f"{'exactly-once / at-least-once':<30} {eo[0] / alo[0]:>13.0%} {eo[1] / alo[1]:>13.0%}")
+    last = runs["exactly-once"][-1]
+    c = last["counters"]
+    trips = sum(v for k, v in c.items() if k.endswith("/redis_round_trips"))
+    base_trips = sum(
+        v
+        for k, v in runs["at-least-once"][-1]["counters"].items()
+        if k.endswith("/redis_round_trips")
+    )
+    lookups = sum(v for k, v in c.items() if k.endswith("/redis_lookups"))
+    maybes = sum(v for k, v in c.items() if k.endswith("/bloom_maybe"))
+    new_ids = records + sum(v for k, v in c.items() if k.startswith("count/") and k.endswith("/in"))
+    new_ids += sum(v for k, v in c.items() if k.endswith("/out/counts"))
+    seen_bytes, seen_ids = redis_footprint(client, last["name"])
+    generations = (
+        len(
+            {
+                k.rsplit(b":", 1)[0]
+                for k in client.scan_iter(match=Keyspace(last["name"]).seen_pattern(), count=1000)
+            }
+        )
+        * 1
+    )
+    filter_bytes = int(
+        -config.bloom_capacity
+        * __import__("math").log(config.bloom_error)
+        / (__import__("math").log(2) ** 2)
+        / 8
+    )
+    print()
+    print(
+        f"Redis round trips per 1,000 records: exactly-once {1000 * trips / records:.1f}, "
+        f"at-least-once {1000 * base_trips / records:.1f}"
+    )
+    print(
+        f"Redis lookups per 1,000 new IDs: {1000 * lookups / new_ids:.2f} "
+        f"(Bloom 'maybe' answers {1000 * maybes / new_ids:.2f}; configured false-positive "
+        f"rate {config.bloom_error} = {1000 * config.bloom_error:.1f} per 1,000)"
+    )
+    print(
+        f"Bloom filters: {generations} generation(s) per partition set, "
+        f"{filter_bytes / 1024:,.0f} KiB each at capacity {config.bloom_capacity:,} "
+        f"({filter_bytes / config.bloom_capacity:.2f} B/ID)"
+    )
+    if seen_ids:
+        print(
+            f"Redis seen-ID store: {seen_ids:,} IDs in {seen_bytes / 1e6:.1f} MB = "
+            f"{seen_bytes / seen_ids:.1f} bytes per stored ID ({config.shards} shards/bucket)"
+        )
+
+
+if __name__ == "__main__":
+    main()
