@@ -85,16 +85,25 @@ def parse_backup_key(keyspace: Keyspace, key: str) -> tuple[str, int, int] | Non
         return None
 
 
+# KEYS: 1 acked, 2 watermark, 3 acked watermark. ARGV: 1 batch
 _ACK = """
 local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
-if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
+if tonumber(ARGV[1]) > cur then
+  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('SET', KEYS[3], redis.call('GET', KEYS[2]) or '0')
+  return 1
+end
 return 0
 """
 
 
 def acknowledge(client: Any, keyspace: Keyspace, batch: int) -> None:
-    """Record that Spark committed every micro-batch up to ``batch`` (never moves back)."""
-    client.eval(_ACK, 1, keyspace.acked, batch)
+    """Record that Spark committed every micro-batch up to ``batch`` (never moves back).
+
+    Called before the next batch starts, so the watermark then is that of committed batches:
+    it is kept as the acknowledged watermark the dedup floor and GC are measured from.
+    """
+    client.eval(_ACK, 3, keyspace.acked, keyspace.watermark, keyspace.acked_watermark, batch)
 
 
 def acknowledged(client: Any, keyspace: Keyspace) -> int:

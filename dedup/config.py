@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from dedup.errors import DedupConfigError
 
 HOUR_MS = 3_600_000
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": HOUR_MS, "d": 24 * HOUR_MS}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+
+
+def parse_duration_ms(text: str | int) -> int:
+    """``"24h"``, ``"10m"``, ``"30s"``, ``"500ms"``, ``"7d"`` (or a number of ms) in ms."""
+    if isinstance(text, int):
+        return text
+    match = _DURATION.match(text)
+    if not match:
+        msg = f"duration {text!r} is not valid: write a number and a unit, e.g. 24h, 10m, 30s"
+        raise DedupConfigError(msg)
+    return int(float(match.group(1)) * _UNITS_MS[match.group(2)])
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,13 @@ class DedupConfig:
             problems.append(f"chunk_size must be >= 1, got {self.chunk_size}")
         if problems:
             raise DedupConfigError("invalid dedup settings: " + "; ".join(problems))
+
+    @classmethod
+    def of(cls, horizon: str | int = "24h", bucket: str | int = "1h", **more: Any) -> DedupConfig:
+        """Settings from durations: ``DedupConfig.of(horizon="7d", bucket="6h")``."""
+        return cls(
+            bucket_ms=parse_duration_ms(bucket), horizon_ms=parse_duration_ms(horizon), **more
+        )
 
     def bucket(self, ts: int) -> int:
         """The bucket of an event time."""

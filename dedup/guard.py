@@ -33,13 +33,13 @@ from dedup.errors import FencedError
 from dedup.scripts import Scripts
 from graph_optimizer.compile.body import InRow, Mode
 from graph_optimizer.compile.spec import StageSpec, TargetSpec
-from graph_optimizer.compile.task import Admission, Replay
+from graph_optimizer.compile.task import Admission, HorizonMovedError, Replay
 from onceflow.keyspace import Keyspace
 from onceflow.records import Output
 from onceflow.settings import RedisSettings, redis_client
 
 DELIVERED = "/delivered"
-_REDIS_ONLY = frozenset({"in", "duplicates", "late", "committed"})
+_REDIS_ONLY = frozenset({"in", "duplicates", "late", "committed", "out", "horizon_redone"})
 
 # Filters live as long as the Python worker process: Spark reuses workers across tasks.
 _FILTERS: dict[tuple[str, str, int], ReceiverFilters] = {}
@@ -147,6 +147,7 @@ class ExactlyOnceGuard:
         self._seen_names: dict[tuple[str, int], list[str]] = {}
         self.pending: dict[str, int] = {}
         self.counters: dict[str, int] = {}
+        self._admitted_counts: dict[str, int] = {}
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -182,7 +183,7 @@ class ExactlyOnceGuard:
         receivers = [self.stage, *self.sinks.values()]
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(ks.token(self.spec.name, self.partition))
-        pipe.get(ks.watermark)
+        pipe.get(ks.acked_watermark)
         pipe.hgetall(ks.backup(self.spec.name, self.batch, self.partition))
         for r in receivers:
             pipe.get(ks.filter_seq(r.name, self.partition))
@@ -288,10 +289,14 @@ class ExactlyOnceGuard:
             for i, owner in zip(asks, owners, strict=True):
                 decision[i] = self._settle(owner)
         adm = _admission(rows, decision)
-        self._count("in", len(rows))
-        self._count("bloom_maybe", len(asks))
-        self._count("duplicates", adm.duplicates)
-        self._count("late", len(adm.late))
+        self._admitted_counts = {
+            "in": len(rows),
+            "bloom_maybe": len(asks),
+            "duplicates": adm.duplicates,
+            "late": len(adm.late),
+        }
+        for name, n in self._admitted_counts.items():
+            self._count(name, n)
         return adm
 
     def _triage(self, rows: list[InRow]) -> tuple[list[str], list[int]]:
@@ -446,6 +451,7 @@ class ExactlyOnceGuard:
             ks.filter_journal(self.spec.name, self.partition),
             ks.stats(self.spec.name),
             ks.watermark,
+            ks.gc_floor,
         ]
         keys: dict[str, int] = {k: n + 1 for n, k in enumerate(fixed)}
         rids = [row[1] for row in fresh]
@@ -460,6 +466,8 @@ class ExactlyOnceGuard:
                 state_args += [index, kb, value]
                 n_state += 1
         self._count("committed", len(fresh))
+        sent = sum(1 for o in outputs if o.target >= 0)
+        self._count("out", sent)
         args = [
             self.epoch,
             self.token,
@@ -472,15 +480,24 @@ class ExactlyOnceGuard:
             ids_blob,
             owns,
             alts,
+            self.floor,
             n_state,
             *state_args,
             *self._stat_args(),
         ]
         reply = self._check(self.scripts.commit(keys=list(keys), args=args))
         self._round_trip()
+        if reply[0] in (b"floor", b"conflict"):  # nothing was stored
+            self._count("committed", -len(fresh))
+            self._count("out", -sent)
+        if reply[0] == b"floor":  # GC moved the horizon: admit the chunk again
+            for name, n in self._admitted_counts.items():
+                self.counters[name] = self.counters.get(name, 0) - n
+                self.pending[name] = self.pending.get(name, 0) - n
+            self.floor = max(self.floor, int(reply[1]))
+            self._count("horizon_redone")
+            raise HorizonMovedError(self.spec.name)
         if reply[0] == b"conflict":  # copies committed meanwhile by another partition's task
-            self.counters["committed"] -= len(fresh)
-            self.pending["committed"] -= len(fresh)
             flat = reply[1]
             conflicts = {bytes(flat[i]) for i in range(0, len(flat), 2)}
             self._count("duplicates", len(conflicts))
@@ -502,6 +519,7 @@ class ExactlyOnceGuard:
             ks.stats(self.spec.name),
         ]
         blob = encode_outputs(outputs) if outputs else b""
+        self._count("out", sum(1 for o in outputs if o.target >= 0))
         args = [self.epoch, self.token, blob, *self._stat_args()]
         self._check(self.scripts.finish(keys=keys, args=args))
         self._round_trip()

@@ -25,14 +25,20 @@ if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {'fenced', 'task'} end
 # neighbour-bucket shard, or 0) as blobs of little-endian uint16: a chunk is then a handful of
 # arguments instead of thousands.
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 filter seq, 5 filter journal, 6 stats,
-#       7 watermark, 8.. seen shards and state hashes (referenced by index)
+#       7 watermark, 8 GC floor, 9.. seen shards and state hashes (referenced by index)
 # ARGV: 1 epoch, 2 token, 3 owner, 4 chunk field, 5 outputs blob, 6 journal blob,
 #       7 max event time, 8 n ids, 9 ids blob, 10 shard index blob, 11 neighbour index blob
-#       (or ''), then m, m x (state key, field, value), then s, s x (stat field, increment)
+#       (or ''), 12 the task's dedup floor (oldest bucket it treats as deduplicated),
+#       then m, m x (state key, field, value), then s, s x (stat field, increment)
+# The GC floor check makes GC safe against a concurrent commit: GC raises the floor before it
+# deletes seen-ID buckets below it, so a task that still counts such a bucket as inside the
+# horizon (its floor is older) is refused and redoes the chunk with the new floor.
 COMMIT = (
     FENCE
     + """
 if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {'ok', '-1'} end
+local gc_floor = tonumber(redis.call('GET', KEYS[8]) or '-1')
+if gc_floor > tonumber(ARGV[12]) then return {'floor', tostring(gc_floor)} end
 local n = tonumber(ARGV[8])
 local ids, owns, alts = ARGV[9], ARGV[10], ARGV[11]
 local conflicts = {}
@@ -61,7 +67,7 @@ if #conflicts > 0 then
   for k = 1, #written, 2 do redis.call('HDEL', written[k], written[k + 1]) end
   return {'conflict', conflicts}
 end
-local i = 12
+local i = 13
 local m = tonumber(ARGV[i])
 i = i + 1
 for j = 1, m do

@@ -60,6 +60,21 @@ class Keyspace:
         return f"{self.root}:wm"
 
     @property
+    def acked_watermark(self) -> str:
+        """The watermark when ``acked`` last moved: what the dedup floor is measured from.
+
+        Taken from committed micro-batches only, so the floor is the same for every attempt
+        of a batch (a replayed batch classifies records as late exactly as its first attempt
+        did) and GC never reaches into the history an uncommitted batch may replay against.
+        """
+        return f"{self.root}:wmacked"
+
+    @property
+    def gc_floor(self) -> str:
+        """Bucket below which GC may have deleted seen-IDs; commits with an older floor fail."""
+        return f"{self.root}:gcfloor"
+
+    @property
     def gc(self) -> str:
         """Hash: what the last GC pass did."""
         return f"{self.root}:gc"

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from dedup.config import DedupConfig
 from graph_optimizer.combine_fn import CombineFn
 from graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Node, Sink, Source, validate
 from pipeline.combiners import ToList, resolve
@@ -55,7 +56,9 @@ class Pipeline:
     ``dead_letters`` is a sink for records that fail (undecodable input, an exception in your
     code, a value too big or not encodable); by default they go to a JSON-lines file
     (bounded runs) or a ``<name>.dead-letters`` Kafka topic (Kafka pipelines). With
-    ``on_error="fail"`` such a record stops the run instead.
+    ``on_error="fail"`` such a record stops the run instead. ``dedup`` sets how long
+    duplicates are recognised (``DedupConfig.of(horizon="24h")``); ``onceflow gc`` deletes
+    dedup history older than that horizon.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class Pipeline:
         dead_letters: SinkConnector | None = None,
         on_error: str = "dead_letter",
         max_record_bytes: int = 1 << 20,
+        dedup: DedupConfig | None = None,
     ) -> None:
         if not isinstance(name, str) or not _PIPELINE_NAME.match(name):
             msg = (
@@ -82,6 +86,7 @@ class Pipeline:
         self.dead_letters = dead_letters
         self.on_error = on_error
         self.max_record_bytes = max_record_bytes
+        self.dedup = dedup or DedupConfig()
         self._nodes: dict[str, Node] = {}
 
     # -- building ----------------------------------------------------------------------------

@@ -184,7 +184,7 @@ def run_streaming(
         raise ConfigError(msg)
     _check_sources(plan)
     mode = Mode.EXACTLY_ONCE if guarantee == "exactly-once" else Mode.AT_LEAST_ONCE
-    config = dedup or DedupConfig()
+    config = dedup or pipeline.dedup
     settings = RedisSettings.from_env(redis_url, **(redis_options or {}))
     client = redis_client(settings)
     check_durable(client, allow_non_durable_redis)

@@ -15,6 +15,7 @@ every key touched by the batch is emitted. Partial combines flush per chunk when
 from __future__ import annotations
 
 import enum
+import json
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -71,6 +72,14 @@ def describe(value: Any, limit: int = 500) -> str:
     except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
         text = f"<unprintable {type(value).__name__}>"
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def portable(value: Any, limit: int = 1 << 20) -> str:
+    """A value as JSON when it is JSON-friendly (so it can be sent again), else printable."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return describe(value, limit)
 
 
 def error_text(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from graph_optimizer.compile.body import InRow, Mode, StageBody, describe
+from graph_optimizer.compile.body import InRow, Mode, StageBody, portable
 from graph_optimizer.compile.spec import StageSpec, TargetKind, TargetSpec
 from onceflow import codec
 from onceflow.records import DeadLetter, Output, Record
@@ -35,6 +35,13 @@ if TYPE_CHECKING:
 
 ROW_SCHEMA = "id binary, ts long, key binary, value binary, port int"
 ROW_COLUMNS = ("id", "ts", "key", "value", "port")
+
+
+class HorizonMovedError(Exception):
+    """A guard refused a commit: GC raised the dedup floor after the chunk was admitted.
+
+    The task redoes the chunk, and records now below the floor become late dead letters.
+    """
 
 
 @dataclass
@@ -241,29 +248,51 @@ class TaskRun:
         crashpoint("task_end", self.spec.name, self.batch, self.partition, self.attempt)
 
     def process_chunk(self, chunk_no: int, rows: list[InRow]) -> list[Output]:
-        """Admit, run and commit one chunk, redoing it without conflicting records."""
-        admission = self.guard.admit(rows)
+        """Admit, run and commit one chunk; redo it if GC moved the dedup floor meanwhile."""
+        # Dead letters of records that failed to decode before the chunk was formed: they
+        # leave with the chunk's first commit, whatever has to be redone.
+        carried = self.body.take()
+        while True:
+            try:
+                admission, outputs = self._attempt_chunk(chunk_no, rows, carried)
+                break
+            except HorizonMovedError:
+                self.body.reset_chunk()
+                self.count("horizon_redone")
         self.count("in", len(rows))
         if admission.duplicates:
             self.count("duplicates_dropped", admission.duplicates)
         if admission.replayed:
             self.count("replayed_inputs", len(admission.replayed))
+        if admission.late:
+            self.count("late", len(admission.late))
+        return outputs
+
+    def _attempt_chunk(
+        self, chunk_no: int, rows: list[InRow], carried: list[Output]
+    ) -> tuple[Admission, list[Output]]:
+        """Admit, run and commit one chunk, redoing it without conflicting records.
+
+        Dead letters of late records (and ``carried`` ones) are taken before the loop: a redo
+        re-runs only the fresh records, and must not lose them.
+        """
+        admission = self.guard.admit(rows)
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
         for _inbound, rid, ts, _kb, elem in admission.late:
-            self.count("late")
             reason = (
                 f"event time {ts} is older than the dedup horizon: a copy of this record could "
                 "no longer be recognised, so it is not processed"
             )
             self.body.dead(
-                DeadLetter(rid, ts, self.spec.name, reason, rid.hex(), None, describe(elem))
+                DeadLetter(rid, ts, self.spec.name, reason, rid.hex(), None, portable(elem))
             )
         fresh = admission.fresh
+        before = carried + self.body.take()
         while True:
             self.body.run(fresh)
-            outputs = self.body.take()
+            outputs = before + self.body.take()
             updates = self.body.state_updates(self.guard.read_state)
             backup = outputs + self.body.partial_deltas() if self.guard.mode.ids else outputs
             crashpoint("before_commit", self.spec.name, self.batch, self.partition, self.attempt)
@@ -276,7 +305,7 @@ class TaskRun:
             fresh = [r for r in fresh if r[1] not in conflicts]
         self.body.chunk_committed()
         crashpoint("after_commit", self.spec.name, self.batch, self.partition, self.attempt)
-        return outputs
+        return admission, outputs
 
     def chunks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[list[InRow]]:
         """Input rows in chunks of the guard's size (whole Arrow batches when it is 0)."""

@@ -4,16 +4,26 @@ events (Kafka, IDs from the event_id field) -> enrich (adds random noise: non-de
   -> copy (Kafka sink)
   -> by-user -> count (keyed state in Redis) -> counts (Kafka sink)
 
-Topics and the pipeline name come from the environment so each test has its own.
+Topics and the pipeline name come from the environment so each test has its own;
+``ORDERS_HORIZON`` / ``ORDERS_BUCKET`` (e.g. ``5m`` / ``1m``) shorten the dedup horizon for
+the GC tests.
 """
 
 import os
 import random
 
 from connectors.kafka import KafkaSink, KafkaSource
+from dedup.config import DedupConfig
 from pipeline import Pipeline
 
-pipeline = Pipeline(os.environ["ORDERS_PIPELINE"])
+dedup = None
+if os.environ.get("ORDERS_HORIZON"):
+    dedup = DedupConfig.of(
+        horizon=os.environ["ORDERS_HORIZON"],
+        bucket=os.environ.get("ORDERS_BUCKET", "1m"),
+        skew_ms=int(os.environ.get("ORDERS_SKEW_MS", "5000")),
+    )
+pipeline = Pipeline(os.environ["ORDERS_PIPELINE"], dedup=dedup)
 enriched = pipeline.read(
     "events",
     KafkaSource(os.environ["ORDERS_IN"], id=lambda e: e["event_id"], timestamp=lambda e: e["ts"]),

@@ -1,0 +1,299 @@
+"""``onceflow gc`` and ``onceflow status`` against real Redis, Spark and broker.
+
+The unit half builds a namespace by hand and checks what a pass removes and keeps, and that
+the commit script refuses a commit whose dedup floor GC has passed. The end-to-end half runs
+the orders pipeline with a 5-minute horizon over ~50 minutes of event time while GC passes run
+concurrently every 200 ms, feeds it duplicates inside and outside the horizon, kills it once,
+resumes, and compares against an independent count.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+import uuid
+from collections import Counter
+
+import pytest
+
+from connectors.kafka_io import produce, read_topic
+from dedup.scripts import COMMIT
+from onceflow.keyspace import Keyspace
+from onceflow.settings import KafkaSettings
+from pipeline.gc import GcError, collect
+from pipeline.status import status
+from pipeline.testing import Crash, crash_and_resume
+from tests.exactly_once.scenario import BASE_TS, PIPELINE, Scenario, verify
+
+MINUTE = 60_000
+
+
+def _fake_namespace(
+    client, name, *, wm_bucket=100, acked=5, bucket_ms=MINUTE, horizon_ms=10 * MINUTE
+):
+    ks = Keyspace(name)
+    client.hset(
+        ks.meta,
+        mapping={"bucket_ms": bucket_ms, "horizon_ms": horizon_ms, "shards": 4, "parallelism": 2},
+    )
+    client.set(ks.acked_watermark, wm_bucket * bucket_ms + 1)
+    client.set(ks.acked, acked)
+    for bucket in range(80, 101):
+        for shard in range(4):
+            client.hset(
+                ks.seen("stage", bucket, shard),
+                mapping={f"id{bucket}-{shard}-{i}": "0.0" for i in range(3)},
+            )
+    for batch in range(0, 9):
+        client.hset(ks.backup("stage", batch, 0), mapping={"c0": b"x" * 100, "done": "1"})
+    client.hset(
+        ks.filter_snapshot("stage", 0), mapping={"seq": 9, "b85": b"y" * 50, "b95": b"z" * 50}
+    )
+    return ks
+
+
+def _keys(client, ks, kind):
+    return sorted(k.decode() for k in client.scan_iter(match=ks.pattern(kind)))
+
+
+def test_gc_pass_removes_only_what_can_no_longer_matter(redis_server):
+    client = redis_server.client()
+    ks = _fake_namespace(client, f"gc-unit-{uuid.uuid4().hex[:6]}")
+    before_seen, before_bk = _keys(client, ks, "seen"), _keys(client, ks, "bk")
+
+    dry = collect(client, ks.namespace, dry_run=True, scan_count=7, delete_batch=3)
+    # floor = bucket(wm - horizon) - 1 = 100 - 10 - 1 = 89: buckets 80..88 go
+    assert dry.floor == 89
+    assert dry.removed["seen_ids"].keys == 9 * 4 and dry.removed["seen_ids"].ids == 9 * 4 * 3
+    assert dry.removed["backups"].keys == 6  # batches 0..5 (acked = 5)
+    assert dry.removed["bloom_snapshots"].fields == 1
+    assert dry.total.bytes > 0
+    assert _keys(client, ks, "seen") == before_seen and _keys(client, ks, "bk") == before_bk
+    assert client.get(ks.gc_floor) is None, "a dry run must not raise the floor"
+
+    real = collect(client, ks.namespace, scan_count=7, delete_batch=3)
+    assert real.total.keys == dry.total.keys and real.total.ids == dry.total.ids
+    left = {int(k.rsplit(":", 2)[1]) for k in _keys(client, ks, "seen")}
+    assert left == set(range(89, 101))
+    assert [int(k.rsplit(":", 2)[1]) for k in _keys(client, ks, "bk")] == [6, 7, 8]
+    assert set(client.hkeys(ks.filter_snapshot("stage", 0))) == {b"seq", b"b95"}
+    assert int(client.get(ks.gc_floor)) == 89
+    assert int(client.hget(ks.gc, "passes")) == 1
+
+    again = collect(client, ks.namespace)
+    assert again.total.keys == 0, "a second pass finds nothing new"
+
+
+def test_gc_refuses_a_shorter_horizon_and_unknown_namespaces(redis_server):
+    client = redis_server.client()
+    ks = _fake_namespace(client, f"gc-unit-{uuid.uuid4().hex[:6]}")
+    with pytest.raises(GcError, match="shorter than the horizon"):
+        collect(client, ks.namespace, horizon="1m")
+    longer = collect(client, ks.namespace, horizon="15m", dry_run=True)
+    assert longer.floor == 100 - 15 - 1
+    with pytest.raises(GcError, match="no exactly-once state"):
+        collect(client, "no-such-pipeline")
+
+
+def test_a_commit_behind_the_gc_floor_is_refused(redis_server):
+    client = redis_server.client()
+    ks = Keyspace(f"gc-fence-{uuid.uuid4().hex[:6]}")
+    client.set(ks.epoch, 1)
+    client.set(ks.token("s", 0), 1)
+    client.set(ks.gc_floor, 50)
+    keys = [
+        ks.epoch,
+        ks.token("s", 0),
+        ks.backup("s", 0, 0),
+        ks.filter_seq("s", 0),
+        ks.filter_journal("s", 0),
+        ks.stats("s"),
+        ks.watermark,
+        ks.gc_floor,
+        ks.seen("s", 49, 0),
+    ]
+    rid = b"r" * 16
+
+    def commit(floor):
+        args = [
+            1,
+            1,
+            b"0.0",
+            "c0",
+            b"",
+            b"",
+            0,
+            1,
+            rid,
+            (9).to_bytes(2, "little"),
+            b"",
+            floor,
+            0,
+            0,
+        ]
+        return client.eval(COMMIT, len(keys), *keys, *args)
+
+    assert commit(49)[0] == b"floor"
+    assert client.hlen(ks.seen("s", 49, 0)) == 0 and not client.exists(ks.backup("s", 0, 0))
+    assert commit(50)[0] == b"ok"
+    assert client.hget(ks.seen("s", 49, 0), rid) == b"0.0"
+
+
+def _cli(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "onceflow", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_gc_and_status_commands(redis_server):
+    client = redis_server.client()
+    ks = _fake_namespace(client, f"gc-cli-{uuid.uuid4().hex[:6]}")
+    url = redis_server.url
+    dry = _cli("gc", "--namespace", ks.namespace, "--dry-run", "--redis-url", url)
+    assert dry.returncode == 0, dry.stderr
+    line = json.loads(dry.stdout.strip().splitlines()[-1])
+    assert line["event"] == "onceflow.gc" and line["dry_run"] and line["removed_keys"] == 42
+    assert client.exists(ks.seen("stage", 80, 0))
+    shown = _cli("status", "--namespace", ks.namespace, "--json", "--redis-url", url)
+    assert shown.returncode == 0, shown.stderr
+    (st,) = json.loads(shown.stdout)
+    assert st["backups_pending"] == 3 and st["backups_garbage"] == 6 and st["memory_bytes"] > 0
+    real = _cli("gc", "--namespace", ks.namespace, "--redis-url", url)
+    assert json.loads(real.stdout.strip().splitlines()[-1])["removed_keys"] == 42
+    text = _cli("status", "--namespace", ks.namespace, "--redis-url", url)
+    assert "backups pending 3 (acknowledged, awaiting GC: 0)" in text.stdout
+    missing = _cli("gc", "--namespace", "nope-not-here", "--redis-url", url)
+    assert missing.returncode != 0 and "check the namespace" in missing.stderr
+    down = _cli("gc", "--all", "--redis-url", "redis://127.0.0.1:1/0")
+    assert down.returncode != 0 and "Check REDIS_URL" in down.stderr
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+EVENTS = 3000
+STEP_MS = 1000  # 3000 events over 50 minutes of event time; 1000 per micro-batch ~ 17 minutes
+
+
+def _gc_scenario(broker, redis_url, tmp_path, seed=11):
+    rng = random.Random(seed)
+    name = f"gc-{uuid.uuid4().hex[:8]}"
+    scn = Scenario(
+        name,
+        broker.bootstrap,
+        redis_url,
+        str(tmp_path),
+        Counter(),
+        set(),
+        {"ORDERS_HORIZON": "5m", "ORDERS_BUCKET": "1m", "ORDERS_SKEW_MS": "5000"},
+    )
+    events = [
+        {
+            "event_id": str(uuid.uuid4()),
+            "user": f"u{rng.randrange(13)}",
+            "ts": BASE_TS + STEP_MS * i,
+        }
+        for i in range(EVENTS)
+    ]
+    scn.expected = Counter(e["user"] for e in events)
+    scn.unique_ids = {e["event_id"] for e in events}
+    sends = [(e, i % 2) for i, e in enumerate(events)]
+    # inside the horizon: re-sent a few records later (seconds of event time apart)
+    inside = rng.sample(events[: EVENTS - 10], 120)
+    for e in inside:
+        pos = events.index(e) + rng.randrange(1, 10)
+        sends.insert(pos, (e, rng.randrange(2)))
+    # outside: events of the first 20 minutes re-sent at the very end (30+ minutes later)
+    outside = rng.sample(events[:1200], 80)
+    sends += [(e, rng.randrange(2)) for e in outside]
+    produce(
+        KafkaSettings(broker.bootstrap),
+        scn.topics["in"],
+        [(None, json.dumps(e).encode(), None) for e, _ in sends],
+        partitions=2,
+        partitioner=lambda n, _key: sends[n][1],
+    )
+    return scn, len(inside), len(outside)
+
+
+class GcLoop:
+    """GC passes every ``interval`` seconds in a thread, as ``onceflow gc --every`` would."""
+
+    def __init__(self, client, namespace, interval=0.2):
+        self.client, self.namespace, self.interval = client, namespace, interval
+        self.passes = []
+        self.errors = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self.passes.append(collect(self.client, self.namespace, scan_count=200))
+            except GcError:
+                pass  # the pipeline has not created its namespace yet
+            except Exception as exc:  # noqa: BLE001
+                self.errors.append(repr(exc))
+            self.stop.wait(self.interval)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(10)
+
+
+@pytest.mark.crash
+@pytest.mark.kafka
+def test_gc_concurrent_with_a_crashing_pipeline_loses_and_duplicates_nothing(
+    broker, redis_server, tmp_path
+):
+    client = redis_server.client()
+    scn, inside, outside = _gc_scenario(broker, redis_server.url, tmp_path)
+    with GcLoop(client, scn.name) as gc:
+        first, second = crash_and_resume(
+            PIPELINE, Crash("batch_end", batch=1), scn.args, env=scn.env
+        )
+    assert first.crashed and second.returncode == 0
+    assert not gc.errors, gc.errors
+    # nothing lost, nothing counted or written twice
+    verify(scn, client)
+    removed = Counter()
+    for p in gc.passes:
+        for kind, r in p.removed.items():
+            removed[kind] += r.keys
+    assert removed["seen_ids"] > 0 and removed["backups"] > 0, (
+        f"GC never removed anything: {removed}"
+    )
+    # copies inside the horizon were dropped as duplicates; copies outside it could no longer
+    # be recognised and went to the dead-letter topic with their reason (not processed twice)
+    stats = {
+        k.decode(): int(v) for k, v in client.hgetall(Keyspace(scn.name).stats("events")).items()
+    }
+    from connectors.kafka import ERROR_HEADER
+
+    dead = read_topic(KafkaSettings(broker.bootstrap), f"{scn.name}.dead-letters")
+    late_ids = [
+        json.loads(json.loads(r.value)["value"])["event_id"]
+        for r in dead
+        if b"dedup horizon" in r.headers.get(ERROR_HEADER, b"")
+    ]
+    # (a copy counts as late once the acknowledged watermark has moved 5 minutes past it;
+    # copies read before that are still recognised as duplicates)
+    assert len(late_ids) == stats["late"] > 0
+    assert stats["duplicates"] + stats["late"] == inside + outside
+    assert set(late_ids) <= {e for e in scn.unique_ids}
+    # status agrees with what happened
+    st = status(client, scn.name)
+    assert st.receivers["events"]["in"] == EVENTS + inside + outside
+    assert st.backups_pending <= 2 * 4  # at most the last batch's (stages x partitions)
+    assert st.gc_floor_bucket is not None
