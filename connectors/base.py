@@ -65,6 +65,9 @@ class SourceConnector(abc.ABC):
         ``with_ids`` False the decoder may leave IDs empty (the plain runtime needs none).
         """
 
+    def committed(self, offsets: Any) -> None:  # noqa: B027 - optional hook
+        """A streaming run ended; ``offsets`` are where its last committed batch ended."""
+
     def prepare(self, pipeline: str, streaming: bool) -> None:  # noqa: B027 - optional hook
         """Driver-side checks before a run (topics exist, files readable ...)."""
 

@@ -403,6 +403,31 @@ class KafkaSource(SourceConnector):
         """Fail early and clearly when Kafka or a topic is missing."""
         self.settings  # noqa: B018 - raises a ConfigError when nothing is configured
 
+    def committed(self, offsets: Any) -> None:
+        """Store the end of the last committed batch in the consumer group, if one is named.
+
+        Spark tells a source about a committed batch only when it plans the next one, so the
+        last batch of a run is mirrored here (what ``starting_offsets="committed"`` and lag
+        monitoring read).
+        """
+        if not self.group_id or not isinstance(offsets, dict) or not offsets:
+            return
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        consumer = KafkaConsumer(
+            **self.settings.client_config(), group_id=self.group_id, enable_auto_commit=False
+        )
+        try:
+            consumer.commit(
+                {
+                    TopicPartition(*_split_tp(k)): OffsetAndMetadata(int(v), "", -1)
+                    for k, v in offsets.items()
+                }
+            )
+        finally:
+            consumer.close()
+
     def stream(self, session: SparkSession, pipeline: str, source: str) -> DataFrame:
         """The streaming DataFrame of raw records."""
         if id(session) not in _registered:

@@ -77,9 +77,9 @@ class DedupConfig:
     @classmethod
     def of(cls, horizon: str | int = "24h", bucket: str | int = "1h", **more: Any) -> DedupConfig:
         """Settings from durations: ``DedupConfig.of(horizon="7d", bucket="6h")``."""
-        return cls(
-            bucket_ms=parse_duration_ms(bucket), horizon_ms=parse_duration_ms(horizon), **more
-        )
+        bucket_ms = parse_duration_ms(bucket)
+        more.setdefault("skew_ms", min(cls.skew_ms, bucket_ms // 10))
+        return cls(bucket_ms=bucket_ms, horizon_ms=parse_duration_ms(horizon), **more)
 
     def bucket(self, ts: int) -> int:
         """The bucket of an event time."""

@@ -16,6 +16,7 @@ can no longer commit.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -222,10 +223,11 @@ def run_streaming(
     ckpt = checkpoint or os.path.join(output_dir, pipeline.name, "checkpoint")
     query = _start_query(state, ckpt, available_now, trigger_seconds)
     _await(query, state, stop_after_batches, timeout_seconds)
-    if mode is Mode.EXACTLY_ONCE:
-        done = last_committed_batch(ckpt)
-        if done is not None:
-            acknowledge(client, keyspace, done)
+    done = last_committed_batch(ckpt)
+    if mode is Mode.EXACTLY_ONCE and done is not None:
+        acknowledge(client, keyspace, done)
+    if done is not None:
+        _sources_committed(plan, ckpt, done)
     for sink in sinks:
         sink.finish()
     return RunResult(
@@ -335,6 +337,22 @@ def _await(query: Any, state: StreamingRun, stop_after: int | None, timeout: flo
             msg = f"pipeline {state.pipeline.name!r} was fenced: {text[:500]}"
             raise RunError(msg)
         raise RunError(_explain_failure(state.pipeline.name, Exception(text)))
+
+
+def _sources_committed(plan: Plan, checkpoint: str, batch: int) -> None:
+    """Tell each source where the last committed batch ended (Spark's offset log)."""
+    path = os.path.join(checkpoint, "offsets", str(batch))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()[2:]  # version, metadata, then one line per source
+    except OSError:
+        return
+    for node, line in zip(plan.graph.sources(), lines, strict=False):
+        try:
+            offsets = json.loads(line)
+        except ValueError:
+            continue
+        node.connector.committed(offsets)
 
 
 def last_committed_batch(checkpoint: str) -> int | None:

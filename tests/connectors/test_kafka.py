@@ -1,0 +1,118 @@
+"""The Kafka source and sink in streaming runs against the real broker, Redis and Spark.
+
+Caps per micro-batch, availableNow, where a new query starts (earliest/latest/committed),
+keys/values/headers exposed through the envelope, undecodable records to the dead-letter
+topic with their reason and origin, and IDs carried in headers from one Onceflow pipeline to
+the next (a downstream pipeline drops upstream re-sends of the same ID).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from connectors.kafka import ERROR_HEADER, ORIGIN_HEADER, STAGE_HEADER, KafkaSink, KafkaSource
+from connectors.kafka_io import produce, read_topic
+from onceflow.keyspace import Keyspace
+from onceflow.settings import KafkaSettings
+from pipeline import Pipeline
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark]
+
+
+def _run(p, spark, redis_server, tmp_path, **kw):
+    return p.run(
+        session=spark,
+        redis_url=redis_server.url,
+        available_now=True,
+        checkpoint=os.path.join(tmp_path, p.name, "ckpt"),
+        output_dir=os.path.join(tmp_path, p.name),
+        progress=False,
+        **kw,
+    )
+
+
+def test_capped_batches_dead_letters_and_ids_across_pipelines(
+    spark, broker, redis_server, tmp_path, topic_name
+):
+    settings = KafkaSettings(broker.bootstrap)
+    src, mid, out = topic_name("src"), topic_name("mid"), topic_name("out")
+    good = [json.dumps({"n": i}).encode() for i in range(500)]
+    bad = [b"\xff\xfe not json", b"{broken", b""]
+    produce(settings, src, [(None, v, None) for v in good[:250] + bad + good[250:]], partitions=2)
+
+    up = Pipeline(topic_name("up"))
+    up.read("numbers", KafkaSource(src, bootstrap_servers=broker.bootstrap)).map(
+        "double", lambda e: {"n": e["n"], "twice": 2 * e["n"]}
+    ).write("mid", KafkaSink(mid, bootstrap_servers=broker.bootstrap))
+    result = _run(up, spark, redis_server, tmp_path, max_records_per_batch=100)
+    assert result.records_in == 500 and result.counters["numbers/undecodable"] == 3
+    assert result.batches >= 5, "the cap of 100 records per micro-batch was not applied"
+
+    written = read_topic(settings, mid)
+    assert sorted(json.loads(r.value)["n"] for r in written) == list(range(500))
+    assert all(len(r.headers["onceflow-id"]) == 16 for r in written)
+    assert len({r.headers["onceflow-id"] for r in written}) == 500
+
+    dead = read_topic(settings, f"{up.name}.dead-letters")
+    assert sorted(r.value for r in dead) == sorted(bad), "dead letters keep the raw payload"
+    for r in dead:
+        assert r.headers[ERROR_HEADER].startswith(b"cannot decode as json")
+        assert r.headers[ORIGIN_HEADER].startswith(src.encode() + b"/")
+        assert r.headers[STAGE_HEADER] == b"numbers"
+
+    # An at-least-once producer re-sends 40 of the upstream pipeline's records, headers and all.
+    produce(settings, mid, [(r.key, r.value, list(r.headers.items())) for r in written[:40]])
+
+    down = Pipeline(topic_name("down"))
+    down.read("twice", KafkaSource(mid, envelope=True, bootstrap_servers=broker.bootstrap)).map(
+        "unwrap",
+        lambda e: {**e["value"], "from": e["topic"], "had_id": "onceflow-id" in e["headers"]},
+    ).write("out", KafkaSink(out, bootstrap_servers=broker.bootstrap))
+    result = _run(down, spark, redis_server, tmp_path)
+    assert result.records_in == 540
+    final = read_topic(settings, out)
+    values = [json.loads(r.value) for r in final]
+    assert sorted(v["n"] for v in values) == list(range(500)), "re-sent records were not dropped"
+    assert all(v["had_id"] and v["from"] == mid for v in values)
+    stats = redis_server.client().hgetall(Keyspace(down.name).stats("twice"))
+    assert int(stats[b"duplicates"]) == 40
+
+
+def test_where_a_new_query_starts(spark, broker, redis_server, tmp_path, topic_name):
+    settings = KafkaSettings(broker.bootstrap)
+    src = topic_name("start")
+    produce(settings, src, [(None, json.dumps({"n": i}).encode(), None) for i in range(50)])
+
+    def pipeline(name, **source):
+        p = Pipeline(name)
+        p.read("in", KafkaSource(src, bootstrap_servers=broker.bootstrap, **source)).write(
+            "out", KafkaSink(f"{name}-out", bootstrap_servers=broker.bootstrap)
+        )
+        return p
+
+    latest = pipeline(topic_name("latest"), starting_offsets="latest")
+    assert _run(latest, spark, redis_server, tmp_path).records_in == 0
+    group = topic_name("group")
+    first = pipeline(topic_name("grouped"), group_id=group)
+    assert _run(first, spark, redis_server, tmp_path).records_in == 50
+
+    produce(settings, src, [(None, json.dumps({"n": i}).encode(), None) for i in range(50, 70)])
+    # the same checkpoint resumes where it stopped; "latest" only saw what came after its start
+    assert _run(latest, spark, redis_server, tmp_path).records_in == 20
+    # a new query (new checkpoint) of the same consumer group starts at the group's offsets
+    committed = pipeline(topic_name("committed"), starting_offsets="committed", group_id=group)
+    assert _run(committed, spark, redis_server, tmp_path).records_in == 20
+    earliest = pipeline(topic_name("earliest"))
+    assert _run(earliest, spark, redis_server, tmp_path).records_in == 70
+
+
+def test_bad_source_settings_are_clear_errors():
+    from connectors.errors import ConnectorError
+
+    with pytest.raises(ConnectorError, match="earliest, latest or committed"):
+        KafkaSource("t", starting_offsets="newest")
+    with pytest.raises(ConnectorError, match="needs a group_id"):
+        KafkaSource("t", starting_offsets="committed")
