@@ -108,10 +108,11 @@ def main(args: argparse.Namespace) -> int:
         )
         os.environ.update(env)
         _show_plan()
+        batch = max(100, min(BATCH, len(sends) // 5))  # at least 5 micro-batches
         cli = [
             "--available-now",
             "--max-records-per-batch",
-            str(BATCH),
+            str(batch),
             "--redis-url",
             redis_url,
             "--checkpoint",

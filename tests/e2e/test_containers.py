@@ -1,0 +1,247 @@
+"""Kafka-to-Kafka exactly-once against a broker and Redis in containers (testcontainers).
+
+Each test starts its own broker and Redis containers, runs the orders pipeline
+(``tests/e2e_pipelines/orders.py``: a non-deterministic map, a copy sink, a keyed count) on
+local Spark against them, injects one fault, and checks with an independent count that every
+input appears exactly once: in keyed state, in the counts topic and in the copy topic.
+
+Faults: none (a full run); the broker container stopped and started mid-run; Redis paused and
+resumed mid-run; the pipeline killed (SIGKILL of every process) and restarted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pipeline.local_services import free_port
+from pipeline.testing import Crash, crash_and_resume, run_pipeline
+from tests.e2e.engine import Engine, find_engine, moto_server
+from tests.exactly_once.scenario import PIPELINE, make_scenario, verify
+
+pytestmark = [pytest.mark.e2e, pytest.mark.crash]
+
+_LOG: list[str] = []
+_FOUND: tuple[Engine | None, str] | None = None
+
+
+def _engine() -> Engine:
+    global _FOUND  # noqa: PLW0603 - one detection per test session
+    if _FOUND is None:
+        t0 = time.monotonic()
+        _FOUND = find_engine(_LOG)
+        _LOG.append(f"engine: {_FOUND[1]} ({time.monotonic() - t0:.1f} s)")
+        print("\n".join(_LOG), file=sys.stderr)
+    engine, why = _FOUND
+    if engine is None:
+        pytest.skip(f"no container engine: {why}")
+    return engine
+
+
+@dataclass
+class Services:
+    bootstrap: str
+    redis_url: str
+    broker: Any  # the docker-py container objects
+    redis: Any
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis.from_url(self.redis_url)
+
+
+def _wait(check: Any, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:  # noqa: BLE001
+            last = exc
+        time.sleep(0.2)
+    msg = f"{what} not ready within {timeout:.0f} s: {last}"
+    raise AssertionError(msg)
+
+
+def _kafka_ready(bootstrap: str) -> bool:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    try:
+        admin.list_topics()
+        return True
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def services() -> Iterator[Services]:
+    from testcontainers.core.container import DockerContainer
+
+    engine = _engine()
+    started: list[Any] = []
+    extra: list[subprocess.Popen[bytes]] = []
+    try:
+        if engine.host_network:
+            s3_port, kafka_port, redis_port = free_port(), free_port(), free_port()
+            extra.append(moto_server(s3_port))
+            _wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{s3_port}/", timeout=2), "moto")
+            req = urllib.request.Request(f"http://127.0.0.1:{s3_port}/tansu", method="PUT")
+            urllib.request.urlopen(req, timeout=5)
+            broker = (
+                DockerContainer(engine.broker_image)
+                .with_command(
+                    f"broker --listener-url tcp://127.0.0.1:{kafka_port} "
+                    f"--advertised-listener-url tcp://127.0.0.1:{kafka_port} "
+                    "--storage-engine s3://tansu/"
+                )
+                .with_env("AWS_ENDPOINT", f"http://127.0.0.1:{s3_port}")
+                .with_env("AWS_ALLOW_HTTP", "true")
+                .with_env("AWS_ACCESS_KEY_ID", "test")
+                .with_env("AWS_SECRET_ACCESS_KEY", "test")
+                .with_env("AWS_DEFAULT_REGION", "us-east-1")
+                .with_kwargs(network_mode="host")
+            )
+            redis = (
+                DockerContainer(engine.redis_image)
+                .with_command(
+                    f"--port {redis_port} --bind 127.0.0.1 --appendonly yes --save '' "
+                    "--dir /tmp --protected-mode no"
+                )
+                .with_kwargs(network_mode="host")
+            )
+            broker.start()
+            started.append(broker)
+            redis.start()
+            started.append(redis)
+            bootstrap = f"127.0.0.1:{kafka_port}"
+            redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        else:
+            kafka_port = free_port()
+            broker = (
+                DockerContainer(engine.broker_image)
+                .with_env("KAFKA_NODE_ID", "1")
+                .with_env("KAFKA_PROCESS_ROLES", "broker,controller")
+                .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093")
+                .with_env("KAFKA_ADVERTISED_LISTENERS", f"PLAINTEXT://127.0.0.1:{kafka_port}")
+                .with_env("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER")
+                .with_env(
+                    "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+                    "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                )
+                .with_env("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
+                .with_env("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
+                .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+                .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+                .with_bind_ports(9092, kafka_port)
+            )
+            redis = (
+                DockerContainer(engine.redis_image)
+                .with_command("redis-server --appendonly yes --save ''")
+                .with_exposed_ports(6379)
+            )
+            broker.start()
+            started.append(broker)
+            redis.start()
+            started.append(redis)
+            bootstrap = f"127.0.0.1:{kafka_port}"
+            redis_url = f"redis://127.0.0.1:{redis.get_exposed_port(6379)}/0"
+        svc = Services(
+            bootstrap, redis_url, broker.get_wrapped_container(), redis.get_wrapped_container()
+        )
+        _wait(lambda: _kafka_ready(bootstrap), "broker container")
+        _wait(lambda: svc.client().ping(), "redis container")
+        yield svc
+    finally:
+        for c in reversed(started):
+            try:
+                c.stop()
+            except Exception:  # noqa: BLE001, S110 - best effort cleanup
+                pass
+        for p in extra:
+            p.kill()
+            p.wait(10)
+
+
+def _scenario(services: Services, tmp_path: Any) -> Any:
+    return make_scenario(services, services.redis_url, tmp_path, seed=13)
+
+
+def _run_with_fault(scn: Any, fault: Any, after: str = "batch 0:") -> list[str]:
+    """Run the pipeline; when ``after`` appears in its output, inject ``fault``."""
+    env = {**os.environ, **scn.env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceflow", "run", PIPELINE, *scn.args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = []
+    injected = False
+    for line in proc.stdout:
+        lines.append(line)
+        if not injected and after in line:
+            fault()
+            injected = True
+    code = proc.wait(600)
+    assert injected, "the fault was never injected:\n" + "".join(lines[-40:])
+    lines.append(f"exit status {code}\n")
+    return lines
+
+
+def test_full_run_in_containers_is_exact(services, tmp_path):
+    scn = _scenario(services, tmp_path)
+    run_pipeline(PIPELINE, scn.args, env=scn.env).check()
+    verify(scn, services.client())
+
+
+def test_broker_container_stopped_and_started_mid_run(services, tmp_path):
+    scn = _scenario(services, tmp_path)
+
+    def bounce() -> None:
+        services.broker.stop(timeout=5)
+        time.sleep(3)
+        services.broker.start()
+
+    lines = _run_with_fault(scn, bounce)
+    print(f"broker stop/start: first run {lines[-1].strip()}", file=sys.stderr)
+    if lines[-1] != "exit status 0\n":
+        # The broker was gone long enough for the run to give up: a supervisor restarts it.
+        _wait(lambda: _kafka_ready(services.bootstrap), "broker container after restart")
+        run_pipeline(PIPELINE, scn.args, env=scn.env).check()
+    verify(scn, services.client(), copy_duplicates_allowed=True)
+
+
+def test_redis_container_paused_and_resumed_mid_run(services, tmp_path):
+    scn = _scenario(services, tmp_path)
+
+    def pause() -> None:
+        services.redis.pause()
+        time.sleep(5)
+        services.redis.unpause()
+
+    lines = _run_with_fault(scn, pause)
+    assert lines[-1] == "exit status 0\n", "".join(lines[-40:])
+    verify(scn, services.client())
+
+
+def test_pipeline_killed_and_restarted_against_containers(services, tmp_path):
+    scn = _scenario(services, tmp_path)
+    first, second = crash_and_resume(
+        PIPELINE, Crash("after_commit", stage="count", batch=2), scn.args, env=scn.env
+    )
+    assert first.crashed and second.returncode == 0
+    verify(scn, services.client())
