@@ -110,6 +110,18 @@ class GcPass:
         )
 
 
+def read_meta(client: Any, ks: Keyspace) -> dict[str, str]:
+    """A namespace's fixed settings; a clear error when the namespace has no state here."""
+    meta = {k.decode(): v.decode() for k, v in client.hgetall(ks.meta).items()}
+    if not meta:
+        msg = (
+            f"namespace {ks.namespace!r} has no exactly-once state in this Redis (no {ks.meta}): "
+            "check the namespace (default: the pipeline's name) and REDIS_URL"
+        )
+        raise GcError(msg)
+    return meta
+
+
 def namespaces(client: Any, scan_count: int = 1000) -> list[str]:
     """Every pipeline namespace with exactly-once state in this Redis."""
     found = set()
@@ -146,13 +158,7 @@ def collect(
     """One GC pass over one namespace (see the module docstring)."""
     t0 = time.monotonic()
     ks = Keyspace(namespace)
-    meta = {k.decode(): v.decode() for k, v in client.hgetall(ks.meta).items()}
-    if not meta:
-        msg = (
-            f"namespace {namespace!r} has no exactly-once state in this Redis (no {ks.meta}): "
-            "check the namespace (default: the pipeline's name) and REDIS_URL"
-        )
-        raise GcError(msg)
+    meta = read_meta(client, ks)
     bucket_ms = int(meta["bucket_ms"])
     horizon_ms = _horizon(meta, horizon, namespace)
     watermark = _int(client.get(ks.acked_watermark), 0)

@@ -15,7 +15,7 @@ from typing import Any
 
 from backup.store import acknowledged, parse_backup_key
 from onceflow.keyspace import Keyspace
-from pipeline.gc import GcError
+from pipeline.gc import read_meta
 
 # Counters shown per receiver, in this order (others follow, sorted).
 _FIELDS = (
@@ -134,13 +134,7 @@ def namespace_memory(
 def status(client: Any, namespace: str) -> Status:
     """Read a namespace's state (read-only)."""
     ks = Keyspace(namespace)
-    meta = {k.decode(): v.decode() for k, v in client.hgetall(ks.meta).items()}
-    if not meta:
-        msg = (
-            f"namespace {namespace!r} has no exactly-once state in this Redis (no {ks.meta}): "
-            "check the namespace (default: the pipeline's name) and REDIS_URL"
-        )
-        raise GcError(msg)
+    meta = read_meta(client, ks)
     acked = acknowledged(client, ks)
     pending = garbage = 0
     receivers: dict[str, dict[str, int]] = {}

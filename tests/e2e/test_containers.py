@@ -11,7 +11,6 @@ resumed mid-run; the pipeline killed (SIGKILL of every process) and restarted.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import pytest
 from pipeline.local_services import free_port
 from pipeline.testing import Crash, crash_and_resume, run_pipeline
 from tests.e2e.engine import Engine, find_engine, moto_server
-from tests.exactly_once.scenario import PIPELINE, make_scenario, verify
+from tests.exactly_once.scenario import PIPELINE, make_scenario, run_with_fault, verify
 
 pytestmark = [pytest.mark.e2e, pytest.mark.crash]
 
@@ -177,31 +176,6 @@ def _scenario(services: Services, tmp_path: Any) -> Any:
     return make_scenario(services, services.redis_url, tmp_path, seed=13)
 
 
-def _run_with_fault(scn: Any, fault: Any, after: str = "batch 0:") -> list[str]:
-    """Run the pipeline; when ``after`` appears in its output, inject ``fault``."""
-    env = {**os.environ, **scn.env}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "onceflow", "run", PIPELINE, *scn.args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        text=True,
-    )
-    assert proc.stdout is not None
-    lines = []
-    injected = False
-    for line in proc.stdout:
-        lines.append(line)
-        if not injected and after in line:
-            fault()
-            injected = True
-    code = proc.wait(600)
-    assert injected, "the fault was never injected:\n" + "".join(lines[-40:])
-    lines.append(f"exit status {code}\n")
-    return lines
-
-
 def test_full_run_in_containers_is_exact(services, tmp_path):
     scn = _scenario(services, tmp_path)
     run_pipeline(PIPELINE, scn.args, env=scn.env).check()
@@ -216,7 +190,7 @@ def test_broker_container_stopped_and_started_mid_run(services, tmp_path):
         time.sleep(3)
         services.broker.start()
 
-    lines = _run_with_fault(scn, bounce)
+    lines = run_with_fault(scn, bounce)
     print(f"broker stop/start: first run {lines[-1].strip()}", file=sys.stderr)
     if lines[-1] != "exit status 0\n":
         # The broker was gone long enough for the run to give up: a supervisor restarts it.
@@ -233,7 +207,7 @@ def test_redis_container_paused_and_resumed_mid_run(services, tmp_path):
         time.sleep(5)
         services.redis.unpause()
 
-    lines = _run_with_fault(scn, pause)
+    lines = run_with_fault(scn, pause)
     assert lines[-1] == "exit status 0\n", "".join(lines[-40:])
     verify(scn, services.client())
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -83,14 +85,46 @@ def make_scenario(broker, redis_url, tmp_path, seed=7):
     sends = [(e, i % 2) for i, e in enumerate(events)]
     for e in rng.sample(events, EVENTS * 6 // 100):
         sends.insert(rng.randrange(len(sends) + 1), (e, rng.randrange(2)))
+    produce_sends(scn, sends)
+    return scn
+
+
+def produce_sends(scn, sends):
+    """Produce ``(event, partition)`` pairs, in order, to the scenario's input topic."""
     produce(
-        KafkaSettings(broker.bootstrap),
+        KafkaSettings(scn.bootstrap),
         scn.topics["in"],
         [(None, json.dumps(e).encode(), None) for e, _ in sends],
         partitions=2,
         partitioner=lambda n, _key: sends[n][1],
     )
-    return scn
+
+
+def run_with_fault(scn, fault, after="batch 0:"):
+    """Run the pipeline; when ``after`` appears in its output, call ``fault()``.
+
+    Returns the output lines, the last one ``exit status N``.
+    """
+    env = {**os.environ, **scn.env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceflow", "run", PIPELINE, *scn.args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
+    lines = []
+    injected = False
+    for line in proc.stdout:
+        lines.append(line)
+        if not injected and after in line:
+            fault()
+            injected = True
+    code = proc.wait(600)
+    assert injected, "the fault was never injected:\n" + "".join(lines[-40:])
+    lines.append(f"exit status {code}\n")
+    return lines
 
 
 def verify(scn, redis_client, *, copy_duplicates_allowed=False):

@@ -18,7 +18,7 @@ import pytest
 from onceflow import codec
 from onceflow.keyspace import Keyspace
 from pipeline.testing import Crash, crash_and_resume, run_pipeline
-from tests.exactly_once.scenario import EVENTS, PIPELINE, make_scenario, verify
+from tests.exactly_once.scenario import EVENTS, PIPELINE, make_scenario, run_with_fault, verify
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
@@ -83,26 +83,8 @@ def test_redis_killed_and_restarted_from_its_aof(broker, redis_factory, tmp_path
 def test_redis_restart_during_a_run_is_ridden_out(broker, redis_factory, tmp_path):
     redis = redis_factory()
     scn = make_scenario(broker, redis.url, tmp_path)
-    import subprocess
-    import sys
-
-    env = {**os.environ, **scn.env}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "onceflow", "run", PIPELINE, *scn.args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        text=True,
-    )
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "batch 0:" in line:
-            redis.restart(kill=True)
-            break
-    lines.extend(proc.stdout)
-    assert proc.wait(300) == 0, "".join(lines[-50:])
+    lines = run_with_fault(scn, lambda: redis.restart(kill=True))
+    assert lines[-1] == "exit status 0\n", "".join(lines[-50:])
     import redis as redis_py
 
     verify(scn, redis_py.Redis.from_url(redis.url))

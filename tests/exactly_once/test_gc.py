@@ -19,14 +19,14 @@ from collections import Counter
 
 import pytest
 
-from connectors.kafka_io import produce, read_topic
+from connectors.kafka_io import read_topic
 from dedup.scripts import COMMIT
 from onceflow.keyspace import Keyspace
 from onceflow.settings import KafkaSettings
 from pipeline.gc import GcError, collect
 from pipeline.status import status
 from pipeline.testing import Crash, crash_and_resume
-from tests.exactly_once.scenario import BASE_TS, PIPELINE, Scenario, verify
+from tests.exactly_once.scenario import BASE_TS, PIPELINE, Scenario, produce_sends, verify
 
 MINUTE = 60_000
 
@@ -213,13 +213,7 @@ def _gc_scenario(broker, redis_url, tmp_path, seed=11):
     # outside: events of the first 20 minutes re-sent at the very end (30+ minutes later)
     outside = rng.sample(events[:1200], 80)
     sends += [(e, rng.randrange(2)) for e in outside]
-    produce(
-        KafkaSettings(broker.bootstrap),
-        scn.topics["in"],
-        [(None, json.dumps(e).encode(), None) for e, _ in sends],
-        partitions=2,
-        partitioner=lambda n, _key: sends[n][1],
-    )
+    produce_sends(scn, sends)
     return scn, len(inside), len(outside)
 
 
