@@ -1,6 +1,6 @@
 """A container engine for the end-to-end tests: Docker when one answers, else Podman.
 
-Detection is fast (a ping with a 2 s timeout only when a socket exists). With Docker and a
+Detection is fast (a ping with a 0.5 s timeout, only when a socket exists). With Docker and a
 registry the official ``apache/kafka`` and ``redis`` images are used. Without Docker, Podman
 (Debian's, as root) is set up the way that works on machines with no registry:
 
@@ -50,7 +50,7 @@ class Engine:
     host_network: bool
 
 
-def _ping(timeout: float = 2.0) -> bool:
+def _ping(timeout: float = 0.5) -> bool:
     try:
         import docker
 
