@@ -33,7 +33,7 @@ from dedup.errors import FencedError
 from dedup.scripts import Scripts
 from graph_optimizer.compile.body import InRow, Mode
 from graph_optimizer.compile.spec import StageSpec, TargetSpec
-from graph_optimizer.compile.task import Admission, HorizonMovedError, Replay
+from graph_optimizer.compile.task import Admission, HorizonMovedError, NoGuard, Replay
 from onceflow.keyspace import Keyspace
 from onceflow.records import Output
 from onceflow.settings import RedisSettings, redis_client
@@ -52,6 +52,14 @@ def _scripts(client: Any) -> Scripts:
         found = Scripts(client)
         _SCRIPTS[id(client)] = found
     return found
+
+
+def read_state(
+    client: Any, ks: Keyspace, node: str, partition: int, keys: Sequence[bytes]
+) -> dict[bytes, bytes | None]:
+    """Accumulators of ``keys`` in a stateful combine's partition (one HMGET)."""
+    values = client.hmget(ks.state(node, partition), list(keys))
+    return dict(zip(keys, values, strict=True))
 
 
 def receiver_name(target: TargetSpec) -> str:
@@ -263,11 +271,17 @@ class ExactlyOnceGuard:
 
     def _rebuild(self, r: _Receiver) -> None:
         fresh = ReceiverFilters(self.config.bloom_capacity, self.config.bloom_error)
-        for key in self.client.scan_iter(match=self.ks.seen_pattern(r.name), count=1000):
-            bucket = int(key.decode().rsplit(":", 2)[1])
-            ids = self.client.hkeys(key)
-            fresh.add(ids, [bucket] * len(ids))
+        cursor = 0
+        while True:  # one round trip per SCAN step, not per shard
+            cursor, keys = self.client.scan(cursor, match=self.ks.seen_pattern(r.name), count=1000)
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hkeys(key)
+            for key, ids in zip(keys, pipe.execute() if keys else [], strict=True):
+                fresh.add(ids, [int(key.decode().rsplit(":", 2)[1])] * len(ids))
             self._round_trip()
+            if cursor == 0:
+                break
         fresh.seq = r.redis_seq
         _FILTERS[r.cache_key] = fresh
         r.filters = fresh
@@ -426,9 +440,8 @@ class ExactlyOnceGuard:
         """Current accumulators of ``keys`` for a stateful combine of this partition."""
         if not keys:
             return {}
-        values = self.client.hmget(self.ks.state(node, self.partition), list(keys))
         self._round_trip()
-        return dict(zip(keys, values, strict=True))
+        return read_state(self.client, self.ks, node, self.partition, keys)
 
     # -- committing -----------------------------------------------------------------------
 
@@ -604,8 +617,8 @@ class ExactlyOnceGuard:
             self._count("bloom_snapshots")
 
 
-class AtLeastOnceGuard:
-    """Keyed state in Redis, read-merge-write per chunk; nothing else."""
+class AtLeastOnceGuard(NoGuard):
+    """Keyed state in Redis, read-merge-write per chunk; otherwise a :class:`NoGuard`."""
 
     mode = Mode.AT_LEAST_ONCE
 
@@ -616,21 +629,12 @@ class AtLeastOnceGuard:
         self.partition = partition
         self.round_trips = 0
 
-    def open(self) -> Replay:
-        """Nothing is backed up."""
-        return Replay()
-
-    def admit(self, rows: list[InRow]) -> Admission:
-        """Everything is fresh: no dedup."""
-        return Admission(rows)
-
     def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:
         """Current accumulators."""
         if not keys:
             return {}
         self.round_trips += 1
-        values = self.client.hmget(self.ks.state(node, self.partition), list(keys))
-        return dict(zip(keys, values, strict=True))
+        return read_state(self.client, self.ks, node, self.partition, keys)
 
     def commit(
         self,
@@ -648,16 +652,6 @@ class AtLeastOnceGuard:
             pipe.execute()
             self.round_trips += 1
         return set()
-
-    def finish(self, outputs: list[Output], updates: Mapping[str, Mapping[bytes, bytes]]) -> None:
-        """Nothing to store."""
-
-    def undelivered(self, target: TargetSpec, outputs: list[Output]) -> list[Output]:
-        """Everything is written."""
-        return outputs
-
-    def delivered(self, target: TargetSpec, outputs: list[Output]) -> None:
-        """Nothing to mark."""
 
     def close(self) -> dict[str, int]:
         """Round trips, for the benchmark."""

@@ -20,6 +20,13 @@ from onceflow.errors import ConfigError, ServiceError
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
 
+def _from_environment(env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+    """Client options from environment variables (``option -> VARIABLE``), then ``options``."""
+    merged: dict[str, Any] = {k: os.environ[v] for k, v in env.items() if os.environ.get(v)}
+    merged.update(options)
+    return merged
+
+
 def _mask(options: dict[str, Any]) -> dict[str, Any]:
     return {k: ("***" if any(w in k for w in _SECRET_WORDS) else v) for k, v in options.items()}
 
@@ -44,8 +51,7 @@ class RedisSettings:
             "ssl_certfile": "REDIS_SSL_CERTFILE",
             "ssl_keyfile": "REDIS_SSL_KEYFILE",
         }
-        merged = {k: os.environ[v] for k, v in env.items() if os.environ.get(v)}
-        merged.update(options)
+        merged = _from_environment(env, options)
         if not url.startswith(("redis://", "rediss://", "unix://")):
             msg = f"REDIS_URL must start with redis://, rediss:// or unix://, got {url!r}"
             raise ConfigError(msg)
@@ -140,9 +146,7 @@ class KafkaSettings:
             "ssl_certfile": "KAFKA_SSL_CERTFILE",
             "ssl_keyfile": "KAFKA_SSL_KEYFILE",
         }
-        merged: dict[str, Any] = {k: os.environ[v] for k, v in env.items() if os.environ.get(v)}
-        merged.update(options)
-        return cls(servers, merged)
+        return cls(servers, _from_environment(env, options))
 
     def client_config(self) -> dict[str, Any]:
         """Keyword arguments shared by producers, consumers and admin clients."""

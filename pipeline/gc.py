@@ -131,7 +131,7 @@ def namespaces(client: Any, scan_count: int = 1000) -> list[str]:
     return sorted(found)
 
 
-def _batches(client: Any, match: str, count: int) -> Iterator[list[str]]:
+def scan_steps(client: Any, match: str, count: int) -> Iterator[list[str]]:
     """SCAN in bounded steps, one step's keys at a time."""
     cursor = 0
     while True:
@@ -171,7 +171,7 @@ def collect(
     if floor is not None and not dry_run:
         floor = int(client.eval(_RAISE_FLOOR, 1, ks.gc_floor, floor))
     result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, floor)
-    for keys in _batches(client, f"{ks.root}:*", scan_count):
+    for keys in scan_steps(client, f"{ks.root}:*", scan_count):
         result.scanned += len(keys)
         victims, snapshots = _classify(ks, keys, floor, acked)
         for kind, found in victims.items():

@@ -15,7 +15,7 @@ from typing import Any
 
 from backup.store import acknowledged, parse_backup_key
 from onceflow.keyspace import Keyspace
-from pipeline.gc import read_meta
+from pipeline.gc import read_meta, scan_steps
 
 # Counters shown per receiver, in this order (others follow, sorted).
 _FIELDS = (
@@ -107,49 +107,33 @@ def _size(n: int) -> str:
     return str(n)
 
 
-def namespace_memory(
-    client: Any, ks: Keyspace, scan_count: int = 1000
-) -> tuple[int, int, dict[str, int]]:
-    """Keys, bytes, and bytes per key kind of a namespace (SCAN in bounded steps)."""
-    keys = 0
-    total = 0
-    by_kind: dict[str, int] = {}
-    cursor = 0
-    while True:
-        cursor, found = client.scan(cursor=cursor, match=f"{ks.root}:*", count=scan_count)
-        if found:
-            pipe = client.pipeline(transaction=False)
-            for key in found:
-                pipe.memory_usage(key)
-            for key, size in zip(found, pipe.execute(), strict=True):
-                name = key.decode() if isinstance(key, bytes) else key
-                kind = name[len(ks.root) + 1 :].split(":", 1)[0]
-                by_kind[kind] = by_kind.get(kind, 0) + int(size or 0)
-                total += int(size or 0)
-            keys += len(found)
-        if cursor == 0:
-            return keys, total, by_kind
-
-
-def status(client: Any, namespace: str) -> Status:
-    """Read a namespace's state (read-only)."""
+def status(client: Any, namespace: str, scan_count: int = 1000) -> Status:
+    """Read a namespace's state (read-only): one SCAN pass, in bounded steps."""
     ks = Keyspace(namespace)
     meta = read_meta(client, ks)
     acked = acknowledged(client, ks)
-    pending = garbage = 0
+    pending = garbage = keys = memory = 0
+    by_kind: dict[str, int] = {}
     receivers: dict[str, dict[str, int]] = {}
-    for raw in client.scan_iter(match=f"{ks.root}:*", count=1000):
-        key = raw.decode()
-        parsed = parse_backup_key(ks, key)
-        if parsed is not None:
-            if parsed[1] > acked:
-                pending += 1
-            else:
-                garbage += 1
-        elif key.startswith(f"{ks.root}:stats:"):
-            name = key[len(f"{ks.root}:stats:") :]
-            receivers[name] = {k.decode(): int(v) for k, v in client.hgetall(key).items()}
-    keys, memory, by_kind = namespace_memory(client, ks)
+    stats_prefix = f"{ks.root}:stats:"
+    for step in scan_steps(client, f"{ks.root}:*", scan_count):
+        pipe = client.pipeline(transaction=False)
+        for key in step:
+            pipe.memory_usage(key)
+        for key, size in zip(step, pipe.execute(), strict=True):
+            kind = key[len(ks.root) + 1 :].split(":", 1)[0]
+            by_kind[kind] = by_kind.get(kind, 0) + int(size or 0)
+            memory += int(size or 0)
+            if kind == "bk":
+                parsed = parse_backup_key(ks, key)
+                if parsed is not None and parsed[1] > acked:
+                    pending += 1
+                elif parsed is not None:
+                    garbage += 1
+            elif kind == "stats":
+                name = key[len(stats_prefix) :]
+                receivers[name] = {k.decode(): int(v) for k, v in client.hgetall(key).items()}
+        keys += len(step)
     floor = client.get(ks.gc_floor)
     return Status(
         namespace=namespace,
