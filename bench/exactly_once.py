@@ -29,14 +29,12 @@ import time
 import uuid
 from typing import Any
 
-from connectors.kafka import KafkaSink, KafkaSource
-from connectors.kafka_io import produce
-from dedup.config import DedupConfig
-from onceflow.keyspace import Keyspace
-from onceflow.settings import KafkaSettings, RedisSettings, redis_client
-from pipeline import Pipeline
-from pipeline.local_services import LocalBroker, LocalRedis
-from pipeline.session import spark_session
+from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
+from onceflow.connectors.kafka.topics import produce
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
+from onceflow.runtime.session import spark_session
+from onceflow.testing.services import LocalBroker, LocalRedis
 
 GUARANTEES = ("at-least-once", "exactly-once")
 

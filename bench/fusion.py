@@ -13,8 +13,8 @@ import argparse
 import statistics
 import time
 
-from pipeline import Pipeline, sinks, sources
-from pipeline.session import spark_session
+from onceflow import Pipeline, sinks, sources
+from onceflow.runtime.session import spark_session
 
 
 def build(records: int, sink: sinks.Collect) -> Pipeline:

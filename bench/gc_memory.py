@@ -28,15 +28,13 @@ import time
 import uuid
 from typing import Any
 
-from connectors.kafka import KafkaSink, KafkaSource
-from connectors.kafka_io import produce
-from dedup.config import DedupConfig
-from onceflow.keyspace import Keyspace
-from onceflow.settings import KafkaSettings
-from pipeline import Pipeline
-from pipeline.gc import collect
-from pipeline.local_services import LocalBroker, LocalRedis
-from pipeline.session import spark_session
+from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
+from onceflow.connectors.kafka.topics import produce
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.operations.gc import collect
+from onceflow.runtime.session import spark_session
+from onceflow.testing.services import LocalBroker, LocalRedis
 
 BASE_TS = 1_790_000_000_000
 

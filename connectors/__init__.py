@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from connectors.base import SinkConnector, SinkWriter, SourceConnector, TaskInfo
-from connectors.collect import Collect
-from connectors.collections import Collection, Generate
-from connectors.files import JsonLinesSink, JsonLinesSource, LineFiles, TextFile
+from onceflow.connectors.base import SinkConnector, SinkWriter, SourceConnector, TaskInfo
+from onceflow.connectors.collect import Collect
+from onceflow.connectors.collections import Collection, Generate
+from onceflow.connectors.files import JsonLinesSink, JsonLinesSource, LineFiles, TextFile
 
 __all__ = [
     "Collect",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onceflow.records import DeadLetter, Record
+from onceflow.kernel.records import DeadLetter, Record
 
 if TYPE_CHECKING:
     import pyarrow as pa

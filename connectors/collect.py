@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.base import SinkConnector
+from onceflow.connectors.base import SinkConnector
 
 
 class Collect(SinkConnector):

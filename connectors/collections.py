@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from connectors.base import Decoded, Decoder, SourceConnector
-from connectors.errors import ConnectorError
-from onceflow import codec, ids
-from onceflow.errors import CodecError
-from onceflow.records import DeadLetter, Record
+from onceflow.connectors.base import Decoded, Decoder, SourceConnector
+from onceflow.connectors.errors import ConnectorError
+from onceflow.kernel import codec, ids
+from onceflow.kernel.errors import CodecError
+from onceflow.kernel.records import DeadLetter, Record
 
 if TYPE_CHECKING:
     import pyarrow as pa

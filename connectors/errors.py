@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onceflow.errors import OnceflowError
+from onceflow.kernel.errors import OnceflowError
 
 
 class ConnectorError(OnceflowError):

@@ -20,12 +20,19 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from connectors.base import Decoded, Decoder, SinkConnector, SinkWriter, SourceConnector, TaskInfo
-from connectors.collections import split_frame, splits_of
-from connectors.errors import ConnectorError
-from onceflow import ids
-from onceflow.codec import ValueCodec, value_codec
-from onceflow.records import DeadLetter, Record
+from onceflow.connectors.base import (
+    Decoded,
+    Decoder,
+    SinkConnector,
+    SinkWriter,
+    SourceConnector,
+    TaskInfo,
+)
+from onceflow.connectors.collections import split_frame, splits_of
+from onceflow.connectors.errors import ConnectorError
+from onceflow.kernel import ids
+from onceflow.kernel.codec import ValueCodec, value_codec
+from onceflow.kernel.records import DeadLetter, Record
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from dedup.errors import DedupConfigError
+from onceflow.dedup.errors import DedupConfigError
+from onceflow.kernel.durations import HOUR_MS, MINUTE_MS, parse_duration_ms
+from onceflow.kernel.keyspace import floor_bucket
 
-HOUR_MS = 3_600_000
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": HOUR_MS, "d": 24 * HOUR_MS}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-
-
-def parse_duration_ms(text: str | int) -> int:
-    """``"24h"``, ``"10m"``, ``"30s"``, ``"500ms"``, ``"7d"`` (or a number of ms) in ms."""
-    if isinstance(text, int):
-        return text
-    match = _DURATION.match(text)
-    if not match:
-        msg = f"duration {text!r} is not valid: write a number and a unit, e.g. 24h, 10m, 30s"
-        raise DedupConfigError(msg)
-    return int(float(match.group(1)) * _UNITS_MS[match.group(2)])
+# A commit names every seen-ID shard it touches (up to two per ID) in one script call, whose
+# KEYS are indexed by uint16 (see onceflow.dedup.addressing): this cap keeps a call far below.
+MAX_CHUNK = 20_000
+MAX_SHARDS = 65_536
 
 
 @dataclass(frozen=True)
@@ -46,7 +37,7 @@ class DedupConfig:
 
     bucket_ms: int = HOUR_MS
     horizon_ms: int = 24 * HOUR_MS
-    skew_ms: int = 5 * 60_000
+    skew_ms: int = 5 * MINUTE_MS
     bloom_capacity: int = 100_000
     bloom_error: float = 0.001
     shards: int = 1024
@@ -67,10 +58,10 @@ class DedupConfig:
             problems.append(f"bloom_error must be in (0, 1), got {self.bloom_error}")
         if self.bloom_capacity < 100:
             problems.append(f"bloom_capacity must be >= 100, got {self.bloom_capacity}")
-        if not 1 <= self.shards <= 65536:
-            problems.append(f"shards must be in [1, 65536], got {self.shards}")
-        if self.chunk_size < 1:
-            problems.append(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            problems.append(f"shards must be in [1, {MAX_SHARDS}], got {self.shards}")
+        if not 1 <= self.chunk_size <= MAX_CHUNK:
+            problems.append(f"chunk_size must be in [1, {MAX_CHUNK}], got {self.chunk_size}")
         if problems:
             raise DedupConfigError("invalid dedup settings: " + "; ".join(problems))
 
@@ -95,9 +86,5 @@ class DedupConfig:
         return None
 
     def floor(self, watermark: int) -> int:
-        """Oldest bucket still deduplicated, given the newest committed event time."""
-        return self.bucket(max(0, watermark - self.horizon_ms))
-
-    def shard(self, rid: bytes) -> int:
-        """Shard of an ID."""
-        return ((rid[0] << 8) | rid[1]) % self.shards
+        """Oldest bucket still deduplicated, given the watermark the horizon is measured from."""
+        return floor_bucket(watermark, self.horizon_ms, self.bucket_ms)

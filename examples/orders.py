@@ -1,8 +1,6 @@
 """The README's example: ``onceflow explain examples/orders.py``."""
 
-from connectors.kafka import KafkaSink, KafkaSource
-from dedup.config import DedupConfig
-from pipeline import Pipeline
+from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
 
 pipeline = Pipeline("orders", dedup=DedupConfig.of(horizon="24h", bucket="1h"))
 orders = pipeline.read(

@@ -3,8 +3,8 @@
 Writes ``onceflow-output/wordcount.jsonl`` (one ``[word, count]`` per line).
 """
 
-from pipeline import Pipeline, sinks, sources
-from pipeline.demo.wordcount import SAMPLE, words
+from onceflow import Pipeline, sinks, sources
+from onceflow.cli.demo.wordcount import SAMPLE, words
 
 pipeline = Pipeline("wordcount")
 (

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from graph_optimizer.combine_fn import CombineFn
-from graph_optimizer.ir import Graph, validate
-from graph_optimizer.optimizer import RULES, optimize
-from graph_optimizer.plan import Plan
+from onceflow.graph_optimizer.ir import Graph, validate
+from onceflow.graph_optimizer.optimizer import RULES, optimize
+from onceflow.graph_optimizer.plan import Plan
+from onceflow.runtime.combine_fn import CombineFn
 
 __all__ = ["RULES", "CombineFn", "Graph", "Plan", "optimize", "validate"]

@@ -12,9 +12,9 @@ import shutil
 import subprocess
 import zlib
 
-from graph_optimizer.errors import GraphError
-from graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Node, Sink, Source
-from graph_optimizer.plan import BoundaryKind, Plan, Via
+from onceflow.graph_optimizer.errors import GraphError
+from onceflow.graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Node, Sink, Source
+from onceflow.graph_optimizer.plan import BoundaryKind, Plan, Via
 
 
 def _detail(node: Node) -> str:

@@ -10,14 +10,12 @@ Elements of a keyed stream are ``(key, value)`` tuples.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any
 
-from graph_optimizer.combine_fn import CombineFn
-from graph_optimizer.errors import (
+from onceflow.graph_optimizer.errors import (
     CycleError,
     DuplicateStageError,
     GraphError,
@@ -25,35 +23,21 @@ from graph_optimizer.errors import (
     NotKeyedError,
     UnknownInputError,
 )
+from onceflow.runtime.combine_fn import CombineFn
+from onceflow.runtime.spec import Phase
 
-
-class SourceConnector(Protocol):
-    """What the graph needs to know of a source; connectors/ implements it."""
-
-    @property
-    def bounded(self) -> bool:
-        """True when the source ends (files, collections), False for streams (Kafka)."""
-        ...
-
-    def describe(self) -> str:
-        """One line for plans, for example ``kafka topic=events``."""
-        ...
-
-
-class SinkConnector(Protocol):
-    """What the graph needs to know of a sink; connectors/ implements it."""
-
-    def describe(self) -> str:
-        """One line for plans, for example ``jsonl out/result.jsonl``."""
-        ...
-
-
-class Phase(enum.Enum):
-    """Where a combine runs relative to its exchange."""
-
-    FULL = "full"  # after the exchange, folding raw values
-    PARTIAL = "partial"  # before the exchange, emitting accumulators (lifted)
-    FINAL = "final"  # after the exchange, merging accumulators (lifted)
+__all__ = [
+    "Combine",
+    "Exchange",
+    "FlatMap",
+    "Graph",
+    "Node",
+    "Phase",
+    "Sink",
+    "Source",
+    "topological",
+    "validate",
+]
 
 
 @dataclass(frozen=True)
@@ -82,11 +66,13 @@ class FlatMap(Node):
     """Element-wise: each input element yields zero or more output elements.
 
     ``keyed`` says whether outputs are ``(key, value)`` pairs: True or False, or None to keep
-    the keyedness of the input.
+    the keyedness of the input. A ``timestamped`` function is called as ``fn(element, ts)``
+    with the record's event time in ms (window assignment needs it).
     """
 
-    fn: Callable[[Any], Iterable[Any]] | None = None
+    fn: Callable[..., Iterable[Any]] | None = None
     keyed: bool | None = None
+    timestamped: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,9 +93,6 @@ class Sink(Node):
     """Writes records outside."""
 
     connector: Any = None
-
-
-ELEMENT_WISE = (FlatMap,)
 
 
 @dataclass(frozen=True)

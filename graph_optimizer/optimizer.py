@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from graph_optimizer.ir import Graph, validate
-from graph_optimizer.plan import Plan, initial_plan
-from graph_optimizer.rules import (
+from onceflow.graph_optimizer.ir import Graph, validate
+from onceflow.graph_optimizer.plan import Plan, initial_plan
+from onceflow.graph_optimizer.rules import (
     fuse_producer_consumer,
     fuse_siblings,
     lift_combiners,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from graph_optimizer.ir import Exchange, Graph, Sink, Source
+from onceflow.graph_optimizer.ir import Exchange, Graph, Sink, Source
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@
 
 from __future__ import annotations
 
-from pipeline import combiners, sinks, sources
-from pipeline.api import Pipeline, Stream
-from pipeline.combiners import CombineFn
+from onceflow.pipeline import combiners, sinks, sources
+from onceflow.pipeline.api import Pipeline, Stream
+from onceflow.pipeline.combiners import CombineFn
 
 __all__ = ["CombineFn", "Pipeline", "Stream", "combiners", "sinks", "sources"]

@@ -16,16 +16,28 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from dedup.config import DedupConfig
-from graph_optimizer.combine_fn import CombineFn
-from graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Node, Sink, Source, validate
-from pipeline.combiners import ToList, resolve
-from pipeline.errors import PipelineError
+from onceflow.dedup.config import DedupConfig
+from onceflow.graph_optimizer.ir import (
+    Combine,
+    Exchange,
+    FlatMap,
+    Graph,
+    Node,
+    Sink,
+    Source,
+    validate,
+)
+from onceflow.graph_optimizer.lower import lower
+from onceflow.graph_optimizer.optimizer import RULES, optimize
+from onceflow.pipeline.combiners import ToList, resolve
+from onceflow.pipeline.errors import PipelineError
+from onceflow.runtime.combine_fn import CombineFn
 
 if TYPE_CHECKING:
-    from connectors.base import SinkConnector, SourceConnector
-    from graph_optimizer.plan import Plan
-    from pipeline.runner import RunResult
+    from onceflow.connectors.base import SinkConnector, SourceConnector
+    from onceflow.graph_optimizer.plan import Plan
+    from onceflow.runtime.result import RunResult
+    from onceflow.runtime.spec import Job
 
 _PIPELINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 EXCHANGE_SUFFIX = "/exchange"
@@ -135,15 +147,30 @@ class Pipeline:
 
     def plan(self, rules: Iterable[Callable[[Plan], Plan]] | None = None) -> Plan:
         """The physical plan, optimized with ``rules`` (all rules by default, () for none)."""
-        from graph_optimizer.optimizer import RULES, optimize
-
         return optimize(self.graph, tuple(RULES if rules is None else rules))
 
-    def run(self, **settings: Any) -> RunResult:
-        """Run the pipeline (see :func:`pipeline.runner.run` for the settings)."""
-        from pipeline.runner import run
+    def job(self, rules: Iterable[Callable[[Plan], Plan]] | None = None) -> Job:
+        """The runtime's job for the plan optimized with ``rules``."""
+        return lower(
+            self.plan(rules),
+            on_error=self.on_error,
+            max_record_bytes=self.max_record_bytes,
+            dead_letters=self.dead_letters,
+            dedup=self.dedup,
+        )
 
-        return run(self, **settings)
+    def run(
+        self, rules: Iterable[Callable[[Plan], Plan]] | None = None, **settings: Any
+    ) -> RunResult:
+        """Run the pipeline: bounded when every source ends, else a streaming query.
+
+        ``rules`` picks optimizer rules (default: all; ``()`` runs the unoptimized plan). For
+        the other settings see :func:`onceflow.runtime.runner.run` and
+        :func:`onceflow.runtime.streaming.run_streaming`.
+        """
+        from onceflow.runtime.runner import run
+
+        return run(self.job(rules), **settings)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.name!r}, {len(self._nodes)} stages)"
@@ -176,11 +203,13 @@ class Stream:
         fn: Callable[..., Iterable[Any]],
         keyed: bool | None,
         user_fn: object = None,
+        timestamped: bool = False,
     ) -> Stream:
         _check_stage_name(name)
         if user_fn is not None:
             label = f"{label} {_fn_name(user_fn)}"
-        self.pipeline._add(FlatMap(name, (self.name,), label=label, fn=fn, keyed=keyed))
+        node = FlatMap(name, (self.name,), label=label, fn=fn, keyed=keyed, timestamped=timestamped)
+        self.pipeline._add(node)
         return Stream(self.pipeline, name, self.keyed if keyed is None else keyed)
 
     def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
@@ -228,8 +257,7 @@ class Stream:
         def assign(kv: tuple[Any, Any], ts: int) -> tuple[tuple[Any, Any]]:
             return (((kv[0], ts - ts % size), kv[1]),)
 
-        assign.onceflow_timestamped = True  # type: ignore[attr-defined]
-        return self._flat(name, f"window {size_seconds:g}s", assign, keyed=True)
+        return self._flat(name, f"window {size_seconds:g}s", assign, keyed=True, timestamped=True)
 
     def combine_per_key(self, name: str, combiner: CombineFn | str) -> Stream:
         """Fold the values of each key: ``(key, result)``.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from graph_optimizer.combine_fn import CombineFn
-from pipeline.errors import PipelineError
+from onceflow.pipeline.errors import PipelineError
+from onceflow.runtime.combine_fn import CombineFn
 
 __all__ = ["CombineFn", "Count", "Max", "Mean", "Min", "Sum", "ToList", "resolve"]
 

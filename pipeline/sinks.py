@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from connectors.collect import Collect
-from connectors.files import JsonLinesSink as JsonLines
+from onceflow.connectors.collect import Collect
+from onceflow.connectors.files import JsonLinesSink as JsonLines
 
 __all__ = ["Collect", "JsonLines"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from connectors.collections import Collection, Generate
-from connectors.files import JsonLinesSource as JsonLines
-from connectors.files import LineFiles, TextFile
+from onceflow.connectors.collections import Collection, Generate
+from onceflow.connectors.files import JsonLinesSource as JsonLines
+from onceflow.connectors.files import LineFiles, TextFile
 
 __all__ = ["Collection", "Generate", "JsonLines", "LineFiles", "TextFile"]

@@ -6,9 +6,9 @@ A rule returns the very same plan object when it changes nothing, so the driver 
 
 from __future__ import annotations
 
-from graph_optimizer.rules.fuse_producer_consumer import fuse_producer_consumer
-from graph_optimizer.rules.fuse_siblings import fuse_siblings
-from graph_optimizer.rules.lift_combiners import lift_combiners
-from graph_optimizer.rules.remove_dead_branches import remove_dead_branches
+from onceflow.graph_optimizer.rules.fuse_producer_consumer import fuse_producer_consumer
+from onceflow.graph_optimizer.rules.fuse_siblings import fuse_siblings
+from onceflow.graph_optimizer.rules.lift_combiners import lift_combiners
+from onceflow.graph_optimizer.rules.remove_dead_branches import remove_dead_branches
 
 __all__ = ["fuse_producer_consumer", "fuse_siblings", "lift_combiners", "remove_dead_branches"]

@@ -10,7 +10,7 @@ and dedup boundary.
 
 from __future__ import annotations
 
-from graph_optimizer.plan import Plan, Via, merge_stages
+from onceflow.graph_optimizer.plan import Plan, Via, merge_stages
 
 
 def fuse_producer_consumer(plan: Plan) -> Plan:

@@ -10,7 +10,7 @@ direct consumers when it may; skipping it costs only speed.
 
 from __future__ import annotations
 
-from graph_optimizer.plan import Plan, Stage, Via, merge_stages
+from onceflow.graph_optimizer.plan import Plan, Stage, Via, merge_stages
 
 
 def fuse_siblings(plan: Plan) -> Plan:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from graph_optimizer.ir import Combine, Exchange, Node, Phase
-from graph_optimizer.plan import Plan, Stage
+from onceflow.graph_optimizer.ir import Combine, Exchange, Node, Phase
+from onceflow.graph_optimizer.plan import Plan, Stage
 
 PARTIAL_SUFFIX = "/partial"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from graph_optimizer.plan import Plan, Stage
+from onceflow.graph_optimizer.plan import Plan, Stage
 
 
 def remove_dead_branches(plan: Plan) -> Plan:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.errors import ConnectorError
-from connectors.files import read_range
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.files import read_range
 
 
 @settings(max_examples=60, deadline=None)
@@ -30,7 +30,7 @@ def test_byte_ranges_cover_every_line_exactly_once(tmp_path_factory, lines, spli
 
 
 def test_missing_input_names_the_path(tmp_path):
-    from connectors.files import TextFile
+    from onceflow.connectors.files import TextFile
 
     src = TextFile(str(tmp_path / "nope*.txt"))
     with pytest.raises(ConnectorError, match="no input files match"):
@@ -38,7 +38,7 @@ def test_missing_input_names_the_path(tmp_path):
 
 
 def test_json_lines_sink_writes_one_file_in_a_bounded_run(tmp_path, spark):
-    from pipeline import Pipeline, sinks, sources
+    from onceflow.pipeline import Pipeline, sinks, sources
 
     out = tmp_path / "out.jsonl"
     p = Pipeline("jsonl")

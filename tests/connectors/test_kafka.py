@@ -13,11 +13,12 @@ import os
 
 import pytest
 
-from connectors.kafka import ERROR_HEADER, ORIGIN_HEADER, STAGE_HEADER, KafkaSink, KafkaSource
-from connectors.kafka_io import produce, read_topic
-from onceflow.keyspace import Keyspace
-from onceflow.settings import KafkaSettings
-from pipeline import Pipeline
+from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.connectors.kafka.sink import ERROR_HEADER, ORIGIN_HEADER, STAGE_HEADER
+from onceflow.connectors.kafka.topics import produce, read_topic
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.pipeline import Pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark]
 
@@ -110,7 +111,7 @@ def test_where_a_new_query_starts(spark, broker, redis_server, tmp_path, topic_n
 
 
 def test_bad_source_settings_are_clear_errors():
-    from connectors.errors import ConnectorError
+    from onceflow.connectors.errors import ConnectorError
 
     with pytest.raises(ConnectorError, match="earliest, latest or committed"):
         KafkaSource("t", starting_offsets="newest")

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dedup.bloom import IdBloomFilter, ReceiverFilters
+from onceflow.dedup.bloom import IdBloomFilter, ReceiverFilters
 
 
 def _ids(n, seed=0):

@@ -13,14 +13,14 @@ import uuid
 import numpy as np
 import pytest
 
-from connectors.kafka import KafkaSink, KafkaSource
-from dedup import guard as guard_mod
-from dedup.config import DedupConfig
-from dedup.guard import ExactlyOnceGuards
-from graph_optimizer.compile.spec import stage_spec
-from onceflow.keyspace import Keyspace
-from onceflow.settings import RedisSettings
-from pipeline import Pipeline
+from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.dedup import trust as trust_mod
+from onceflow.dedup.config import DedupConfig
+from onceflow.dedup.guard import ExactlyOnceGuards
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.records import TaskRef
+from onceflow.kernel.settings import RedisSettings
+from onceflow.pipeline import Pipeline
 
 pytestmark = pytest.mark.redis
 
@@ -32,8 +32,7 @@ def _spec(name):
     p.read("events", KafkaSource("in", bootstrap_servers="127.0.0.1:1")).map(
         "same", lambda e: e
     ).write("out", KafkaSink("out", bootstrap_servers="127.0.0.1:1"))
-    plan = p.plan()
-    return stage_spec(plan, plan.ordered[0], dead_letters=None)
+    return p.job().stages[0]
 
 
 def _rows(n, seed):
@@ -56,7 +55,7 @@ class Harness:
         self.batch = 0
 
     def task(self, partition=0):
-        g = self.guards(self.spec, self.batch, partition, 0)
+        g = self.guards(TaskRef(self.spec.name, self.batch, partition, 0, self.spec.sinks))
         self.batch += 1
         g.open()
         return g
@@ -78,10 +77,10 @@ def test_a_restarted_worker_rebuilds_its_filters_before_trusting_them(redis_serv
     h = Harness(redis_server, snapshot_every=1000)
     old = _rows(3000, 1)
     assert len(h.commit(old).fresh) == 3000
-    guard_mod._FILTERS.clear()  # the worker process died: its filters are gone
+    trust_mod._FILTERS.clear()  # the worker process died: its filters are gone
     g, adm = h.admit(old + _rows(500, 2))
     assert adm.duplicates == 3000 and len(adm.fresh) == 500
-    assert g.counters.get("bloom_journal_entries") == 1, "caught up from the journal"
+    assert g.session.counters.get("bloom_journal_entries") == 1, "caught up from the journal"
 
 
 def test_filters_are_loaded_from_the_snapshot(redis_server):
@@ -92,22 +91,22 @@ def test_filters_are_loaded_from_the_snapshot(redis_server):
     ks = Keyspace(h.name)
     assert h.client.hget(ks.filter_snapshot(h.spec.name, 0), "seq") is not None
     assert h.client.llen(ks.filter_journal(h.spec.name, 0)) < 5, "a snapshot trims the journal"
-    guard_mod._FILTERS.clear()
+    trust_mod._FILTERS.clear()
     g, adm = h.admit([r for rows in batches for r in rows])
     assert adm.duplicates == 2000 and not adm.fresh
-    assert g.counters.get("bloom_loaded_snapshots") == 1
+    assert g.session.counters.get("bloom_loaded_snapshots") == 1
 
 
 def test_a_stale_filter_moved_between_workers_catches_up(redis_server):
     h = Harness(redis_server, snapshot_every=1000)
     h.commit(_rows(100, 20))
     key = (h.name, h.spec.name, 0)
-    stale = guard_mod._FILTERS[key]  # this worker's filters, at commit 1
+    stale = trust_mod._FILTERS[key]  # this worker's filters, at commit 1
     stale_seq = stale.seq
-    guard_mod._FILTERS.clear()
+    trust_mod._FILTERS.clear()
     later = _rows(700, 21)
     h.commit(later)  # "another worker" commits to the same receiver partition
-    guard_mod._FILTERS[key] = stale  # the task comes back to the first worker
+    trust_mod._FILTERS[key] = stale  # the task comes back to the first worker
     assert stale.seq == stale_seq
     g, adm = h.admit(later)
     assert adm.duplicates == 700, "a stale filter answered 'not seen' for IDs it never covered"
@@ -120,7 +119,7 @@ def test_without_journal_or_snapshot_the_filters_are_rebuilt_from_redis(redis_se
     h.commit(rows)
     ks = Keyspace(h.name)
     h.client.delete(ks.filter_journal(h.spec.name, 0))  # e.g. lost or trimmed elsewhere
-    guard_mod._FILTERS.clear()
+    trust_mod._FILTERS.clear()
     g, adm = h.admit(rows)
     assert adm.duplicates == 800
-    assert g.counters.get("bloom_rebuilds") == 1
+    assert g.session.counters.get("bloom_rebuilds") == 1

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.local_services import free_port
-from pipeline.testing import Crash, crash_and_resume, run_pipeline
+from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
+from onceflow.testing.services import free_port
 from tests.e2e.engine import Engine, find_engine, moto_server
 from tests.exactly_once.scenario import PIPELINE, make_scenario, run_with_fault, verify
 

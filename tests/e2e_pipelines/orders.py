@@ -12,9 +12,7 @@ the GC tests.
 import os
 import random
 
-from connectors.kafka import KafkaSink, KafkaSource
-from dedup.config import DedupConfig
-from pipeline import Pipeline
+from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
 
 dedup = None
 if os.environ.get("ORDERS_HORIZON"):

@@ -16,11 +16,11 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from connectors.kafka_io import produce, read_topic
-from onceflow import codec
-from onceflow.keyspace import Keyspace
-from onceflow.settings import KafkaSettings
-from pipeline.testing import compare_counts
+from onceflow.connectors.kafka.topics import produce, read_topic
+from onceflow.kernel import codec
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.testing.harness import compare_counts
 
 PIPELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e_pipelines", "orders.py")
 EVENTS = 3000

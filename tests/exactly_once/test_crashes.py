@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from onceflow import codec
-from onceflow.keyspace import Keyspace
-from pipeline.testing import Crash, crash_and_resume, run_pipeline
+from onceflow.kernel import codec
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
 from tests.exactly_once.scenario import EVENTS, PIPELINE, make_scenario, run_with_fault, verify
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
@@ -92,23 +92,21 @@ def test_redis_restart_during_a_run_is_ridden_out(broker, redis_factory, tmp_pat
 
 def test_a_zombie_driver_is_fenced(broker, redis_server, tmp_path):
     """A second driver starting makes the first one's commits fail instead of double-apply."""
-    from dedup.config import DedupConfig
-    from dedup.errors import FencedError
-    from dedup.guard import ExactlyOnceGuards
-    from graph_optimizer.compile.spec import stage_spec
-    from onceflow.settings import RedisSettings
-    from pipeline.loader import load_pipeline
+    from onceflow.cli.loader import load_pipeline
+    from onceflow.dedup.config import DedupConfig
+    from onceflow.dedup.errors import FencedError
+    from onceflow.dedup.guard import ExactlyOnceGuards
+    from onceflow.kernel.records import TaskRef
+    from onceflow.kernel.settings import RedisSettings
 
     scn = make_scenario(broker, redis_server.url, tmp_path)
     os.environ.update(scn.env)
-    plan = load_pipeline(PIPELINE).plan()
-    stage = plan.ordered[-1]
-    spec = stage_spec(plan, stage, dead_letters=None)
+    spec = load_pipeline(PIPELINE).job().stages[-1]
     client = redis_server.client()
     ks = Keyspace(scn.name)
     old_epoch = client.incr(ks.epoch)
     guards = ExactlyOnceGuards(RedisSettings(redis_server.url), scn.name, old_epoch, DedupConfig())
-    zombie = guards(spec, 0, 0, 0)
+    zombie = guards(TaskRef(spec.name, 0, 0, 0, spec.sinks))
     zombie.open()
     client.incr(ks.epoch)  # a new driver starts
     row = (0, b"z" * 16, int(time.time() * 1000), codec.encode("u1"), ("u1", 1))

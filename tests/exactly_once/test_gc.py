@@ -19,13 +19,13 @@ from collections import Counter
 
 import pytest
 
-from connectors.kafka_io import read_topic
-from dedup.scripts import COMMIT
-from onceflow.keyspace import Keyspace
-from onceflow.settings import KafkaSettings
-from pipeline.gc import GcError, collect
-from pipeline.status import status
-from pipeline.testing import Crash, crash_and_resume
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scripts import COMMIT
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.operations.gc import GcError, collect
+from onceflow.operations.status import status
+from onceflow.testing.harness import Crash, crash_and_resume
 from tests.exactly_once.scenario import BASE_TS, PIPELINE, Scenario, produce_sends, verify
 
 MINUTE = 60_000
@@ -62,7 +62,7 @@ def _keys(client, ks, kind):
 def test_gc_pass_removes_only_what_can_no_longer_matter(redis_server):
     client = redis_server.client()
     ks = _fake_namespace(client, f"gc-unit-{uuid.uuid4().hex[:6]}")
-    before_seen, before_bk = _keys(client, ks, "seen"), _keys(client, ks, "bk")
+    before_seen, before_bk = _keys(client, ks, Kind.SEEN), _keys(client, ks, Kind.BACKUP)
 
     dry = collect(client, ks.namespace, dry_run=True, scan_count=7, delete_batch=3)
     # floor = bucket(wm - horizon) - 1 = 100 - 10 - 1 = 89: buckets 80..88 go
@@ -71,14 +71,16 @@ def test_gc_pass_removes_only_what_can_no_longer_matter(redis_server):
     assert dry.removed["backups"].keys == 6  # batches 0..5 (acked = 5)
     assert dry.removed["bloom_snapshots"].fields == 1
     assert dry.total.bytes > 0
-    assert _keys(client, ks, "seen") == before_seen and _keys(client, ks, "bk") == before_bk
+    assert (
+        _keys(client, ks, Kind.SEEN) == before_seen and _keys(client, ks, Kind.BACKUP) == before_bk
+    )
     assert client.get(ks.gc_floor) is None, "a dry run must not raise the floor"
 
     real = collect(client, ks.namespace, scan_count=7, delete_batch=3)
     assert real.total.keys == dry.total.keys and real.total.ids == dry.total.ids
-    left = {int(k.rsplit(":", 2)[1]) for k in _keys(client, ks, "seen")}
+    left = {int(k.rsplit(":", 2)[1]) for k in _keys(client, ks, Kind.SEEN)}
     assert left == set(range(89, 101))
-    assert [int(k.rsplit(":", 2)[1]) for k in _keys(client, ks, "bk")] == [6, 7, 8]
+    assert [int(k.rsplit(":", 2)[1]) for k in _keys(client, ks, Kind.BACKUP)] == [6, 7, 8]
     assert set(client.hkeys(ks.filter_snapshot("stage", 0))) == {b"seq", b"b95"}
     assert int(client.get(ks.gc_floor)) == 89
     assert int(client.hget(ks.gc, "passes")) == 1
@@ -273,7 +275,7 @@ def test_gc_concurrent_with_a_crashing_pipeline_loses_and_duplicates_nothing(
     stats = {
         k.decode(): int(v) for k, v in client.hgetall(Keyspace(scn.name).stats("events")).items()
     }
-    from connectors.kafka import ERROR_HEADER
+    from onceflow.connectors.kafka.sink import ERROR_HEADER
 
     dead = read_topic(KafkaSettings(broker.bootstrap), f"{scn.name}.dead-letters")
     late_ids = [

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline import Pipeline, sinks, sources
-from pipeline.combiners import ToList
+from onceflow.pipeline import Pipeline, sinks, sources
+from onceflow.pipeline.combiners import ToList
 
 
 def stages(plan):

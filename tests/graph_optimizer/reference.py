@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from connectors.collections import Collection, Generate
-from graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Phase, Sink, Source
-from onceflow import codec
+from onceflow.connectors.collections import Collection, Generate
+from onceflow.graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Phase, Sink, Source
+from onceflow.kernel import codec
 
 
 def evaluate(graph: Graph) -> dict[str, list[Any]]:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graph_optimizer.ir import Sink
-from pipeline import Pipeline, sinks, sources
+from onceflow.graph_optimizer.ir import Sink
+from onceflow.pipeline import Pipeline, sinks, sources
 from tests.graph_optimizer import helpers as h
 from tests.graph_optimizer.reference import evaluate, multiset
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from graph_optimizer.errors import (
+from onceflow.graph_optimizer.errors import (
     CycleError,
     DuplicateStageError,
     GraphError,
@@ -10,10 +10,19 @@ from graph_optimizer.errors import (
     NotKeyedError,
     UnknownInputError,
 )
-from graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Phase, Sink, Source, validate
-from pipeline import Pipeline, sinks, sources
-from pipeline.combiners import Sum
-from pipeline.errors import PipelineError
+from onceflow.graph_optimizer.ir import (
+    Combine,
+    Exchange,
+    FlatMap,
+    Graph,
+    Phase,
+    Sink,
+    Source,
+    validate,
+)
+from onceflow.pipeline import Pipeline, sinks, sources
+from onceflow.pipeline.combiners import Sum
+from onceflow.pipeline.errors import PipelineError
 
 
 def _src(name="src"):

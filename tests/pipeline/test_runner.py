@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from pipeline import Pipeline, sinks, sources
-from pipeline.errors import RunError
+from onceflow.pipeline import Pipeline, sinks, sources
+from onceflow.runtime.errors import RunError
 
 pytestmark = pytest.mark.spark
 
 
 def test_word_count_from_a_text_file(spark, tmp_path):
-    from pipeline.demo import wordcount
+    from onceflow.cli.demo import wordcount
 
     text = tmp_path / "in.txt"
     text.write_text("the cat\nthe dog the end\n\nCat\n")
@@ -139,7 +139,7 @@ def test_summary_counts_records_per_stage(spark, tmp_path):
 
 
 def test_mean_min_max_and_user_combine_fn(spark, tmp_path):
-    from pipeline.combiners import CombineFn
+    from onceflow.pipeline.combiners import CombineFn
 
     class Spread(CombineFn):
         def create(self):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from graph_optimizer.ir import Combine, Phase
-from graph_optimizer.optimizer import RULES, optimize
-from graph_optimizer.plan import initial_plan
-from graph_optimizer.rules import (
+from onceflow.graph_optimizer.ir import Combine, Phase
+from onceflow.graph_optimizer.optimizer import RULES, optimize
+from onceflow.graph_optimizer.plan import initial_plan
+from onceflow.graph_optimizer.rules import (
     fuse_producer_consumer,
     fuse_siblings,
     lift_combiners,
@@ -119,7 +119,7 @@ def test_a_stage_and_its_own_consumer_are_not_siblings():
 
 
 def test_mixed_direct_and_exchange_readers_stay_apart():
-    from pipeline import Pipeline, sinks, sources
+    from onceflow.pipeline import Pipeline, sinks, sources
 
     p = Pipeline("mixed")
     keyed = p.read("src", sources.Collection(range(5))).key_by("k", str)

@@ -1,0 +1,77 @@
+"""The backup format.
+
+A task's backup is a Redis hash ``bk:<stage>:<batch>:<partition>``: field ``c<n>`` holds the
+encoded outputs of chunk ``n``, ``final`` those produced at the end of the task (combine
+results), and ``done`` marks a finished task. Outputs are MessagePack lists, never pickles.
+Targets below zero are a stage's partial-combine deltas: backed up, never sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import msgpack
+
+from onceflow.kernel.errors import CodecError
+from onceflow.kernel.records import Output
+
+DONE = "done"
+FINAL = "final"
+CHUNK_PREFIX = "c"
+
+
+def chunk_field(chunk: int) -> str:
+    """Hash field of chunk ``chunk``."""
+    return f"{CHUNK_PREFIX}{chunk}"
+
+
+def encode_outputs(outputs: list[Output]) -> bytes:
+    """Outputs as one MessagePack blob."""
+    return msgpack.packb(outputs, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_outputs(blob: bytes) -> list[Output]:
+    """Outputs back from :func:`encode_outputs`."""
+    try:
+        rows = msgpack.unpackb(blob, raw=False, use_list=True)
+        return [Output(int(t), bytes(i), int(ts), k, bytes(v)) for t, i, ts, k, v in rows]
+    except Exception as exc:
+        msg = f"a backup blob of {len(blob)} bytes is corrupt: {exc}"
+        raise CodecError(msg) from exc
+
+
+@dataclass
+class TaskBackup:
+    """What a task's backup hash says: what earlier attempts of the task committed.
+
+    ``outputs`` are replayed (never recomputed), ``done`` says the task finished, and
+    ``next_chunk`` is the number of the first chunk no attempt committed.
+    """
+
+    outputs: list[Output] = field(default_factory=list)
+    done: bool = False
+    next_chunk: int = 0
+
+    @classmethod
+    def parse(cls, fields: Mapping[bytes, bytes]) -> TaskBackup:
+        """Order chunks by number, then the final outputs."""
+        chunks: list[tuple[int, bytes]] = []
+        final = None
+        done = False
+        for raw_name, blob in fields.items():
+            name = raw_name.decode()
+            if name == DONE:
+                done = True
+            elif name == FINAL:
+                final = blob
+            elif name.startswith(CHUNK_PREFIX):
+                chunks.append((int(name[1:]), blob))
+        chunks.sort()
+        outputs: list[Output] = []
+        for _, blob in chunks:
+            outputs.extend(decode_outputs(blob))
+        if final is not None:
+            outputs.extend(decode_outputs(final))
+        next_chunk = chunks[-1][0] + 1 if chunks else 0
+        return cls(outputs, done, next_chunk)

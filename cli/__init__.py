@@ -1,0 +1,1 @@
+"""The ``onceflow`` command: run, explain and demo pipelines, and operate them."""

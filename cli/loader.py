@@ -1,0 +1,64 @@
+"""Loading a pipeline from a Python file, for ``onceflow run`` and ``onceflow explain``.
+
+A pipeline file exposes its pipeline in one of three ways, tried in this order:
+
+1. ``--pipeline NAME`` names a module-level ``Pipeline`` or a function returning one;
+2. a module-level function ``build()`` returning a ``Pipeline``;
+3. exactly one module-level ``Pipeline`` object (any variable name).
+
+The file runs with ``__name__ == "__onceflow__"``, so its ``if __name__ == "__main__":``
+block (handy for ``python file.py``) does not run.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from typing import Any
+
+from onceflow.cli.errors import PipelineFileError
+from onceflow.pipeline.api import Pipeline
+
+
+def load_pipeline(path: str, attr: str | None = None) -> Pipeline:
+    """The pipeline exposed by the file at ``path``."""
+    if not os.path.isfile(path):
+        msg = f"pipeline file {path!r} does not exist (working directory: {os.getcwd()})"
+        raise PipelineFileError(msg)
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # let the file import its neighbours
+    namespace = runpy.run_path(path, run_name="__onceflow__")
+    if attr is not None:
+        if attr not in namespace:
+            msg = f"{path} has no attribute {attr!r}; pass the name of a Pipeline or a builder"
+            raise PipelineFileError(msg)
+        return _as_pipeline(path, attr, namespace[attr])
+    if callable(namespace.get("build")) and not isinstance(namespace["build"], Pipeline):
+        return _as_pipeline(path, "build", namespace["build"])
+    found = {k: v for k, v in namespace.items() if isinstance(v, Pipeline)}
+    if len(found) == 1:
+        return next(iter(found.values()))
+    if not found:
+        msg = (
+            f"{path} defines no pipeline: add a module-level Pipeline, or a build() function "
+            "returning one"
+        )
+    else:
+        names = ", ".join(sorted(found))
+        msg = f"{path} defines several pipelines ({names}); pick one with --pipeline"
+    raise PipelineFileError(msg)
+
+
+def _as_pipeline(path: str, name: str, value: Any) -> Pipeline:
+    if isinstance(value, Pipeline):
+        return value
+    if callable(value):
+        result = value()
+        if isinstance(result, Pipeline):
+            return result
+        msg = f"{path}: {name}() returned {type(result).__name__}, not a Pipeline"
+        raise PipelineFileError(msg)
+    msg = f"{path}: {name!r} is a {type(value).__name__}, not a Pipeline or a function"
+    raise PipelineFileError(msg)

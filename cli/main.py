@@ -1,0 +1,247 @@
+"""The ``onceflow`` command: run, explain and demo pipelines (and operate them).
+
+Every failure Onceflow anticipates ends with one ``error:`` line saying what to check and a
+non-zero exit status: 2 for a wrong command line, file or setting, 1 for a failed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from onceflow.cli.ops import add_commands
+from onceflow.kernel.errors import ConfigError, OnceflowError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _rules(args: argparse.Namespace) -> tuple[Any, ...] | None:
+    from onceflow.graph_optimizer.optimizer import rules_by_name
+
+    if getattr(args, "no_optimize", False):
+        return ()
+    if getattr(args, "rules", None):
+        try:
+            return rules_by_name([r.strip() for r in args.rules.split(",") if r.strip()])
+        except KeyError as exc:
+            raise ConfigError(str(exc.args[0])) from None
+    return None
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Print or draw the logical graph and the physical plan."""
+    from onceflow.cli.loader import load_pipeline
+    from onceflow.graph_optimizer.draw import explain_text, render, to_dot
+
+    pipeline = load_pipeline(args.file, args.pipeline)
+    graph = pipeline.graph
+    plan = pipeline.plan(_rules(args))
+    if args.format == "text":
+        _emit(explain_text(graph, plan).encode() + b"\n", args.output)
+        return 0
+    dot = to_dot(graph, plan)
+    data = dot.encode() if args.format == "dot" else render(dot, args.format)
+    if args.format in ("svg", "png") and args.output is None:
+        args.output = f"{pipeline.name}-plan.{args.format}"
+    _emit(data, args.output)
+    if args.output:
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def _emit(data: bytes, path: str | None) -> None:
+    if path is None or path == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a pipeline file and print its summary."""
+    from onceflow.cli.loader import load_pipeline
+
+    pipeline = load_pipeline(args.file, args.pipeline)
+    settings = streaming_settings(args)
+    result = pipeline.run(
+        master=args.master,
+        parallelism=args.parallelism,
+        rules=_rules(args),
+        progress=not args.no_progress,
+        output_dir=args.output_dir,
+        code_dir=os.path.dirname(os.path.abspath(args.file)),
+        **settings,
+    )
+    print(result.summary())
+    return 0
+
+
+def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Streaming options given on the command line (only those set)."""
+    names = (
+        "redis_url",
+        "checkpoint",
+        "guarantee",
+        "trigger_seconds",
+        "available_now",
+        "max_records_per_batch",
+        "allow_non_durable_redis",
+        "accept_plan_change",
+        "stop_after_batches",
+    )
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) not in (None, False)}
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The quick-start demo."""
+    if args.which == "wordcount":
+        return demo_wordcount(args)
+    from onceflow.cli.demo.exactly_once import main as exactly_once_demo
+
+    return exactly_once_demo(args)
+
+
+def demo_wordcount(args: argparse.Namespace) -> int:
+    """Bounded word count over the bundled sample: the plan, then the result."""
+    from onceflow.cli.demo import wordcount
+    from onceflow.graph_optimizer.draw import explain_text
+    from onceflow.pipeline.sinks import Collect
+
+    sink = Collect()
+    pipeline = wordcount.build(sink=sink)
+    plan = pipeline.plan()
+    print(explain_text(pipeline.graph, plan))
+    print()
+    result = pipeline.run(
+        master=args.master,
+        parallelism=args.parallelism,
+        progress=not args.no_progress,
+        output_dir=args.output_dir,
+    )
+    top = sorted(sink.results, key=lambda kv: (-kv[1], kv[0]))[:15]
+    print("Most frequent words:")
+    for word, n in top:
+        print(f"  {word:<14} {n:>4}")
+    print()
+    print(result.summary())
+    return 0
+
+
+def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a Python file exposing a Pipeline (see docs)")
+    p.add_argument("--pipeline", help="name of the Pipeline (or builder) in the file")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--no-optimize",
+        action="store_true",
+        help="use the unoptimized plan (every node a stage of its own)",
+    )
+    group.add_argument("--rules", help="comma-separated optimizer rules to apply (default: all)")
+
+
+def _add_spark_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--master",
+        default=os.environ.get("ONCEFLOW_MASTER", "local[2]"),
+        help="Spark master URL (default local[2]; spark://host:7077 for a cluster)",
+    )
+    p.add_argument(
+        "--parallelism",
+        type=int,
+        default=2,
+        help="partitions per exchange (fixed for the life of a streaming pipeline)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--output-dir", default="onceflow-output", help="where default outputs (dead letters) go"
+    )
+
+
+def _add_streaming_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("streaming (pipelines with Kafka sources)")
+    g.add_argument("--redis-url", help="Redis for exactly-once state (default $REDIS_URL)")
+    g.add_argument("--checkpoint", help="Spark checkpoint directory of the query")
+    g.add_argument(
+        "--guarantee",
+        choices=("exactly-once", "at-least-once"),
+        help="exactly-once (default) or at-least-once (no IDs, backup or dedup)",
+    )
+    g.add_argument("--trigger-seconds", type=float, help="micro-batch interval")
+    g.add_argument(
+        "--available-now", action="store_true", help="process what is in the topics now, then stop"
+    )
+    g.add_argument("--max-records-per-batch", type=int, help="cap on records per micro-batch")
+    g.add_argument("--stop-after-batches", type=int, help="stop after this many micro-batches")
+    g.add_argument(
+        "--accept-plan-change",
+        action="store_true",
+        help="resume a namespace whose stored plan differs from this one (the dedup history "
+        "of stages that changed starts over)",
+    )
+    g.add_argument(
+        "--allow-non-durable-redis",
+        action="store_true",
+        help="run even if Redis persistence (AOF) is off: exactly-once is then lost "
+        "when Redis restarts",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``onceflow`` command."""
+    parser = argparse.ArgumentParser(
+        prog="onceflow",
+        description="Streaming pipelines with exactly-once results on Apache Spark.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a pipeline file")
+    _add_pipeline_args(p)
+    _add_spark_args(p)
+    _add_streaming_args(p)
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("explain", help="print or draw a pipeline's plans")
+    _add_pipeline_args(p)
+    p.add_argument("--format", choices=("text", "dot", "svg", "png"), default="text")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="output file (default: stdout for text/dot, <pipeline>-plan.<fmt> for svg/png)",
+    )
+    p.set_defaults(handler=cmd_explain)
+
+    p = sub.add_parser("demo", help="run the quick-start demo")
+    p.add_argument(
+        "which", nargs="?", default="exactly-once", choices=("exactly-once", "wordcount")
+    )
+    _add_spark_args(p)
+    p.add_argument("--events", type=int, default=20000, help="events to produce (exactly-once)")
+    p.set_defaults(handler=cmd_demo)
+
+    add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``onceflow`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ConfigError, OnceflowError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        from onceflow.runtime.errors import RunError
+
+        return 1 if isinstance(exc, RunError) else 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""Operator commands of the ``onceflow`` CLI: audit, gc and status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from onceflow.kernel.errors import ConfigError, ServiceError
+from onceflow.kernel.settings import KafkaSettings, RedisSettings
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Report duplicates and gaps; exit 1 when there are conflicting copies or gaps."""
+    from onceflow.operations.audit import audit
+
+    settings = KafkaSettings.from_env(args.bootstrap_servers)
+    report = audit(settings, args.topic, args.input_topic, args.match_field)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
+    return 0 if report.ok else 1
+
+
+def _redis(args: argparse.Namespace) -> Any:
+    import redis
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
+    settings = RedisSettings.from_env(args.redis_url)
+    # An operator command fails fast (a few seconds) instead of riding out outages.
+    client = redis.Redis.from_url(
+        settings.url,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=3),
+        socket_connect_timeout=5,
+        socket_timeout=60,
+        **settings.options,
+    )
+    try:
+        client.ping()
+    except Exception as exc:
+        msg = (
+            f"cannot reach Redis at {settings.url.split('@')[-1]}: {exc}. Check REDIS_URL (or "
+            "--redis-url), REDIS_PASSWORD and TLS settings, and that the server is up"
+        )
+        raise ServiceError(msg) from exc
+    return client
+
+
+def _targets(client: Any, args: argparse.Namespace) -> list[str]:
+    from onceflow.operations.gc import namespaces
+
+    if args.all:
+        return namespaces(client)
+    if not args.namespace:
+        msg = "name a pipeline namespace (--namespace NAME) or pass --all"
+        raise ConfigError(msg)
+    return list(args.namespace)
+
+
+def _gc_pass(args: argparse.Namespace) -> int:
+    from onceflow.operations.gc import collect
+
+    client = _redis(args)
+    names = _targets(client, args)
+    if not names:
+        print(json.dumps({"event": "onceflow.gc", "namespaces": 0}), flush=True)
+    for name in names:
+        result = collect(
+            client,
+            name,
+            dry_run=args.dry_run,
+            horizon=args.horizon,
+            scan_count=args.scan_count,
+            delete_batch=args.delete_batch,
+        )
+        print(result.log_line(), flush=True)
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """One pass, or a pass every ``--every``; failures say what to check."""
+    if not args.every:
+        return _gc_pass(args)
+    from onceflow.kernel.durations import parse_duration_ms
+
+    interval = parse_duration_ms(args.every) / 1000
+    failures = 0
+    while True:
+        started = time.monotonic()
+        try:
+            _gc_pass(args)
+            failures = 0
+        except (ConfigError, ServiceError) as exc:
+            failures += 1
+            print(
+                json.dumps(
+                    {"event": "onceflow.gc.failed", "error": str(exc), "in_a_row": failures}
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+            if args.max_failures and failures >= args.max_failures:
+                return 1
+        time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Text or JSON view of one or all namespaces."""
+    from onceflow.operations.status import status, status_json
+
+    client = _redis(args)
+    statuses = [status(client, name) for name in _targets(client, args)]
+    if args.json:
+        print(status_json(statuses))
+    elif not statuses:
+        print("no pipeline namespaces with exactly-once state in this Redis")
+    else:
+        print("\n\n".join(s.text() for s in statuses))
+    return 0
+
+
+def _add_redis_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--namespace", action="append", help="pipeline namespace (default name: the pipeline's)"
+    )
+    p.add_argument("--all", action="store_true", help="every namespace found in this Redis")
+    p.add_argument("--redis-url", help="Redis (default $REDIS_URL)")
+
+
+def add_commands(sub: Any) -> None:
+    """Register the operator commands on the CLI's subparsers."""
+    p = sub.add_parser("audit", help="count records per ID in an output topic")
+    p.add_argument("--topic", required=True, help="the output topic to audit")
+    p.add_argument("--input-topic", help="compare against this input topic")
+    p.add_argument(
+        "--match-field",
+        help="JSON field identifying a record in both topics (reports inputs with no output)",
+    )
+    p.add_argument("--bootstrap-servers", help="Kafka (default $KAFKA_BOOTSTRAP_SERVERS)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=cmd_audit)
+
+    p = sub.add_parser(
+        "gc",
+        help="delete exactly-once state that can no longer matter",
+        description="Delete seen-ID buckets older than the dedup horizon, acknowledged "
+        "backups and stale Bloom snapshots. Safe while the pipeline runs. One JSON log line "
+        "per namespace and pass.",
+    )
+    _add_redis_target_args(p)
+    p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    p.add_argument("--every", help="run a pass every INTERVAL (e.g. 10m) until stopped")
+    p.add_argument("--horizon", help="keep more than the pipeline's horizon (e.g. 48h); never less")
+    p.add_argument("--scan-count", type=int, default=1000, help="SCAN step (keys)")
+    p.add_argument("--delete-batch", type=int, default=500, help="keys per UNLINK")
+    p.add_argument(
+        "--max-failures",
+        type=int,
+        default=0,
+        help="with --every: exit 1 after this many failed passes in a row (0: never)",
+    )
+    p.set_defaults(handler=cmd_gc)
+
+    p = sub.add_parser("status", help="what a pipeline's exactly-once state says")
+    _add_redis_target_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=cmd_status)

@@ -1,0 +1,211 @@
+"""Kafka as a Spark Python data source, on the driver: offsets, high-water marks, partitions.
+
+Offsets are ``{"topic:partition": offset}`` dictionaries kept in Spark's checkpoint, always in
+canonical order (:func:`~.offsets.canonical`): Spark compares serialized offsets to decide
+whether there is anything new. Each micro-batch reads one offset range per partition, a cap
+bounds the records per batch, and ``availableNow`` stops at the high-water marks seen when
+the query started. The reading itself runs on the workers (:mod:`~.worker`). This module
+imports PySpark; :class:`~.source.KafkaSource` imports it only when a stream starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.offsets import canonical, cap_offsets, split_tp, tp_key
+from onceflow.connectors.kafka.worker import RAW_SCHEMA, read_range
+from onceflow.kernel.settings import KafkaSettings
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+FORMAT = "onceflow_kafka"
+HIGHWATER_TIMEOUT_S = 30
+PROBE_POLL_MS = 50
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("onceflow_kafka").option("config", json)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        """Format name."""
+        return FORMAT
+
+    def schema(self) -> str:
+        """Raw Kafka rows; headers are a MessagePack list of ``[key, value]``."""
+        return RAW_SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802 - Spark's name
+        """The micro-batch reader."""
+        return KafkaStreamReader(json.loads(self.options["config"]))
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets, high-water marks and reads of one or more topics."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.settings = KafkaSettings(config["bootstrap"], config.get("options", {}))
+        self.topics: list[str] = config["topics"]
+        self.starting: str = config.get("starting_offsets", "earliest")
+        self.group_id: str | None = config.get("group_id")
+        self.max_records: int | None = config.get("max_records_per_batch")
+        self.target: dict[str, int] | None = None
+        self._probe: Any = None  # driver-side consumer, created on first use
+
+    # -- driver side ----------------------------------------------------------------------
+
+    def _consumer(self) -> Any:
+        if self._probe is None:
+            from kafka import KafkaConsumer
+
+            self._probe = KafkaConsumer(
+                **self.settings.client_config(),
+                enable_auto_commit=False,
+                group_id=self.group_id,
+                max_partition_fetch_bytes=1,
+                fetch_max_bytes=1,
+                fetch_max_wait_ms=10,
+            )
+        return self._probe
+
+    def _partitions(self) -> list[Any]:
+        from kafka import TopicPartition
+
+        consumer = self._consumer()
+        found: list[Any] = []
+        for topic in self.topics:
+            parts = consumer.partitions_for_topic(topic)
+            if not parts:
+                msg = (
+                    f"Kafka topic {topic!r} does not exist at {self.settings.bootstrap_servers}; "
+                    "create it (or produce to it) before starting the pipeline"
+                )
+                raise ConnectorError(msg)
+            found.extend(TopicPartition(topic, p) for p in sorted(parts))
+        return found
+
+    def _highwater(self, tps: list[Any]) -> dict[str, int]:
+        """High-water marks from one tiny fetch per partition (``end_offsets`` is not trusted)."""
+        consumer = self._consumer()
+        consumer.unsubscribe()
+        consumer.assign(tps)
+        begin = consumer.beginning_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, begin[tp])
+        marks: dict[str, int] = {}
+        deadline = time.monotonic() + HIGHWATER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            consumer.poll(timeout_ms=PROBE_POLL_MS, max_records=1)
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None:
+                    marks[tp_key(tp.topic, tp.partition)] = hw
+            if len(marks) == len(tps):
+                return marks
+        missing = [
+            tp_key(tp.topic, tp.partition)
+            for tp in tps
+            if tp_key(tp.topic, tp.partition) not in marks
+        ]
+        msg = (
+            f"no high-water mark from Kafka for {missing} within {HIGHWATER_TIMEOUT_S} s; "
+            "is the broker up?"
+        )
+        raise ConnectorError(msg)
+
+    def _beginnings(self, tps: list[Any]) -> dict[str, int]:
+        begin = self._consumer().beginning_offsets(tps)
+        return {tp_key(tp.topic, tp.partition): off for tp, off in begin.items()}
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802 - Spark's name
+        """Where a new query starts: earliest, latest or the group's committed offsets."""
+        tps = self._partitions()
+        if self.starting == "latest":
+            return canonical(self._highwater(tps))
+        start = self._beginnings(tps)
+        if self.starting == "committed" and self.group_id:
+            consumer = self._consumer()
+            for tp in tps:
+                committed = consumer.committed(tp)
+                if committed is not None:
+                    start[tp_key(tp.topic, tp.partition)] = committed
+        return canonical(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
+        """The per-batch cap, if any."""
+        return ReadMaxRows(self.max_records) if self.max_records else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
+        """Remember today's high-water marks: the query stops there."""
+        self.target = self._highwater(self._partitions())
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+        """Where the next batch ends: the high-water marks, capped by the target and limit."""
+        tps = self._partitions()
+        marks = self._highwater(tps)
+        begin = None
+        current = dict(start)
+        for key in marks:
+            if key not in current:  # a partition added since the query started
+                begin = begin if begin is not None else self._beginnings(tps)
+                current[key] = begin[key]
+        end = {}
+        for key, hw in marks.items():
+            top = hw if self.target is None else min(hw, self.target.get(key, current[key]))
+            end[key] = max(current[key], top)
+        if isinstance(limit, ReadMaxRows):
+            end = cap_offsets(current, end, limit.max_rows)
+        return canonical(end)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        """One input partition per Kafka partition with records in ``[start, end)``."""
+        parts = []
+        for key in sorted(end, key=split_tp):
+            lo = start.get(key, 0)
+            hi = end[key]
+            if hi > lo:
+                topic, partition = split_tp(key)
+                parts.append(InputPartition((topic, partition, lo, hi)))
+        return parts
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Mirror progress into the consumer group (for lag monitoring), if one is named."""
+        if not self.group_id:
+            return
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        offsets = {
+            TopicPartition(*split_tp(k)): OffsetAndMetadata(v, "", -1) for k, v in end.items()
+        }
+        try:
+            self._consumer().commit(offsets)
+        except Exception:  # noqa: BLE001, S110 - monitoring only; the checkpoint is the truth
+            pass
+
+    def stop(self) -> None:
+        """Close the driver-side consumer."""
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+    # -- worker side ----------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Records ``[lo, hi)`` of one topic-partition, as Arrow batches (on a worker)."""
+        topic, part, lo, hi = partition.value
+        return read_range(self.settings, topic, part, lo, hi)

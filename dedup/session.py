@@ -1,0 +1,89 @@
+"""What every step of one exactly-once task shares: Redis, fencing tokens, counters.
+
+A task's steps (filter trust, admission, commit, delivery) are separate modules; this is the
+state they pass each other. Counters go two ways: ``counters`` are returned to the run's
+metrics, ``pending`` are added to Redis by the next script call (``stat_args``), so status
+shows them even for a run that crashed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.dedup.config import DedupConfig
+from onceflow.dedup.errors import FencedError
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scripts import Scripts
+
+FENCED = b"fenced"
+
+
+@dataclass
+class TaskSession:
+    """One exactly-once task's connection to its state."""
+
+    client: Any
+    scripts: Scripts
+    ks: Keyspace
+    config: DedupConfig
+    epoch: str
+    stage: str
+    batch: int
+    partition: int
+    token: str = ""
+    floor: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def owner(self) -> bytes:
+        """What a seen-mark records as its owner: ``batch.partition``."""
+        return f"{self.batch}.{self.partition}".encode()
+
+    def fence_keys(self) -> list[str]:
+        """The driver epoch and this task's token keys: first KEYS of every fenced script."""
+        return [self.ks.epoch, self.ks.token(self.stage, self.partition)]
+
+    def fence_args(self) -> list[Any]:
+        """The driver epoch and this task's token: first ARGV of every fenced script."""
+        return [self.epoch, self.token]
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add to a counter, both for the run's metrics and for Redis."""
+        if n:
+            self.counters[name] = self.counters.get(name, 0) + n
+            self.pending[name] = self.pending.get(name, 0) + n
+
+    def count_local(self, name: str, n: int = 1) -> None:
+        """Add to a counter of the run's metrics only (a script counted it in Redis)."""
+        if n:
+            self.counters[name] = self.counters.get(name, 0) + n
+
+    def uncount(self, counts: dict[str, int]) -> None:
+        """Take back counts of work that was not committed after all."""
+        for name, n in counts.items():
+            self.counters[name] = self.counters.get(name, 0) - n
+            self.pending[name] = self.pending.get(name, 0) - n
+
+    def round_trip(self) -> None:
+        """One more Redis round trip (a benchmark figure)."""
+        self.counters["redis_round_trips"] = self.counters.get("redis_round_trips", 0) + 1
+
+    def stat_args(self) -> list[Any]:
+        """Pending counters as script arguments: ``n, name1, inc1, ...``."""
+        args: list[Any] = [len(self.pending)]
+        for name, n in self.pending.items():
+            args += [name, n]
+        return args
+
+    def check(self, reply: Any) -> Any:
+        """Raise :class:`FencedError` when a script says a newer driver or attempt owns this."""
+        if reply and reply[0] == FENCED:
+            who = reply[1].decode()
+            msg = (
+                f"stage {self.stage!r} batch {self.batch} partition {self.partition}: a "
+                f"newer {who} owns this work; this {who} must stop (fenced)"
+            )
+            raise FencedError(msg)
+        return reply

@@ -1,1 +1,0 @@
-"""Compiling a physical plan to PySpark: driver-side wiring and worker-side stage code."""

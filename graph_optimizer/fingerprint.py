@@ -1,0 +1,40 @@
+"""The plan's identity: what a streaming pipeline's stored state depends on.
+
+Stage names key seen-IDs, fencing tokens, backups and Bloom filters; boundaries decide which
+stage receives which records and how their IDs are derived; combine nodes key state. If any
+of that changes between two runs of one namespace (other ``--rules``, ``--no-optimize``, a
+stage added or renamed), the new run would silently start part of its dedup history over.
+So the layout is stored with the state and compared on every start
+(:func:`onceflow.runtime.pinning.pin_plan`).
+
+What is *not* in it: labels and the user's functions (changing a function's body is allowed),
+connector settings (topics may move), and anything about speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from onceflow.graph_optimizer.ir import Combine
+from onceflow.graph_optimizer.plan import Plan
+
+
+def layout(plan: Plan) -> dict[str, Any]:
+    """Stages (name and nodes), boundaries and stateful nodes, as plain JSON-able data."""
+    return {
+        "stages": {s.name: list(s.nodes) for s in plan.ordered},
+        "boundaries": sorted(
+            f"{b.kind.value} {b.name}: {b.sender or '-'} -> {b.receiver}" for b in plan.boundaries()
+        ),
+        "state": sorted(
+            f"{n.name} ({n.phase.value})" for n in plan.graph if isinstance(n, Combine)
+        ),
+    }
+
+
+def fingerprint(described: dict[str, Any]) -> str:
+    """A short, stable hash of a layout."""
+    text = json.dumps(described, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,177 @@
+"""How records cross process boundaries, and how external bytes become values.
+
+Records are plain Python values. Between Spark tasks, into Redis backups and into keyed state
+they travel as MessagePack: fast (a C extension), compact and safe, because decoding never
+executes code (unlike pickle). Tuples survive the trip (as an extension type) because keyed
+elements are ``(key, value)`` tuples and users rely on that.
+
+External payloads (Kafka values, file lines) are decoded by a :class:`ValueCodec` chosen per
+source or sink: JSON, UTF-8 text, raw bytes or MessagePack.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from onceflow.kernel.errors import CodecError
+
+_EXT_TUPLE = 1
+
+
+def _to_builtin(obj: Any) -> Any:  # noqa: PLR0911 - one return per supported type
+    """Map subclasses of supported types onto the types themselves (msgpack strict mode)."""
+    if isinstance(obj, tuple):
+        return msgpack.ExtType(_EXT_TUPLE, _pack_nested([*obj]))
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return bytes(obj)
+    if isinstance(obj, dict):
+        return dict(obj)
+    if isinstance(obj, list):
+        return list(obj)
+    name = type(obj).__name__
+    msg = (
+        f"cannot encode a value of type {name!r}: records must be built from None, bool, int, "
+        "float, str, bytes, list, tuple and dict; convert it (for example with str() or "
+        "dataclasses.asdict()) before it leaves your function"
+    )
+    raise CodecError(msg)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_TUPLE:
+        return tuple(decode(data))
+    msg = f"unknown MessagePack extension type {code}; the data was not written by Onceflow"
+    raise CodecError(msg)
+
+
+class _Packers(threading.local):
+    """One packer per nesting depth and thread: a packer cannot be re-entered mid-pack."""
+
+    def __init__(self) -> None:
+        self.stack: list[msgpack.Packer] = []
+        self.depth = 0
+
+    def at(self, depth: int) -> msgpack.Packer:
+        while len(self.stack) <= depth:
+            self.stack.append(
+                msgpack.Packer(use_bin_type=True, strict_types=True, default=_to_builtin)
+            )
+        return self.stack[depth]
+
+
+_packers = _Packers()
+
+
+def _pack_nested(items: list[Any]) -> bytes:
+    depth = _packers.depth + 1
+    _packers.depth = depth
+    try:
+        return _packers.at(depth).pack(items)  # type: ignore[no-any-return]
+    finally:
+        _packers.depth = depth - 1
+
+
+def encode(value: Any) -> bytes:
+    """Encode one record value; raises :class:`CodecError` for unsupported types."""
+    try:
+        return _packers.at(0).pack(value)  # type: ignore[no-any-return]
+    except CodecError:
+        _reset()
+        raise
+    except OverflowError as exc:
+        _reset()
+        msg = f"cannot encode value: an integer is outside the 64-bit range ({exc}); send it as str"
+        raise CodecError(msg) from exc
+    except (TypeError, ValueError) as exc:
+        _reset()
+        msg = f"cannot encode value: {exc}"
+        raise CodecError(msg) from exc
+
+
+def _reset() -> None:
+    """Drop packers after a failure: a failed pack can leave a packer's buffer dirty."""
+    _packers.stack.clear()
+    _packers.depth = 0
+
+
+def decode(data: bytes) -> Any:
+    """Decode bytes written by :func:`encode`."""
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, raw=False)
+    except CodecError:
+        raise
+    except Exception as exc:
+        msg = f"cannot decode a {len(data)}-byte Onceflow record: {exc}"
+        raise CodecError(msg) from exc
+
+
+@dataclass(frozen=True)
+class ValueCodec:
+    """A named pair of functions between external bytes and record values."""
+
+    name: str
+    decode: Callable[[bytes], Any]
+    encode: Callable[[Any], bytes]
+
+
+def _json_decode(data: bytes) -> Any:
+    return json.loads(data)
+
+
+def _json_encode(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _utf8_decode(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def _utf8_encode(value: Any) -> bytes:
+    if not isinstance(value, str):
+        msg = f"the utf-8 codec writes str values, got {type(value).__name__}; map to str first"
+        raise CodecError(msg)
+    return value.encode("utf-8")
+
+
+def _raw_decode(data: bytes) -> bytes:
+    return bytes(data)
+
+
+def _raw_encode(value: Any) -> bytes:
+    if not isinstance(value, bytes | bytearray):
+        msg = f"the raw codec writes bytes values, got {type(value).__name__}; encode first"
+        raise CodecError(msg)
+    return bytes(value)
+
+
+CODECS: dict[str, ValueCodec] = {
+    "json": ValueCodec("json", _json_decode, _json_encode),
+    "utf-8": ValueCodec("utf-8", _utf8_decode, _utf8_encode),
+    "raw": ValueCodec("raw", _raw_decode, _raw_encode),
+    "msgpack": ValueCodec("msgpack", decode, encode),
+}
+
+
+def value_codec(name: str) -> ValueCodec:
+    """Look up a codec by name (``json``, ``utf-8``, ``raw`` or ``msgpack``)."""
+    key = name.lower().replace("utf8", "utf-8").replace("bytes", "raw")
+    try:
+        return CODECS[key]
+    except KeyError:
+        known = ", ".join(sorted(CODECS))
+        msg = f"unknown codec {name!r}; use one of: {known}"
+        raise CodecError(msg) from None

@@ -1,0 +1,101 @@
+"""The shapes records take inside Onceflow, and what names a task.
+
+These are the types the runtime and the exactly-once machinery (``dedup``, ``backup``) pass
+each other, defined here so that neither has to import the other's internals.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Guarantee(enum.Enum):
+    """What a run promises, and so what each task must do."""
+
+    BOUNDED = "bounded"  # one batch, state in memory, no IDs
+    AT_LEAST_ONCE = "at-least-once"  # streaming, state in Redis, no IDs, no dedup
+    EXACTLY_ONCE = "exactly-once"  # streaming, IDs, backup, dedup, atomic commits
+
+    @property
+    def ids(self) -> bool:
+        """Whether records carry IDs."""
+        return self is Guarantee.EXACTLY_ONCE
+
+    @property
+    def streaming(self) -> bool:
+        """Whether keyed state outlives the task."""
+        return self is not Guarantee.BOUNDED
+
+
+# A record entering a stage: (inbound edge, ID, event time, encoded key, element). The key's
+# encoded bytes travel with rows that arrive through an exchange (a combine reuses them) and
+# are None otherwise. A plain tuple, not a NamedTuple: millions are built per second.
+InRow = tuple[int, bytes, int, "bytes | None", Any]
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """One task: the stage it runs, its micro-batch, partition and attempt, and its sinks.
+
+    ``sinks`` pairs the stage's output index of each sink it writes with the sink's name.
+    """
+
+    stage: str
+    batch: int
+    partition: int
+    attempt: int = 0
+    sinks: Sequence[tuple[int, str]] = ()
+
+
+class Record(NamedTuple):
+    """A record inside a stage: a 16-byte ID (b"" when IDs are off), event time in ms, element."""
+
+    id: bytes
+    ts: int
+    elem: Any
+
+
+class Output(NamedTuple):
+    """A record leaving a stage, already encoded: what is backed up and then sent on.
+
+    ``target`` indexes the stage's outputs (ports to other stages, then sinks); ``key`` holds
+    the encoded key for keyed streams; ``value`` the encoded value (or element).
+    """
+
+    target: int
+    id: bytes
+    ts: int
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record that could not be processed, with the reason and where it came from."""
+
+    id: bytes
+    ts: int
+    stage: str
+    error: str
+    origin: str
+    raw: bytes | None = None  # the undecodable payload, when there is one
+    value: str | None = None  # a printable form of a decoded value that failed later
+
+    def to_element(self) -> dict[str, Any]:
+        """The dead letter as a plain, JSON-friendly element (what dead-letter sinks write)."""
+        out: dict[str, Any] = {
+            "stage": self.stage,
+            "error": self.error,
+            "origin": self.origin,
+            "id": self.id.hex(),
+            "ts": self.ts,
+        }
+        if self.raw is not None:
+            out["raw_b64"] = base64.b64encode(self.raw).decode()
+        if self.value is not None:
+            out["value"] = self.value
+        return out

@@ -1,0 +1,156 @@
+"""Connection settings for Redis and Kafka, with passwords and TLS passed straight through.
+
+Both read the environment when a value is not given: ``REDIS_URL`` (``rediss://`` for TLS),
+``REDIS_PASSWORD``, ``REDIS_SSL_CA_CERTS``, ``REDIS_SSL_CERTFILE``, ``REDIS_SSL_KEYFILE``;
+``KAFKA_BOOTSTRAP_SERVERS``, ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``,
+``KAFKA_SASL_USERNAME``, ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CAFILE``, ``KAFKA_SSL_CERTFILE``,
+``KAFKA_SSL_KEYFILE``. Anything else a client accepts goes in ``options``. Settings pickle to
+the workers; secrets are never printed (``repr`` masks them).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.kernel.errors import ConfigError, ServiceError
+
+_SECRET_WORDS = ("password", "secret", "token", "key")
+
+
+def _from_environment(env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+    """Client options from environment variables (``option -> VARIABLE``), then ``options``."""
+    merged: dict[str, Any] = {k: os.environ[v] for k, v in env.items() if os.environ.get(v)}
+    merged.update(options)
+    return merged
+
+
+def _mask(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("***" if any(w in k for w in _SECRET_WORDS) else v) for k, v in options.items()}
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """Where Redis is and how to log in; ``options`` go to ``redis.Redis.from_url``."""
+
+    url: str
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_env(cls, url: str | None = None, **options: Any) -> RedisSettings:
+        """Settings from arguments, falling back to the environment."""
+        url = url or os.environ.get("REDIS_URL")
+        if not url:
+            msg = "no Redis configured: pass --redis-url or set REDIS_URL (redis://host:6379/0)"
+            raise ConfigError(msg)
+        env = {
+            "password": "REDIS_PASSWORD",
+            "ssl_ca_certs": "REDIS_SSL_CA_CERTS",
+            "ssl_certfile": "REDIS_SSL_CERTFILE",
+            "ssl_keyfile": "REDIS_SSL_KEYFILE",
+        }
+        merged = _from_environment(env, options)
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            msg = f"REDIS_URL must start with redis://, rediss:// or unix://, got {url!r}"
+            raise ConfigError(msg)
+        return cls(url, merged)
+
+    def __repr__(self) -> str:
+        return f"RedisSettings({self.url.split('@')[-1]!r}, {_mask(self.options)})"
+
+
+_clients: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def redis_client(settings: RedisSettings) -> Any:
+    """A shared client per settings and process, retrying through short outages.
+
+    Connection errors are retried with backoff for ~30 s, so a Redis restart from its AOF is
+    ridden out; every Onceflow script is safe to run twice for this reason.
+    """
+    key = (settings.url, tuple(sorted((k, repr(v)) for k, v in settings.options.items())))
+    client = _clients.get(key)
+    if client is not None:
+        return client
+    import redis
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = redis.Redis.from_url(
+                settings.url,
+                retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25),
+                retry_on_error=[
+                    redis.exceptions.ConnectionError,
+                    redis.exceptions.TimeoutError,
+                    redis.exceptions.BusyLoadingError,
+                ],
+                socket_timeout=30,
+                socket_connect_timeout=5,
+                health_check_interval=15,
+                **settings.options,
+            )
+            _clients[key] = client
+    return client
+
+
+def check_durable(client: Any, allow_non_durable: bool) -> str:
+    """Refuse a Redis whose writes would not survive a restart; return what was found."""
+    try:
+        aof = client.config_get("appendonly").get("appendonly")
+        fsync = client.config_get("appendfsync").get("appendfsync")
+        found = f"appendonly={aof}, appendfsync={fsync}"
+        durable = aof == "yes"
+    except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG: ask INFO instead
+        info = client.info("persistence")
+        durable = bool(info.get("aof_enabled"))
+        found = f"aof_enabled={info.get('aof_enabled')}"
+    if not durable and not allow_non_durable:
+        msg = (
+            f"Redis persistence is off ({found}): exactly-once state would be lost when Redis "
+            "restarts. Turn on AOF (appendonly yes) or, knowingly, pass "
+            "--allow-non-durable-redis"
+        )
+        raise ServiceError(msg)
+    return found
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where Kafka is and how to log in; ``options`` go to every kafka-python client."""
+
+    bootstrap_servers: str
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_env(cls, bootstrap_servers: str | None = None, **options: Any) -> KafkaSettings:
+        """Settings from arguments, falling back to the environment."""
+        servers = bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        if not servers:
+            msg = (
+                "no Kafka configured: pass bootstrap_servers=... or set KAFKA_BOOTSTRAP_SERVERS "
+                "(host:9092)"
+            )
+            raise ConfigError(msg)
+        env = {
+            "security_protocol": "KAFKA_SECURITY_PROTOCOL",
+            "sasl_mechanism": "KAFKA_SASL_MECHANISM",
+            "sasl_plain_username": "KAFKA_SASL_USERNAME",
+            "sasl_plain_password": "KAFKA_SASL_PASSWORD",
+            "ssl_cafile": "KAFKA_SSL_CAFILE",
+            "ssl_certfile": "KAFKA_SSL_CERTFILE",
+            "ssl_keyfile": "KAFKA_SSL_KEYFILE",
+        }
+        return cls(servers, _from_environment(env, options))
+
+    def client_config(self) -> dict[str, Any]:
+        """Keyword arguments shared by producers, consumers and admin clients."""
+        return {"bootstrap_servers": self.bootstrap_servers.split(","), **self.options}
+
+    def __repr__(self) -> str:
+        return f"KafkaSettings({self.bootstrap_servers!r}, {_mask(self.options)})"

@@ -1,0 +1,1 @@
+"""Operating pipelines: garbage collection (``gc``), ``status`` and ``audit``."""

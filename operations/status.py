@@ -1,0 +1,156 @@
+"""What a pipeline's exactly-once state says about it (``onceflow status``).
+
+Per receiver (a stage, or ``<sink>/delivered``): records in, committed and sent on, duplicates
+dropped, late records, Bloom "maybe" answers and the Redis lookups they caused; per namespace:
+the driver epoch, the last acknowledged micro-batch, backups still pending, the Redis memory
+the namespace uses (SCAN + MEMORY USAGE, in bounded steps), the GC horizon and its last pass.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from onceflow.backup.store import acknowledged, is_garbage
+from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
+
+# Counters shown per receiver, in this order (others follow, sorted).
+_FIELDS = (
+    "in",
+    "committed",
+    "out",
+    "duplicates",
+    "late",
+    "bloom_maybe",
+    "redis_lookups",
+    "delivered",
+    "delivered_again",
+    "horizon_redone",
+)
+
+
+@dataclass
+class Status:
+    """A namespace's state."""
+
+    namespace: str
+    epoch: int
+    acked_batch: int
+    watermark_ms: int
+    horizon_ms: int
+    gc_floor_bucket: int | None
+    backups_pending: int
+    backups_garbage: int
+    memory_bytes: int
+    keys: int
+    memory_by_kind: dict[str, int] = field(default_factory=dict)
+    receivers: dict[str, dict[str, int]] = field(default_factory=dict)
+    gc: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+    def text(self) -> str:
+        """A person's view."""
+        lines = [f"pipeline namespace {self.namespace}"]
+        wm = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.watermark_ms / 1000)) + " UTC"
+            if self.watermark_ms
+            else "none"
+        )
+        lines.append(
+            f"  driver epoch {self.epoch}, last committed micro-batch {self.acked_batch}, "
+            f"newest committed event time {wm}"
+        )
+        lines.append(
+            f"  backups pending {self.backups_pending} (acknowledged, awaiting GC: "
+            f"{self.backups_garbage})"
+        )
+        kinds = ", ".join(
+            f"{k} {_size(v)}" for k, v in sorted(self.memory_by_kind.items(), key=lambda x: -x[1])
+        )
+        lines.append(f"  Redis memory {_size(self.memory_bytes)} in {self.keys:,} keys ({kinds})")
+        last = self.gc.get("last_pass_ms")
+        when = (
+            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(last) / 1000))
+            if last
+            else "never"
+        )
+        lines.append(
+            f"  GC horizon {self.horizon_ms / 3_600_000:g} h, floor bucket "
+            f"{self.gc_floor_bucket if self.gc_floor_bucket is not None else '-'}, last pass "
+            f"{when}" + (f", {self.gc.get('passes', 0)} passes" if last else "")
+        )
+        if self.receivers:
+            names = sorted(self.receivers)
+            shown = [f for f in _FIELDS if any(f in self.receivers[n] for n in names)]
+            width = max(len(n) for n in names)
+            header = f"  {'receiver':<{width}} " + " ".join(f"{f:>15}" for f in shown)
+            lines.append(header)
+            for name in names:
+                row = self.receivers[name]
+                lines.append(
+                    f"  {name:<{width}} " + " ".join(f"{row.get(f, 0):>15,}" for f in shown)
+                )
+        return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def status(client: Any, namespace: str, scan_count: int = DEFAULT_SCAN_COUNT) -> Status:
+    """Read a namespace's state (read-only): one SCAN pass, in bounded steps."""
+    ks = Keyspace(namespace)
+    meta = read_meta(client, ks)
+    acked = acknowledged(client, ks)
+    pending = garbage = keys = memory = 0
+    by_kind: dict[str, int] = {}
+    receivers: dict[str, dict[str, int]] = {}
+    for step in scan_steps(client, ks.pattern(), scan_count):
+        pipe = client.pipeline(transaction=False)
+        for key in step:
+            pipe.memory_usage(key)
+        for key, size in zip(step, pipe.execute(), strict=True):
+            parsed = ks.parse(key)
+            kind = parsed.kind.value if parsed is not None else "other"
+            by_kind[kind] = by_kind.get(kind, 0) + int(size or 0)
+            memory += int(size or 0)
+            garbage_backup = is_garbage(parsed, acked)
+            if garbage_backup is True:
+                garbage += 1
+            elif garbage_backup is False:
+                pending += 1
+            elif parsed is not None and parsed.kind is Kind.STATS and parsed.name is not None:
+                stats = client.hgetall(key)
+                receivers[parsed.name] = {k.decode(): int(v) for k, v in stats.items()}
+        keys += len(step)
+    floor = client.get(ks.gc_floor)
+    return Status(
+        namespace=namespace,
+        epoch=int(client.get(ks.epoch) or 0),
+        acked_batch=acked,
+        watermark_ms=int(client.get(ks.acked_watermark) or 0),
+        horizon_ms=int(meta.get("horizon_ms", 0)),
+        gc_floor_bucket=int(floor) if floor is not None else None,
+        backups_pending=pending,
+        backups_garbage=garbage,
+        memory_bytes=memory,
+        keys=keys,
+        memory_by_kind=by_kind,
+        receivers=receivers,
+        gc={k.decode(): v.decode() for k, v in client.hgetall(ks.gc).items()},
+    )
+
+
+def status_json(statuses: list[Status]) -> str:
+    """``--json`` output."""
+    return json.dumps([s.as_dict() for s in statuses], indent=2)

@@ -1,0 +1,7 @@
+"""The runtime: executes a :class:`~onceflow.runtime.spec.Job` on Spark.
+
+:mod:`~.spec` the job and stage descriptions the optimizer lowers plans into; :mod:`~.body`
+and :mod:`~.task` the executor (one task of one stage); :mod:`~.guard` what a task asks of
+the exactly-once machinery; :mod:`~.spark` a job as DataFrames; :mod:`~.bounded` and
+:mod:`~.streaming` the two drivers; :mod:`~.session`, :mod:`~.progress`, :mod:`~.metrics`.
+"""

@@ -1,0 +1,69 @@
+"""Fault injection hooks: where a test may make a run fail or freeze on purpose.
+
+The hooks are free unless ``$ONCEFLOW_CRASH`` is set; :mod:`onceflow.testing` sets it (see
+``Crash``) and kills the frozen run. ``ONCEFLOW_CRASH="point=after_commit,stage=count,
+batch=1,partition=0,mode=raise"``: fields left out match anything, ``attempt`` defaults to 0
+so a retried task gets through. ``mode=raise`` fails the task (Spark retries it);
+``mode=kill`` writes ``$ONCEFLOW_CRASH_FILE`` and freezes, so that the harness kills the
+whole run with SIGKILL at exactly this point.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+CRASH_ENV = "ONCEFLOW_CRASH"
+CRASH_FILE_ENV = "ONCEFLOW_CRASH_FILE"
+TASK_POINTS = ("before_commit", "after_commit", "after_sink_write", "task_end")
+DRIVER_POINTS = ("batch_end",)
+_FROZEN_SLEEP_S = 3600
+
+
+def _wanted() -> dict[str, str] | None:
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return None
+    return dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
+
+
+def crashpoint(point: str, stage: str, batch: int, partition: int, attempt: int) -> None:
+    """Fail a task here when ``$ONCEFLOW_CRASH`` asks for it."""
+    wanted = _wanted()
+    if wanted is None:
+        return
+    actual = {
+        "point": point,
+        "stage": stage,
+        "batch": str(batch),
+        "partition": str(partition),
+        "attempt": str(attempt),
+    }
+    wanted.setdefault("attempt", "0")
+    if any(wanted[k] != v for k, v in actual.items() if k in wanted):
+        return
+    trigger_crash(wanted.get("mode", "raise"), f"{point} {stage} b{batch} p{partition}")
+
+
+def driver_crashpoint(point: str, batch: int) -> None:
+    """Fail the driver here when ``$ONCEFLOW_CRASH`` asks for it (``mode`` defaults to kill)."""
+    wanted = _wanted()
+    if wanted is None:
+        return
+    if wanted.get("point") != point or wanted.get("batch", str(batch)) != str(batch):
+        return
+    trigger_crash(wanted.get("mode", "kill"), f"{point} driver b{batch}")
+
+
+def trigger_crash(mode: str, where: str) -> None:
+    """Fail (``raise``) or freeze until killed (``kill``)."""
+    path = os.environ.get(CRASH_FILE_ENV)
+    if path:
+        with open(path, "a") as fh:
+            fh.write(where + "\n")
+    if mode == "kill":
+        for _ in itertools.count():
+            time.sleep(_FROZEN_SLEEP_S)
+    msg = f"injected failure at {where}"
+    raise RuntimeError(msg)

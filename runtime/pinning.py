@@ -1,0 +1,110 @@
+"""What a streaming pipeline's stored state depends on, pinned on its first run.
+
+Parallelism, the seen-ID bucket and shard layout, and the physical plan's layout (stages,
+boundaries, keyed state; see :mod:`onceflow.graph_optimizer.fingerprint`) are stored in the
+namespace's meta hash on the first run and compared on every start. A change is refused with
+a message that says what changed and how to proceed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from onceflow.dedup.config import DedupConfig
+from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.runtime.errors import PlanChangedError
+from onceflow.runtime.spec import Job
+
+PLAN_FIELD = "plan"
+PLAN_FINGERPRINT_FIELD = "plan_fingerprint"
+
+
+def _decode_meta(client: Any, keyspace: Keyspace) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in client.hgetall(keyspace.meta).items()}
+
+
+def pin_settings(client: Any, keyspace: Keyspace, parallelism: int, config: DedupConfig) -> None:
+    """Settings that must not change while state exists (partition and bucket layout)."""
+    wanted = {
+        "parallelism": str(parallelism),
+        "bucket_ms": str(config.bucket_ms),
+        "shards": str(config.shards),
+    }
+    for name, value in wanted.items():
+        client.hsetnx(keyspace.meta, name, value)
+    client.hset(keyspace.meta, "horizon_ms", str(config.horizon_ms))
+    stored = _decode_meta(client, keyspace)
+    for name, value in wanted.items():
+        if stored.get(name) != value:
+            msg = (
+                f"pipeline namespace {keyspace.namespace!r} was created with {name}="
+                f"{stored.get(name)}, this run asks for {value}: keyed state and dedup history "
+                f"depend on it. Keep {name}={stored.get(name)}, or start a new namespace"
+            )
+            raise ConfigError(msg)
+
+
+def pin_plan(
+    client: Any, keyspace: Keyspace, job: Job, parallelism: int, accept_change: bool
+) -> None:
+    """Store the plan's layout on the first run; refuse (or, if accepted, adopt) another one.
+
+    Stage names key seen-IDs, tokens and backups, so resuming a namespace with another plan
+    (other ``--rules``, ``--no-optimize``, a stage added or renamed) would silently start
+    part of its dedup history over.
+    """
+    current = {**job.layout, "parallelism": parallelism}
+    text = json.dumps(current, sort_keys=True)
+    client.hsetnx(keyspace.meta, PLAN_FIELD, text)
+    client.hsetnx(keyspace.meta, PLAN_FINGERPRINT_FIELD, job.fingerprint)
+    stored_text = _decode_meta(client, keyspace).get(PLAN_FIELD, text)
+    stored = json.loads(stored_text)
+    changes = differences(stored, current)
+    if not changes:
+        return
+    if accept_change:
+        client.hset(
+            keyspace.meta, mapping={PLAN_FIELD: text, PLAN_FINGERPRINT_FIELD: job.fingerprint}
+        )
+        print(
+            f"[{job.pipeline}] plan changed and accepted: " + "; ".join(changes),
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    listed = "\n  - ".join(changes)
+    msg = (
+        f"pipeline namespace {keyspace.namespace!r} holds state built by another physical "
+        f"plan:\n  - {listed}\nStage names key dedup history, backups and state, so resuming "
+        "would silently start part of it over. Run the same plan (same --rules / "
+        "--no-optimize and stages), or start afresh with a new --namespace and --checkpoint, "
+        "or pass --accept-plan-change to resume anyway"
+    )
+    raise PlanChangedError(msg)
+
+
+def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What changed between two layouts, one line each, in words a user can act on."""
+    lines: list[str] = []
+    old_stages, new_stages = stored.get("stages", {}), current.get("stages", {})
+    for name in sorted(set(old_stages) - set(new_stages)):
+        lines.append(f"stage {name!r} is gone (was {' -> '.join(old_stages[name])})")
+    for name in sorted(set(new_stages) - set(old_stages)):
+        lines.append(f"stage {name!r} is new ({' -> '.join(new_stages[name])})")
+    for name in sorted(set(old_stages) & set(new_stages)):
+        if old_stages[name] != new_stages[name]:
+            lines.append(
+                f"stage {name!r} now runs {' -> '.join(new_stages[name])} "
+                f"(was {' -> '.join(old_stages[name])})"
+            )
+    for key, what in (("boundaries", "boundary"), ("state", "keyed state")):
+        old, new = set(stored.get(key, [])), set(current.get(key, []))
+        lines.extend(f"{what} removed: {x}" for x in sorted(old - new))
+        lines.extend(f"{what} added: {x}" for x in sorted(new - old))
+    for key in sorted(set(stored) | set(current)):
+        if key not in ("stages", "boundaries", "state") and stored.get(key) != current.get(key):
+            lines.append(f"{key} was {stored.get(key)}, now {current.get(key)}")
+    return lines

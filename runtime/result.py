@@ -1,0 +1,89 @@
+"""What a run did (:class:`RunResult`), and how a failed run is told to a person."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.kernel.records import Guarantee
+from onceflow.runtime.spec import Job
+
+
+@dataclass
+class RunResult:
+    """What a run did."""
+
+    pipeline: str
+    job: Job
+    mode: Guarantee
+    seconds: float
+    counters: dict[str, int]
+    dead_letter_sink: str
+    batches: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def counter(self, name: str) -> int:
+        """Total of counters whose name ends with ``/name``."""
+        return sum(n for k, n in self.counters.items() if k.endswith("/" + name))
+
+    @property
+    def records_in(self) -> int:
+        """Records read by source stages."""
+        return sum(self.counters.get(f"{s}/in", 0) for s in self.job.source_stages)
+
+    @property
+    def dead_letters(self) -> int:
+        """Records sent to the dead-letter sink."""
+        return self.counter("dead_letters")
+
+    def stage_rows(self) -> list[tuple[str, int, int, int, int]]:
+        """Per stage: (name, records in, records out, dead letters, duplicates dropped)."""
+        rows = []
+        for stage in self.job.stages:
+            prefix = stage.name + "/"
+            out = sum(
+                n
+                for k, n in self.counters.items()
+                if k.startswith(prefix + "out/") and not k.endswith("/dead-letters")
+            )
+            rows.append(
+                (
+                    stage.name,
+                    self.counters.get(prefix + "in", 0),
+                    out,
+                    self.counters.get(prefix + "dead_letters", 0),
+                    self.counters.get(prefix + "duplicates_dropped", 0),
+                )
+            )
+        return rows
+
+    def summary(self) -> str:
+        """A table of what each stage did, and the totals."""
+        lines = [
+            f"pipeline {self.pipeline!r}: {self.mode.value} run, {self.batches} batch(es), "
+            f"{self.seconds:.1f} s",
+            f"{'stage':<28} {'in':>10} {'out':>10} {'dead':>6} {'dups':>6}",
+        ]
+        for name, n_in, n_out, dead, dups in self.stage_rows():
+            lines.append(f"{name:<28} {n_in:>10,} {n_out:>10,} {dead:>6,} {dups:>6,}")
+        rate = self.records_in / self.seconds if self.seconds > 0 else 0.0
+        lines.append(f"records in: {self.records_in:,} ({rate:,.0f}/s)")
+        if self.dead_letters:
+            lines.append(f"dead letters: {self.dead_letters:,} -> {self.dead_letter_sink}")
+        else:
+            lines.append("dead letters: 0")
+        return "\n".join(lines)
+
+
+def explain_failure(name: str, exc: Exception) -> str:
+    """The useful part of a Spark failure: the Python error from the worker."""
+    text = str(exc)
+    marker = "StageFailure:"
+    if marker in text:
+        detail = text[text.index(marker) + len(marker) :].strip().splitlines()[0]
+        return f"pipeline {name!r} stopped: {detail}"
+    for raw in reversed(text.splitlines()):
+        line = raw.strip()
+        if line and ("Error" in line or "Exception" in line) and not line.startswith("at "):
+            return f"pipeline {name!r} failed: {line}"
+    return f"pipeline {name!r} failed: {text[:2000]}"

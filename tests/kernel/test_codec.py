@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from onceflow.kernel import codec
+from onceflow.kernel.errors import CodecError
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=5) | st.integers(-(2**63), 2**63), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(values)
+def test_round_trip_preserves_values_and_tuples(value):
+    assert codec.decode(codec.encode(value)) == value
+    if isinstance(value, tuple):
+        assert isinstance(codec.decode(codec.encode(value)), tuple)
+
+
+def test_lists_and_tuples_stay_distinct():
+    decoded = codec.decode(codec.encode({"t": (1, [2, (3,)]), "l": [1, 2]}))
+    assert decoded == {"t": (1, [2, (3,)]), "l": [1, 2]}
+    assert isinstance(decoded["t"], tuple) and isinstance(decoded["t"][1], list)
+
+
+def test_subclasses_are_encoded_as_their_base_types():
+    from collections import OrderedDict, namedtuple
+
+    Point = namedtuple("Point", "x y")
+    assert codec.decode(codec.encode(OrderedDict(a=1))) == {"a": 1}
+    assert codec.decode(codec.encode(Point(1, 2))) == (1, 2)
+
+
+def test_unsupported_type_names_the_type_and_the_fix():
+    with pytest.raises(CodecError, match="'object'.*convert it"):
+        codec.encode({"x": object()})
+    assert codec.decode(codec.encode([1, (2,)])) == [1, (2,)]  # the packer still works
+
+
+def test_integers_beyond_64_bits_are_refused_with_a_fix():
+    with pytest.raises(CodecError, match="64-bit.*str"):
+        codec.encode({"n": 2**70})
+
+
+def test_garbage_bytes_are_a_codec_error_not_a_crash():
+    with pytest.raises(CodecError, match="cannot decode"):
+        codec.decode(b"\xc1\xc1\xc1")
+
+
+def test_decoding_never_runs_code():
+    import pickle
+
+    payload = pickle.dumps(print)  # a pickle would import and reference builtins.print
+    with pytest.raises(CodecError):
+        codec.decode(payload)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "value"),
+    [
+        ("json", b'{"a":[1,2]}', {"a": [1, 2]}),
+        ("utf-8", "héllo".encode(), "héllo"),
+        ("utf8", b"x", "x"),
+        ("raw", b"\x00\x01", b"\x00\x01"),
+        ("bytes", b"z", b"z"),
+    ],
+)
+def test_value_codecs_decode_and_encode_back(name, raw, value):
+    c = codec.value_codec(name)
+    assert c.decode(raw) == value
+    assert c.decode(c.encode(value)) == value
+
+
+def test_unknown_codec_lists_the_known_ones():
+    with pytest.raises(CodecError, match="json.*msgpack.*raw.*utf-8"):
+        codec.value_codec("avro")
+
+
+def test_utf8_codec_rejects_non_strings_with_a_fix():
+    with pytest.raises(CodecError, match="map to str first"):
+        codec.value_codec("utf-8").encode(42)
