@@ -10,8 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-DEBIAN_PACKAGES=(redis-server graphviz)
-TEST_DEBIAN_PACKAGES=(podman runc uidmap slirp4netns fuse-overlayfs debootstrap)
+# redis-tools: redis-cli builds local Redis Clusters; maven fetches Apache Kafka's jars.
+DEBIAN_PACKAGES=(redis-server redis-tools graphviz maven)
+TEST_DEBIAN_PACKAGES=(podman runc uidmap slirp4netns fuse-overlayfs debootstrap chromium chromium-driver)
 VENV=.venv
 
 log() { printf '[quickstart] %s\n' "$*" >&2; }
@@ -74,15 +75,21 @@ ensure_python_packages() {
   echo "$want" > "$stamp"
 }
 
+ensure_kafka() {
+  # Apache Kafka's jars from Maven Central, into a cache reused by every run (quiet when cached).
+  "$VENV/bin/python" -c 'from onceflow.testing.kafka import fetch_kafka; fetch_kafka()'
+}
+
 main() {
   local cmd="${1:-}"; shift || true
   case "$cmd" in
     demo)
       ensure_debian_packages "${DEBIAN_PACKAGES[@]}"; ensure_java; ensure_venv; ensure_python_packages
+      ensure_kafka
       exec "$VENV/bin/onceflow" demo "$@" ;;
     test)
       ensure_debian_packages "${DEBIAN_PACKAGES[@]}" "${TEST_DEBIAN_PACKAGES[@]}"
-      ensure_java; ensure_venv; ensure_python_packages
+      ensure_java; ensure_venv; ensure_python_packages; ensure_kafka
       exec "$VENV/bin/python" -m pytest "$@" ;;
     *)
       echo "usage: $0 demo [ARGS...] | test [PYTEST ARGS...]" >&2; exit 2 ;;

@@ -3,9 +3,10 @@
 A chunk's outputs are written by the commit script (:data:`~onceflow.kernel.scripts.COMMIT`)
 in the same atomic step that marks its inputs seen; :func:`chunk_args` prepares the two
 arguments that step takes. The end-of-task outputs and the ``done`` marker are written by
-:func:`finish`. :func:`replay` reads what earlier attempts committed. Backups of micro-batches
-Spark has committed are acknowledged (:func:`acknowledge`) and then are garbage
-(:func:`is_garbage`, used by ``onceflow gc`` and ``onceflow status``).
+:func:`finish`, with the state changes that go with them. :func:`replay` reads what earlier
+attempts committed. Backups of micro-batches Spark has committed are acknowledged
+(:func:`acknowledge`) and then are garbage (:func:`is_garbage`, used by ``onceflow gc`` and
+``onceflow status``).
 """
 
 from __future__ import annotations
@@ -31,32 +32,32 @@ def replay(fields: dict[bytes, bytes]) -> TaskBackup:
 def finish(
     client: Any,
     fence: tuple[str, str, str, str],
-    backup_key: str,
-    stats_key: str,
+    keys: list[str],
     outputs: list[Output],
+    state: list[Any],
     stats: list[Any],
 ) -> Any:
     """Store a task's end-of-task outputs and mark it done, fenced like a commit.
 
-    ``fence`` is (epoch key, token key, epoch, token); ``stats`` the counter arguments.
-    Returns the script's reply (the caller checks it for fencing).
+    ``fence`` is (epoch key, token key, epoch, token); ``keys`` the backup hash, the stats
+    hash and then the keys ``state`` (the state and timer arguments that go with the outputs:
+    panes fired, windows closed) refers to; ``stats`` the counter arguments. Returns the
+    script's reply (the caller checks it for fencing).
     """
     epoch_key, token_key, epoch, token = fence
     blob = encode_outputs(outputs) if outputs else b""
     return scripts_for(client).finish(
-        keys=[epoch_key, token_key, backup_key, stats_key], args=[epoch, token, blob, *stats]
+        keys=[epoch_key, token_key, *keys], args=[epoch, token, blob, *state, *stats]
     )
 
 
 def acknowledge(client: Any, keyspace: Keyspace, batch: int) -> None:
     """Record that Spark committed every micro-batch up to ``batch`` (never moves back).
 
-    Called before the next batch starts, so the watermark then is that of committed batches:
-    it is kept as the acknowledged watermark the dedup floor and GC are measured from.
+    Backups of acknowledged batches are garbage; GC measures its floor from the acknowledged
+    batch's parameters (:mod:`onceflow.dedup.batch`), never from a batch that may replay.
     """
-    scripts_for(client).ack(
-        keys=[keyspace.acked, keyspace.watermark, keyspace.acked_watermark], args=[batch]
-    )
+    scripts_for(client).ack(keys=[keyspace.acked], args=[batch])
 
 
 def acknowledged(client: Any, keyspace: Keyspace) -> int:

@@ -34,7 +34,8 @@ from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.runtime.session import spark_session
-from onceflow.testing.services import LocalBroker, LocalRedis
+from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.services import LocalRedis
 
 GUARANTEES = ("at-least-once", "exactly-once")
 
@@ -104,8 +105,7 @@ def services() -> Any:
     with contextlib.ExitStack() as stack:
         redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
         bootstrap = (
-            os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-            or stack.enter_context(LocalBroker()).bootstrap
+            os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap
         )
         yield redis_url, bootstrap
 

@@ -34,7 +34,8 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import collect
 from onceflow.runtime.session import spark_session
-from onceflow.testing.services import LocalBroker, LocalRedis
+from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.services import LocalRedis
 
 BASE_TS = 1_790_000_000_000
 
@@ -141,7 +142,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
         if not bootstrap:
-            bootstrap = stack.enter_context(LocalBroker()).bootstrap
+            bootstrap = stack.enter_context(LocalKafka()).bootstrap
         workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="onceflow-gcbench-"))
         topic = f"gcbench-{uuid.uuid4().hex[:6]}"
         print(

@@ -67,17 +67,61 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     pipeline = load_pipeline(args.file, args.pipeline)
     settings = streaming_settings(args)
-    result = pipeline.run(
-        master=args.master,
-        parallelism=args.parallelism,
-        rules=_rules(args),
-        progress=not args.no_progress,
-        output_dir=args.output_dir,
-        code_dir=os.path.dirname(os.path.abspath(args.file)),
-        **settings,
-    )
+    ui = _start_ui(args, pipeline)
+    try:
+        result = pipeline.run(
+            master=args.master,
+            parallelism=args.parallelism,
+            rules=_rules(args),
+            progress=not args.no_progress,
+            output_dir=args.output_dir,
+            code_dir=os.path.dirname(os.path.abspath(args.file)),
+            **settings,
+        )
+    finally:
+        if ui is not None:
+            ui.stop()
     print(result.summary())
     return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Serve a live page of a pipeline: its plan, with its exactly-once counters."""
+    import time
+
+    from onceflow.cli.loader import load_pipeline
+    from onceflow.operations.ui import pipeline_svg, serve
+
+    pipeline = load_pipeline(args.file, args.pipeline)
+    namespace = args.namespace or pipeline.name
+    svg = pipeline_svg(pipeline, _rules(args))
+    try:
+        server, url = serve(namespace, args.redis_url, svg, host=args.host, port=args.port)
+    except OSError as exc:
+        msg = f"cannot listen on {args.host}:{args.port}: {exc}; pick another --port"
+        raise ConfigError(msg) from exc
+    print(f"onceflow ui: {url} (namespace {namespace!r}); Ctrl-C to stop", file=sys.stderr)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.stop()
+
+
+def _start_ui(args: argparse.Namespace, pipeline: Any) -> Any:
+    """The live page of a run (``--ui-port``), or None."""
+    if getattr(args, "ui_port", None) is None:
+        return None
+    from onceflow.graph_optimizer.errors import GraphError
+    from onceflow.operations.ui import pipeline_svg, serve
+
+    try:
+        svg = pipeline_svg(pipeline, _rules(args))
+    except GraphError:  # no Graphviz: the page works without the drawing
+        svg = ""
+    server, url = serve(pipeline.name, args.redis_url, svg, port=args.ui_port)
+    print(f"[{pipeline.name}] live page: {url}", file=sys.stderr, flush=True)
+    return server
 
 
 def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,6 +134,7 @@ def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
         "available_now",
         "max_records_per_batch",
         "allow_non_durable_redis",
+        "redis_wait_replicas",
         "accept_plan_change",
         "stop_after_batches",
     )
@@ -183,6 +228,15 @@ def _add_streaming_args(p: argparse.ArgumentParser) -> None:
         "of stages that changed starts over)",
     )
     g.add_argument(
+        "--ui-port", type=int, help="serve a live page of the run on this port (loopback)"
+    )
+    g.add_argument(
+        "--redis-wait-replicas",
+        type=int,
+        help="Redis replicas that must acknowledge each micro-batch before Spark commits it "
+        "(default: 1 if Redis has a replica, else 0)",
+    )
+    g.add_argument(
         "--allow-non-durable-redis",
         action="store_true",
         help="run even if Redis persistence (AOF) is off: exactly-once is then lost "
@@ -213,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="output file (default: stdout for text/dot, <pipeline>-plan.<fmt> for svg/png)",
     )
     p.set_defaults(handler=cmd_explain)
+
+    p = sub.add_parser("ui", help="serve a live page: the plan with the pipeline's counters")
+    _add_pipeline_args(p)
+    p.add_argument("--namespace", help="Redis namespace (default: the pipeline's name)")
+    p.add_argument("--redis-url", help="Redis (default $REDIS_URL)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback)")
+    p.add_argument("--port", type=int, default=8765, help="port (0: any free port)")
+    p.set_defaults(handler=cmd_ui)
 
     p = sub.add_parser("demo", help="run the quick-start demo")
     p.add_argument(

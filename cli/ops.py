@@ -105,6 +105,29 @@ def cmd_gc(args: argparse.Namespace) -> int:
         time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Delete a namespace's Redis state and its checkpoint, after saying what goes."""
+    from onceflow.operations.reset import reset
+
+    client = _redis(args)
+    preview = reset(client, args.namespace, args.checkpoint, dry_run=True)
+    where = f" and the checkpoint {args.checkpoint}" if args.checkpoint else ""
+    print(f"namespace {args.namespace!r}: {preview.keys:,} Redis keys{where}")
+    if args.dry_run:
+        return 0
+    if not args.yes:
+        msg = (
+            "this deletes the pipeline's dedup history, backups and keyed state for good; "
+            "pass --yes to do it"
+        )
+        raise ConfigError(msg)
+    done = reset(client, args.namespace, args.checkpoint)
+    print(
+        f"deleted {done.keys:,} keys" + (" and the checkpoint" if done.checkpoint_deleted else "")
+    )
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Text or JSON view of one or all namespaces."""
     from onceflow.operations.status import status, status_json
@@ -161,6 +184,20 @@ def add_commands(sub: Any) -> None:
         help="with --every: exit 1 after this many failed passes in a row (0: never)",
     )
     p.set_defaults(handler=cmd_gc)
+
+    p = sub.add_parser(
+        "reset",
+        help="start a pipeline over: delete its Redis namespace and its checkpoint",
+        description="Delete every Redis key of a pipeline namespace and its (local) Spark "
+        "checkpoint folder, so the next run starts from scratch. The two belong together: "
+        "a run refuses one without the other.",
+    )
+    p.add_argument("--namespace", required=True, help="pipeline namespace (default: its name)")
+    p.add_argument("--checkpoint", help="the pipeline's checkpoint folder")
+    p.add_argument("--redis-url", help="Redis (default $REDIS_URL)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be deleted")
+    p.add_argument("--yes", action="store_true", help="really delete")
+    p.set_defaults(handler=cmd_reset)
 
     p = sub.add_parser("status", help="what a pipeline's exactly-once state says")
     _add_redis_target_args(p)

@@ -25,17 +25,26 @@ if TYPE_CHECKING:
 
 Decoded = Record | DeadLetter
 Decoder = Callable[["pa.RecordBatch"], Iterator[Decoded]]
+# A record a sink refused for good (too big, not encodable), with the reason: it becomes a
+# dead letter instead of failing the task on every retry.
+Rejected = tuple[Record, str]
 
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """Where a sink writer runs: which sink, batch, partition and attempt."""
+    """Where a sink writer runs: which sink, batch, partition and attempt.
+
+    ``exactly_once`` is True in exactly-once streaming runs (a sink may then write
+    transactionally); ``attempt_id`` is unique per task attempt (Spark's).
+    """
 
     pipeline: str
     sink: str
     batch: int
     partition: int
     attempt: int
+    exactly_once: bool = False
+    attempt_id: int = 0
 
 
 class SourceConnector(abc.ABC):
@@ -73,20 +82,58 @@ class SourceConnector(abc.ABC):
 
 
 class SinkWriter(abc.ABC):
-    """Writes records of one task."""
+    """Writes records of one task.
+
+    A record the sink can never take (poison: too big, not encodable by its codec) is not an
+    error of the task: ``write`` and ``flush`` return it with the reason, and it becomes a
+    dead letter. Anything that may pass on a retry (the broker is down) raises instead.
+    """
 
     @abc.abstractmethod
-    def write(self, records: Sequence[Record]) -> None:
-        """Send records (they may be buffered until :meth:`flush`)."""
+    def write(self, records: Sequence[Record]) -> list[Rejected]:
+        """Send records (they may be buffered until :meth:`flush`); return the refused ones."""
 
-    def flush(self) -> None:  # noqa: B027 - optional hook
-        """Return once everything written so far is durably delivered."""
+    def flush(self) -> list[Rejected]:
+        """Return once everything written so far is durably delivered, with refused records."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """The task succeeded: make what was written final and release resources."""
 
     def abort(self) -> None:  # noqa: B027 - optional hook
         """The task failed: drop what is not yet final and release resources."""
+
+
+class TransactionalWriter(SinkWriter):
+    """A writer whose records become visible only when its transaction commits.
+
+    The runtime drives it in two phases, so that the sink's commit and the delivered-marks in
+    Redis act as one: ``write`` (in an open transaction), ``prepare`` (everything written is
+    durably held, not yet visible; returns a *marker* that can later tell whether the
+    transaction committed), the runtime records the delivery as pending with that marker,
+    ``commit``; then the runtime marks the records delivered. After a crash, a new writer
+    (which first fences every older writer of the same task) answers ``committed(marker)``.
+    """
+
+    @abc.abstractmethod
+    def prepare(self) -> str:
+        """Flush the open transaction; return its marker (raises if records were refused)."""
+
+    @abc.abstractmethod
+    def commit(self) -> None:
+        """Commit the open transaction."""
+
+    @abc.abstractmethod
+    def committed(self, marker: str) -> bool:
+        """Whether an earlier writer's transaction, named by its marker, committed."""
+
+
+class PoisonInTransaction(Exception):  # noqa: N818 - it carries records, not an error text
+    """Records the sink refused inside a transaction, which it aborted: send the rest again."""
+
+    def __init__(self, rejected: list[Rejected]) -> None:
+        super().__init__(f"{len(rejected)} record(s) refused")
+        self.rejected = rejected
 
 
 class SinkConnector(abc.ABC):

@@ -132,7 +132,7 @@ class Generate(SourceConnector):
                         yield DeadLetter(rid, 0, source, error, f"index {i}")
                         continue
                     rid = ids.from_position(source, "generate", 0, i) if with_ids else b""
-                    yield Record(rid, ts, value)
+                    yield Record(rid, ts, value, "generate", i)
 
         return decode
 
@@ -158,7 +158,7 @@ def _record(
             f"{split}[{index}]",
             value=repr(value)[:500],
         )
-    return Record(rid, ts, value)
+    return Record(rid, ts, value, split, index)
 
 
 def split_frame(session: SparkSession, splits: int) -> DataFrame:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.connectors.base import (
     Decoded,
     Decoder,
+    Rejected,
     SinkConnector,
     SinkWriter,
     SourceConnector,
@@ -33,6 +34,7 @@ from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
 from onceflow.kernel.records import DeadLetter, Record
+from onceflow.kernel.windows import Pane
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -133,10 +135,10 @@ def _decode_line(
 ) -> Decoded:
     rid = ids.from_position(source, path, 0, offset) if with_ids else b""
     try:
-        return Record(rid, 0, codec.decode(line))
+        return Record(rid, 0, codec.decode(line), path, offset)
     except Exception as exc:  # noqa: BLE001 - undecodable input becomes a dead letter
         error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
-        return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line)
+        return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line, code="undecodable")
 
 
 def TextFile(path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES) -> LineFiles:  # noqa: N802
@@ -156,6 +158,8 @@ def _json_default(value: Any) -> Any:
         return {"$base64": base64.b64encode(value).decode()}
     if isinstance(value, set | frozenset):
         return sorted(value)
+    if isinstance(value, Pane):
+        return value.as_dict()
     msg = f"{type(value).__name__} is not JSON serializable"
     raise TypeError(msg)
 
@@ -235,21 +239,26 @@ class _JsonLinesWriter(SinkWriter):
         safe = task.sink.replace("/", "_")
         self.stem = f"part-{task.batch:06d}-{task.partition:05d}-{safe}"
 
-    def write(self, records: Sequence[Record]) -> None:
-        if self.sink.with_ids:
-            self.pending.extend(to_json_line({"id": r.id.hex(), "value": r.elem}) for r in records)
-        else:
-            self.pending.extend(to_json_line(r.elem) for r in records)
+    def write(self, records: Sequence[Record]) -> list[Rejected]:
+        rejected: list[Rejected] = []
+        for r in records:
+            try:
+                value = {"id": r.id.hex(), "value": r.elem} if self.sink.with_ids else r.elem
+                self.pending.append(to_json_line(value))
+            except (TypeError, ValueError) as exc:
+                rejected.append((r, f"cannot write as JSON: {exc}"))
+        return rejected
 
-    def flush(self) -> None:
+    def flush(self) -> list[Rejected]:
         if not self.pending:
-            return
+            return []
         if self.sink.streaming:  # every flush is a complete, visible file
             unique = f"{self.task.attempt}-{self.flushes:04d}-{uuid.uuid4().hex[:8]}"
             name = f"{self.stem}-{unique}.jsonl"
             self._publish(name, self.pending)
             self.pending = []
             self.flushes += 1
+        return []
 
     def close(self) -> None:
         if self.sink.streaming:

@@ -1,11 +1,11 @@
 """How a chunk's IDs are addressed for a script: seen-ID shards referenced by KEYS index.
 
 A script call names every key it touches in KEYS (Redis Cluster needs that); IDs travel as
-one blob of 16-byte IDs with, per ID, the KEYS index of its shard (and of its neighbour-bucket
-shard, or 0) as blobs of little-endian uint16: thousands of IDs are then a handful of
-arguments. A uint16 index caps a call at :data:`MAX_SCRIPT_KEYS` keys; chunks are sized so
-that no call comes near it (:data:`onceflow.dedup.config.MAX_CHUNK`), and
-:class:`KeyTable` refuses to pass it.
+one blob of 16-byte IDs with, per ID, the KEYS index of its shard in each generation that
+matters as blobs of little-endian uint16: thousands of IDs are then a handful of arguments.
+A uint16 index caps a call at :data:`MAX_SCRIPT_KEYS` keys; chunks are sized so that no call
+comes near it (:data:`onceflow.dedup.config.MAX_CHUNK`), and :class:`KeyTable` refuses to
+pass it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.trust import journal_entry
 from onceflow.kernel.errors import OnceflowError
 from onceflow.kernel.ids import ID_BYTES
-from onceflow.kernel.keyspace import Keyspace, shard_of
+from onceflow.kernel.keyspace import Keyspace
 
 MAX_SCRIPT_KEYS = 0xFFFF  # KEYS indices travel as uint16
 _INDEX = "<u2"
@@ -60,91 +59,53 @@ def shards_of(raw: np.ndarray, shards: int) -> np.ndarray:
 
 
 class Addressing:
-    """Seen-ID shard names and KEYS indices for one task (names cached per bucket)."""
+    """Seen-ID shard names and KEYS indices for one task (names cached per generation)."""
 
     def __init__(self, ks: Keyspace, config: DedupConfig) -> None:
         self.ks = ks
         self.config = config
         self._names: dict[tuple[str, int], list[str]] = {}
 
-    def seen_key(self, receiver: str, bucket: int, shard: int) -> str:
+    def seen_key(self, receiver: str, generation: int, shard: int) -> str:
         """Key of a seen-ID shard (thousands are built per chunk otherwise)."""
-        names = self._names.get((receiver, bucket))
+        names = self._names.get((receiver, generation))
         if names is None:
-            prefix = self.ks.seen_prefix(receiver, bucket)
+            prefix = self.ks.seen_prefix(receiver, generation)
             names = [f"{prefix}{s}" for s in range(self.config.shards)]
-            self._names[(receiver, bucket)] = names
+            self._names[(receiver, generation)] = names
         return names[shard]
 
-    def neighbour(self, ts: int, floor: int) -> int | None:
-        """The adjacent bucket a copy may have landed in, if it is still deduplicated."""
-        n = self.config.neighbour(ts)
-        return n if n is not None and n >= floor else None
-
     def indices(
-        self, receiver: str, buckets: np.ndarray, shards: np.ndarray, keys: KeyTable
+        self, receiver: str, generation: int, shards: np.ndarray, keys: KeyTable
     ) -> np.ndarray:
-        """KEYS index of each (bucket, shard) pair's seen-ID key."""
-        codes = buckets * 65536 + shards
-        unique, inverse = np.unique(codes, return_inverse=True)
+        """KEYS index of each shard's seen-ID key in one generation."""
+        unique, inverse = np.unique(shards, return_inverse=True)
         index = np.array(
-            [keys.add(self.seen_key(receiver, int(c) >> 16, int(c) & 0xFFFF)) for c in unique],
+            [keys.add(self.seen_key(receiver, generation, int(s))) for s in unique],
             dtype=np.int64,
         )
-        return index[inverse]
+        found: np.ndarray = index[inverse]
+        return found
 
     def address(
-        self,
-        receiver: str,
-        rids: list[bytes],
-        tss: list[int],
-        keys: KeyTable,
-        floor: int,
-        near: bool,
-    ) -> tuple[bytes, bytes, bytes, bytes]:
-        """A chunk's IDs, addressed for a script.
-
-        Returns the IDs blob, their shard indices, their neighbour-bucket shard indices (empty
-        when no ID is near a bucket edge, or ``near`` is False) and the journal entry.
-        """
-        cfg = self.config
+        self, receiver: str, rids: list[bytes], generation: int, keys: KeyTable
+    ) -> tuple[bytes, bytes]:
+        """A chunk's IDs, for marking them seen in ``generation``: the IDs and shard indices."""
         if not rids:
-            return b"", b"", b"", journal_entry([])
+            return b"", b""
         blob = b"".join(rids)
         raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, ID_BYTES)
-        shards = shards_of(raw, cfg.shards)
-        ts = np.asarray(tss, dtype=np.int64)
-        buckets = ts // cfg.bucket_ms
-        owns = self.indices(receiver, buckets, shards, keys)
-        alts = b""
-        if near:
-            offset = ts - buckets * cfg.bucket_ms
-            low, high = offset < cfg.skew_ms, (cfg.bucket_ms - offset) <= cfg.skew_ms
-            if low.any() or high.any():
-                alt_bucket = np.where(low, buckets - 1, buckets + 1)
-                valid = (low | high) & (alt_bucket >= floor)
-                index = np.zeros(len(rids), dtype=np.int64)
-                if valid.any():
-                    index[valid] = self.indices(receiver, alt_bucket[valid], shards[valid], keys)
-                alts = index.astype(_INDEX).tobytes()
-        journal = journal_entry(
-            [
-                (int(b), b"".join(rids[i] for i in np.flatnonzero(buckets == b)))
-                for b in np.unique(buckets)
-            ]
-        )
-        return blob, owns.astype(_INDEX).tobytes(), alts, journal
+        owns = self.indices(receiver, generation, shards_of(raw, self.config.shards), keys)
+        return blob, owns.astype(_INDEX).tobytes()
 
-    def lookup_args(
-        self, receiver: str, items: Sequence[tuple[bytes, int]], keys: KeyTable, floor: int
-    ) -> list[object]:
-        """Arguments of the lookup script: ``n, (id, own index, neighbour index or 0) x n``."""
-        cfg = self.config
-        args: list[object] = [len(items)]
-        for rid, ts in items:
-            shard = shard_of(rid, cfg.shards)
-            own = keys.add(self.seen_key(receiver, ts // cfg.bucket_ms, shard))
-            neighbour = self.neighbour(ts, floor)
-            alt = 0 if neighbour is None else keys.add(self.seen_key(receiver, neighbour, shard))
-            args += [rid, own, alt]
-        return args
+    def lookup(
+        self, receiver: str, rids: Sequence[bytes], generations: Sequence[int], keys: KeyTable
+    ) -> tuple[bytes, bytes]:
+        """IDs and, per ID and generation (in the given order), the shard's KEYS index."""
+        blob = b"".join(rids)
+        raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, ID_BYTES)
+        shards = shards_of(raw, self.config.shards)
+        index = np.zeros((len(rids), len(generations)), dtype=np.int64)
+        for column, generation in enumerate(generations):
+            index[:, column] = self.indices(receiver, generation, shards, keys)
+        return blob, index.astype(_INDEX).tobytes()

@@ -1,11 +1,14 @@
 """Admission: which records of a chunk are new.
 
-Records older than the dedup floor are *late* (a copy could no longer be recognised: they
-become dead letters). Copies within the chunk or the task are decided at once. For the rest
-the receiver's Bloom filter of the record's time bucket says "no" (new) or "maybe"; only the
-maybes are settled by one Redis lookup per chunk. A "maybe" whose owner is this very task
-(``batch.partition``) is a record an earlier attempt already committed: its effect is
-*replayed* (its key counts as touched), not applied again.
+Records whose event time is older than the dedup floor are *late* (a copy could no longer be
+recognised), and records further ahead of the micro-batch's time than the pipeline allows are
+*ahead* (a wrong clock, or seconds where milliseconds were meant): both become dead letters,
+and neither moves the watermark. Copies within the chunk or the task are decided at once. For
+the rest the receiver's Bloom filters, across every live generation, say "no" (new) or
+"maybe"; only the maybes are settled by one Redis lookup per chunk, which asks every live
+generation, so a copy is recognised whatever timestamp it carries. A "maybe" whose owner is
+this very task (``batch.partition``) is a record an earlier attempt already committed: its
+effect is *replayed* (its key counts as touched), not applied again.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from onceflow.dedup.addressing import Addressing, KeyTable
+from onceflow.dedup.addressing import MAX_SCRIPT_KEYS, Addressing, KeyTable
 from onceflow.dedup.config import MAX_CHUNK
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver
 from onceflow.kernel.records import InRow
 
-FRESH, REPLAY, DUP, LATE = "fresh", "replay", "dup", "late"
+FRESH, REPLAY, DUP, LATE, AHEAD = "fresh", "replay", "dup", "late", "ahead"
+_LOOKUP_SPARE_KEYS = 16
 
 
 @dataclass
@@ -30,6 +34,7 @@ class Admission:
     replayed: list[InRow] = field(default_factory=list)  # committed by an earlier attempt
     duplicates: int = 0
     late: list[InRow] = field(default_factory=list)  # older than the dedup horizon
+    ahead: list[InRow] = field(default_factory=list)  # further ahead of the clock than allowed
 
 
 def admit(
@@ -41,13 +46,13 @@ def admit(
 ) -> tuple[Admission, dict[str, int]]:
     """Decide every row of a chunk; return the admission and what to count for it."""
     decision, candidates = _triage(session, admitted, rows)
-    maybes = maybe(session, rx, addressing, [(rows[i][1], rows[i][2]) for i in candidates])
+    maybes = maybe(session, rx, [rows[i][1] for i in candidates])
     asks = [i for i, m in zip(candidates, maybes, strict=True) if m]
     for i, m in zip(candidates, maybes, strict=True):
         if not m:
             decision[i] = FRESH
     if asks:
-        owners = lookup(session, addressing, rx.name, [(rows[i][1], rows[i][2]) for i in asks])
+        owners = lookup(session, addressing, rx.name, [rows[i][1] for i in asks])
         for i, owner in zip(asks, owners, strict=True):
             decision[i] = _settle(session, owner)
     adm = _split(rows, decision)
@@ -56,6 +61,7 @@ def admit(
         "bloom_maybe": len(asks),
         "duplicates": adm.duplicates,
         "late": len(adm.late),
+        "ahead": len(adm.ahead),
     }
     for name, n in counts.items():
         session.count(name, n)
@@ -65,16 +71,19 @@ def admit(
 def _triage(
     session: TaskSession, admitted: set[bytes], rows: list[InRow]
 ) -> tuple[list[str], list[int]]:
-    """Late records and in-task copies are decided at once; the rest are candidates."""
+    """Late, ahead and in-task copies are decided at once; the rest are candidates."""
     bucket_ms = session.config.bucket_ms
     floor = session.floor
+    limit = session.limit_ms
     decision = [""] * len(rows)
     candidates: list[int] = []
     in_chunk: set[bytes] = set()
     for i, row in enumerate(rows):
-        rid = row[1]
-        if row[2] // bucket_ms < floor:
+        rid, ts = row[1], row[2]
+        if ts // bucket_ms < floor:
             decision[i] = LATE
+        elif limit is not None and ts > limit:
+            decision[i] = AHEAD
         elif rid in in_chunk or rid in admitted:
             decision[i] = DUP
         else:
@@ -99,44 +108,41 @@ def _split(rows: list[InRow], decision: list[str]) -> Admission:
             adm.replayed.append(row)
         elif d == DUP:
             adm.duplicates += 1
-        else:
+        elif d == LATE:
             adm.late.append(row)
+        else:
+            adm.ahead.append(row)
     return adm
 
 
-def maybe(
-    session: TaskSession,
-    rx: Receiver,
-    addressing: Addressing,
-    items: Sequence[tuple[bytes, int]],
-) -> list[bool]:
-    """Bloom answers for ``(id, ts)`` pairs, adding them; all "maybe" if not trusted."""
-    if not items:
+def maybe(session: TaskSession, rx: Receiver, ids: Sequence[bytes]) -> list[bool]:
+    """Bloom answers across live generations, adding the IDs; all "maybe" if not trusted."""
+    if not ids:
         return []
-    bucket_ms = session.config.bucket_ms
-    answers = rx.filters.check_and_add(
-        [rid for rid, _ in items],
-        [ts // bucket_ms for _, ts in items],
-        [addressing.neighbour(ts, session.floor) for _, ts in items],
-    )
-    return answers if rx.trusted else [True] * len(items)
+    answers = rx.filters.check_and_add(ids, session.generation, session.live_generations)
+    return answers if rx.trusted else [True] * len(ids)
 
 
 def lookup(
-    session: TaskSession, addressing: Addressing, receiver: str, items: Sequence[tuple[bytes, int]]
+    session: TaskSession, addressing: Addressing, receiver: str, ids: Sequence[bytes]
 ) -> list[bytes | None]:
-    """Owner of each ``(id, ts)`` in the authoritative store (None when unseen).
+    """Owner of each ID in any live generation of the authoritative store (None: unseen).
 
-    One script call per :data:`~onceflow.dedup.config.MAX_CHUNK` items, so a task's
-    end-of-task outputs (one per key of a large combine) never make one giant call.
+    One script call per slice of IDs small enough that its KEYS (a shard per generation per
+    ID at most) stay within the script's index range, and never more than
+    :data:`~onceflow.dedup.config.MAX_CHUNK` IDs (a task's end-of-task outputs may be many).
     """
+    generations = session.live_generations
+    per_call = min(MAX_CHUNK, (MAX_SCRIPT_KEYS - _LOOKUP_SPARE_KEYS) // len(generations))
     owners: list[bytes | None] = []
-    for start in range(0, len(items), MAX_CHUNK):
-        part = items[start : start + MAX_CHUNK]
+    for start in range(0, len(ids), per_call):
+        part = ids[start : start + per_call]
         keys = KeyTable()
-        args = addressing.lookup_args(receiver, part, keys, session.floor)
-        reply = session.scripts.lookup(keys=keys.keys, args=args)
+        blob, index = addressing.lookup(receiver, part, generations, keys)
+        reply = session.scripts.lookup(
+            keys=keys.keys, args=[len(part), len(generations), blob, index]
+        )
         session.round_trip()
         owners.extend(o if o else None for o in reply)
-    session.count("redis_lookups", len(items))
+    session.count("redis_lookups", len(ids))
     return owners

@@ -1,9 +1,11 @@
-"""Rotating Bloom filters of one receiver partition, and what they are trusted to say.
+"""Rotating Bloom filters of one receiver, and what they are trusted to say.
 
-One generation per time bucket, chosen by the record's bucket (never scanning them all);
-within a bucket a full filter gets a successor (a fixed filter must not go past its capacity,
-where its false-positive rate climbs). A filter answers "no" (certainly new) or "maybe" (ask
-Redis).
+One chain of filters per *generation* (the watermark bucket of the micro-batches that
+committed the IDs, see :mod:`onceflow.kernel.keyspace`); an ID is checked against every live
+generation at once (its bit positions are computed once, then looked up in each filter) and
+added to the current one. Within a generation a full filter gets a successor (a fixed filter
+must not go past its capacity, where its false-positive rate climbs). Generations below the
+dedup floor are dropped. A filter answers "no" (certainly new) or "maybe" (ask Redis).
 
 The filters are pybloom-live's ``BloomFilter`` (its sizing, bit array and file format), with
 one change: :class:`IdBloomFilter` addresses bits from the 128-bit record ID itself, a whole
@@ -13,18 +15,19 @@ random ones) and the k bit positions come from double hashing. Measured: ~0.2 µ
 against ~2.2 µs for ``BloomFilter.add`` on the hex form, at the configured false-positive
 rate (``tests/dedup/test_bloom.py`` checks the rate).
 
-Trust: ``seq`` is the number of commits to this receiver partition the filters cover. The
-runtime compares it with Redis's commit counter before trusting a "no"; filters that are new,
-restarted, or behind a commit made in another worker are first caught up from the Redis
-snapshot and journal (:mod:`dedup.guard`). Filters may hold *extra* IDs (added before a commit
-that then failed); that only costs a Redis lookup, never a wrong answer.
+Trust: ``seq`` is the number of commits to this receiver (by any partition) the filters
+cover. The runtime compares it with Redis's commit counter before trusting a "no"; filters
+that are new, restarted, or behind commits made in other workers are first caught up from the
+Redis snapshot and journal (:mod:`onceflow.dedup.trust`). Filters may hold *extra* IDs (added
+before a commit that then failed); that only costs a Redis lookup, never a wrong answer.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import msgpack
@@ -46,6 +49,25 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _S31)  # type: ignore[no-any-return]
 
 
+def shape(capacity: int, error_rate: float) -> tuple[int, int]:
+    """``(slices, bits per slice)`` of a pybloom-live filter of this capacity and error rate."""
+    slices = math.ceil(math.log(1.0 / error_rate, 2))
+    bits = math.ceil((capacity * abs(math.log(error_rate))) / (slices * (math.log(2) ** 2)))
+    return slices, bits
+
+
+def positions(ids: Sequence[bytes], slices: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Byte and bit of each ID's positions in a filter of this shape (double hashing)."""
+    raw = np.frombuffer(b"".join(ids), dtype="<u8").reshape(-1, 2)
+    a, b = raw[:, 0], raw[:, 1]
+    h1 = _mix(a ^ _mix(b))
+    h2 = _mix(b ^ _mix(a + _SALT))
+    k = np.arange(slices, dtype=np.uint64)
+    bps = np.uint64(bits)
+    pos = (h1[:, None] + k[None, :] * h2[:, None]) % bps + k * bps
+    return (pos >> _S3).astype(np.intp), (pos & _S7).astype(np.uint8)
+
+
 class IdBloomFilter(BloomFilter):  # type: ignore[misc]
     """A pybloom-live filter for 16-byte record IDs, checked and filled a batch at a time."""
 
@@ -60,35 +82,35 @@ class IdBloomFilter(BloomFilter):  # type: ignore[misc]
         return self._view  # type: ignore[no-any-return]
 
     def _positions(self, ids: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        raw = np.frombuffer(b"".join(ids), dtype="<u8").reshape(-1, 2)
-        a, b = raw[:, 0], raw[:, 1]
-        h1 = _mix(a ^ _mix(b))
-        h2 = _mix(b ^ _mix(a + _SALT))
-        k = np.arange(self.num_slices, dtype=np.uint64)
-        bps = np.uint64(self.bits_per_slice)
-        pos = (h1[:, None] + k[None, :] * h2[:, None]) % bps + k * bps
-        return (pos >> _S3).astype(np.intp), (pos & _S7).astype(np.uint8)
+        return positions(ids, self.num_slices, self.bits_per_slice)
+
+    def test(self, byte: np.ndarray, bit: np.ndarray) -> np.ndarray:
+        """For positions of :meth:`positions`: True where every bit is set ("maybe")."""
+        found: np.ndarray = ((self._bits()[byte] >> bit) & 1).all(axis=1)
+        return found
+
+    def put(self, byte: np.ndarray, bit: np.ndarray) -> np.ndarray:
+        """Set the bits of positions of :meth:`positions`; return which were all set before."""
+        view = self._bits()
+        present: np.ndarray = ((view[byte] >> bit) & 1).all(axis=1)
+        np.bitwise_or.at(view, byte.ravel(), (np.uint8(1) << bit).ravel())
+        self.count += len(byte)
+        return present
 
     def contains_many(self, ids: Sequence[bytes]) -> np.ndarray:
         """For each ID: True if it may have been added ("maybe"), False if certainly not."""
         if not ids:
             return np.zeros(0, dtype=bool)
-        byte, bit = self._positions(ids)
-        return ((self._bits()[byte] >> bit) & 1).all(axis=1)  # type: ignore[no-any-return]
+        return self.test(*self._positions(ids))
 
     def add_many(self, ids: Sequence[bytes]) -> np.ndarray:
         """Add IDs; return which ones may have been there before this call."""
         if not ids:
             return np.zeros(0, dtype=bool)
-        byte, bit = self._positions(ids)
-        view = self._bits()
-        present = ((view[byte] >> bit) & 1).all(axis=1)
-        np.bitwise_or.at(view, byte.ravel(), (np.uint8(1) << bit).ravel())
-        self.count += len(ids)
-        return present  # type: ignore[no-any-return]
+        return self.put(*self._positions(ids))
 
-    def add(self, key: bytes, skip_check: bool = False) -> bool:
-        """One ID (same addressing as the batch methods)."""
+    def add(self, key: bytes, skip_check: bool = False) -> bool:  # noqa: ARG002 - pybloom's API
+        """One ID (same addressing as the batch methods); ``skip_check`` is pybloom's, unused."""
         return bool(self.add_many([key])[0])
 
     def __contains__(self, key: bytes) -> bool:
@@ -101,57 +123,45 @@ class IdBloomFilter(BloomFilter):  # type: ignore[misc]
 
 
 class ReceiverFilters:
-    """Bloom generations by bucket for one receiver partition."""
+    """Bloom generations of one receiver: a chain of filters per generation."""
 
     def __init__(self, capacity: int, error_rate: float) -> None:
         self.capacity = capacity
         self.error_rate = error_rate
-        self.buckets: dict[int, list[IdBloomFilter]] = {}
+        self.generations: dict[int, list[IdBloomFilter]] = {}
         self.seq = 0
         self.dirty: set[int] = set()
+        self.shape = shape(capacity, error_rate)  # every filter here has it: one set of positions
 
-    def _chain(self, bucket: int) -> list[IdBloomFilter]:
-        chain = self.buckets.get(bucket)
+    def _chain(self, generation: int) -> list[IdBloomFilter]:
+        chain = self.generations.get(generation)
         if chain is None:
             chain = [IdBloomFilter(self.capacity, self.error_rate)]
-            self.buckets[bucket] = chain
+            self.generations[generation] = chain
         return chain
 
     def check_and_add(
-        self, ids: Sequence[bytes], buckets: Sequence[int], neighbours: Sequence[int | None]
+        self, ids: Sequence[bytes], generation: int, live: Collection[int]
     ) -> list[bool]:
-        """Add each ID to its bucket; True ("maybe") where it may have been seen already.
+        """Add IDs to ``generation``; True ("maybe") where a ``live`` generation may hold one.
 
-        An ID near a bucket edge is also looked up (not added) in the neighbouring bucket.
+        Every live filter is asked before anything is added, and only IDs none of them knows
+        are added (a "maybe" stays one forever: adding it again would only use up capacity).
         """
-        maybe = [False] * len(ids)
-        groups: dict[int, list[int]] = {}
-        for i, b in enumerate(buckets):
-            groups.setdefault(b, []).append(i)
-        for bucket, rows in groups.items():
-            found = self._add_to_bucket(bucket, [ids[i] for i in rows])
-            for i, f in zip(rows, found, strict=True):
-                maybe[i] = f
-        near: dict[int, list[int]] = {}
-        for i, n in enumerate(neighbours):
-            if n is not None and not maybe[i]:
-                near.setdefault(n, []).append(i)
-        for bucket, rows in near.items():
-            for f in self.buckets.get(bucket, ()):
-                hits = f.contains_many([ids[i] for i in rows])
-                for i, hit in zip(rows, hits, strict=True):
-                    maybe[i] = maybe[i] or bool(hit)
-        return maybe
-
-    def _add_to_bucket(self, bucket: int, ids: list[bytes]) -> list[bool]:
-        chain = self._chain(bucket)
+        if not ids:
+            return []
+        byte, bit = positions(ids, *self.shape)
         found = np.zeros(len(ids), dtype=bool)
-        # Every generation is asked before anything is added: an ID held by the current last
-        # filter may be added to a successor below, which knows nothing of it.
-        for f in chain:
-            found |= f.contains_many(ids)
-        # Only IDs no generation knows are added: a "maybe" stays a maybe forever (its bits
-        # never clear), so adding it again would only use up capacity.
+        for g, chain in self.generations.items():
+            if g in live or g == generation:
+                for f in chain:
+                    found |= f.test(byte, bit)
+        self._put(generation, byte, bit, found)
+        return [bool(x) for x in found]
+
+    def _put(self, generation: int, byte: np.ndarray, bit: np.ndarray, found: np.ndarray) -> None:
+        """Add the IDs not ``found`` to a generation's chain, rotating full filters."""
+        chain = self._chain(generation)
         todo = np.flatnonzero(~found)
         start = 0
         while start < len(todo):
@@ -160,50 +170,52 @@ class ReceiverFilters:
                 last = IdBloomFilter(self.capacity, self.error_rate)
                 chain.append(last)
             part = todo[start : start + last.room]
-            found[part] |= last.add_many([ids[i] for i in part])  # repeats within the call
+            found[part] |= last.put(byte[part], bit[part])  # repeats within the call
             start += len(part)
-        self.dirty.add(bucket)
-        return [bool(x) for x in found]
+        self.dirty.add(generation)
 
-    def add(self, ids: Sequence[bytes], buckets: Sequence[int]) -> None:
+    def add(self, ids: Sequence[bytes], generation: int) -> None:
         """Add without asking (catching up from the journal)."""
-        groups: dict[int, list[bytes]] = {}
-        for rid, b in zip(ids, buckets, strict=True):
-            groups.setdefault(b, []).append(rid)
-        for bucket, group in groups.items():
-            self._add_to_bucket(bucket, group)
+        if not ids:
+            return
+        chain = self._chain(generation)
+        byte, bit = positions(ids, *self.shape)
+        found = np.zeros(len(ids), dtype=bool)
+        for f in chain:
+            found |= f.test(byte, bit)
+        self._put(generation, byte, bit, found)
 
-    def drop_before(self, bucket: int) -> list[int]:
-        """Forget generations older than ``bucket``; return the dropped buckets."""
-        old = [b for b in self.buckets if b < bucket]
-        for b in old:
-            del self.buckets[b]
-            self.dirty.discard(b)
+    def keep_only(self, live: Collection[int]) -> list[int]:
+        """Forget every generation not in ``live``; return them."""
+        old = [g for g in self.generations if g not in live]
+        for g in old:
+            del self.generations[g]
+            self.dirty.discard(g)
         return old
 
     def memory_bytes(self) -> int:
         """Bytes held by the bit arrays."""
-        return sum(f.num_bits // 8 for chain in self.buckets.values() for f in chain)
+        return sum(f.num_bits // 8 for chain in self.generations.values() for f in chain)
 
-    def dump_bucket(self, bucket: int) -> bytes:
+    def dump(self, generation: int) -> bytes:
         """One generation, serialized (pybloom's own format, not pickle), zlib-compressed.
 
-        A filter is sized for its capacity but most buckets hold far fewer IDs: the sparse
-        bit array compresses to a few percent (measured: the snapshots of a pipeline with
-        ~1,000 IDs per bucket shrank ~20x), and a full one costs ~1 ms to compress.
+        A filter is sized for its capacity but most hold far fewer IDs: the sparse bit array
+        compresses to a few percent (measured: the snapshots of a pipeline with ~1,000 IDs per
+        bucket shrank ~20x), and a full one costs ~1 ms to compress.
         """
         blobs = []
-        for f in self.buckets.get(bucket, ()):
+        for f in self.generations.get(generation, ()):
             buf = io.BytesIO()
             f.tofile(buf)
             blobs.append(zlib.compress(buf.getvalue(), 1))
         return msgpack.packb(blobs, use_bin_type=True)  # type: ignore[no-any-return]
 
-    def load_bucket(self, bucket: int, data: bytes) -> None:
+    def load(self, generation: int, data: bytes) -> None:
         """Replace one generation with a serialized one."""
         chain = []
         for packed in msgpack.unpackb(data, raw=False):
             blob = zlib.decompress(packed)
             chain.append(IdBloomFilter.fromfile(io.BytesIO(blob), len(blob)))
         if chain:
-            self.buckets[bucket] = chain
+            self.generations[generation] = chain

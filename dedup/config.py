@@ -1,4 +1,4 @@
-"""Dedup settings: time buckets, the horizon, Bloom filter sizing, Redis layout."""
+"""Dedup settings: the horizon, generations, Bloom filter sizing, Redis layout."""
 
 from __future__ import annotations
 
@@ -6,43 +6,53 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.dedup.errors import DedupConfigError
-from onceflow.kernel.durations import HOUR_MS, MINUTE_MS, parse_duration_ms
+from onceflow.kernel.durations import DAY_MS, parse_duration_ms
 from onceflow.kernel.keyspace import floor_bucket
 
-# A commit names every seen-ID shard it touches (up to two per ID) in one script call, whose
-# KEYS are indexed by uint16 (see onceflow.dedup.addressing): this cap keeps a call far below.
+# A commit names every seen-ID shard it touches in one script call, whose KEYS are indexed by
+# uint16 (see onceflow.dedup.addressing): this cap keeps a call far below that.
 MAX_CHUNK = 20_000
 MAX_SHARDS = 65_536
+MIN_BLOOM_CAPACITY = 100
+# Generations a horizon is cut into by default: each live generation is one more Bloom
+# filter an ID is checked against, and the oldest is kept up to a generation past the horizon.
+DEFAULT_GENERATIONS = 8
+# Generations beside the horizon's own: the current one and GC's slack.
+EXTRA_GENERATIONS = 2
 
 
 @dataclass(frozen=True)
 class DedupConfig:
     """How receivers remember IDs.
 
-    ``bucket_ms``: seen-IDs and Bloom generations are kept per bucket of event time.
-    ``horizon_ms``: how far back (from the newest committed event time) a duplicate is still
-    recognised; older buckets are garbage, and a record older than the horizon cannot be
-    deduplicated, so it is dead-lettered rather than risk a duplicate.
-    ``skew_ms``: copies of one record whose event times differ by up to this much are still
-    recognised (a record near a bucket edge is also checked in the neighbouring bucket).
-    ``bloom_capacity``/``bloom_error``: size of each Bloom filter; a full filter gets a
-    successor in the same bucket (rotation by count as well as by time).
-    ``shards``: seen-IDs of a bucket are spread over this many small Redis hashes, which Redis
-    keeps in its compact listpack encoding (~20 bytes per ID instead of ~110 for a key each).
+    ``horizon_ms``: how long a copy of a record is still recognised: a copy that arrives while
+    the pipeline's watermark has moved less than this since the original was committed is
+    dropped, whatever timestamp the copy carries. A record whose event time is older than the
+    watermark minus the horizon could be a copy of one already forgotten, so it is
+    dead-lettered as late rather than risk a duplicate. Older state is garbage for GC.
+    ``bucket_ms``: the granularity of that memory: seen-IDs are kept per generation (the
+    bucket of the watermark when they were committed), each generation one set of Redis
+    hashes and one Bloom filter chain; a copy is checked against every live generation.
+    Default: the horizon in 8 generations.
+    ``bloom_capacity``/``bloom_error``: size of each Bloom filter, and the false-positive rate
+    of a lookup across all live generations (each filter gets its share); a full filter gets
+    a successor in the same generation.
+    ``shards``: seen-IDs of a generation are spread over this many small Redis hashes, which
+    Redis keeps in its compact listpack encoding (~20 bytes per ID instead of ~110 for a key
+    each).
     ``chunk_size``: records per atomic commit. Larger chunks amortize per-call work (2,500 ran
     ~10% faster than 1,000; more gained nothing) but a call holds Redis longer (~10 ms).
-    ``snapshot_every``: commits between Bloom snapshots (a moved filter replays the journal of
-    commits since the last snapshot).
+    ``snapshot_every``: commits between Bloom snapshots (filters that moved replay the journal
+    of commits since the last snapshot).
     """
 
-    bucket_ms: int = HOUR_MS
-    horizon_ms: int = 24 * HOUR_MS
-    skew_ms: int = 5 * MINUTE_MS
+    bucket_ms: int = DAY_MS // DEFAULT_GENERATIONS
+    horizon_ms: int = DAY_MS
     bloom_capacity: int = 100_000
     bloom_error: float = 0.001
     shards: int = 1024
     chunk_size: int = 2500
-    snapshot_every: int = 8
+    snapshot_every: int = 32
 
     def __post_init__(self) -> None:
         problems = []
@@ -52,39 +62,50 @@ class DedupConfig:
             problems.append(
                 f"horizon_ms ({self.horizon_ms}) must be >= bucket_ms ({self.bucket_ms})"
             )
-        if not 0 <= self.skew_ms < self.bucket_ms // 2:
-            problems.append(f"skew_ms must be in [0, bucket_ms/2), got {self.skew_ms}")
         if not 0 < self.bloom_error < 1:
             problems.append(f"bloom_error must be in (0, 1), got {self.bloom_error}")
-        if self.bloom_capacity < 100:
-            problems.append(f"bloom_capacity must be >= 100, got {self.bloom_capacity}")
+        if self.bloom_capacity < MIN_BLOOM_CAPACITY:
+            problems.append(
+                f"bloom_capacity must be >= {MIN_BLOOM_CAPACITY}, got {self.bloom_capacity}"
+            )
         if not 1 <= self.shards <= MAX_SHARDS:
             problems.append(f"shards must be in [1, {MAX_SHARDS}], got {self.shards}")
         if not 1 <= self.chunk_size <= MAX_CHUNK:
             problems.append(f"chunk_size must be in [1, {MAX_CHUNK}], got {self.chunk_size}")
+        if self.snapshot_every < 1:
+            problems.append(f"snapshot_every must be >= 1, got {self.snapshot_every}")
         if problems:
             raise DedupConfigError("invalid dedup settings: " + "; ".join(problems))
 
     @classmethod
-    def of(cls, horizon: str | int = "24h", bucket: str | int = "1h", **more: Any) -> DedupConfig:
-        """Settings from durations: ``DedupConfig.of(horizon="7d", bucket="6h")``."""
-        bucket_ms = parse_duration_ms(bucket)
-        more.setdefault("skew_ms", min(cls.skew_ms, bucket_ms // 10))
-        return cls(bucket_ms=bucket_ms, horizon_ms=parse_duration_ms(horizon), **more)
+    def of(
+        cls, horizon: str | int = "24h", bucket: str | int | None = None, **more: Any
+    ) -> DedupConfig:
+        """Settings from durations: ``DedupConfig.of(horizon="7d", bucket="12h")``."""
+        horizon_ms = parse_duration_ms(horizon, "horizon")
+        bucket_ms = (
+            parse_duration_ms(bucket, "bucket")
+            if bucket is not None
+            else max(1, horizon_ms // DEFAULT_GENERATIONS)
+        )
+        return cls(bucket_ms=bucket_ms, horizon_ms=horizon_ms, **more)
 
     def bucket(self, ts: int) -> int:
-        """The bucket of an event time."""
+        """The bucket of an event time (or of a watermark: its generation)."""
         return ts // self.bucket_ms
 
-    def neighbour(self, ts: int) -> int | None:
-        """The adjacent bucket a copy of this record may have landed in, if any."""
-        offset = ts % self.bucket_ms
-        if offset < self.skew_ms:
-            return ts // self.bucket_ms - 1
-        if self.bucket_ms - offset <= self.skew_ms:
-            return ts // self.bucket_ms + 1
-        return None
-
-    def floor(self, watermark: int) -> int:
+    def floor(self, watermark: int, horizon_ms: int | None = None) -> int:
         """Oldest bucket still deduplicated, given the watermark the horizon is measured from."""
-        return floor_bucket(watermark, self.horizon_ms, self.bucket_ms)
+        return floor_bucket(
+            watermark, self.horizon_ms if horizon_ms is None else horizon_ms, self.bucket_ms
+        )
+
+    @property
+    def live_generations(self) -> int:
+        """How many generations an ID is checked against, at most."""
+        return -(-self.horizon_ms // self.bucket_ms) + EXTRA_GENERATIONS
+
+    @property
+    def filter_error(self) -> float:
+        """Each filter's false-positive rate, so a check across every live one meets the target."""
+        return self.bloom_error / self.live_generations

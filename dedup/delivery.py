@@ -2,20 +2,47 @@
 
 Each sink a stage writes is a receiver of its own (``<sink>/delivered``) with its own filters
 and seen-IDs. Before writing, :func:`undelivered` drops records some attempt already
-delivered; after the sink acknowledged a write, :func:`mark_delivered` marks them. A crash
-between the two can leave a copy in the sink, with the same ID and value.
+delivered; after the write is visible, :func:`mark_delivered` marks them.
+
+In between, the sink partition keeps one *pending* delivery in Redis (:func:`prepare`):
+
+* a transactional sink records the marker of its open transaction before committing it; a
+  crash before the marks is resolved by the next attempt, which asks the sink whether that
+  transaction committed (:func:`resolve`: committed, mark the IDs; aborted, send again), so
+  nothing is written twice;
+* a plain sink records the IDs it is about to write; a crash before the marks means those
+  may have reached the sink and will be written again: the next attempt counts them as
+  ``possible_copies`` (``onceflow status`` shows them), with the same ID and value.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import lookup, maybe
 from onceflow.dedup.config import MAX_CHUNK
 from onceflow.dedup.session import TaskSession
-from onceflow.dedup.trust import Receiver
+from onceflow.dedup.trust import Receiver, journal_entry
+from onceflow.kernel.ids import ID_BYTES
 from onceflow.kernel.records import Output
 
 DELIVERED = "/delivered"
+NO_MARKER = "-"  # a plain (not transactional) delivery: it cannot tell whether it happened
+_YES = "1"
+
+
+@dataclass(frozen=True)
+class PendingDelivery:
+    """A delivery a sink partition made (or began) and did not mark."""
+
+    marker: str
+    ids: list[bytes]
+
+    @property
+    def transactional(self) -> bool:
+        """Whether the sink can tell if it happened."""
+        return self.marker != NO_MARKER
 
 
 def receiver_name(sink: str) -> str:
@@ -27,47 +54,116 @@ def undelivered(
     session: TaskSession, rx: Receiver, addressing: Addressing, outputs: list[Output]
 ) -> list[Output]:
     """Sink records no attempt has delivered yet."""
-    maybes = maybe(session, rx, addressing, [(o.id, o.ts) for o in outputs])
+    maybes = maybe(session, rx, [o.id for o in outputs])
     asks = [i for i, m in enumerate(maybes) if m]
     keep = [True] * len(outputs)
     if asks:
-        owners = lookup(
-            session, addressing, rx.name, [(outputs[i].id, outputs[i].ts) for i in asks]
-        )
+        owners = lookup(session, addressing, rx.name, [outputs[i].id for i in asks])
         for i, owner in zip(asks, owners, strict=True):
             keep[i] = owner is None
     return [o for o, k in zip(outputs, keep, strict=True) if k]
 
 
 def mark_delivered(
-    session: TaskSession, rx: Receiver, addressing: Addressing, outputs: list[Output]
+    session: TaskSession,
+    rx: Receiver,
+    addressing: Addressing,
+    ids: list[bytes],
+    copies: int = 0,
+    newest: int = 0,
 ) -> None:
-    """Mark sink records delivered, one script call per :data:`MAX_CHUNK` records."""
-    for start in range(0, len(outputs), MAX_CHUNK):
-        _mark(session, rx, addressing, outputs[start : start + MAX_CHUNK])
+    """Mark sink records delivered and end the pending delivery.
+
+    One script call per :data:`MAX_CHUNK` records; the last one ends the pending delivery
+    and counts ``copies`` possible copies. ``newest`` is the records' newest event time
+    (unknown for a recovered delivery: the batch's newest admissible time stands in).
+    """
+    parts = [ids[start : start + MAX_CHUNK] for start in range(0, len(ids), MAX_CHUNK)] or [[]]
+    for n, part in enumerate(parts):
+        last = n == len(parts) - 1
+        _mark(session, rx, addressing, part, last, copies if last else 0, newest)
+
+
+def pending(session: TaskSession, rx: Receiver) -> PendingDelivery | None:
+    """The sink partition's pending delivery, if an earlier attempt left one."""
+    key = session.ks.pending(rx.name, session.partition)
+    marker, blob = session.client.hmget(key, "marker", "ids")
+    session.round_trip()
+    if marker is None:
+        return None
+    ids = [blob[i : i + ID_BYTES] for i in range(0, len(blob or b""), ID_BYTES)]
+    return PendingDelivery(marker.decode(), ids)
+
+
+def prepare(session: TaskSession, rx: Receiver, marker: str, ids: list[bytes]) -> None:
+    """Remember a delivery about to become visible (see the module docstring)."""
+    keys = [*session.fence_keys(), session.ks.pending(rx.name, session.partition)]
+    args = [*session.fence_args(), marker, b"".join(ids)]
+    session.check(session.scripts.prepare_delivery(keys=keys, args=args))
+    session.round_trip()
+
+
+def resolve(
+    session: TaskSession,
+    rx: Receiver,
+    addressing: Addressing,
+    left: PendingDelivery,
+    committed: bool,
+) -> None:
+    """End a pending delivery an earlier attempt left: mark it if it happened, else drop it.
+
+    A plain delivery's IDs may or may not have reached the sink; they will be written again,
+    so they are counted as possible copies.
+    """
+    copies = 0 if left.transactional else len(left.ids)
+    mark_delivered(session, rx, addressing, left.ids if committed else [], copies)
+    session.count_local("deliveries_recovered", 1)
 
 
 def _mark(
-    session: TaskSession, rx: Receiver, addressing: Addressing, outputs: list[Output]
+    session: TaskSession,
+    rx: Receiver,
+    addressing: Addressing,
+    ids: list[bytes],
+    end_pending: bool,
+    copies: int,
+    newest: int = 0,
 ) -> None:
-    ks, partition = session.ks, session.partition
+    ks = session.ks
     keys = KeyTable(
         [
             *session.fence_keys(),
-            ks.filter_seq(rx.name, partition),
-            ks.filter_journal(rx.name, partition),
+            ks.filter_seq(rx.name),
+            ks.filter_journal(rx.name),
             ks.stats(rx.name),
+            ks.pending(rx.name, session.partition),
+            ks.generations,
         ]
     )
-    ids_blob, owns, _alts, journal = addressing.address(
-        rx.name, [o.id for o in outputs], [o.ts for o in outputs], keys, session.floor, False
-    )
-    args = [*session.fence_args(), session.owner, journal, len(outputs), ids_blob, owns]
+    ids_blob, owns = addressing.address(rx.name, ids, session.generation, keys)
+    journal = journal_entry(session.generation, ids_blob)
+    args = [
+        *session.fence_args(),
+        session.owner,
+        journal,
+        len(ids),
+        ids_blob,
+        owns,
+        _YES if end_pending else "0",
+        copies,
+        session.generation,
+        newest or session.limit_ms or 0,
+    ]
     reply = session.check(session.scripts.mark_delivered(keys=keys.keys, args=args))
     session.round_trip()
     seq, again = int(reply[1]), int(reply[2])
     if seq > 0:
-        rx.filters.seq = seq
+        # The filters may only claim this commit once they hold its IDs (a recovered
+        # delivery's IDs never went through undelivered()).
+        rx.filters.add(ids, session.generation)
+        rx.committed(seq)
     # The script counts these in Redis itself: the run's metrics only.
-    session.count_local("delivered", len(outputs) - again)
+    session.count_local("delivered", len(ids) - again)
     session.count_local("delivered_again", again)
+    if copies:
+        session.count_local("possible_copies", copies)

@@ -11,10 +11,3 @@ class FencedError(OnceflowError):
 
 class DedupConfigError(ConfigError):
     """Dedup settings contradict each other or the pipeline's stored settings."""
-
-
-class HorizonMovedError(OnceflowError):
-    """A commit was refused: GC raised the dedup floor after the chunk was admitted.
-
-    The task redoes the chunk, and records now below the floor become late dead letters.
-    """

@@ -2,10 +2,11 @@
 
 For one stage, micro-batch and partition it composes the receiving side's steps:
 
-* ``open``: bump the task's fencing token, read the task's backup (replayed, never
+* ``open``: claim the stage partition for this attempt (a newer attempt fences an older one;
+  an older one that starts late is refused), read the task's backup (replayed, never
   recomputed) and make every receiver's Bloom filters trustworthy (:mod:`~.trust`);
-* ``admit``: Bloom first, Redis only for "maybe"s; late records are returned as such
-  (:mod:`~.admission`);
+* ``admit``: Bloom first, Redis only for "maybe"s; late records and records too far ahead
+  of the clock are returned as such (:mod:`~.admission`);
 * ``commit``: one atomic Lua call marks the IDs seen and stores outputs and state
   (:mod:`~.commit`);
 * sinks: ``undelivered`` skips what an earlier attempt delivered, ``delivered`` marks what the
@@ -13,46 +14,56 @@ For one stage, micro-batch and partition it composes the receiving side's steps:
 * ``close``: snapshot filters whose journal grew long.
 
 Receivers are the stage itself (its inputs) and each sink it writes (``<sink>/delivered``).
+Everything a micro-batch decides with (floor, generation, time) comes from its
+:class:`~onceflow.dedup.batch.BatchParams`, fixed by its first attempt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from onceflow.backup import store as backup
 from onceflow.backup.format import TaskBackup
-from onceflow.dedup import trust
-from onceflow.dedup.addressing import Addressing
+from onceflow.dedup import delivery, trust
+from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import Admission, admit
+from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.delivery import mark_delivered, receiver_name, undelivered
-from onceflow.dedup.errors import HorizonMovedError
+from onceflow.dedup.delivery import PendingDelivery, mark_delivered, receiver_name, undelivered
 from onceflow.dedup.session import TaskSession
-from onceflow.dedup.state import read_state
+from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.records import Guarantee, InRow, Output, TaskRef
+from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scripts import scripts_for
 from onceflow.kernel.settings import RedisSettings, redis_client
 
 # Counted in Redis only (status shows them); the task counts its own for the run's summary.
-_REDIS_ONLY = frozenset({"in", "duplicates", "late", "committed", "out", "horizon_redone"})
+_REDIS_ONLY = frozenset({"in", "duplicates", "late", "ahead", "committed", "out"})
 
 
 @dataclass(frozen=True)
 class ExactlyOnceGuards:
-    """Guard factory for one driver epoch (pickled to the workers)."""
+    """Guard factory for one driver epoch and micro-batch (pickled to the workers)."""
 
     redis: RedisSettings
     namespace: str
     epoch: int
     config: DedupConfig
+    params: BatchParams | None = None
+
+    def for_batch(self, params: BatchParams) -> ExactlyOnceGuards:
+        """The factory for the tasks of one micro-batch."""
+        return replace(self, params=params)
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:
         """A guard for one task."""
-        return ExactlyOnceGuard(self, task)
+        if self.params is None or self.params.batch != task.batch:
+            msg = f"no parameters for micro-batch {task.batch}; this is a runner bug"
+            raise RuntimeError(msg)
+        return ExactlyOnceGuard(self, task, self.params)
 
 
 class ExactlyOnceGuard:
@@ -60,11 +71,16 @@ class ExactlyOnceGuard:
 
     mode = Guarantee.EXACTLY_ONCE
 
-    def __init__(self, factory: ExactlyOnceGuards, task: TaskRef) -> None:
+    def __init__(self, factory: ExactlyOnceGuards, task: TaskRef, params: BatchParams) -> None:
         client = redis_client(factory.redis)
         ks = Keyspace(factory.namespace)
         self.config = factory.config
         self.chunk_size = factory.config.chunk_size
+        self.params = params
+        self.limit_ms: int | None = params.limit_ms
+        self.watermark: int | None = params.watermark
+        self.batch_time_ms: int | None = params.time_ms
+        self.attempt_id = task.attempt_id
         self.session = TaskSession(
             client,
             scripts_for(client),
@@ -74,13 +90,15 @@ class ExactlyOnceGuard:
             task.stage,
             task.batch,
             task.partition,
+            floor=params.floor,
+            generation=params.generation,
+            live=params.live,
+            limit_ms=params.limit_ms,
         )
         self.addressing = Addressing(ks, factory.config)
-        self.stage = trust.Receiver(factory.namespace, task.stage, task.partition, self.config)
+        self.stage = trust.Receiver(factory.namespace, task.stage, self.config)
         self.sinks = {
-            index: trust.Receiver(
-                factory.namespace, receiver_name(name), task.partition, self.config
-            )
+            index: trust.Receiver(factory.namespace, receiver_name(name), self.config)
             for index, name in task.sinks
         }
         self.admitted: set[bytes] = set()
@@ -92,25 +110,24 @@ class ExactlyOnceGuard:
         return [self.stage, *self.sinks.values()]
 
     def open(self) -> TaskBackup:
-        """Fence older attempts, read the backup, make the filters trustworthy."""
+        """Claim the partition, read the backup, make the filters trustworthy."""
         s = self.session
         ks = s.ks
+        s.token = f"{s.epoch}:{self.attempt_id}"
         pipe = s.client.pipeline(transaction=False)
-        pipe.incr(ks.token(s.stage, s.partition))
-        pipe.get(ks.acked_watermark)
+        s.scripts.claim(keys=s.fence_keys(), args=s.fence_args(), client=pipe)
         pipe.hgetall(ks.backup(s.stage, s.batch, s.partition))
         for r in self.receivers:
-            pipe.get(ks.filter_seq(r.name, s.partition))
-            pipe.hget(ks.filter_snapshot(r.name, s.partition), trust.SEQ_FIELD)
+            pipe.get(ks.filter_seq(r.name))
+            pipe.hget(ks.filter_snapshot(r.name), trust.SEQ_FIELD)
         replies = pipe.execute()
         s.round_trip()
-        s.token = str(replies[0])
-        s.floor = self.config.floor(int(replies[1] or 0))
+        s.check(replies[0])
         for n, r in enumerate(self.receivers):
-            r.redis_seq = int(replies[3 + 2 * n] or 0)
-            r.snapshot_seq = int(replies[4 + 2 * n] or 0)
+            r.redis_seq = int(replies[2 + 2 * n] or 0)
+            r.snapshot_seq = int(replies[3 + 2 * n] or 0)
         trust.catch_up(s, self.receivers)
-        return backup.replay(replies[2])
+        return backup.replay(replies[1])
 
     def admit(self, rows: list[InRow]) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`)."""
@@ -132,36 +149,48 @@ class ExactlyOnceGuard:
         chunk: int,
         fresh: list[InRow],
         outputs: list[Output],
-        updates: Mapping[str, Mapping[bytes, bytes]],
+        updates: Mapping[str, StateWrite],
+        lanes: Mapping[str, int],
     ) -> set[bytes]:
         """Atomically mark ``fresh`` seen and store outputs and state; see :mod:`~.commit`."""
-        if not fresh and not outputs and not any(updates.values()):
+        if not fresh and not outputs and not any(updates.values()) and not lanes:
             return set()
         s = self.session
-        try:
-            seq, conflicts = commit_chunk(s, self.addressing, chunk, fresh, outputs, updates)
-        except HorizonMovedError:  # the chunk is admitted again: its counts go with it
-            s.uncount(self._admitted_counts)
-            s.count("horizon_redone")
-            raise
+        seq, conflicts = commit_chunk(
+            s, self.addressing, chunk, fresh, outputs, updates, lanes, self.params.time_ms
+        )
         if conflicts:
             return conflicts
         if seq > 0:
-            self.stage.filters.seq = seq
+            self.stage.committed(seq)
         self.admitted.update(row[1] for row in fresh)
         return set()
 
-    def finish(self, outputs: list[Output]) -> None:
-        """Store the end-of-task outputs and mark the task done, in one step."""
+    def due_timers(self, node: str, watermark: int, now: int) -> list[bytes]:
+        """Keys of a windowed combine of this partition with a timer due."""
+        s = self.session
+        s.round_trip()
+        return due_timers(s.client, s.ks, node, s.partition, watermark, now)
+
+    def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
+        """Store the end-of-task outputs and mark the task done, in one step.
+
+        The state changes that go with the outputs (panes fired, closed windows deleted) are
+        part of the same step.
+        """
         s = self.session
         s.count("out", sum(1 for o in outputs if o.target >= 0))
         epoch_key, token_key = s.fence_keys()
+        keys = KeyTable(
+            [epoch_key, token_key, s.ks.backup(s.stage, s.batch, s.partition), s.ks.stats(s.stage)]
+        )
+        writes = state_args(s.ks, s.partition, changes, keys)
         reply = backup.finish(
             s.client,
             (epoch_key, token_key, s.epoch, s.token),
-            s.ks.backup(s.stage, s.batch, s.partition),
-            s.ks.stats(s.stage),
+            keys.keys[2:],
             outputs,
+            writes,
             s.stat_args(),
         )
         s.check(reply)
@@ -173,8 +202,26 @@ class ExactlyOnceGuard:
         return undelivered(self.session, self.sinks[target], self.addressing, outputs)
 
     def delivered(self, target: int, outputs: list[Output]) -> None:
-        """Mark sink records delivered (after the sink acknowledged them)."""
-        mark_delivered(self.session, self.sinks[target], self.addressing, outputs)
+        """Mark sink records delivered (their write is visible) and end the pending delivery."""
+        ids = [o.id for o in outputs]
+        newest = max((o.ts for o in outputs), default=0)
+        mark_delivered(self.session, self.sinks[target], self.addressing, ids, 0, newest)
+
+    def pending(self, target: int) -> PendingDelivery | None:
+        """A delivery of this sink partition an earlier attempt left unmarked."""
+        return delivery.pending(self.session, self.sinks[target])
+
+    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
+        """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain)."""
+        delivery.prepare(self.session, self.sinks[target], marker, [o.id for o in outputs])
+
+    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
+        """End a pending delivery: mark its IDs if it happened, else drop it."""
+        delivery.resolve(self.session, self.sinks[target], self.addressing, left, committed)
+
+    def note(self, name: str, n: int) -> None:
+        """Count something in the stage's Redis counters (written with the next commit)."""
+        self.session.count_redis(name, n)
 
     def close(self) -> dict[str, Any]:
         """Snapshot filters whose journal grew long; return counters for the run."""

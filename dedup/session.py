@@ -32,7 +32,10 @@ class TaskSession:
     batch: int
     partition: int
     token: str = ""
-    floor: int = 0
+    floor: int = 0  # the late floor: oldest event-time bucket admitted
+    generation: int = 0  # where this batch's seen-IDs go
+    live: tuple[int, ...] = ()  # generations still looked up, newest first
+    limit_ms: int | None = None  # the newest event time admitted (None: no limit)
     counters: dict[str, int] = field(default_factory=dict)
     pending: dict[str, int] = field(default_factory=dict)
 
@@ -40,6 +43,11 @@ class TaskSession:
     def owner(self) -> bytes:
         """What a seen-mark records as its owner: ``batch.partition``."""
         return f"{self.batch}.{self.partition}".encode()
+
+    @property
+    def live_generations(self) -> list[int]:
+        """Generations whose seen-IDs are still looked up, newest first."""
+        return list(self.live) or [self.generation]
 
     def fence_keys(self) -> list[str]:
         """The driver epoch and this task's token keys: first KEYS of every fenced script."""
@@ -53,6 +61,11 @@ class TaskSession:
         """Add to a counter, both for the run's metrics and for Redis."""
         if n:
             self.counters[name] = self.counters.get(name, 0) + n
+            self.pending[name] = self.pending.get(name, 0) + n
+
+    def count_redis(self, name: str, n: int = 1) -> None:
+        """Add to a counter in Redis only (the task counts it for the run itself)."""
+        if n:
             self.pending[name] = self.pending.get(name, 0) + n
 
     def count_local(self, name: str, n: int = 1) -> None:

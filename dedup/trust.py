@@ -1,12 +1,17 @@
 """When a receiver's Bloom filters may be trusted, and how they are made trustworthy.
 
-A receiver partition's filters live as long as the Python worker (Spark reuses workers
-across tasks). ``seq`` counts the commits the filters cover; Redis counts every commit. At
-the start of a task the two are compared: equal, the filters are trusted; behind, they are
-caught up from the journal of commits since the last snapshot; new, restarted or too far
-behind, they are loaded from the snapshot and the journal, or, when the journal does not
-reach back far enough, rebuilt from the seen-IDs themselves. Until then every answer is
-"maybe" (a filter never says "not seen" for IDs it has not covered).
+A receiver's filters cover the IDs committed by *all* its partitions (a copy of a record
+may arrive in any partition), and live as long as the Python worker (Spark reuses workers
+across tasks). ``seq`` counts the commits the filters cover; Redis counts every commit to the
+receiver. At the start of a task the two are compared: equal, the filters are trusted;
+behind, they are caught up from the journal of commits since the last snapshot; new,
+restarted or too far behind, they are loaded from the snapshot and the journal, or, when the
+journal does not reach back far enough, rebuilt from the seen-IDs themselves. Until then every
+answer is "maybe" (a filter never says "not seen" for IDs it has not covered).
+
+Commits made by other partitions *during* a task are not in its filters; they belong to the
+same micro-batch and so to the same generation, where the commit's check-and-set catches a
+copy (:data:`onceflow.kernel.scripts.COMMIT`).
 """
 
 from __future__ import annotations
@@ -22,23 +27,23 @@ from onceflow.kernel.ids import ID_BYTES
 
 SCAN_STEP = 1000
 SNAPSHOT_OK = b"ok"
-BUCKET_FIELD = "b"  # snapshot hash fields: "b<bucket>" -> serialized generations
+GENERATION_FIELD = "g"  # snapshot hash fields: "g<generation>" -> serialized filters
 SEQ_FIELD = "seq"
 
 # Filters live as long as the Python worker process: Spark reuses workers across tasks.
-_FILTERS: dict[tuple[str, str, int], ReceiverFilters] = {}
+_FILTERS: dict[tuple[str, str], ReceiverFilters] = {}
 
 
 def _new_filters(config: DedupConfig) -> ReceiverFilters:
-    return ReceiverFilters(config.bloom_capacity, config.bloom_error)
+    return ReceiverFilters(config.bloom_capacity, config.filter_error)
 
 
 class Receiver:
-    """One receiver partition of a task: its filters and what Redis said about them."""
+    """One receiver of a task: its filters and what Redis said about them."""
 
-    def __init__(self, namespace: str, name: str, partition: int, config: DedupConfig) -> None:
+    def __init__(self, namespace: str, name: str, config: DedupConfig) -> None:
         self.name = name
-        self.cache_key = (namespace, name, partition)
+        self.cache_key = (namespace, name)
         filters = _FILTERS.get(self.cache_key)
         if filters is None:
             filters = _new_filters(config)
@@ -47,6 +52,17 @@ class Receiver:
         self.trusted = False
         self.redis_seq = 0
         self.snapshot_seq = 0
+
+    def committed(self, seq: int) -> None:
+        """This task's commit became commit number ``seq`` of the receiver.
+
+        The caller has added the commit's IDs to the filters. They cover it only if no other
+        partition committed since they were caught up (``seq`` follows theirs); otherwise
+        they stay behind and the next task catches up from the journal (which holds this
+        commit too).
+        """
+        if seq == self.filters.seq + 1:
+            self.filters.seq = seq
 
     def replace_filters(self, filters: ReceiverFilters) -> None:
         """Use (and cache) other filters for this receiver partition."""
@@ -69,13 +85,13 @@ def catch_up(session: TaskSession, receivers: list[Receiver]) -> None:
             need_snapshot.append(r)
     if not need_journal and not need_snapshot:
         return
-    ks, partition = session.ks, session.partition
+    ks = session.ks
     pipe = session.client.pipeline(transaction=False)
     for r in need_journal:
-        pipe.lrange(ks.filter_journal(r.name, partition), r.filters.seq - r.snapshot_seq, -1)
+        pipe.lrange(ks.filter_journal(r.name), r.filters.seq - r.snapshot_seq, -1)
     for r in need_snapshot:
-        pipe.hgetall(ks.filter_snapshot(r.name, partition))
-        pipe.lrange(ks.filter_journal(r.name, partition), 0, -1)
+        pipe.hgetall(ks.filter_snapshot(r.name))
+        pipe.lrange(ks.filter_journal(r.name), 0, -1)
     replies = pipe.execute()
     session.round_trip()
     for r, entries in zip(need_journal, replies, strict=False):
@@ -89,33 +105,34 @@ def catch_up(session: TaskSession, receivers: list[Receiver]) -> None:
 
 
 def _load_snapshot(r: Receiver, snapshot: dict[bytes, bytes]) -> int:
-    """Load every bucket of a snapshot; return the commit sequence it covers."""
+    """Load every generation of a snapshot; return the commit sequence it covers."""
     base = 0
     for raw, blob in snapshot.items():
         name = raw.decode()
         if name == SEQ_FIELD:
             base = int(blob)
-        elif name.startswith(BUCKET_FIELD):
-            r.filters.load_bucket(int(name[len(BUCKET_FIELD) :]), blob)
+        elif name.startswith(GENERATION_FIELD):
+            r.filters.load(int(name[len(GENERATION_FIELD) :]), blob)
     r.filters.seq = base
     return base
 
 
-def journal_entry(entries: list[tuple[int, bytes]]) -> bytes:
-    """One commit's journal entry: ``[[bucket, concatenated 16-byte IDs], ...]``."""
-    return msgpack.packb([[b, blob] for b, blob in entries], use_bin_type=True)  # type: ignore[no-any-return]
+def generation_field(generation: int) -> str:
+    """The snapshot hash field of a generation's filters."""
+    return f"{GENERATION_FIELD}{generation}"
+
+
+def journal_entry(generation: int, ids_blob: bytes) -> bytes:
+    """One commit's journal entry: ``[[generation, concatenated 16-byte IDs]]``."""
+    return msgpack.packb([[generation, ids_blob]], use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def _apply_journal(session: TaskSession, r: Receiver, entries: list[bytes], start: int) -> None:
     """Add the IDs of commits ``start + 1 .. redis_seq`` (one journal entry each)."""
-    ids: list[bytes] = []
-    buckets: list[int] = []
     for entry in entries:
-        for bucket, blob in msgpack.unpackb(entry, raw=False):
-            chunk = [blob[i : i + ID_BYTES] for i in range(0, len(blob), ID_BYTES)]
-            ids.extend(chunk)
-            buckets.extend([bucket] * len(chunk))
-    r.filters.add(ids, buckets)
+        for generation, blob in msgpack.unpackb(entry, raw=False):
+            ids = [blob[i : i + ID_BYTES] for i in range(0, len(blob), ID_BYTES)]
+            r.filters.add(ids, int(generation))
     if len(entries) == r.redis_seq - start:
         r.filters.seq = r.redis_seq
         r.trusted = True
@@ -136,8 +153,8 @@ def _rebuild(session: TaskSession, r: Receiver) -> None:
             pipe.hkeys(key)
         for key, ids in zip(keys, pipe.execute() if keys else [], strict=True):
             parsed = ks.parse(key)
-            if parsed is not None and parsed.bucket is not None:
-                fresh.add(ids, [parsed.bucket] * len(ids))
+            if parsed is not None and parsed.generation is not None:
+                fresh.add(ids, parsed.generation)
         session.round_trip()
         if cursor == 0:
             break
@@ -148,26 +165,26 @@ def _rebuild(session: TaskSession, r: Receiver) -> None:
 
 
 def snapshot(session: TaskSession, r: Receiver) -> None:
-    """Snapshot a receiver's filters once enough commits went by; drop buckets below the floor.
+    """Snapshot a receiver's filters once enough commits went by; drop generations not live.
 
     A snapshot is an optimisation (the journal remains): a failed one is not an error.
     """
     f = r.filters
-    dropped = f.drop_before(session.floor)
+    dropped = f.keep_only({*session.live_generations, session.generation})
     if f.seq - r.snapshot_seq < session.config.snapshot_every or not r.trusted:
         return
-    ks, partition = session.ks, session.partition
+    ks = session.ks
     keys = [
         *session.fence_keys(),
-        ks.filter_seq(r.name, partition),
-        ks.filter_journal(r.name, partition),
-        ks.filter_snapshot(r.name, partition),
+        ks.filter_seq(r.name),
+        ks.filter_journal(r.name),
+        ks.filter_snapshot(r.name),
     ]
     dirty = sorted(f.dirty)
     args: list[Any] = [*session.fence_args(), f.seq, len(dirty)]
-    for bucket in dirty:
-        args += [f"{BUCKET_FIELD}{bucket}", f.dump_bucket(bucket)]
-    args += [len(dropped), *(f"{BUCKET_FIELD}{b}" for b in dropped)]
+    for generation in dirty:
+        args += [generation_field(generation), f.dump(generation)]
+    args += [len(dropped), *(generation_field(g) for g in dropped)]
     try:
         reply = session.scripts.snapshot(keys=keys, args=args)
     except Exception:  # noqa: BLE001 - a snapshot is an optimisation; the journal remains

@@ -21,7 +21,12 @@ def _detail(node: Node) -> str:
     if isinstance(node, Source | Sink):
         return node.connector.describe() if node.connector is not None else ""
     if isinstance(node, Combine):
-        return f"{node.phase.value} {node.combine_fn.label if node.combine_fn else ''}".strip()
+        text = f"{node.phase.value} {node.combine_fn.label if node.combine_fn else ''}".strip()
+        if node.windowing is not None:
+            text += f" | {node.windowing.describe()}"
+        if node.ttl_ms is not None:
+            text += f" | state ttl {node.ttl_ms} ms"
+        return text
     return node.label or node.kind
 
 

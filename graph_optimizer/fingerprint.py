@@ -1,7 +1,8 @@
 """The plan's identity: what a streaming pipeline's stored state depends on.
 
 Stage names key seen-IDs, fencing tokens, backups and Bloom filters; boundaries decide which
-stage receives which records and how their IDs are derived; combine nodes key state. If any
+stage receives which records and how their IDs are derived; combine nodes key state (and its
+window function and time-to-live decide that state's format). If any
 of that changes between two runs of one namespace (other ``--rules``, ``--no-optimize``, a
 stage added or renamed), the new run would silently start part of its dedup history over.
 So the layout is stored with the state and compared on every start
@@ -28,10 +29,18 @@ def layout(plan: Plan) -> dict[str, Any]:
         "boundaries": sorted(
             f"{b.kind.value} {b.name}: {b.sender or '-'} -> {b.receiver}" for b in plan.boundaries()
         ),
-        "state": sorted(
-            f"{n.name} ({n.phase.value})" for n in plan.graph if isinstance(n, Combine)
-        ),
+        "state": sorted(_state(n) for n in plan.graph if isinstance(n, Combine)),
     }
+
+
+def _state(node: Combine) -> str:
+    """A stateful node and what its stored state's format depends on."""
+    text = f"{node.name} ({node.phase.value})"
+    if node.windowing is not None:
+        text += f" {node.windowing.fn.describe()}"
+    if node.ttl_ms is not None:
+        text += " ttl"
+    return text
 
 
 def fingerprint(described: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from onceflow.graph_optimizer.errors import (
     NotKeyedError,
     UnknownInputError,
 )
+from onceflow.kernel.windows import Windowing
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.spec import Phase
 
@@ -82,10 +83,16 @@ class Exchange(Node):
 
 @dataclass(frozen=True)
 class Combine(Node):
-    """Folds the values of each key with a :class:`CombineFn`."""
+    """Folds the values of each key with a :class:`CombineFn`.
+
+    With ``windowing``, per key and event-time window, emitting panes; with ``ttl_ms``, a
+    key's state is forgotten that long after its last update (streaming runs).
+    """
 
     combine_fn: CombineFn | None = None
     phase: Phase = Phase.FULL
+    windowing: Windowing | None = None
+    ttl_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ def lower(
     max_record_bytes: int = 1 << 20,
     dead_letters: Any = None,
     dedup: Any = None,
+    event_time: Any = None,
 ) -> Job:
-    """The job that runs ``plan``; ``dead_letters`` and ``dedup`` are the pipeline's own."""
+    """The job that runs ``plan``; the keyword settings are the pipeline's own."""
     specs: dict[str, StageSpec] = {}
     for stage in plan.ordered:
         specs[stage.name] = stage_spec(
@@ -57,6 +58,7 @@ def lower(
         fingerprint=fingerprint(described),
         dead_letters=dead_letters,
         dedup=dedup,
+        event_time=event_time,
         removed=plan.removed,
     )
 
@@ -122,6 +124,8 @@ def stage_spec(
                     to_targets,
                     combine_fn=node.combine_fn,
                     phase=node.phase,
+                    windowing=node.windowing,
+                    ttl_ms=node.ttl_ms,
                 )
             )
     return StageSpec(

@@ -3,7 +3,8 @@
 Records are plain Python values. Between Spark tasks, into Redis backups and into keyed state
 they travel as MessagePack: fast (a C extension), compact and safe, because decoding never
 executes code (unlike pickle). Tuples survive the trip (as an extension type) because keyed
-elements are ``(key, value)`` tuples and users rely on that.
+elements are ``(key, value)`` tuples and users rely on that; so do the panes of windowed
+combines (:class:`~onceflow.kernel.windows.Pane`).
 
 External payloads (Kafka values, file lines) are decoded by a :class:`ValueCodec` chosen per
 source or sink: JSON, UTF-8 text, raw bytes or MessagePack.
@@ -20,14 +21,18 @@ from typing import Any
 import msgpack
 
 from onceflow.kernel.errors import CodecError
+from onceflow.kernel.windows import Pane
 
 _EXT_TUPLE = 1
+_EXT_PANE = 2
 
 
 def _to_builtin(obj: Any) -> Any:  # noqa: PLR0911 - one return per supported type
     """Map subclasses of supported types onto the types themselves (msgpack strict mode)."""
     if isinstance(obj, tuple):
         return msgpack.ExtType(_EXT_TUPLE, _pack_nested([*obj]))
+    if isinstance(obj, Pane):
+        return msgpack.ExtType(_EXT_PANE, _pack_nested(obj.as_list()))
     if isinstance(obj, bool):
         return bool(obj)
     if isinstance(obj, int):
@@ -54,6 +59,8 @@ def _to_builtin(obj: Any) -> Any:  # noqa: PLR0911 - one return per supported ty
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_TUPLE:
         return tuple(decode(data))
+    if code == _EXT_PANE:
+        return Pane(*decode(data))
     msg = f"unknown MessagePack extension type {code}; the data was not written by Onceflow"
     raise CodecError(msg)
 

@@ -21,6 +21,8 @@ def parse_duration_ms(text: str | int, what: str = "duration") -> int:
         raise ConfigError(msg)
     if isinstance(text, int):
         return text
+    if str(text).strip() == "0":
+        return 0
     match = _DURATION.match(str(text))
     if not match:
         msg = f"{what} {text!r} is not valid: write a number and a unit, e.g. 24h, 10m, 30s"

@@ -2,7 +2,10 @@
 
 Where a record's ID comes from, in order of preference:
 
-1. the ``onceflow-id`` Kafka header, set by an upstream Onceflow pipeline or producer;
+1. the ``onceflow-id`` Kafka header, set by an upstream Onceflow pipeline or producer: 16 bytes
+   are the ID itself; any other non-empty value (a UUID or an order number as text, say) is
+   read like a business key (a textual UUID keeps its 128 bits, anything else is hashed), so
+   producers may send IDs as text or bytes; an empty header is an error (a dead letter);
 2. a user function returning a business key (an event UUID, say), hashed to 128 bits
    unless it already is a UUID or 16 bytes;
 3. the record's position: source stage name, topic, partition and offset.
@@ -24,6 +27,9 @@ from onceflow.kernel.errors import CodecError
 ID_BYTES = 16
 ID_HEADER = "onceflow-id"
 TS_HEADER = "onceflow-ts"
+# Set by Onceflow's own Kafka reader on a marker row standing for records deleted before they
+# were read (retention, delete_records): "<first missing offset>-<first offset still there>".
+GAP_HEADER = "onceflow-gap"
 
 
 def _hasher(domain: str) -> Any:
@@ -73,12 +79,32 @@ def from_user_key(key: Any) -> bytes:
     return h.digest()  # type: ignore[no-any-return]
 
 
-def from_header(value: bytes) -> bytes:
-    """Validate an ``onceflow-id`` header value."""
-    if len(value) != ID_BYTES:
-        msg = f"the {ID_HEADER!r} header must hold {ID_BYTES} bytes, found {len(value)}"
+MAX_HEADER_ID_BYTES = 1024
+
+
+def from_header(value: bytes | None) -> bytes:
+    """The ID an ``onceflow-id`` header value stands for (see the module docstring).
+
+    16 bytes are taken as they are. Other values are text or bytes naming the event: a UUID
+    written as text keeps its 128 bits (so a producer writing the UUID's text and one writing
+    its bytes agree), anything else is hashed. Empty or absurdly long values are refused.
+    """
+    if value is None or len(value) == 0:
+        msg = f"the {ID_HEADER!r} header is empty; send the event's unique ID (16 bytes or text)"
         raise CodecError(msg)
-    return bytes(value)
+    if len(value) == ID_BYTES:
+        return bytes(value)
+    if len(value) > MAX_HEADER_ID_BYTES:
+        msg = (
+            f"the {ID_HEADER!r} header holds {len(value)} bytes, more than {MAX_HEADER_ID_BYTES}; "
+            "send the event's unique ID (16 bytes or a short text), not the event"
+        )
+        raise CodecError(msg)
+    try:
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        return from_user_key(bytes(value))
+    return from_user_key(text.strip())
 
 
 class Deriver:

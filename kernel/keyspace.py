@@ -5,7 +5,11 @@ keys of a pipeline live in one slot, so the Lua scripts that touch several of th
 (seen-marks, backup, state, fencing) work on a cluster too. The namespace defaults to the
 pipeline name; give two deployments of one pipeline different namespaces to keep them apart.
 
-The two formulas of the layout live here too: which shard of a bucket holds a seen ID
+Time is cut into buckets of ``bucket_ms``. A micro-batch marks the IDs it commits as seen in
+its *generation*: the bucket of the pipeline's dedup time when the batch started (fixed in the
+batch's parameters, ``batch:<n>``; see :mod:`onceflow.dedup.batch`). ``gens`` remembers the
+newest event time committed into each generation, which decides how long it is kept. The
+formulas of the layout live here too: which shard of a generation holds a seen ID
 (:func:`shard_of`), and which bucket is the oldest still deduplicated (:func:`floor_bucket`).
 """
 
@@ -26,18 +30,24 @@ class Kind(enum.Enum):
     META = "meta"  # hash: settings fixed for the life of the pipeline
     EPOCH = "epoch"  # counter: fencing token of the current driver
     ACKED = "acked"  # last micro-batch Spark committed
-    WATERMARK = "wm"  # largest event time committed
-    ACKED_WATERMARK = "wmacked"  # the watermark when ``acked`` last moved
-    GC_FLOOR = "gcfloor"  # bucket below which GC may have deleted seen-IDs
+    CLOCK = "clock"  # hash: the newest batch's watermark, dedup time and wall-clock time
+    LANES = "lanes"  # hash: source partition -> largest event time committed
+    LANE_ACTIVITY = "lanesat"  # hash: source partition -> batch time it last had records
+    BATCH = "batch"  # hash per micro-batch: its parameters, fixed by its first attempt
+    GENERATIONS = "gens"  # hash: generation -> the newest event time committed into it
     GC = "gc"  # hash: what GC passes did
-    TOKEN = "tok"  # counter per receiver partition: newest task attempt
-    SEEN = "seen"  # hash per receiver, bucket and shard: ID -> owner
-    FILTER_SEQ = "fseq"  # counter per receiver partition: commits covered by filters
-    FILTER_JOURNAL = "fj"  # list per receiver partition: IDs of commits since the snapshot
-    FILTER_SNAPSHOT = "fsnap"  # hash per receiver partition: Bloom filters by bucket
+    TOKEN = "tok"  # per stage partition: the task attempt that owns it
+    SEEN = "seen"  # hash per receiver, generation and shard: ID -> owner
+    FILTER_SEQ = "fseq"  # counter per receiver: commits covered by Bloom filters
+    FILTER_JOURNAL = "fj"  # list per receiver: IDs of the commits since the snapshot
+    FILTER_SNAPSHOT = "fsnap"  # hash per receiver: Bloom filters by generation
     STATS = "stats"  # hash per receiver: counters
     BACKUP = "bk"  # hash per stage, batch and partition: outputs by chunk
-    STATE = "st"  # hash per combine node and partition: key -> accumulator
+    STATE = "st"  # hash per combine node and partition: key -> accumulator (or windows)
+    EVENT_TIMERS = "tm"  # sorted set per windowed node and partition: key -> next event time
+    PROCESSING_TIMERS = "ptm"  # sorted set, the same: key -> when an early pane is due
+    EXPIRY = "exp"  # sorted set per node with a ttl and partition: key -> when its state ends
+    PENDING = "pend"  # hash per sink receiver and partition: a delivery not yet marked
 
 
 # Kinds whose key is just the kind word (one per namespace).
@@ -46,16 +56,32 @@ _SINGLE = frozenset(
         Kind.META,
         Kind.EPOCH,
         Kind.ACKED,
-        Kind.WATERMARK,
-        Kind.ACKED_WATERMARK,
-        Kind.GC_FLOOR,
+        Kind.CLOCK,
+        Kind.LANES,
+        Kind.LANE_ACTIVITY,
+        Kind.GENERATIONS,
         Kind.GC,
     }
 )
+# Kinds keyed by a name only.
+_PER_NAME = frozenset({Kind.STATS, Kind.FILTER_SEQ, Kind.FILTER_JOURNAL, Kind.FILTER_SNAPSHOT})
 # Kinds keyed by a name and a partition.
 _PER_PARTITION = frozenset(
-    {Kind.TOKEN, Kind.FILTER_SEQ, Kind.FILTER_JOURNAL, Kind.FILTER_SNAPSHOT, Kind.STATE}
+    {
+        Kind.TOKEN,
+        Kind.STATE,
+        Kind.PENDING,
+        Kind.EVENT_TIMERS,
+        Kind.PROCESSING_TIMERS,
+        Kind.EXPIRY,
+    }
 )
+# The sorted set of each timer kind a stateful combine writes (see StateWrite.timers).
+TIMER_KINDS = {
+    "event": Kind.EVENT_TIMERS,
+    "processing": Kind.PROCESSING_TIMERS,
+    "expiry": Kind.EXPIRY,
+}
 _BY_WORD = {k.value: k for k in Kind}
 
 
@@ -67,7 +93,7 @@ class ParsedKey:
     kind: Kind
     name: str | None = None  # receiver, stage or combine node
     partition: int | None = None
-    bucket: int | None = None
+    generation: int | None = None
     shard: int | None = None
     batch: int | None = None
 
@@ -119,62 +145,79 @@ class Keyspace:
         return self._key(Kind.ACKED)
 
     @property
-    def watermark(self) -> str:
-        """Largest event time (ms) committed."""
-        return self._key(Kind.WATERMARK)
+    def clock(self) -> str:
+        """Hash: the newest batch's ``watermark``, ``dedup_time`` and ``time`` (all ms)."""
+        return self._key(Kind.CLOCK)
 
     @property
-    def acked_watermark(self) -> str:
-        """The watermark when ``acked`` last moved: what the dedup floor is measured from.
+    def lanes(self) -> str:
+        """Hash: source partition (lane) -> the largest event time it committed."""
+        return self._key(Kind.LANES)
 
-        Taken from committed micro-batches only, so the floor is the same for every attempt
-        of a batch (a replayed batch classifies records as late exactly as its first attempt
-        did) and GC never reaches into the history an uncommitted batch may replay against.
+    @property
+    def lane_activity(self) -> str:
+        """Hash: lane -> the batch time of the last micro-batch that had records from it."""
+        return self._key(Kind.LANE_ACTIVITY)
+
+    def batch(self, batch: int) -> str:
+        """Hash: a micro-batch's parameters (time, watermark, floors, generation, horizon).
+
+        Set by the first attempt of the batch, read by every later one, so a replayed batch
+        classifies and places records exactly as its first attempt did.
         """
-        return self._key(Kind.ACKED_WATERMARK)
+        return self._key(Kind.BATCH, batch)
 
     @property
-    def gc_floor(self) -> str:
-        """Bucket below which GC may have deleted seen-IDs; commits with an older floor fail."""
-        return self._key(Kind.GC_FLOOR)
+    def generations(self) -> str:
+        """Hash: generation -> the newest event time of the records committed into it.
+
+        A generation is looked up while that time is within the horizon of the watermark,
+        and is garbage after: a copy of any of its records would be late.
+        """
+        return self._key(Kind.GENERATIONS)
 
     @property
     def gc(self) -> str:
         """Hash: what the last GC pass did."""
         return self._key(Kind.GC)
 
-    # per receiver (a stage or a sink) and partition
-    def token(self, receiver: str, partition: int) -> str:
-        """Counter: fencing token of the newest task attempt of a receiver partition."""
-        return self._key(Kind.TOKEN, receiver, partition)
+    # per stage partition
+    def token(self, stage: str, partition: int) -> str:
+        """The task attempt that owns a stage partition (driver epoch, attempt number)."""
+        return self._key(Kind.TOKEN, stage, partition)
 
-    def seen(self, receiver: str, bucket: int, shard: int) -> str:
-        """Hash: ID -> owner (``batch.partition``) for one time bucket and shard."""
-        return self._key(Kind.SEEN, receiver, bucket, shard)
+    # per receiver (a stage or a sink)
+    def seen(self, receiver: str, generation: int, shard: int) -> str:
+        """Hash: ID -> owner (``batch.partition``) for one generation and shard."""
+        return self._key(Kind.SEEN, receiver, generation, shard)
 
-    def seen_prefix(self, receiver: str, bucket: int) -> str:
-        """Every seen-ID shard of a bucket is this prefix followed by the shard number."""
-        return self._key(Kind.SEEN, receiver, bucket, "")
+    def seen_prefix(self, receiver: str, generation: int) -> str:
+        """Every seen-ID shard of a generation is this prefix followed by the shard number."""
+        return self._key(Kind.SEEN, receiver, generation, "")
 
     def seen_pattern(self, receiver: str = SCAN_ALL) -> str:
         """SCAN pattern of seen-ID shards."""
         return self._key(Kind.SEEN, receiver, SCAN_ALL)
 
-    def filter_seq(self, receiver: str, partition: int) -> str:
-        """Counter: commits that added IDs to a receiver partition's Bloom filters."""
-        return self._key(Kind.FILTER_SEQ, receiver, partition)
+    def filter_seq(self, receiver: str) -> str:
+        """Counter: commits to a receiver (its Bloom filters say which they cover)."""
+        return self._key(Kind.FILTER_SEQ, receiver)
 
-    def filter_journal(self, receiver: str, partition: int) -> str:
+    def filter_journal(self, receiver: str) -> str:
         """List: IDs of the commits since the last filter snapshot, one entry per commit."""
-        return self._key(Kind.FILTER_JOURNAL, receiver, partition)
+        return self._key(Kind.FILTER_JOURNAL, receiver)
 
-    def filter_snapshot(self, receiver: str, partition: int) -> str:
-        """Hash: serialized Bloom filters per bucket, and the commit sequence they cover."""
-        return self._key(Kind.FILTER_SNAPSHOT, receiver, partition)
+    def filter_snapshot(self, receiver: str) -> str:
+        """Hash: serialized Bloom filters per generation, and the commit sequence they cover."""
+        return self._key(Kind.FILTER_SNAPSHOT, receiver)
 
     def stats(self, receiver: str) -> str:
         """Hash: counters of a receiver (records in, duplicates, lookups ...)."""
         return self._key(Kind.STATS, receiver)
+
+    def pending(self, receiver: str, partition: int) -> str:
+        """Hash: the delivery a sink partition wrote and has not yet marked (marker, IDs)."""
+        return self._key(Kind.PENDING, receiver, partition)
 
     # per stage, batch and partition
     def backup(self, stage: str, batch: int, partition: int) -> str:
@@ -184,6 +227,14 @@ class Keyspace:
     def state(self, node: str, partition: int) -> str:
         """Hash: encoded key -> encoded accumulator of a stateful combine."""
         return self._key(Kind.STATE, node, partition)
+
+    def timers(self, kind: str, node: str, partition: int) -> str:
+        """Sorted set of a combine's timers of one kind (``event``, ``processing``, ``expiry``)."""
+        try:
+            return self._key(TIMER_KINDS[kind], node, partition)
+        except KeyError:
+            msg = f"unknown timer kind {kind!r}; expected one of {', '.join(TIMER_KINDS)}"
+            raise ConfigError(msg) from None
 
     # parsing
     def parse(self, key: str | bytes) -> ParsedKey | None:
@@ -204,14 +255,16 @@ class Keyspace:
 def _parse_rest(namespace: str, kind: Kind, rest: str) -> ParsedKey | None:
     if kind in _SINGLE:
         return ParsedKey(namespace, kind) if not rest else None
-    if kind is Kind.STATS:
+    if kind in _PER_NAME:
         return ParsedKey(namespace, kind, name=rest)
+    if kind is Kind.BATCH:
+        return ParsedKey(namespace, kind, batch=int(rest))
     if kind in _PER_PARTITION:
         name, partition = rest.rsplit(":", 1)
         return ParsedKey(namespace, kind, name=name, partition=int(partition))
     if kind is Kind.SEEN:
-        name, bucket, shard = rest.rsplit(":", 2)
-        return ParsedKey(namespace, kind, name=name, bucket=int(bucket), shard=int(shard))
+        name, generation, shard = rest.rsplit(":", 2)
+        return ParsedKey(namespace, kind, name=name, generation=int(generation), shard=int(shard))
     name, batch, partition = rest.rsplit(":", 2)  # Kind.BACKUP
     return ParsedKey(namespace, kind, name=name, batch=int(batch), partition=int(partition))
 
@@ -230,7 +283,7 @@ META_PATTERN = f"{PREFIX}:{{*}}:{Kind.META.value}"
 
 
 def shard_of(rid: bytes, shards: int) -> int:
-    """The shard of a bucket that holds a seen ID: its first two bytes, modulo ``shards``.
+    """The shard of a generation that holds a seen ID: its first two bytes, modulo ``shards``.
 
     The vectorised form in :mod:`onceflow.dedup` must agree; a test checks both.
     """
@@ -240,7 +293,8 @@ def shard_of(rid: bytes, shards: int) -> int:
 def floor_bucket(watermark: int, horizon_ms: int, bucket_ms: int) -> int:
     """The oldest bucket still deduplicated, given the watermark the horizon is measured from.
 
-    Records in older buckets are late (dead-lettered: a copy could no longer be recognised);
-    GC deletes seen-IDs below this bucket minus its slack.
+    Records whose event time falls in an older bucket are late (dead-lettered: a copy could no
+    longer be recognised); seen-IDs of older generations are no longer looked up, and GC
+    deletes those below this floor minus its slack.
     """
     return max(0, watermark - horizon_ms) // bucket_ms

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 
@@ -41,7 +41,9 @@ InRow = tuple[int, bytes, int, "bytes | None", Any]
 class TaskRef:
     """One task: the stage it runs, its micro-batch, partition and attempt, and its sinks.
 
-    ``sinks`` pairs the stage's output index of each sink it writes with the sink's name.
+    ``attempt`` counts the task's attempts; ``attempt_id`` is Spark's id of this attempt,
+    which only grows while a driver lives (newer attempts have larger ids). ``sinks`` pairs
+    the stage's output index of each sink it writes with the sink's name.
     """
 
     stage: str
@@ -49,14 +51,22 @@ class TaskRef:
     partition: int
     attempt: int = 0
     sinks: Sequence[tuple[int, str]] = ()
+    attempt_id: int = 0
 
 
 class Record(NamedTuple):
-    """A record inside a stage: a 16-byte ID (b"" when IDs are off), event time in ms, element."""
+    """A record inside a stage: a 16-byte ID (b"" when IDs are off), event time in ms, element.
+
+    A source says where it read the record, when it knows: the ``lane`` (a source partition,
+    such as ``topic:partition``, whose event-time progress makes the watermark) and the
+    ``offset`` in it; errors name them as ``lane@offset``.
+    """
 
     id: bytes
     ts: int
     elem: Any
+    lane: str | None = None
+    offset: int | None = None
 
 
 class Output(NamedTuple):
@@ -75,7 +85,11 @@ class Output(NamedTuple):
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A record that could not be processed, with the reason and where it came from."""
+    """A record that could not be processed, with the reason and where it came from.
+
+    ``code`` names the kind of reason in one word (counted per kind); ``lost`` is how many
+    input records the letter stands for (more than one for a gap in a source).
+    """
 
     id: bytes
     ts: int
@@ -84,6 +98,8 @@ class DeadLetter:
     origin: str
     raw: bytes | None = None  # the undecodable payload, when there is one
     value: str | None = None  # a printable form of a decoded value that failed later
+    code: str = "error"
+    lost: int = 1
 
     def to_element(self) -> dict[str, Any]:
         """The dead letter as a plain, JSON-friendly element (what dead-letter sinks write)."""
@@ -93,9 +109,28 @@ class DeadLetter:
             "origin": self.origin,
             "id": self.id.hex(),
             "ts": self.ts,
+            "code": self.code,
         }
+        if self.lost != 1:
+            out["lost"] = self.lost
         if self.raw is not None:
             out["raw_b64"] = base64.b64encode(self.raw).decode()
         if self.value is not None:
             out["value"] = self.value
         return out
+
+
+@dataclass
+class StateWrite:
+    """Changes to one stateful combine's keyed state in one partition.
+
+    ``values`` maps encoded keys to their new encoded state, or None to delete the key.
+    ``timers`` maps a timer kind (a sorted set per node and partition: ``event``,
+    ``processing`` or ``expiry``) to key -> when (ms), or None to drop the key's timer.
+    """
+
+    values: dict[bytes, bytes | None] = field(default_factory=dict)
+    timers: dict[str, dict[bytes, int | None]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.values) or any(self.timers.values())

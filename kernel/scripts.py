@@ -3,79 +3,139 @@
 Nothing else in Onceflow holds Lua. Key names come from :mod:`onceflow.kernel.keyspace`.
 
 Every script that writes first checks two fencing tokens: the driver epoch (bumped when a
-driver starts) and the task token (bumped when a task attempt starts). A zombie driver or
-task attempt therefore cannot commit after its successor has started.
+driver starts) and the task token (the attempt that claimed the stage partition, see
+:data:`CLAIM`). A zombie driver or task attempt therefore cannot commit after its successor
+has started, and a zombie that starts late cannot take the partition from a newer attempt.
 
-``COMMIT`` is the heart of exactly-once: in one atomic step it checks that none of the chunk's
-IDs was seen before, marks them seen, stores the chunk's outputs (the upstream backup for the
-next boundary), writes keyed state, appends the IDs to the Bloom journal and bumps counters.
+:data:`COMMIT` is the heart of exactly-once: in one atomic step it checks that none of the
+chunk's IDs was seen before in the batch's generation, marks them seen, stores the chunk's
+outputs (the upstream backup for the next boundary), writes keyed state, appends the IDs to
+the receiver's Bloom journal, raises the source lanes' event-time marks and bumps counters.
 If any ID was already seen it undoes its marks before returning (the script is atomic, so
 nobody sees them), returns those IDs with their owners, and the task redoes the chunk without
-them. One ``HSETNX`` per ID does the check and the mark together. It is idempotent: run
-twice (a retried call after a lost reply), the second run sees its chunk already stored and
-changes nothing.
+them. One ``HSETNX`` per ID does the check and the mark together. It is idempotent: run twice
+(a retried call after a lost reply), the second run sees its chunk already stored and changes
+nothing.
 """
 
 from __future__ import annotations
+
+# Task tokens are "<driver epoch>:<task attempt id>" (Spark's attempt ids only grow within a
+# driver; epochs grow across drivers), compared as a pair.
+_PARSE_TOKEN = """
+local function token_pair(t)
+  local e, a = string.match(t, '^(%d+):(%d+)$')
+  return tonumber(e), tonumber(a)
+end
+"""
 
 FENCE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {'fenced', 'task'} end
 """
 
-# IDs travel as one blob of 16-byte IDs, with the KEYS index of each ID's shard (and of its
-# neighbour-bucket shard, or 0) as blobs of little-endian uint16: a chunk is then a handful of
+# A task attempt claims its stage partition, unless a newer attempt already has.
+# KEYS: 1 epoch, 2 task token. ARGV: 1 epoch, 2 this attempt's token
+CLAIM = (
+    _PARSE_TOKEN
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
+local cur = redis.call('GET', KEYS[2])
+if cur then
+  local ce, ca = token_pair(cur)
+  local me, ma = token_pair(ARGV[2])
+  if ce and (ce > me or (ce == me and ca > ma)) then return {'fenced', 'task'} end
+end
+redis.call('SET', KEYS[2], ARGV[2])
+return {'ok'}
+"""
+)
+
+# IDs travel as one blob of 16-byte IDs, with the KEYS index of each ID's seen-ID shard (in
+# the batch's generation) as a blob of little-endian uint16: a chunk is then a handful of
 # arguments instead of thousands.
+# Raise a generation's newest event time (never lower it). Used by COMMIT and MARK_DELIVERED.
+_RAISE_GENERATION = """
+local function raise_generation(key, generation, ts)
+  if tonumber(ts) > tonumber(redis.call('HGET', key, generation) or '-1') then
+    redis.call('HSET', key, generation, ts)
+  end
+end
+"""
+
+# Keyed state and timers: m, m x (state key index, field, value: '' deletes the field), then
+# t, t x (timer sorted-set key index, member, score: '' removes the member). Returns the
+# index of the next argument. Used by COMMIT and FINISH.
+_WRITE_STATE = """
+local function write_state(i)
+  local m = tonumber(ARGV[i])
+  i = i + 1
+  for j = 1, m do
+    if ARGV[i + 2] == '' then
+      redis.call('HDEL', KEYS[tonumber(ARGV[i])], ARGV[i + 1])
+    else
+      redis.call('HSET', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2])
+    end
+    i = i + 3
+  end
+  local t = tonumber(ARGV[i])
+  i = i + 1
+  for j = 1, t do
+    if ARGV[i + 2] == '' then
+      redis.call('ZREM', KEYS[tonumber(ARGV[i])], ARGV[i + 1])
+    else
+      redis.call('ZADD', KEYS[tonumber(ARGV[i])], ARGV[i + 2], ARGV[i + 1])
+    end
+    i = i + 3
+  end
+  return i
+end
+"""
+
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 filter seq, 5 filter journal, 6 stats,
-#       7 watermark, 8 GC floor, 9.. seen shards and state hashes (referenced by index)
-# ARGV: 1 epoch, 2 token, 3 owner, 4 chunk field, 5 outputs blob, 6 journal blob,
-#       7 max event time, 8 n ids, 9 ids blob, 10 shard index blob, 11 neighbour index blob
-#       (or ''), 12 the task's dedup floor (oldest bucket it treats as deduplicated),
-#       then m, m x (state key, field, value), then s, s x (stat field, increment)
-# The GC floor check makes GC safe against a concurrent commit: GC raises the floor before it
-# deletes seen-ID buckets below it, so a task that still counts such a bucket as inside the
-# horizon (its floor is older) is refused and redoes the chunk with the new floor.
+#       7 generations, 8 lanes, 9 lane activity, 10.. seen shards, state hashes and timer
+#       sorted sets (by index)
+# ARGV: 1 epoch, 2 token, 3 owner, 4 chunk field, 5 outputs blob, 6 journal blob, 7 n ids,
+#       8 ids blob, 9 shard index blob, 10 generation, 11 newest event time of the IDs, then
+#       l, l x (lane, newest event time, batch time), then the state and timers (see
+#       _WRITE_STATE), then s, s x (stat field, increment)
+# The generation's newest event time is what GC keeps it by (see keyspace.generations).
 COMMIT = (
     FENCE
+    + _RAISE_GENERATION
+    + _WRITE_STATE
     + """
 if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {'ok', '-1'} end
-local gc_floor = tonumber(redis.call('GET', KEYS[8]) or '-1')
-if gc_floor > tonumber(ARGV[12]) then return {'floor', tostring(gc_floor)} end
-local n = tonumber(ARGV[8])
-local ids, owns, alts = ARGV[9], ARGV[10], ARGV[11]
+local n = tonumber(ARGV[7])
+local ids, owns = ARGV[8], ARGV[9]
 local conflicts = {}
 local written = {}
 for j = 1, n do
   local id = string.sub(ids, 16 * j - 15, 16 * j)
   local own = KEYS[struct.unpack('<H', owns, 2 * j - 1)]
-  local alt = 0
-  if alts ~= '' then alt = struct.unpack('<H', alts, 2 * j - 1) end
-  local owner = false
-  if alt > 0 then owner = redis.call('HGET', KEYS[alt], id) end
-  if not owner then
-    if redis.call('HSETNX', own, id, ARGV[3]) == 1 then
-      written[#written + 1] = own
-      written[#written + 1] = id
-    else
-      owner = redis.call('HGET', own, id)
-    end
-  end
-  if owner then
+  if redis.call('HSETNX', own, id, ARGV[3]) == 1 then
+    written[#written + 1] = own
+    written[#written + 1] = id
+  else
     conflicts[#conflicts + 1] = id
-    conflicts[#conflicts + 1] = owner
+    conflicts[#conflicts + 1] = redis.call('HGET', own, id)
   end
 end
 if #conflicts > 0 then
   for k = 1, #written, 2 do redis.call('HDEL', written[k], written[k + 1]) end
   return {'conflict', conflicts}
 end
-local i = 13
-local m = tonumber(ARGV[i])
+if n > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
+local i = 12
+local l = tonumber(ARGV[i])
 i = i + 1
-for j = 1, m do
-  redis.call('HSET', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2])
+for j = 1, l do
+  local newest = tonumber(redis.call('HGET', KEYS[8], ARGV[i]) or '-1')
+  if tonumber(ARGV[i + 1]) > newest then redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1]) end
+  redis.call('HSET', KEYS[9], ARGV[i], ARGV[i + 2])
   i = i + 3
 end
+i = write_state(i)
 local s = tonumber(ARGV[i])
 i = i + 1
 for j = 1, s do
@@ -88,22 +148,25 @@ if n > 0 then
   redis.call('RPUSH', KEYS[5], ARGV[6])
   seq = redis.call('INCR', KEYS[4])
 end
-local ts = tonumber(ARGV[7])
-if ts > tonumber(redis.call('GET', KEYS[7]) or '0') then redis.call('SET', KEYS[7], ARGV[7]) end
 return {'ok', tostring(seq)}
 """
 )
 
-# KEYS: 1 epoch, 2 task token, 3 backup hash, 4 stats
-# ARGV: 1 epoch, 2 token, 3 final outputs blob (may be empty), then s, s x (field, increment)
+# The end of a task: its end-of-task outputs (combine results, window panes) and the state
+# changes that go with them (panes fired, closed windows deleted), and the done marker.
+# KEYS: 1 epoch, 2 task token, 3 backup hash, 4 stats, 5.. state hashes and timer sets
+# ARGV: 1 epoch, 2 token, 3 final outputs blob (may be empty), then the state and timers
+#       (see _WRITE_STATE), then s, s x (field, increment)
 FINISH = (
     FENCE
+    + _WRITE_STATE
     + """
 if redis.call('HEXISTS', KEYS[3], 'done') == 1 then return {'ok', 'again'} end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], 'final', ARGV[3]) end
 redis.call('HSET', KEYS[3], 'done', '1')
-local s = tonumber(ARGV[4])
-local i = 5
+local i = write_state(4)
+local s = tonumber(ARGV[i])
+i = i + 1
 for j = 1, s do
   redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -112,12 +175,20 @@ return {'ok', 'done'}
 """
 )
 
-# KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 stats, 6.. seen shards
-# ARGV: 1 epoch, 2 token, 3 owner, 4 journal blob, 5 n, 6 ids blob, 7 shard index blob
+# Marks sink records delivered and ends the sink partition's pending delivery (when asked).
+# KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 stats, 6 pending,
+#       7 generations, 8.. seen shards
+# ARGV: 1 epoch, 2 token, 3 owner, 4 journal blob, 5 n, 6 ids blob, 7 shard index blob,
+#       8 '1' to delete the pending delivery, 9 possible copies to count, 10 generation,
+#       11 newest event time of the records
 # Returns {'ok', seq, how many were already marked (delivered twice)}.
 MARK_DELIVERED = (
     FENCE
+    + _RAISE_GENERATION
     + """
+if ARGV[8] == '1' then redis.call('DEL', KEYS[6]) end
+if tonumber(ARGV[5]) > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
+if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', KEYS[5], 'possible_copies', ARGV[9]) end
 local n = tonumber(ARGV[5])
 local ids, owns = ARGV[6], ARGV[7]
 local again = 0
@@ -138,24 +209,41 @@ return {'ok', tostring(seq), tostring(again)}
 """
 )
 
-# KEYS: seen shards. ARGV: n, then n x (id, own key index, neighbour key index or 0)
-# Returns one owner (or false) per ID.
+# A sink partition is about to make a delivery visible: remember it (the marker that will
+# tell whether it happened, and the IDs) until it is marked.
+# KEYS: 1 epoch, 2 task token, 3 pending. ARGV: 1 epoch, 2 token, 3 marker, 4 ids blob
+PREPARE_DELIVERY = (
+    FENCE
+    + """
+redis.call('HSET', KEYS[3], 'marker', ARGV[3], 'ids', ARGV[4])
+return {'ok'}
+"""
+)
+
+# Who owns each ID, in any live generation (newest first, stopping at the first hit).
+# KEYS: seen shards. ARGV: 1 n, 2 g (generations per ID), 3 ids blob, 4 index blob of n x g
+# little-endian uint16 KEYS indices (0: no such shard). Returns one owner (or false) per ID.
 LOOKUP = """
-local n = tonumber(ARGV[1])
+local n, g = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ids, index = ARGV[3], ARGV[4]
 local out = {}
-local i = 2
 for j = 1, n do
-  local owner = redis.call('HGET', KEYS[tonumber(ARGV[i + 1])], ARGV[i])
-  local alt = tonumber(ARGV[i + 2])
-  if (not owner) and alt > 0 then owner = redis.call('HGET', KEYS[alt], ARGV[i]) end
+  local id = string.sub(ids, 16 * j - 15, 16 * j)
+  local owner = false
+  for k = 1, g do
+    local at = struct.unpack('<H', index, 2 * ((j - 1) * g + k) - 1)
+    if at > 0 then
+      owner = redis.call('HGET', KEYS[at], id)
+      if owner then break end
+    end
+  end
   out[j] = owner or false
-  i = i + 3
 end
 return out
 """
 
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 snapshot hash
-# ARGV: 1 epoch, 2 token, 3 seq covered, 4 n, n x (bucket field, blob), then d, d x field
+# ARGV: 1 epoch, 2 token, 3 seq covered, 4 n, n x (field, blob), then d, d x field
 SNAPSHOT = (
     FENCE
     + """
@@ -179,27 +267,66 @@ return {'ok'}
 """
 )
 
+# A micro-batch's parameters: the first attempt's stand; later attempts get them back. The
+# clock hash follows the newest batch (its watermark, dedup time and time).
+# KEYS: 1 epoch, 2 batch hash, 3 clock. ARGV: 1 epoch, 2 watermark, 3 dedup time, 4 time,
+# then field, value ...
+BATCH_PARAMS = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+  redis.call('HSET', KEYS[3], 'watermark', ARGV[2], 'dedup_time', ARGV[3], 'time', ARGV[4])
+end
+return redis.call('HGETALL', KEYS[2])
+"""
 
-# Spark committed every micro-batch up to ARGV[1] (never moves back); the watermark then is
-# the one the dedup floor and GC are measured from.
-# KEYS: 1 acked, 2 watermark, 3 acked watermark. ARGV: 1 batch
+# Spark committed every micro-batch up to ARGV[1] (never moves back).
+# KEYS: 1 acked. ARGV: 1 batch
 ACK = """
 local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
-if tonumber(ARGV[1]) > cur then
-  redis.call('SET', KEYS[1], ARGV[1])
-  redis.call('SET', KEYS[3], redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
+return 0
+"""
+
+# GC forgets a generation whose newest event time is older than ARGV[2] (re-checked here,
+# atomically: a commit raising it meanwhile keeps it); its seen-ID keys are deleted after.
+# KEYS: 1 generations. ARGV: 1 generation, 2 threshold. Returns 1 if forgotten.
+FORGET_GENERATION = """
+local newest = redis.call('HGET', KEYS[1], ARGV[1])
+if newest and tonumber(newest) < tonumber(ARGV[2]) then
+  redis.call('HDEL', KEYS[1], ARGV[1])
   return 1
 end
 return 0
 """
 
-# GC raises the floor, never lowers it; returns the floor in force.
-# KEYS: 1 GC floor. ARGV: 1 wanted floor
-RAISE_FLOOR = """
-local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
-local want = tonumber(ARGV[1])
-if want > cur then redis.call('SET', KEYS[1], ARGV[1]) return want end
-return cur
+
+# The at-least-once baseline raises source lanes' event-time marks (what the watermark is
+# computed from) without anything else. KEYS: 1 lanes, 2 lane activity.
+# ARGV: l x (lane, newest event time, batch time)
+RAISE_LANES = """
+for i = 1, #ARGV, 3 do
+  local newest = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
+  if tonumber(ARGV[i + 1]) > newest then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2])
+end
+return 1
+"""
+
+# GC deletes keyed state whose time-to-live ran out before ARGV[1] (re-checked here: a commit
+# that updated the key meanwhile moved its expiry on, and keeps it).
+# KEYS: 1 state hash, 2 expiry sorted set. ARGV: 1 threshold, 2.. keys. Returns how many went.
+EXPIRE_STATE = """
+local n = 0
+for i = 2, #ARGV do
+  local at = redis.call('ZSCORE', KEYS[2], ARGV[i])
+  if at and tonumber(at) <= tonumber(ARGV[1]) then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('ZREM', KEYS[2], ARGV[i])
+    n = n + 1
+  end
+end
+return n
 """
 
 
@@ -208,13 +335,18 @@ class Scripts:
 
     def __init__(self, client: object) -> None:
         register = client.register_script  # type: ignore[attr-defined]
+        self.claim = register(CLAIM)
         self.commit = register(COMMIT)
         self.finish = register(FINISH)
         self.mark_delivered = register(MARK_DELIVERED)
+        self.prepare_delivery = register(PREPARE_DELIVERY)
         self.lookup = register(LOOKUP)
         self.snapshot = register(SNAPSHOT)
+        self.batch_params = register(BATCH_PARAMS)
         self.ack = register(ACK)
-        self.raise_floor = register(RAISE_FLOOR)
+        self.forget_generation = register(FORGET_GENERATION)
+        self.raise_lanes = register(RAISE_LANES)
+        self.expire_state = register(EXPIRE_STATE)
 
 
 _REGISTERED: dict[int, Scripts] = {}

@@ -99,22 +99,51 @@ def redis_client(settings: RedisSettings) -> Any:
     return client
 
 
-def check_durable(client: Any, allow_non_durable: bool) -> str:
-    """Refuse a Redis whose writes would not survive a restart; return what was found."""
+# Eviction policies that may delete keys without a TTL: Onceflow's state has none, so only
+# these can evict it (volatile-* policies and noeviction leave it alone).
+EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
+
+
+def _config(client: Any, name: str) -> str | None:
     try:
-        aof = client.config_get("appendonly").get("appendonly")
-        fsync = client.config_get("appendfsync").get("appendfsync")
-        found = f"appendonly={aof}, appendfsync={fsync}"
-        durable = aof == "yes"
-    except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG: ask INFO instead
+        value = client.config_get(name).get(name)
+    except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG
+        return None
+    return str(value) if value is not None else None
+
+
+def check_durable(client: Any, allow_non_durable: bool) -> str:
+    """Refuse a Redis that could lose or evict committed state; return what was found.
+
+    Refused: persistence off (``appendonly no``), an AOF never fsynced (``appendfsync no``),
+    and an eviction policy that may delete keys without a TTL. Where ``CONFIG`` is
+    forbidden (managed services), ``INFO persistence`` says whether AOF is on.
+    """
+    aof = _config(client, "appendonly")
+    fsync = _config(client, "appendfsync")
+    policy = _config(client, "maxmemory-policy")
+    if aof is None:
         info = client.info("persistence")
-        durable = bool(info.get("aof_enabled"))
-        found = f"aof_enabled={info.get('aof_enabled')}"
-    if not durable and not allow_non_durable:
+        aof = "yes" if info.get("aof_enabled") else "no"
+    found = f"appendonly={aof}, appendfsync={fsync or '?'}, maxmemory-policy={policy or '?'}"
+    problems = []
+    if aof != "yes":
+        problems.append("persistence is off (appendonly no): state is lost when Redis restarts")
+    if fsync == "no":
+        problems.append(
+            "appendfsync no: the OS decides when the AOF reaches disk, so a machine crash "
+            "loses an unknown amount of committed state (use everysec or always)"
+        )
+    if policy in EVICTING_POLICIES:
+        problems.append(
+            f"maxmemory-policy {policy} may evict Onceflow's keys (seen IDs, state) when "
+            "memory runs out, silently (use noeviction)"
+        )
+    if problems and not allow_non_durable:
         msg = (
-            f"Redis persistence is off ({found}): exactly-once state would be lost when Redis "
-            "restarts. Turn on AOF (appendonly yes) or, knowingly, pass "
-            "--allow-non-durable-redis"
+            f"Redis is not durable enough for exactly-once ({found}): "
+            + "; ".join(problems)
+            + ". Fix the Redis configuration or, knowingly, pass --allow-non-durable-redis"
         )
         raise ServiceError(msg)
     return found

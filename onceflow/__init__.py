@@ -12,32 +12,48 @@ The repository's folders install as subpackages of this one (``onceflow.pipeline
 
 from __future__ import annotations
 
+import sys
+
 from onceflow.connectors.kafka import KafkaSink, KafkaSource
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError, OnceflowError
-from onceflow.pipeline import combiners, sinks, sources
+from onceflow.kernel.eventtime import EventTime
+from onceflow.pipeline import combiners, sinks, sources, windows
 from onceflow.pipeline.api import Pipeline, Stream
 from onceflow.pipeline.errors import PipelineError
+from onceflow.pipeline.windows import Fixed, Global, Pane, Sessions, Sliding, Trigger
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.result import RunResult
 
 __version__ = "0.1.0"
 
+# ``from onceflow.windows import Sliding`` works as well as ``onceflow.windows.Sliding``.
+for _module in (combiners, sinks, sources, windows):
+    sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+
 __all__ = [
     "CombineFn",
     "ConfigError",
     "DedupConfig",
+    "EventTime",
+    "Fixed",
+    "Global",
     "KafkaSink",
     "KafkaSource",
     "OnceflowError",
+    "Pane",
     "Pipeline",
     "PipelineError",
     "RunError",
     "RunResult",
+    "Sessions",
+    "Sliding",
     "Stream",
+    "Trigger",
     "__version__",
     "combiners",
     "sinks",
     "sources",
+    "windows",
 ]

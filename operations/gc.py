@@ -2,20 +2,20 @@
 
 What grows without end, and when it stops mattering:
 
-* seen-ID buckets (``seen:<receiver>:<bucket>:<shard>``): once the bucket is older than the
-  dedup horizon, measured back from the newest event time of the micro-batches Spark has
-  committed (the acknowledged watermark: never one a replayed batch could still move). Such
-  records are dead-lettered as late by the receivers, never looked up again. One bucket of
-  slack is kept, and the floor is raised in Redis *before* anything below it is deleted: a
-  commit whose task still counts a deleted bucket as inside the horizon is refused by the
-  commit script and redone (see :data:`dedup.scripts.COMMIT`), so a GC pass can never make a
-  duplicate inside the horizon look new;
-* backups (``bk:<stage>:<batch>:<partition>``, with their per-chunk commit markers): once
-  Spark has committed the micro-batch (``acked``), nothing replays them;
-* Bloom-filter snapshot fields of buckets below the floor.
+* seen-ID generations (``seen:<receiver>:<generation>:<shard>``): once the newest event time
+  committed into the generation is older than the horizon, measured back from the watermark
+  of the last micro-batch Spark has committed (never one a replayed batch could still move;
+  see :mod:`onceflow.dedup.batch`), with a bucket of slack: a copy of any of its records
+  would be late, so no receiver looks it up again (batches fix their live generations when
+  they start, from the same rule, and their watermark only grows). The generation is
+  forgotten atomically (``gens``, re-checked by a script) before its keys are deleted;
+* backups (``bk:<stage>:<batch>:<partition>``, with their per-chunk commit markers) and batch
+  parameters (``batch:<n>``) of micro-batches Spark has committed (``acked``): nothing
+  replays them (the last acknowledged batch's parameters stay: GC measures from them);
+* Bloom-filter snapshot fields of forgotten generations.
 
 Everything is found with SCAN (never KEYS) in bounded steps and removed with UNLINK in
-batches, so a large keyspace does not stall Redis. A pass only ever reads the watermark and
+batches, so a large keyspace does not stall Redis. A pass only ever reads the dedup time and
 the acknowledged batch that the pipeline itself committed: it cannot reach past them.
 """
 
@@ -28,13 +28,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onceflow.backup.store import acknowledged, is_garbage
-from onceflow.dedup.trust import BUCKET_FIELD
+from onceflow.dedup.batch import BatchParams, read_batch_params
+from onceflow.dedup.trust import GENERATION_FIELD
 from onceflow.kernel.durations import DAY_MS, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import META_PATTERN, Keyspace, Kind, floor_bucket, namespace_of_meta
+from onceflow.kernel.keyspace import META_PATTERN, Keyspace, Kind, namespace_of_meta
 from onceflow.kernel.scripts import scripts_for
 
-# Buckets of seen-IDs kept below the dedup floor, in case a clock is a little behind.
+# Buckets of event time a generation is kept past the horizon, in case a clock is a little behind.
 SLACK_BUCKETS = 1
 DEFAULT_SCAN_COUNT = 1000
 DEFAULT_DELETE_BATCH = 500
@@ -42,6 +43,21 @@ DEFAULT_DELETE_BATCH = 500
 
 class GcError(ConfigError):
     """A GC pass cannot run; the message says what to check."""
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """Generations a pass deletes: forgotten ones, and all below ``below``."""
+
+    forgotten: frozenset[int]
+    below: int | None
+
+    def holds(self, generation: int) -> bool:
+        """Whether ``generation`` is garbage."""
+        return generation in self.forgotten or (self.below is not None and generation < self.below)
+
+    def __bool__(self) -> bool:
+        return bool(self.forgotten) or self.below is not None
 
 
 @dataclass
@@ -63,7 +79,8 @@ class GcPass:
     horizon_ms: int
     watermark: int
     acked: int
-    floor: int | None
+    threshold: int | None  # generations whose newest event time is older are forgotten
+    garbage: Garbage = field(default_factory=lambda: Garbage(frozenset(), None))
     removed: dict[str, Removed] = field(default_factory=dict)
     scanned: int = 0
     seconds: float = 0.0
@@ -82,6 +99,7 @@ class GcPass:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         data = asdict(self)
+        data["garbage"] = {"forgotten": sorted(self.garbage.forgotten), "below": self.garbage.below}
         data["total"] = asdict(self.total)
         return data
 
@@ -93,7 +111,8 @@ class GcPass:
                 "event": "onceflow.gc",
                 "namespace": self.namespace,
                 "dry_run": self.dry_run,
-                "floor_bucket": self.floor,
+                "threshold_ms": self.threshold,
+                "forgotten_generations": sorted(self.garbage.forgotten),
                 "acked_batch": self.acked,
                 "watermark_ms": self.watermark,
                 "horizon_ms": self.horizon_ms,
@@ -160,34 +179,73 @@ def collect(
     ks = Keyspace(namespace)
     meta = read_meta(client, ks)
     bucket_ms = int(meta["bucket_ms"])
-    horizon_ms = _horizon(meta, horizon, namespace)
-    watermark = _int(client.get(ks.acked_watermark), 0)
     acked = acknowledged(client, ks)
-    floor: int | None = None
-    if watermark > 0:
-        candidate = floor_bucket(watermark, horizon_ms, bucket_ms) - SLACK_BUCKETS
-        if candidate > 0:
-            floor = candidate
-    if floor is not None and not dry_run:
-        floor = int(scripts_for(client).raise_floor(keys=[ks.gc_floor], args=[floor]))
-    result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, floor)
+    params = read_batch_params(client, ks, acked) if acked >= 0 else None
+    following = read_batch_params(client, ks, acked + 1)
+    horizon_ms = _horizon(meta, horizon, namespace, params, following)
+    watermark = params.watermark if params is not None else 0
+    threshold = watermark - horizon_ms - bucket_ms * SLACK_BUCKETS if watermark > 0 else None
+    limit = params.generation if params is not None else None
+    garbage = _forget_generations(client, ks, threshold, limit, dry_run)
+    result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, threshold, garbage)
     for keys in scan_steps(client, ks.pattern(), scan_count):
         result.scanned += len(keys)
-        victims, snapshots = _classify(ks, keys, floor, acked)
+        victims, snapshots = _classify(ks, keys, garbage, acked)
         for kind, found in victims.items():
             for start in range(0, len(found), delete_batch):
                 _remove(client, found[start : start + delete_batch], kind, result, dry_run)
-        if snapshots and floor is not None:
-            _trim_snapshots(client, snapshots, floor, result, dry_run)
+        if snapshots and garbage:
+            _trim_snapshots(client, snapshots, garbage, result, dry_run)
     result.seconds = time.monotonic() - t0
     if not dry_run:
         _record(client, ks, result)
     return result
 
 
-def _horizon(meta: dict[str, str], horizon: str | int | None, namespace: str) -> int:
-    """The pipeline's horizon, or a longer one asked for; never a shorter one."""
-    horizon_ms = int(meta.get("horizon_ms", DAY_MS))
+def _forget_generations(
+    client: Any, ks: Keyspace, threshold: int | None, limit: int | None, dry_run: bool
+) -> Garbage:
+    """Forget the generations older than ``limit`` whose newest event time is before ``threshold``.
+
+    ``limit`` is the generation of the last acknowledged batch: every batch that may still
+    commit (the acknowledged batch's successors, and their replays) commits into it or a
+    newer one, since the dedup time never goes back. A generation at or past it is never
+    forgotten, whatever its newest event time, so no commit can land in a generation whose
+    keys a pass is deleting.
+
+    Returns what is garbage: the generations forgotten now, and any generation older than
+    every one still remembered and older than ``limit`` (leftovers of an earlier pass that
+    stopped halfway: nothing commits into those again).
+    """
+    if threshold is None or limit is None:
+        return Garbage(frozenset(), None)
+    newest = {int(g): int(ts) for g, ts in client.hgetall(ks.generations).items()}
+    old = sorted(g for g, ts in newest.items() if ts < threshold and g < limit)
+    forgotten = []
+    for g in old:
+        if dry_run or scripts_for(client).forget_generation(
+            keys=[ks.generations], args=[g, threshold]
+        ):
+            forgotten.append(g)
+    remembered = [g for g in newest if g not in forgotten]
+    below = min([*remembered, limit])
+    return Garbage(frozenset(forgotten), below)
+
+
+def _horizon(
+    meta: dict[str, str],
+    horizon: str | int | None,
+    namespace: str,
+    *batches: BatchParams | None,
+) -> int:
+    """The longest horizon a batch that may still run uses, or a longer one asked for.
+
+    The last acknowledged batch, the one after it (it may replay) and the pipeline's current
+    setting (the next new batch takes it) all count; a shorter ``--horizon`` is refused.
+    """
+    horizon_ms = max(
+        [int(meta.get("horizon_ms", DAY_MS))] + [b.horizon_ms for b in batches if b is not None]
+    )
     if horizon is None:
         return horizon_ms
     wanted = parse_duration_ms(horizon)
@@ -202,22 +260,25 @@ def _horizon(meta: dict[str, str], horizon: str | int | None, namespace: str) ->
 
 
 def _classify(
-    ks: Keyspace, keys: list[str], floor: int | None, acked: int
+    ks: Keyspace, keys: list[str], garbage: Garbage, acked: int
 ) -> tuple[dict[str, list[str]], list[str]]:
     """Keys to unlink by kind, and snapshot hashes to trim, among one SCAN step's keys."""
-    victims: dict[str, list[str]] = {"seen_ids": [], "backups": []}
+    victims: dict[str, list[str]] = {"seen_ids": [], "backups": [], "batch_params": []}
     snapshots = []
     for key in keys:
         parsed = ks.parse(key)
         if parsed is None:
             continue
-        if parsed.kind is Kind.SEEN and floor is not None:
-            if parsed.bucket is not None and parsed.bucket < floor:
+        if parsed.kind is Kind.SEEN:
+            if parsed.generation is not None and garbage.holds(parsed.generation):
                 victims["seen_ids"].append(key)
         elif parsed.kind is Kind.BACKUP:
             if is_garbage(parsed, acked):
                 victims["backups"].append(key)
-        elif parsed.kind is Kind.FILTER_SNAPSHOT and floor is not None:
+        elif parsed.kind is Kind.BATCH:
+            if parsed.batch is not None and parsed.batch < acked:
+                victims["batch_params"].append(key)
+        elif parsed.kind is Kind.FILTER_SNAPSHOT:
             snapshots.append(key)
     return victims, snapshots
 
@@ -243,15 +304,15 @@ def _remove(client: Any, keys: list[str], kind: str, result: GcPass, dry_run: bo
 
 
 def _trim_snapshots(
-    client: Any, keys: list[str], floor: int, result: GcPass, dry_run: bool
+    client: Any, keys: list[str], garbage: Garbage, result: GcPass, dry_run: bool
 ) -> None:
-    """Drop snapshot fields of buckets below the floor (each HDEL is atomic on its key)."""
+    """Drop snapshot fields of garbage generations (each HDEL is atomic on its key)."""
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hkeys(key)
     removed = result.removed.setdefault("bloom_snapshots", Removed())
     for key, fields in zip(keys, pipe.execute(), strict=True):
-        old = [f for f in (x.decode() for x in fields) if _bucket_field_below(f, floor)]
+        old = [f for f in (x.decode() for x in fields) if _garbage_field(f, garbage)]
         if not old:
             continue
         pipe = client.pipeline(transaction=False)
@@ -263,12 +324,12 @@ def _trim_snapshots(
             client.hdel(key, *old)
 
 
-def _bucket_field_below(name: str, floor: int) -> bool:
-    """Whether a snapshot hash field holds the filters of a bucket below ``floor``."""
-    if not name.startswith(BUCKET_FIELD):
+def _garbage_field(name: str, garbage: Garbage) -> bool:
+    """Whether a snapshot hash field holds the filters of a garbage generation."""
+    if not name.startswith(GENERATION_FIELD):
         return False
-    number = name[len(BUCKET_FIELD) :]
-    return number.lstrip("-").isdigit() and int(number) < floor
+    number = name[len(GENERATION_FIELD) :]
+    return number.lstrip("-").isdigit() and garbage.holds(int(number))
 
 
 def _record(client: Any, ks: Keyspace, result: GcPass) -> None:
@@ -278,7 +339,7 @@ def _record(client: Any, ks: Keyspace, result: GcPass) -> None:
         ks.gc,
         mapping={
             "last_pass_ms": int(time.time() * 1000),
-            "last_floor": -1 if result.floor is None else result.floor,
+            "last_threshold_ms": -1 if result.threshold is None else result.threshold,
             "last_acked": result.acked,
             "last_removed_keys": t.keys,
             "last_removed_ids": t.ids,

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onceflow.backup.store import acknowledged, is_garbage
+from onceflow.dedup.batch import lanes_of
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
 
@@ -28,7 +29,7 @@ _FIELDS = (
     "redis_lookups",
     "delivered",
     "delivered_again",
-    "horizon_redone",
+    "possible_copies",
 )
 
 
@@ -40,8 +41,9 @@ class Status:
     epoch: int
     acked_batch: int
     watermark_ms: int
+    dedup_time_ms: int
     horizon_ms: int
-    gc_floor_bucket: int | None
+    generations: dict[str, int]  # live generation -> newest event time committed into it
     backups_pending: int
     backups_garbage: int
     memory_bytes: int
@@ -49,6 +51,7 @@ class Status:
     memory_by_kind: dict[str, int] = field(default_factory=dict)
     receivers: dict[str, dict[str, int]] = field(default_factory=dict)
     gc: dict[str, str] = field(default_factory=dict)
+    lanes: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -64,8 +67,15 @@ class Status:
         )
         lines.append(
             f"  driver epoch {self.epoch}, last committed micro-batch {self.acked_batch}, "
-            f"newest committed event time {wm}"
+            f"watermark {wm}"
         )
+        if self.lanes:
+            newest = max(v["event_time_ms"] for v in self.lanes.values())
+            oldest = min(v["event_time_ms"] for v in self.lanes.values())
+            lines.append(
+                f"  {len(self.lanes)} source partition(s): newest event time "
+                f"{_when(newest)}, oldest partition at {_when(oldest)}"
+            )
         lines.append(
             f"  backups pending {self.backups_pending} (acknowledged, awaiting GC: "
             f"{self.backups_garbage})"
@@ -80,10 +90,11 @@ class Status:
             if last
             else "never"
         )
+        oldest = min(self.generations.values(), default=0)
         lines.append(
-            f"  GC horizon {self.horizon_ms / 3_600_000:g} h, floor bucket "
-            f"{self.gc_floor_bucket if self.gc_floor_bucket is not None else '-'}, last pass "
-            f"{when}" + (f", {self.gc.get('passes', 0)} passes" if last else "")
+            f"  GC horizon {self.horizon_ms / 3_600_000:g} h, {len(self.generations)} seen-ID "
+            f"generation(s) kept (oldest newest-event {_when(oldest)}), last pass {when}"
+            + (f", {self.gc.get('passes', 0)} passes" if last else "")
         )
         if self.receivers:
             names = sorted(self.receivers)
@@ -97,6 +108,10 @@ class Status:
                     f"  {name:<{width}} " + " ".join(f"{row.get(f, 0):>15,}" for f in shown)
                 )
         return "\n".join(lines)
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + " UTC" if ms else "none"
 
 
 def _size(n: int) -> str:
@@ -133,14 +148,14 @@ def status(client: Any, namespace: str, scan_count: int = DEFAULT_SCAN_COUNT) ->
                 stats = client.hgetall(key)
                 receivers[parsed.name] = {k.decode(): int(v) for k, v in stats.items()}
         keys += len(step)
-    floor = client.get(ks.gc_floor)
     return Status(
         namespace=namespace,
         epoch=int(client.get(ks.epoch) or 0),
         acked_batch=acked,
-        watermark_ms=int(client.get(ks.acked_watermark) or 0),
+        watermark_ms=int(client.hget(ks.clock, "watermark") or 0),
+        dedup_time_ms=int(client.hget(ks.clock, "dedup_time") or 0),
         horizon_ms=int(meta.get("horizon_ms", 0)),
-        gc_floor_bucket=int(floor) if floor is not None else None,
+        generations={k.decode(): int(v) for k, v in sorted(client.hgetall(ks.generations).items())},
         backups_pending=pending,
         backups_garbage=garbage,
         memory_bytes=memory,
@@ -148,6 +163,10 @@ def status(client: Any, namespace: str, scan_count: int = DEFAULT_SCAN_COUNT) ->
         memory_by_kind=by_kind,
         receivers=receivers,
         gc={k.decode(): v.decode() for k, v in client.hgetall(ks.gc).items()},
+        lanes={
+            lane: {"event_time_ms": newest, "active_ms": seen}
+            for lane, (newest, seen) in sorted(lanes_of(client, ks).items())
+        },
     )
 
 

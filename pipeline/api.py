@@ -6,8 +6,9 @@ data-format change (its dedup history and state start over). Names must be uniqu
 pipeline and must not contain ``/`` (reserved for names the optimizer derives).
 
 Each transform is a thin wrapper over the optimizer's primitives: map, filter, flat_map,
-key_by, map_values, windows and merge are flat-maps; combine_per_key and group_by_key are an
-exchange followed by a combine.
+key_by, map_values, window and merge are flat-maps; combine_per_key and group_by_key are an
+exchange followed by a combine (which folds per window when the stream is windowed: the
+windowing travels with the stream from ``window`` to the next combine).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from onceflow.graph_optimizer.ir import (
 )
 from onceflow.graph_optimizer.lower import lower
 from onceflow.graph_optimizer.optimizer import RULES, optimize
+from onceflow.kernel.durations import parse_duration_ms
+from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.eventtime import EventTime
+from onceflow.kernel.windows import Trigger, WindowFn, Windowing, windowing
 from onceflow.pipeline.combiners import ToList, resolve
 from onceflow.pipeline.errors import PipelineError
 from onceflow.runtime.combine_fn import CombineFn
@@ -81,6 +86,7 @@ class Pipeline:
         on_error: str = "dead_letter",
         max_record_bytes: int = 1 << 20,
         dedup: DedupConfig | None = None,
+        event_time: EventTime | None = None,
     ) -> None:
         if not isinstance(name, str) or not _PIPELINE_NAME.match(name):
             msg = (
@@ -99,6 +105,7 @@ class Pipeline:
         self.on_error = on_error
         self.max_record_bytes = max_record_bytes
         self.dedup = dedup or DedupConfig()
+        self.event_time = event_time or EventTime()
         self._nodes: dict[str, Node] = {}
 
     # -- building ----------------------------------------------------------------------------
@@ -134,9 +141,13 @@ class Pipeline:
             names = ", ".join(f"{s.name!r} ({'keyed' if s.keyed else 'unkeyed'})" for s in streams)
             msg = f"merge {name!r} mixes keyed and unkeyed streams: {names}; key them alike"
             raise PipelineError(msg)
+        windowings = {s.windowing for s in streams}
+        if len(windowings) > 1:
+            msg = f"merge {name!r} mixes streams windowed differently; window them alike"
+            raise PipelineError(msg)
         node = FlatMap(name, tuple(s.name for s in streams), label="merge", fn=_identity)
         self._add(node)
-        return Stream(self, name, keyed=keyed.pop())
+        return Stream(self, name, keyed=keyed.pop(), windowing=windowings.pop())
 
     # -- inspecting and running --------------------------------------------------------------
 
@@ -157,6 +168,7 @@ class Pipeline:
             max_record_bytes=self.max_record_bytes,
             dead_letters=self.dead_letters,
             dedup=self.dedup,
+            event_time=self.event_time,
         )
 
     def run(
@@ -185,16 +197,31 @@ def _identity(x: Any) -> tuple[Any]:
     return (x,)
 
 
+def _ttl_ms(name: str, ttl: float | str) -> int:
+    try:
+        ms = round(ttl * 1000) if isinstance(ttl, int | float) else parse_duration_ms(ttl, "ttl")
+    except ConfigError as exc:
+        msg = f"combine_per_key {name!r}: {exc}"
+        raise PipelineError(msg) from None
+    if isinstance(ttl, bool) or ms <= 0:
+        msg = f"combine_per_key {name!r}: ttl must be a positive duration, got {ttl!r}"
+        raise PipelineError(msg)
+    return ms
+
+
 class Stream:
     """The output of a stage; call transforms on it to add stages that read it.
 
     Elements of a keyed stream are ``(key, value)`` tuples.
     """
 
-    def __init__(self, pipeline: Pipeline, name: str, keyed: bool) -> None:
+    def __init__(
+        self, pipeline: Pipeline, name: str, keyed: bool, windowing: Windowing | None = None
+    ) -> None:
         self.pipeline = pipeline
         self.name = name
         self.keyed = keyed
+        self.windowing = windowing  # set by window(); element-wise steps keep it
 
     def _flat(
         self,
@@ -210,7 +237,7 @@ class Stream:
             label = f"{label} {_fn_name(user_fn)}"
         node = FlatMap(name, (self.name,), label=label, fn=fn, keyed=keyed, timestamped=timestamped)
         self.pipeline._add(node)
-        return Stream(self.pipeline, name, self.keyed if keyed is None else keyed)
+        return Stream(self.pipeline, name, self.keyed if keyed is None else keyed, self.windowing)
 
     def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
         """One output per element: ``fn(element)``. The result is unkeyed."""
@@ -242,36 +269,78 @@ class Stream:
             name, "map_values", lambda kv: ((kv[0], fn(kv[1])),), keyed=True, user_fn=fn
         )
 
-    def window(self, name: str, size_seconds: float) -> Stream:
-        """Fixed event-time windows: the key becomes ``(key, window_start_ms)``.
+    def window(
+        self,
+        name: str,
+        windows: WindowFn | float | str,
+        *,
+        trigger: Trigger | None = None,
+        allowed_lateness: float | str = 0,
+        accumulation: str = "accumulating",
+    ) -> Stream:
+        """Window a keyed stream by event time; the next ``combine_per_key`` folds per window.
 
-        A following ``combine_per_key`` then folds each key per window. Event time comes from
-        the source (a ``timestamp`` function, or the Kafka record time).
+        ``windows`` is :class:`~onceflow.windows.Fixed`, :class:`~onceflow.windows.Sliding`,
+        :class:`~onceflow.windows.Sessions` or :class:`~onceflow.windows.Global` (a number or
+        ``"1m"`` means fixed windows of that size). The combine then emits ``(key, Pane)``:
+        the result with its window's bounds and why it fired (see :mod:`onceflow.windows`).
+        By default one pane per window when the watermark passes its end; ``trigger`` adds
+        early and late panes, ``allowed_lateness`` keeps a window open for late records that
+        long past its end (later ones go to dead letters), ``accumulation="discarding"``
+        makes each pane carry only what came since the previous one.
         """
         self._need_keyed(name, "window")
-        size = int(size_seconds * 1000)
-        if size <= 0:
-            msg = f"window {name!r} needs a positive size, got {size_seconds} s"
-            raise PipelineError(msg)
+        try:
+            spec = windowing(
+                windows,
+                trigger=trigger,
+                allowed_lateness=allowed_lateness,
+                accumulation=accumulation,
+            )
+        except ConfigError as exc:
+            msg = f"window {name!r}: {exc}"
+            raise PipelineError(msg) from None
+        stream = self._flat(name, spec.describe(), _identity, keyed=True)
+        stream.windowing = spec
+        return stream
 
-        def assign(kv: tuple[Any, Any], ts: int) -> tuple[tuple[Any, Any]]:
-            return (((kv[0], ts - ts % size), kv[1]),)
-
-        return self._flat(name, f"window {size_seconds:g}s", assign, keyed=True, timestamped=True)
-
-    def combine_per_key(self, name: str, combiner: CombineFn | str) -> Stream:
+    def combine_per_key(
+        self, name: str, combiner: CombineFn | str, *, ttl: float | str | None = None
+    ) -> Stream:
         """Fold the values of each key: ``(key, result)``.
 
         ``combiner`` is a :class:`~pipeline.combiners.CombineFn` or the name of a built-in:
-        ``sum``, ``count``, ``min``, ``max``, ``mean``, ``list``. In a streaming run the
-        result is updated every micro-batch and emitted for the keys that changed.
+        ``sum``, ``count``, ``min``, ``max``, ``mean``, ``list``. On a windowed stream (see
+        :meth:`window`) it folds per key and window and emits ``(key, Pane)``. Otherwise, in
+        a streaming run, the result is updated every micro-batch and emitted for the keys
+        that changed; ``ttl`` (``"7d"``, or seconds) forgets a key's state once it has not
+        changed for that long (processing time), so state of keys that stop appearing does
+        not stay in Redis forever (``onceflow gc`` reclaims it).
         """
         _check_stage_name(name)
         self._need_keyed(name, "combine_per_key")
         fn = resolve(combiner)
+        ttl_ms = None
+        if ttl is not None:
+            if self.windowing is not None:
+                msg = (
+                    f"combine_per_key {name!r}: ttl applies to unwindowed state; a windowed "
+                    "combine's state ends when its windows close (set allowed_lateness)"
+                )
+                raise PipelineError(msg)
+            ttl_ms = _ttl_ms(name, ttl)
         exchange = name + EXCHANGE_SUFFIX
         self.pipeline._add(Exchange(exchange, (self.name,), label="exchange by key"))
-        self.pipeline._add(Combine(name, (exchange,), label=fn.label, combine_fn=fn))
+        self.pipeline._add(
+            Combine(
+                name,
+                (exchange,),
+                label=fn.label,
+                combine_fn=fn,
+                windowing=self.windowing,
+                ttl_ms=ttl_ms,
+            )
+        )
         return Stream(self.pipeline, name, keyed=True)
 
     def count_per_key(self, name: str) -> Stream:

@@ -10,6 +10,8 @@ In a streaming run a full or final combine is *stateful*: each chunk's per-key d
 merged into state kept by the runtime (Redis), and at the end of the task the new value of
 every key touched by the batch is emitted. Partial combines flush per chunk when IDs are on
 (their output must be committed with the chunk's input) and once per task otherwise.
+Windowed combines (:mod:`onceflow.runtime.windowing`) emit panes instead, when their
+trigger says so; a record whose windows have all closed becomes a dead letter.
 """
 
 from __future__ import annotations
@@ -22,14 +24,19 @@ from typing import Any
 from onceflow.kernel import codec
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output
+from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, StateWrite
+from onceflow.kernel.windows import Pane
 from onceflow.runtime.errors import RuntimeFailure
 from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec, TargetKind, TargetSpec
+from onceflow.runtime.windowing import WindowClosedError, WindowedCombine
 
 Push = Callable[[Any], None]
 # Part of the IDs of partial accumulators flushed at the end of a task (a data format: keep).
 PARTIAL_FLUSH = "end"
 StateReader = Callable[[str, Sequence[bytes]], Mapping[bytes, bytes | None]]
+# Keys of a combine node whose timers are due: (node, watermark, batch time) -> keys
+TimerReader = Callable[[str, int, int], Sequence[bytes]]
+EXPIRY_TIMERS = "expiry"
 
 
 class StageFailure(RuntimeFailure):
@@ -71,15 +78,21 @@ def error_text(exc: BaseException) -> str:
 
 
 class CombineOp:
-    """Per-key accumulators of one combine node."""
+    """Per-key accumulators of one combine node.
 
-    def __init__(self, spec: OpSpec, stateful: bool, chunked: bool) -> None:
+    With a time-to-live, a stateful combine stores ``[accumulator, expiry]`` and treats a key
+    whose expiry (batch time) has passed as new; ``onceflow gc`` deletes such keys.
+    """
+
+    def __init__(self, spec: OpSpec, stateful: bool, chunked: bool, now: int | None) -> None:
         assert spec.combine_fn is not None
         self.spec = spec
         self.fn = spec.combine_fn
         self.stateful = stateful
         self.chunked = chunked  # a partial whose per-chunk deltas are committed with the chunk
         self.merging = spec.phase is Phase.FINAL
+        self.ttl_ms = spec.ttl_ms if stateful else None
+        self.now = now or 0
         self.acc: dict[bytes, list[Any]] = {}  # key bytes -> [key, accumulator, max ts]
         self.running: dict[bytes, list[Any]] = {}  # chunked: deltas of committed chunks
         self.touched: dict[bytes, list[Any]] = {}  # stateful: keys changed by this batch
@@ -104,18 +117,36 @@ class CombineOp:
         elif ts > entry[1]:
             entry[1] = ts
 
-    def updates(self, reader: StateReader) -> dict[bytes, bytes]:
+    def stored(self, raw: bytes | None) -> Any:
+        """The accumulator in a stored value (None: no state, or it expired)."""
+        if raw is None:
+            return None
+        value = codec.decode(raw)
+        if self.ttl_ms is None:
+            return value
+        acc, expiry = value
+        return None if expiry <= self.now else acc
+
+    def updates(self, reader: StateReader) -> StateWrite:
         """New encoded state for every key with a delta in this chunk."""
+        write = StateWrite()
         if not self.acc:
-            return {}
+            return write
         current = reader(self.spec.name, list(self.acc))
-        out: dict[bytes, bytes] = {}
+        expiry = self.now + self.ttl_ms if self.ttl_ms is not None else None
+        timers: dict[bytes, int | None] = {}
         for kb, (key, delta, ts) in self.acc.items():
-            old = current.get(kb)
-            new = delta if old is None else self.fn.merge(codec.decode(old), delta)
-            out[kb] = codec.encode(new)
+            old = self.stored(current.get(kb))
+            new = delta if old is None else self.fn.merge(old, delta)
+            if expiry is None:
+                write.values[kb] = codec.encode(new)
+            else:
+                write.values[kb] = codec.encode([new, expiry])
+                timers[kb] = expiry
             self.pending[kb] = [key, ts]
-        return out
+        if timers:
+            write.timers[EXPIRY_TIMERS] = timers
+        return write
 
     def chunk_committed(self) -> None:
         """The chunk is durable: its keys count as touched, its deltas join the running sum."""
@@ -156,15 +187,25 @@ class CombineOp:
 class StageBody:
     """The ops of one stage for one task."""
 
-    def __init__(self, spec: StageSpec, mode: Guarantee, batch: int, partition: int) -> None:
+    def __init__(
+        self,
+        spec: StageSpec,
+        mode: Guarantee,
+        batch: int,
+        partition: int,
+        watermark: int | None = None,
+        now: int | None = None,
+    ) -> None:
         self.spec = spec
         self.mode = mode
         self.batch = batch
         self.partition = partition
+        self.watermark = watermark  # the micro-batch's (None: bounded)
+        self.now = now  # the micro-batch's time (None: bounded)
         self.cursor = Cursor()
         self.buffers: list[list[tuple[bytes, int, Any]]] = [[] for _ in spec.targets]
         self.derivers = [Deriver(t.name) if mode.ids else None for t in spec.targets]
-        self.combines: dict[str, CombineOp] = {}
+        self.combines: dict[str, CombineOp | WindowedCombine] = {}
         self.op_derivers: dict[str, Deriver] = {}
         self.dead_count = 0
         self.push: dict[str, Push] = {}
@@ -227,22 +268,48 @@ class StageBody:
     def _build_combine(self, op: OpSpec) -> Push:
         stateful = self.mode.streaming and op.phase is not Phase.PARTIAL
         chunked = self.mode.ids and op.phase is Phase.PARTIAL
-        combine = CombineOp(op, stateful, chunked)
+        combine: CombineOp | WindowedCombine
+        if op.windowing is not None:
+            combine = WindowedCombine(op, stateful, chunked, self.watermark, self.now)
+        else:
+            combine = CombineOp(op, stateful, chunked, self.now)
         self.combines[op.name] = combine
         if self.mode.ids:
             self.op_derivers[op.name] = Deriver(op.name)
+        return self._adder(combine)
+
+    def _adder(self, combine: CombineOp | WindowedCombine) -> Callable[..., None]:
+        """Feed a combine ``(key, value)`` elements (and their key bytes, after an exchange)."""
         cursor = self.cursor
         fail = self._fail
+        name = combine.spec.name
         encode = codec.encode
+        closed = self._window_closed
 
-        def push(elem: Any) -> None:
+        def push(elem: Any, kb: bytes | None = None) -> None:
             try:
                 key, value = elem
-                combine.add(encode(key), key, value, cursor.ts)
+                combine.add(kb if kb is not None else encode(key), key, value, cursor.ts)
+            except WindowClosedError as late:
+                closed(name, str(late), elem)
             except Exception as exc:  # noqa: BLE001 - user code or a bad element
-                fail(op.name, exc, elem)
+                fail(name, exc, elem)
 
         return push
+
+    def _window_closed(self, node: str, reason: str, elem: Any) -> None:
+        """A record too late for every one of its windows: a dead letter, never dropped."""
+        letter = DeadLetter(
+            self.cursor.parent,
+            self.cursor.ts,
+            node,
+            reason,
+            self._origin(),
+            None,
+            portable(elem),
+            "window_closed",
+        )
+        self.dead(letter)
 
     def _entry(self, ops: tuple[str, ...], targets: tuple[int, ...]) -> Push:
         return self._fan_out([self.push[n] for n in ops] + [self._appender(t) for t in targets])
@@ -259,6 +326,7 @@ class StageBody:
             self._origin(),
             None,
             describe(elem),
+            "user_error",
         )
         self.dead(letter)
 
@@ -281,27 +349,16 @@ class StageBody:
         for inbound, rid, ts, kb, elem in rows:
             cursor.parent = rid
             cursor.ts = ts
-            dispatch[inbound](kb, elem)
+            dispatch[inbound](elem, kb)
 
-    def _dispatcher(self, inbound: int) -> Callable[[bytes | None, Any], None]:
+    def _dispatcher(self, inbound: int) -> Callable[[Any, bytes | None], None]:
         """Feed one input; a combine reading an exchange reuses the key bytes it arrived with."""
         spec = self.spec.inbound[inbound]
         combine = self.combines.get(spec.entries[0]) if len(spec.entries) == 1 else None
         entry = self.entries[inbound]
         if combine is None or spec.entry_targets:
-            return lambda _kb, elem: entry(elem)
-        cursor = self.cursor
-        fail = self._fail
-        name = combine.spec.name
-
-        def add(kb: bytes | None, elem: Any) -> None:
-            try:
-                key, value = elem
-                combine.add(kb if kb is not None else codec.encode(key), key, value, cursor.ts)
-            except Exception as exc:  # noqa: BLE001 - user code
-                fail(name, exc, elem)
-
-        return add
+            return lambda elem, _kb: entry(elem)
+        return self._adder(combine)
 
     def touch(self, inbound: int, kb: bytes, key: Any, ts: int) -> None:
         """A replayed record whose effect is already committed: mark its key touched."""
@@ -324,6 +381,10 @@ class StageBody:
             combine = self.combines.get(op.name)
             if combine is None or not combine.chunked:
                 continue
+            if isinstance(combine, WindowedCombine):
+                for kb, ts, value in combine.deltas():
+                    out.append(Output(-1 - position, b"", ts, kb, value))
+                continue
             for kb, (_key, acc, ts) in combine.acc.items():
                 out.append(Output(-1 - position, b"", ts, kb, codec.encode(acc)))
         return out
@@ -333,15 +394,32 @@ class StageBody:
         for out in outputs:
             combine = self.combines[self.spec.ops[-1 - out.target].name]
             assert out.key is not None
-            combine.seed(out.key, codec.decode(out.key), codec.decode(out.value), out.ts)
+            if isinstance(combine, WindowedCombine):
+                combine.seed(out.key, out.value, out.ts)
+            else:
+                combine.seed(out.key, codec.decode(out.key), codec.decode(out.value), out.ts)
 
-    def state_updates(self, reader: StateReader) -> dict[str, dict[bytes, bytes]]:
-        """New state of every stateful combine for the keys changed in this chunk."""
-        out: dict[str, dict[bytes, bytes]] = {}
+    def state_updates(self, reader: StateReader) -> dict[str, StateWrite]:
+        """New state of every stateful combine for the keys changed in this chunk.
+
+        Windowed combines that fire a pane per late record emit those panes here: they
+        leave with the chunk's commit.
+        """
+        out: dict[str, StateWrite] = {}
         for name, combine in self.combines.items():
-            if combine.stateful and combine.acc:
-                out[name] = combine.updates(reader)
+            if not combine.stateful:
+                continue
+            if isinstance(combine, WindowedCombine):
+                write = combine.updates(reader, self._pane_emitter(combine))
+            else:
+                write = combine.updates(reader)
+            if write:
+                out[name] = write
         return out
+
+    def closed_parts(self) -> int:
+        """Window memberships dropped because that window had closed (sliding windows)."""
+        return sum(c.closed_parts for c in self.combines.values() if isinstance(c, WindowedCombine))
 
     def chunk_committed(self) -> None:
         """The chunk is durable."""
@@ -357,19 +435,72 @@ class StageBody:
             if combine.stateful or combine.chunked:
                 combine.reset_chunk()
 
-    def flush_end(self, reader: StateReader | None) -> None:
-        """End of task: emit combine results, in graph order."""
+    def flush_end(
+        self, reader: StateReader | None, timers: TimerReader | None = None
+    ) -> dict[str, StateWrite]:
+        """End of task: emit combine results, in graph order.
+
+        Returns the state changes of windowed combines (panes fired, windows closed): they
+        are committed with the task's end-of-task outputs.
+        """
+        changes: dict[str, StateWrite] = {}
         for op in self.spec.ops:
             combine = self.combines.get(op.name)
             if combine is None:
                 continue
-            if combine.stateful:
+            if isinstance(combine, WindowedCombine):
+                write = self._flush_windows(combine, reader, timers)
+                if write:
+                    changes[op.name] = write
+            elif combine.stateful:
                 assert reader is not None
                 self._emit_state(combine, reader)
             elif op.phase is Phase.PARTIAL:
                 self._emit_accumulators(combine)
             else:
                 self._emit_results(combine)
+        return changes
+
+    def _flush_windows(
+        self, combine: WindowedCombine, reader: StateReader | None, timers: TimerReader | None
+    ) -> StateWrite | None:
+        if combine.stateful:
+            assert reader is not None and timers is not None
+            wm = self.watermark if self.watermark is not None else 0
+            due = timers(combine.spec.name, wm, self.now or 0)
+            return combine.fire(reader, due, self._pane_emitter(combine))
+        if combine.spec.phase is Phase.PARTIAL:
+            out = self._fan_out(self._downstream(combine.spec))
+            deriver = self.op_derivers.get(combine.spec.name)
+            cursor = self.cursor
+            for kb, key, ts, partial in combine.drain():
+                if deriver is not None:
+                    cursor.parent = deriver.of(
+                        self.batch, self.partition, PARTIAL_FLUSH, kb, partial[0], partial[1]
+                    )
+                cursor.ts = ts
+                out((key, partial))
+            return None
+        emit = self._pane_emitter(combine)  # (sets combine.failed before extract runs)
+        for kb, key, pane, ts in combine.final_panes():
+            emit(kb, key, pane, ts)
+        return None
+
+    def _pane_emitter(self, combine: WindowedCombine) -> Callable[[bytes, Any, Pane, int], None]:
+        """Send ``(key, pane)`` on, its ID derived from key, window and pane index."""
+        out = self._fan_out(self._downstream(combine.spec))
+        deriver = self.op_derivers.get(combine.spec.name)
+        cursor = self.cursor
+        name = combine.spec.name
+        combine.failed = lambda key, exc: self._fail(name, exc, key)
+
+        def emit(kb: bytes, key: Any, pane: Pane, ts: int) -> None:
+            if deriver is not None:
+                cursor.parent = deriver.of(kb, pane.start, pane.end, pane.index)
+            cursor.ts = ts
+            out((key, pane))
+
+        return emit
 
     def _emit_accumulators(self, combine: CombineOp) -> None:
         out = self._fan_out(self._downstream(combine.spec))
@@ -410,7 +541,8 @@ class StageBody:
                 cursor.parent = deriver.of(self.batch, kb)
             cursor.ts = ts
             try:
-                result = combine.fn.extract(codec.decode(raw))
+                acc = combine.stored(raw)
+                result = combine.fn.extract(acc if acc is not None else combine.fn.create())
             except Exception as exc:  # noqa: BLE001 - user code
                 self._fail(combine.spec.name, exc, key)
                 continue
@@ -475,5 +607,7 @@ class StageBody:
         reason = f"cannot send to {target.name!r}: {exc}"
         if target.keyed and not (isinstance(elem, tuple) and len(elem) == 2):
             reason = f"{target.name!r} expects (key, value) pairs, got {describe(elem, 80)}"
-        letter = DeadLetter(parent, ts, target.name, reason, self._origin(), None, describe(elem))
+        letter = DeadLetter(
+            parent, ts, target.name, reason, self._origin(), None, describe(elem), "unwritable"
+        )
         self.dead(letter)

@@ -19,7 +19,7 @@ from onceflow.runtime.guard import no_guard
 from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.progress import TaskProgress
 from onceflow.runtime.result import RunResult, explain_failure
-from onceflow.runtime.session import spark_session
+from onceflow.runtime.session import default_log_file, log_file, spark_session
 from onceflow.runtime.shipping import ship_code
 from onceflow.runtime.spark import compile_batch
 from onceflow.runtime.spec import Job
@@ -54,7 +54,12 @@ def run_bounded(
     code_dir: str | None = None,
 ) -> RunResult:
     """One Spark action over every source; see the module docstring."""
-    spark = session or spark_session(master, app_name=job.pipeline, parallelism=parallelism)
+    spark = session or spark_session(
+        master,
+        app_name=job.pipeline,
+        parallelism=parallelism,
+        log_path=default_log_file(job.pipeline, output_dir),
+    )
     if code_dir is not None:
         ship_code(spark, code_dir)
     dead = default_dead_letters(job, output_dir)
@@ -75,7 +80,7 @@ def run_bounded(
         with TaskProgress(spark.sparkContext, group, enabled=progress):
             compiled.run()
     except Exception as exc:
-        raise RunError(explain_failure(job.pipeline, exc)) from exc
+        raise RunError(explain_failure(job.pipeline, exc, log_file())) from exc
     for sink in all_sinks(job, dead):
         sink.finish()
     return RunResult(

@@ -15,3 +15,14 @@ class RunError(OnceflowError):
 
 class PlanChangedError(ConfigError):
     """The pipeline's physical plan differs from the one its stored state was built with."""
+
+
+TASK_FAILURE_MARK = "Onceflow task failure:"
+
+
+class TaskFailure(RuntimeFailure):
+    """A task failed; the message is one line starting with :data:`TASK_FAILURE_MARK`.
+
+    The driver finds that line in Spark's failure text and shows it instead of the stack
+    traces (which go to the log file).
+    """

@@ -16,7 +16,15 @@ import time
 
 CRASH_ENV = "ONCEFLOW_CRASH"
 CRASH_FILE_ENV = "ONCEFLOW_CRASH_FILE"
-TASK_POINTS = ("before_commit", "after_commit", "after_sink_write", "task_end")
+TASK_POINTS = (
+    "before_commit",
+    "after_commit",
+    "before_finish",
+    "after_finish",
+    "after_sink_write",
+    "after_sink_commit",
+    "task_end",
+)
 DRIVER_POINTS = ("batch_end",)
 _FROZEN_SLEEP_S = 3600
 

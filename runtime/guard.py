@@ -10,15 +10,17 @@ the workers by a factory pickled from the driver.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from onceflow.backup.format import TaskBackup
 from onceflow.dedup.admission import Admission
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.state import read_state, write_state
+from onceflow.dedup.delivery import PendingDelivery
+from onceflow.dedup.state import due_timers, read_state, write_state
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.records import Guarantee, InRow, Output, TaskRef
+from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
+from onceflow.kernel.scripts import scripts_for
 from onceflow.kernel.settings import RedisSettings, redis_client
 
 # The at-least-once baseline commits state in chunks of at least this many records.
@@ -30,6 +32,9 @@ class Guard(Protocol):
 
     mode: Guarantee
     chunk_size: int
+    limit_ms: int | None  # the newest event time admitted, if there is a limit
+    watermark: int | None  # the micro-batch's watermark (None: bounded, nothing is late)
+    batch_time_ms: int | None  # the micro-batch's time (processing-time triggers, ttl)
 
     def open(self) -> TaskBackup:
         """Start the task; return what earlier attempts committed (replayed, not recomputed)."""
@@ -43,18 +48,27 @@ class Guard(Protocol):
         """Current keyed state of ``node`` for ``keys``."""
         ...
 
+    def due_timers(self, node: str, watermark: int, now: int) -> Sequence[bytes]:
+        """Keys of windowed combine ``node`` with a timer due at ``watermark`` / ``now``."""
+        ...
+
     def commit(
         self,
         chunk: int,
         fresh: list[InRow],
         outputs: list[Output],
-        updates: Mapping[str, Mapping[bytes, bytes]],
+        updates: Mapping[str, StateWrite],
+        lanes: Mapping[str, int],
     ) -> set[bytes]:
-        """Atomically store a chunk's effects; return IDs that conflicted (nothing stored)."""
+        """Atomically store a chunk's effects; return IDs that conflicted (nothing stored).
+
+        ``lanes``: the newest event time per source lane the chunk read (the watermark's
+        input), committed with it.
+        """
         ...
 
-    def finish(self, outputs: list[Output]) -> None:
-        """Commit end-of-task outputs and mark the task done."""
+    def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
+        """Commit end-of-task outputs with their state changes and mark the task done."""
         ...
 
     def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
@@ -62,7 +76,23 @@ class Guard(Protocol):
         ...
 
     def delivered(self, target: int, outputs: list[Output]) -> None:
-        """Mark sink records delivered (after the sink acknowledged them)."""
+        """Mark sink records delivered (their write is visible) and end the pending delivery."""
+        ...
+
+    def pending(self, target: int) -> PendingDelivery | None:
+        """A delivery of this sink partition an earlier attempt left unmarked."""
+        ...
+
+    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
+        """Remember a delivery about to become visible (see :mod:`onceflow.dedup.delivery`)."""
+        ...
+
+    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
+        """End a pending delivery: mark its IDs if it happened, else drop it."""
+        ...
+
+    def note(self, name: str, n: int) -> None:
+        """Count something that happened (shown by ``onceflow status``), e.g. a source gap."""
         ...
 
     def close(self) -> dict[str, int]:
@@ -78,11 +108,22 @@ class GuardFactory(Protocol):
         ...
 
 
+class BatchGuards(GuardFactory, Protocol):
+    """A factory that must be told each micro-batch's parameters (exactly-once)."""
+
+    def for_batch(self, params: Any) -> GuardFactory:
+        """The factory for the tasks of one micro-batch."""
+        ...
+
+
 class NoGuard:
     """Bounded runs: no IDs, no backup, no dedup; a failed task simply runs again."""
 
     mode = Guarantee.BOUNDED
     chunk_size = 0  # whole Arrow batches
+    limit_ms: int | None = None
+    watermark: int | None = None
+    batch_time_ms: int | None = None
 
     def open(self) -> TaskBackup:
         """Nothing was committed before."""
@@ -96,17 +137,22 @@ class NoGuard:
         """Bounded combines keep no state outside the task."""
         return {}
 
+    def due_timers(self, node: str, watermark: int, now: int) -> Sequence[bytes]:
+        """Bounded windows fire at the end of the input, from memory."""
+        return ()
+
     def commit(
         self,
         chunk: int,
         fresh: list[InRow],
         outputs: list[Output],
-        updates: Mapping[str, Mapping[bytes, bytes]],
+        updates: Mapping[str, StateWrite],
+        lanes: Mapping[str, int],
     ) -> set[bytes]:
         """Nothing to store."""
         return set()
 
-    def finish(self, outputs: list[Output]) -> None:
+    def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
         """Nothing to store."""
 
     def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
@@ -115,6 +161,19 @@ class NoGuard:
 
     def delivered(self, target: int, outputs: list[Output]) -> None:
         """Nothing to mark."""
+
+    def pending(self, target: int) -> PendingDelivery | None:
+        """Nothing is remembered."""
+        return None
+
+    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
+        """Nothing to remember."""
+
+    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
+        """Nothing was remembered."""
+
+    def note(self, name: str, n: int) -> None:
+        """Nothing is counted outside the run."""
 
     def close(self) -> dict[str, Any]:
         """No counters of its own."""
@@ -128,11 +187,20 @@ def no_guard(task: TaskRef) -> Guard:
 
 @dataclass(frozen=True)
 class AtLeastOnceGuards:
-    """The baseline's factory: keyed state in Redis, no IDs, no backup, no dedup."""
+    """The baseline's factory: keyed state in Redis, no IDs, no backup, no dedup.
+
+    Each micro-batch's parameters (its watermark and time, for windows) come from the same
+    place as in exactly-once runs (:func:`onceflow.dedup.batch.fix_batch_params`).
+    """
 
     redis: RedisSettings
     namespace: str
     config: DedupConfig
+    params: Any = None
+
+    def for_batch(self, params: Any) -> AtLeastOnceGuards:
+        """The factory for the tasks of one micro-batch."""
+        return replace(self, params=params)
 
     def __call__(self, task: TaskRef) -> Guard:
         """A guard for one task."""
@@ -150,6 +218,10 @@ class AtLeastOnceGuard(NoGuard):
         self.client = redis_client(factory.redis)
         self.partition = partition
         self.round_trips = 0
+        params = factory.params
+        if params is not None:
+            self.watermark = params.watermark
+            self.batch_time_ms = params.time_ms
 
     def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:
         """Current accumulators."""
@@ -158,18 +230,38 @@ class AtLeastOnceGuard(NoGuard):
         self.round_trips += 1
         return read_state(self.client, self.ks, node, self.partition, keys)
 
+    def due_timers(self, node: str, watermark: int, now: int) -> Sequence[bytes]:
+        """Keys with a timer due."""
+        self.round_trips += 1
+        return due_timers(self.client, self.ks, node, self.partition, watermark, now)
+
     def commit(
         self,
         chunk: int,
         fresh: list[InRow],
         outputs: list[Output],
-        updates: Mapping[str, Mapping[bytes, bytes]],
+        updates: Mapping[str, StateWrite],
+        lanes: Mapping[str, int],
     ) -> set[bytes]:
-        """Write state (not atomically with anything)."""
+        """Write state and raise the source lanes (not atomically with anything)."""
         if any(updates.values()):
             write_state(self.client, self.ks, self.partition, updates)
             self.round_trips += 1
+        if lanes and self.batch_time_ms is not None:
+            args: list[Any] = []
+            for lane, newest in lanes.items():
+                args += [lane, newest, self.batch_time_ms]
+            scripts_for(self.client).raise_lanes(
+                keys=[self.ks.lanes, self.ks.lane_activity], args=args
+            )
+            self.round_trips += 1
         return set()
+
+    def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
+        """Write the end-of-task state changes (windows fired and closed)."""
+        if changes:
+            write_state(self.client, self.ks, self.partition, changes)
+            self.round_trips += 1
 
     def close(self) -> dict[str, Any]:
         """Round trips, for the benchmark."""

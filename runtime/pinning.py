@@ -4,22 +4,33 @@ Parallelism, the seen-ID bucket and shard layout, and the physical plan's layout
 boundaries, keyed state; see :mod:`onceflow.graph_optimizer.fingerprint`) are stored in the
 namespace's meta hash on the first run and compared on every start. A change is refused with
 a message that says what changed and how to proceed.
+
+The namespace and the Spark checkpoint are two halves of one pipeline's progress: Spark knows
+which input was read, Redis what it did. Both hold the same identity (:func:`pin_checkpoint`):
+a fresh checkpoint over an old namespace (it would re-read input the namespace has already
+backed up under the same batch numbers), or an old checkpoint over a namespace whose state is
+gone, is refused with the way to start over (``onceflow reset``).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import uuid
 from typing import Any
 
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.runtime.checkpoint import IDENTITY_FILE, Checkpoint
 from onceflow.runtime.errors import PlanChangedError
 from onceflow.runtime.spec import Job
 
 PLAN_FIELD = "plan"
 PLAN_FINGERPRINT_FIELD = "plan_fingerprint"
+IDENTITY_FIELD = "identity"
+# A namespace that has these had runs before (of an Onceflow that wrote no identity yet).
+_STATE_FIELDS = ("parallelism", PLAN_FIELD)
 
 
 def _decode_meta(client: Any, keyspace: Keyspace) -> dict[str, str]:
@@ -108,3 +119,49 @@ def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
         if key not in ("stages", "boundaries", "state") and stored.get(key) != current.get(key):
             lines.append(f"{key} was {stored.get(key)}, now {current.get(key)}")
     return lines
+
+
+def _reset_hint(keyspace: Keyspace, checkpoint: Checkpoint) -> str:
+    return (
+        f"To start this pipeline over, delete both halves: onceflow reset --namespace "
+        f"{keyspace.namespace} --checkpoint {checkpoint.location} (or give the run a new "
+        "--namespace and a new --checkpoint)"
+    )
+
+
+def pin_checkpoint(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> str:
+    """Tie the checkpoint and the namespace together (see the module docstring)."""
+    stored = client.hget(keyspace.meta, IDENTITY_FIELD)
+    stored_id: str | None = stored.decode() if stored is not None else None
+    found = checkpoint.identity()
+    if stored_id is not None and found == stored_id:
+        return stored_id
+    if stored_id is not None:
+        what = (
+            f"holds another run's identity ({found})"
+            if found is not None
+            else "has no progress of this pipeline"
+            if not checkpoint.has_progress()
+            else "was not written by the run that owns the namespace"
+        )
+        msg = (
+            f"the checkpoint {checkpoint.location} {what}, but namespace "
+            f"{keyspace.namespace!r} holds the state of run {stored_id}: resuming would "
+            "re-read input the namespace has already backed up and lose or double records. "
+            f"Pass that run's --checkpoint to resume it. {_reset_hint(keyspace, checkpoint)}"
+        )
+        raise ConfigError(msg)
+    has_state = any(client.hexists(keyspace.meta, f) for f in _STATE_FIELDS)
+    if found is not None and not has_state:
+        msg = (
+            f"the checkpoint {checkpoint.location} belongs to run {found}, but namespace "
+            f"{keyspace.namespace!r} has no state in this Redis (was it wiped, or is REDIS_URL "
+            "another server?): resuming would count everything it held afresh. "
+            + _reset_hint(keyspace, checkpoint)
+        )
+        raise ConfigError(msg)
+    identity = found or uuid.uuid4().hex
+    client.hsetnx(keyspace.meta, IDENTITY_FIELD, identity)
+    if found is None:
+        checkpoint.write(identity + "\n", IDENTITY_FILE)
+    return identity

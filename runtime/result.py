@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.kernel.records import Guarantee
+from onceflow.runtime.errors import TASK_FAILURE_MARK
 from onceflow.runtime.spec import Job
+
+MAX_LINE = 800
 
 
 @dataclass
@@ -75,15 +78,20 @@ class RunResult:
         return "\n".join(lines)
 
 
-def explain_failure(name: str, exc: Exception) -> str:
-    """The useful part of a Spark failure: the Python error from the worker."""
+def explain_failure(name: str, exc: BaseException, log_path: str | None = None) -> str:
+    """The useful part of a Spark failure, in one line: the failing task's own summary.
+
+    Spark's text holds the worker's traceback and the JVM's; the task wrapped its error in a
+    line starting with :data:`~onceflow.runtime.errors.TASK_FAILURE_MARK` (stage, batch,
+    partition, the exception and the input record). The full text is in the log file.
+    """
     text = str(exc)
-    marker = "StageFailure:"
-    if marker in text:
-        detail = text[text.index(marker) + len(marker) :].strip().splitlines()[0]
-        return f"pipeline {name!r} stopped: {detail}"
+    log = f" (full log: {log_path})" if log_path else ""
+    if TASK_FAILURE_MARK in text:
+        line = text[text.index(TASK_FAILURE_MARK) + len(TASK_FAILURE_MARK) :].splitlines()[0]
+        return f"pipeline {name!r} stopped: {line.strip()}{log}"
     for raw in reversed(text.splitlines()):
         line = raw.strip()
         if line and ("Error" in line or "Exception" in line) and not line.startswith("at "):
-            return f"pipeline {name!r} failed: {line}"
-    return f"pipeline {name!r} failed: {text[:2000]}"
+            return f"pipeline {name!r} failed: {line[:MAX_LINE]}{log}"
+    return f"pipeline {name!r} failed: {' '.join(text.split())[:MAX_LINE]}{log}"

@@ -37,10 +37,10 @@ def run(
 
         return run_streaming(
             job,
+            session=session,
             master=master,
             parallelism=parallelism,
             progress=progress,
-            session=session,
             output_dir=output_dir,
             code_dir=code_dir,
             **streaming,

@@ -2,8 +2,12 @@
 
 Adaptive query execution is switched off: it may coalesce shuffle partitions, and the runtime
 relies on a record's partition being a pure function of its key (backups and keyed state are
-stored per partition). Python workers are reused so per-worker caches (Kafka clients, Bloom
-filters) survive from task to task.
+stored per partition). Speculative execution is switched off (and refused): a speculative
+copy of a task would write to sinks beside the original. Python workers are reused so
+per-worker caches (Kafka clients, Bloom filters) survive from task to task.
+
+Spark's JVM logs go to a file (:func:`log_file`), not the terminal: a failed run prints one
+line saying what failed and where that file is.
 """
 
 from __future__ import annotations
@@ -11,7 +15,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
+import time
 from typing import TYPE_CHECKING
+
+from onceflow.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -20,6 +28,33 @@ REQUIRED_SQL_CONF = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
+SPECULATION = "spark.speculation"
+ARROW_BATCH_ROWS = 10_000
+LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+LOG_FILE_PROPERTY = "onceflow.log.file"
+LOG_LEVEL_PROPERTY = "onceflow.log.level"
+DEFAULT_LOG_LEVEL = "warn"
+# Fast JVM start (~half the session start time).
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+_log_file: str | None = None
+
+
+def log_file() -> str | None:
+    """Where the JVM of this process's session writes its log (None before a session)."""
+    return _log_file
+
+
+def default_log_file(app_name: str, folder: str | None = None) -> str:
+    """A new log file: ``<folder>/logs/<app>-<time>-<pid>.log`` (a temp folder by default)."""
+    base = (
+        os.path.join(folder, "logs")
+        if folder
+        else os.path.join(tempfile.gettempdir(), "onceflow-logs")
+    )
+    os.makedirs(base, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.abspath(os.path.join(base, f"{app_name}-{stamp}-{os.getpid()}.log"))
 
 
 def spark_session(
@@ -28,8 +63,11 @@ def spark_session(
     app_name: str = "onceflow",
     parallelism: int = 2,
     extra_conf: dict[str, str] | None = None,
+    log_path: str | None = None,
+    log_level: str = DEFAULT_LOG_LEVEL,
 ) -> SparkSession:
     """Get or create the session (local mode by default, any ``--master`` URL works)."""
+    global _log_file  # noqa: PLW0603 - one JVM, one log file per process
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):
@@ -40,6 +78,7 @@ def spark_session(
     if active is not None:
         adopt(active)
         return active
+    path = log_path or default_log_file(app_name)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -48,27 +87,33 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(parallelism))
         .config("spark.default.parallelism", str(parallelism))
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.extraJavaOptions", _driver_java_options())
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+        .config(SPECULATION, "false")
+        .config("spark.driver.extraJavaOptions", _driver_java_options(path, log_level))
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
     )
     for key, value in {**REQUIRED_SQL_CONF, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    _log_file = path
     logging.getLogger("py4j").setLevel(logging.ERROR)
+    adopt(session)
     return session
 
 
-LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
-
-
-def _driver_java_options() -> str:
-    # Fast JVM start (~half the session start time) and errors-only logging.
-    jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    return f"{jvm} -Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+def _driver_java_options(path: str, level: str) -> str:
+    return (
+        f"{FAST_JVM} -Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
+        f"-D{LOG_FILE_PROPERTY}={path} -D{LOG_LEVEL_PROPERTY}={level}"
+    )
 
 
 def adopt(session: SparkSession) -> None:
     """Apply the settings Onceflow needs to a session someone else created."""
     for key, value in REQUIRED_SQL_CONF.items():
         session.conf.set(key, value)
+    if session.sparkContext.getConf().get(SPECULATION, "false").lower() == "true":
+        msg = (
+            "spark.speculation is true: a speculative copy of a task would write to sinks "
+            "beside the original. Set spark.speculation=false for Onceflow pipelines"
+        )
+        raise ConfigError(msg)

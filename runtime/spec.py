@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from onceflow.kernel.windows import Windowing
 from onceflow.runtime.combine_fn import CombineFn
 
 DEAD_LETTERS = "dead-letters"
@@ -73,7 +74,9 @@ class OpSpec:
     """One logical node running in the stage, with where its outputs go.
 
     ``to_ops`` names in-stage consumer ops; ``to_targets`` indexes stage outputs. A
-    ``timestamped`` flat-map is called as ``fn(element, event_time_ms)``.
+    ``timestamped`` flat-map is called as ``fn(element, event_time_ms)``. A combine with
+    ``windowing`` folds per key and window (:mod:`onceflow.runtime.windowing`); one with a
+    ``ttl_ms`` forgets a key's state that long (of batch time) after its last update.
     """
 
     name: str
@@ -84,6 +87,8 @@ class OpSpec:
     timestamped: bool = False
     combine_fn: CombineFn | None = None
     phase: Phase = Phase.FULL
+    windowing: Windowing | None = None
+    ttl_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ class Job:
     fingerprint: str
     dead_letters: Any = None  # the pipeline's own dead-letter sink, if it names one
     dedup: Any = None  # the pipeline's DedupConfig, if it sets one
+    event_time: Any = None  # the pipeline's EventTime (watermark settings), if it sets them
     removed: tuple[str, ...] = ()  # nodes the optimizer dropped (they reach no sink)
 
     @property
@@ -187,3 +193,12 @@ class Job:
     def bounded(self) -> bool:
         """True when every source ends."""
         return all(c.bounded for _, c in self.sources)
+
+    def stateful_ops(self) -> list[tuple[StageSpec, OpSpec]]:
+        """Every combine that keeps state in a streaming run (not the lifted partials)."""
+        return [
+            (stage, op)
+            for stage in self.stages
+            for op in stage.ops
+            if op.kind is OpKind.COMBINE and op.phase is not Phase.PARTIAL
+        ]

@@ -17,7 +17,6 @@ layout, the physical plan) are pinned in Redis on the first run and checked on e
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -28,24 +27,35 @@ from typing import TYPE_CHECKING, Any
 from onceflow.backup.store import acknowledge
 from onceflow.connectors.files import JsonLinesSink
 from onceflow.connectors.kafka import KafkaDeadLetterSink, KafkaSource
+from onceflow.dedup.batch import fix_batch_params
 from onceflow.dedup.config import DedupConfig
+from onceflow.dedup.durability import (
+    DEFAULT_TIMEOUT_MS,
+    Durability,
+    cannot_fsync_warning,
+    plan_durability,
+    wait_durable,
+)
 from onceflow.dedup.errors import FencedError
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee
 from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
 from onceflow.runtime.bounded import all_sinks
+from onceflow.runtime.checkpoint import Checkpoint
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.faults import driver_crashpoint
 from onceflow.runtime.guard import AtLeastOnceGuards
 from onceflow.runtime.metrics import CounterParam
-from onceflow.runtime.pinning import pin_plan, pin_settings
+from onceflow.runtime.pinning import pin_checkpoint, pin_plan, pin_settings
 from onceflow.runtime.result import RunResult, explain_failure
-from onceflow.runtime.session import adopt, spark_session
+from onceflow.runtime.session import adopt, default_log_file, log_file, spark_session
 from onceflow.runtime.shipping import ship_code
 from onceflow.runtime.spark import compile_batch
 from onceflow.runtime.spec import Job
+from onceflow.runtime.ticks import Ticker
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,6 +79,11 @@ class StreamingRun:
     parallelism: int
     metrics: Any
     progress: bool
+    config: DedupConfig = field(default_factory=DedupConfig)
+    durability: Durability | None = None
+    ticker: Ticker | None = None
+    trigger_ms: int = 1000
+    watermark: int = 0
     batches: int = 0
     last_batch: int = -1
     started: float = field(default_factory=time.monotonic)
@@ -78,10 +93,19 @@ class StreamingRun:
         """One micro-batch: acknowledge the previous ones, then run the job."""
         from pyspark.sql import functions as F  # noqa: N812
 
-        if self.mode is Guarantee.EXACTLY_ONCE:
-            self._check_epoch()
-            if batch_id > 0:
-                acknowledge(self.client, self.keyspace, batch_id - 1)
+        self._check_epoch()
+        if batch_id > 0 and self.mode is Guarantee.EXACTLY_ONCE:
+            acknowledge(self.client, self.keyspace, batch_id - 1)
+        params = fix_batch_params(
+            self.client,
+            self.keyspace,
+            self.epoch,
+            batch_id,
+            self.config,
+            self.job.event_time or EventTime(),
+        )
+        self.watermark = params.watermark
+        guards = self.guards.for_batch(params)
         before = dict(self.metrics.value)
         t0 = time.monotonic()
         frames = {
@@ -92,13 +116,17 @@ class StreamingRun:
             self.job,
             self.spark,
             frames,
-            self.guards,
+            guards,
             batch=batch_id,
             parallelism=self.parallelism,
             metrics=self.metrics,
         )
         compiled.run()
+        if self.durability is not None:
+            wait_durable(self.client, self.keyspace, batch_id, self.durability)
         driver_crashpoint("batch_end", batch_id)
+        if self.ticker is not None:
+            self.ticker.after_batch(self.trigger_ms)
         seconds = time.monotonic() - t0
         self.batches += 1
         self.last_batch = batch_id
@@ -136,91 +164,88 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
-def run_streaming(
-    job: Job,
-    *,
-    master: str = "local[2]",
-    parallelism: int = 2,
-    progress: bool = True,
-    session: SparkSession | None = None,
-    output_dir: str = "onceflow-output",
-    redis_url: str | None = None,
-    redis_options: dict[str, Any] | None = None,
-    namespace: str | None = None,
-    checkpoint: str | None = None,
-    guarantee: str = "exactly-once",
-    trigger_seconds: float | None = None,
-    available_now: bool = False,
-    max_records_per_batch: int | None = None,
-    allow_non_durable_redis: bool = False,
-    accept_plan_change: bool = False,
-    stop_after_batches: int | None = None,
-    timeout_seconds: float | None = None,
-    dedup: DedupConfig | None = None,
-    code_dir: str | None = None,
-) -> RunResult:
-    """Run an unbounded job as a streaming query.
+@dataclass(frozen=True)
+class StreamOptions:
+    """The settings of a streaming run (see :func:`run_streaming`)."""
+
+    master: str = "local[2]"
+    parallelism: int = 2
+    progress: bool = True
+    output_dir: str = "onceflow-output"
+    redis_url: str | None = None
+    redis_options: dict[str, Any] | None = None
+    namespace: str | None = None
+    checkpoint: str | None = None
+    guarantee: str = "exactly-once"
+    trigger_seconds: float | None = None
+    available_now: bool = False
+    max_records_per_batch: int | None = None
+    allow_non_durable_redis: bool = False
+    redis_wait_replicas: int | None = None
+    accept_plan_change: bool = False
+    stop_after_batches: int | None = None
+    timeout_seconds: float | None = None
+    dedup: DedupConfig | None = None
+    code_dir: str | None = None
+
+    @property
+    def mode(self) -> Guarantee:
+        """The guarantee asked for."""
+        if self.guarantee not in GUARANTEES:
+            msg = f"guarantee must be one of {', '.join(GUARANTEES)}, got {self.guarantee!r}"
+            raise ConfigError(msg)
+        return (
+            Guarantee.EXACTLY_ONCE if self.guarantee == "exactly-once" else Guarantee.AT_LEAST_ONCE
+        )
+
+    def checkpoint_of(self, job: Job) -> str:
+        """The checkpoint location: as given, else an absolute path under the output folder."""
+        return self.checkpoint or os.path.abspath(
+            os.path.join(self.output_dir, job.pipeline, "checkpoint")
+        )
+
+
+def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: Any) -> RunResult:
+    """Run an unbounded job as a streaming query; ``settings`` are :class:`StreamOptions`.
 
     ``available_now`` processes what the topics hold at start, in capped micro-batches, then
     stops (tests, backfills); otherwise a micro-batch starts every ``trigger_seconds`` (1 s)
     until ``stop_after_batches`` or ``timeout_seconds`` or Ctrl-C. ``checkpoint`` (default
-    ``<output_dir>/<pipeline>/checkpoint``) and the Redis namespace (default the pipeline's
-    name) together identify the pipeline's progress: keep both to resume after a crash.
-    ``accept_plan_change`` resumes a namespace whose stored plan differs from this one
-    (the dedup history of stages whose names changed starts over).
+    ``<output_dir>/<pipeline>/checkpoint``, made absolute) and the Redis namespace (default
+    the pipeline's name) together identify the pipeline's progress: keep both to resume after
+    a crash (a mismatch is refused). ``accept_plan_change`` resumes a namespace whose stored
+    plan differs from this one (the dedup history of stages whose names changed starts
+    over). At the end of every micro-batch the driver waits until its writes are durable (the
+    AOF fsync where Redis can confirm it, and ``redis_wait_replicas`` replicas: by default
+    one if Redis has any).
     """
-    if guarantee not in GUARANTEES:
-        msg = f"guarantee must be one of {', '.join(GUARANTEES)}, got {guarantee!r}"
-        raise ConfigError(msg)
+    opts = StreamOptions(**settings)
+    mode = opts.mode
     _check_sources(job)
-    mode = Guarantee.EXACTLY_ONCE if guarantee == "exactly-once" else Guarantee.AT_LEAST_ONCE
-    config = dedup or job.dedup or DedupConfig()
-    settings = RedisSettings.from_env(redis_url, **(redis_options or {}))
-    client = redis_client(settings)
-    check_durable(client, allow_non_durable_redis)
-    keyspace = Keyspace(namespace or job.pipeline)
-    pin_settings(client, keyspace, parallelism, config)
-    pin_plan(client, keyspace, job, parallelism, accept_plan_change)
-    spark = session or spark_session(master, app_name=job.pipeline, parallelism=parallelism)
-    adopt(spark)
-    if code_dir is not None:
-        ship_code(spark, code_dir)
-    dead = _dead_letters(job, output_dir)
-    job = job.with_dead_letters(dead)
-    for _, connector in job.sources:
-        if max_records_per_batch is not None:
-            connector.max_records_per_batch = max_records_per_batch
-        connector.prepare(job.pipeline, True)
-    sinks = all_sinks(job, dead)
-    for sink in sinks:
-        sink.prepare(job.pipeline, True)
-    epoch = int(client.incr(keyspace.epoch)) if mode is Guarantee.EXACTLY_ONCE else 0
-    if mode is Guarantee.EXACTLY_ONCE:
-        guards: Any = ExactlyOnceGuards(settings, keyspace.namespace, epoch, config)
-    else:
-        guards = AtLeastOnceGuards(settings, keyspace.namespace, config)
-    state = StreamingRun(
-        job,
-        spark,
-        mode,
-        guards,
-        client,
-        keyspace,
-        epoch,
-        parallelism,
-        spark.sparkContext.accumulator({}, CounterParam()),
-        progress,
+    config = opts.dedup or job.dedup or DedupConfig()
+    redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
+    client = redis_client(redis)
+    check_durable(client, opts.allow_non_durable_redis)
+    keyspace = Keyspace(opts.namespace or job.pipeline)
+    pin_settings(client, keyspace, opts.parallelism, config)
+    pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change)
+    spark = session or spark_session(
+        opts.master,
+        app_name=job.pipeline,
+        parallelism=opts.parallelism,
+        log_path=default_log_file(job.pipeline, opts.output_dir),
     )
-    ckpt = checkpoint or os.path.join(output_dir, job.pipeline, "checkpoint")
-    query = _start_query(state, ckpt, available_now, trigger_seconds)
-    _await(query, state, stop_after_batches, timeout_seconds)
-    done = last_committed_batch(ckpt)
-    if mode is Guarantee.EXACTLY_ONCE and done is not None:
-        acknowledge(client, keyspace, done)
-    if done is not None:
-        _sources_committed(job, ckpt, done)
-    for sink in sinks:
-        sink.finish()
+    adopt(spark)
+    if opts.code_dir is not None:
+        ship_code(spark, opts.code_dir)
+    cp = Checkpoint(spark, opts.checkpoint_of(job))
+    pin_checkpoint(client, keyspace, cp)
+    job, dead, sinks = _prepare_connectors(job, opts)
+    state = _new_run(job, spark, mode, redis, client, keyspace, config, opts)
+    state.ticker = _ticker(state, opts)
+    query = _start_query(state, cp.location, opts.available_now, opts.trigger_seconds)
+    _await(query, state, opts.stop_after_batches, opts.timeout_seconds)
+    _finish(state, cp, sinks)
     return RunResult(
         pipeline=job.pipeline,
         job=job,
@@ -230,15 +255,107 @@ def run_streaming(
         dead_letter_sink=dead.describe(),
         batches=state.batches,
         extra={
-            "epoch": epoch,
+            "epoch": state.epoch,
             "namespace": keyspace.namespace,
-            "checkpoint": ckpt,
+            "checkpoint": cp.location,
             "history": state.history,
         },
     )
 
 
+def _prepare_connectors(job: Job, opts: StreamOptions) -> tuple[Job, Any, list[Any]]:
+    """The job with its dead-letter sink, and every sink, prepared for a streaming run."""
+    dead = _dead_letters(job, opts.output_dir)
+    job = job.with_dead_letters(dead)
+    for _, connector in job.sources:
+        if opts.max_records_per_batch is not None:
+            connector.max_records_per_batch = opts.max_records_per_batch
+        connector.prepare(job.pipeline, True)
+    sinks = all_sinks(job, dead)
+    for sink in sinks:
+        sink.prepare(job.pipeline, True)
+    return job, dead, sinks
+
+
+def _new_run(
+    job: Job,
+    spark: SparkSession,
+    mode: Guarantee,
+    redis: RedisSettings,
+    client: Any,
+    keyspace: Keyspace,
+    config: DedupConfig,
+    opts: StreamOptions,
+) -> StreamingRun:
+    """A new driver epoch (fencing older drivers), its guards and durability waits."""
+    durability = None
+    if mode is Guarantee.EXACTLY_ONCE:
+        epoch = int(client.incr(keyspace.epoch))
+        guards: Any = ExactlyOnceGuards(redis, keyspace.namespace, epoch, config)
+        durability = plan_durability(client, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS)
+        warning = cannot_fsync_warning(client)
+        if warning and opts.progress:
+            print(f"[{job.pipeline}] note: {warning}", file=sys.stderr, flush=True)
+    else:  # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
+        epoch = int(client.incr(keyspace.epoch))
+        guards = AtLeastOnceGuards(redis, keyspace.namespace, config)
+    return StreamingRun(
+        job,
+        spark,
+        mode,
+        guards,
+        client,
+        keyspace,
+        epoch,
+        opts.parallelism,
+        spark.sparkContext.accumulator({}, CounterParam()),
+        opts.progress,
+        config,
+        durability,
+    )
+
+
+def _ticker(state: StreamingRun, opts: StreamOptions) -> Ticker | None:
+    """A ticker when the job has windows and a source that can tick (see ``runtime.ticks``)."""
+    sources = [c for _, c in state.job.sources if hasattr(c, "tick_file")]
+    ticker = Ticker(
+        state.client,
+        state.keyspace,
+        state.job,
+        state.parallelism,
+        os.path.abspath(os.path.join(opts.output_dir, state.job.pipeline, "onceflow-tick")),
+        processing_time=not opts.available_now,
+    )
+    if not ticker.needed or not sources:
+        return None
+    sources[0].tick_file = ticker.path
+    state.trigger_ms = round((opts.trigger_seconds or DEFAULT_TRIGGER_SECONDS) * 1000)
+    return ticker
+
+
+def _finish(state: StreamingRun, cp: Checkpoint, sinks: list[Any]) -> None:
+    """Acknowledge the last committed batch; tell sources and sinks the run ended."""
+    done = cp.last_committed()
+    if done is not None:
+        if state.mode is Guarantee.EXACTLY_ONCE:
+            acknowledge(state.client, state.keyspace, done)
+        for (_, connector), offsets in zip(state.job.sources, cp.end_offsets(done), strict=False):
+            if offsets is not None:
+                connector.committed(offsets)
+    for sink in sinks:
+        sink.finish()
+
+
 def _check_sources(job: Job) -> None:
+    for stage, op in job.stateful_ops():
+        w = op.windowing
+        if w is not None and w.is_global and not w.trigger.has_early:
+            msg = (
+                f"combine {op.name!r} (stage {stage.name!r}) uses the global window, which "
+                "never closes in a stream: its results would never be emitted; give it early "
+                "panes, e.g. trigger=Trigger(early_every=1000) or Trigger(early_seconds=60)"
+            )
+            raise ConfigError(msg)
     for name, connector in job.sources:
         if connector.bounded:
             msg = (
@@ -256,7 +373,7 @@ def _dead_letters(job: Job, output_dir: str) -> Any:
             return KafkaDeadLetterSink(
                 f"{job.pipeline}.dead-letters",
                 bootstrap_servers=connector.settings.bootstrap_servers,
-                options=connector.settings.options,
+                connection=connector.settings.options,
             )
     return JsonLinesSink(os.path.join(output_dir, job.pipeline, "dead-letters"))
 
@@ -307,29 +424,4 @@ def _await(query: Any, state: StreamingRun, stop_after: int | None, timeout: flo
         if "FencedError" in text:
             msg = f"pipeline {state.job.pipeline!r} was fenced: {text[:500]}"
             raise RunError(msg)
-        raise RunError(explain_failure(state.job.pipeline, Exception(text)))
-
-
-def _sources_committed(job: Job, checkpoint: str, batch: int) -> None:
-    """Tell each source where the last committed batch ended (Spark's offset log)."""
-    path = os.path.join(checkpoint, "offsets", str(batch))
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()[2:]  # version, metadata, then one line per source
-    except OSError:
-        return
-    for (_, connector), line in zip(job.sources, lines, strict=False):
-        try:
-            offsets = json.loads(line)
-        except ValueError:
-            continue
-        connector.committed(offsets)
-
-
-def last_committed_batch(checkpoint: str) -> int | None:
-    """The newest micro-batch in the checkpoint's commit log (local checkpoints only)."""
-    commits = os.path.join(checkpoint, "commits")
-    if not os.path.isdir(commits):
-        return None
-    found = [int(f) for f in os.listdir(commits) if f.isdigit()]
-    return max(found) if found else None
+        raise RunError(explain_failure(state.job.pipeline, Exception(text), log_file()))

@@ -19,15 +19,18 @@ exactly-once guard is :mod:`onceflow.dedup.guard`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from onceflow.connectors.base import TaskInfo
+from onceflow.connectors.base import PoisonInTransaction, Rejected, TaskInfo, TransactionalWriter
+from onceflow.connectors.errors import ConnectorError
 from onceflow.dedup.admission import Admission
-from onceflow.dedup.errors import HorizonMovedError
+from onceflow.dedup.delivery import NO_MARKER
+from onceflow.dedup.errors import FencedError
 from onceflow.kernel import codec
 from onceflow.kernel.records import DeadLetter, InRow, Output, Record, TaskRef
 from onceflow.runtime.body import StageBody, portable
+from onceflow.runtime.errors import TASK_FAILURE_MARK, TaskFailure
 from onceflow.runtime.faults import crashpoint
 from onceflow.runtime.guard import GuardFactory
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
@@ -35,6 +38,10 @@ from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
 if TYPE_CHECKING:
     import pyarrow as pa
 
+MAX_FAILURE_CHARS = 600
+MAX_ORIGINS = 50_000  # source records whose origin a task remembers for error messages
+# Event times below this many ms (September 2001) are taken to be seconds by mistake.
+SECONDS_NOT_MS = 1_000_000_000_000
 ROW_SCHEMA = "id binary, ts long, key binary, value binary, port int"
 ROW_COLUMNS = ("id", "ts", "key", "value", "port")
 
@@ -61,12 +68,17 @@ class StageFunction:
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         attempt = ctx.attemptNumber() if ctx is not None else 0
-        ref = TaskRef(self.spec.name, self.batch, partition, attempt, self.spec.sinks)
+        attempt_id = ctx.taskAttemptId() if ctx is not None else 0
+        ref = TaskRef(self.spec.name, self.batch, partition, attempt, self.spec.sinks, attempt_id)
         task = TaskRun(self.spec, self.guards, ref)
         ok = False
         try:
             yield from task.run(batches)
             ok = True
+        except FencedError:
+            raise
+        except Exception as exc:
+            raise TaskFailure(task.failure_line(exc)) from exc
         finally:
             task.close(ok)
             if self.metrics is not None and ok:
@@ -81,11 +93,33 @@ class TaskRun:
         self.batch = task.batch
         self.partition = task.partition
         self.attempt = task.attempt
+        self.attempt_id = task.attempt_id
         self.guard = guards(task)
-        self.body = StageBody(spec, self.guard.mode, task.batch, task.partition)
+        self.body = StageBody(
+            spec,
+            self.guard.mode,
+            task.batch,
+            task.partition,
+            self.guard.watermark,
+            self.guard.batch_time_ms,
+        )
         self.writers: dict[int, Any] = {}
         self.counters: dict[str, int] = {}
         self.closed = False
+        self.origins: dict[bytes, str] = {}  # source records of the current input batch
+
+    def failure_line(self, exc: BaseException) -> str:
+        """One line for a person: which task failed, on which record, and why."""
+        where = f"stage {self.spec.name!r} (batch {self.batch}, partition {self.partition})"
+        text = " ".join(str(exc).split())[:MAX_FAILURE_CHARS]
+        line = f"{TASK_FAILURE_MARK} {where}: {type(exc).__name__}: {text}"
+        parent = self.body.cursor.parent
+        origin = self.origins.get(parent)
+        if origin is not None:
+            line += f" [input record {origin}]"
+        elif parent:
+            line += f" [record {parent.hex()}]"
+        return line
 
     def count(self, name: str, n: int = 1) -> None:
         """Add to a counter named ``stage/name``."""
@@ -107,32 +141,34 @@ class TaskRun:
         if replay.done:
             for _ in batches:  # the input is already reflected in the backup
                 pass
-            self.flush_sinks()
+            yield from self.flush_sinks()
             return
         chunk_no = replay.next_chunk
-        for rows in self.chunks(batches):
-            outputs = self.process_chunk(chunk_no, rows)
+        for rows, lanes in self.chunks(batches):
+            outputs = self.process_chunk(chunk_no, rows, lanes)
             chunk_no += 1
             yield from self.emit(outputs)
-        self.body.flush_end(self.guard.read_state)
+        self.close_counts()
+        changes = self.body.flush_end(self.guard.read_state, self.guard.due_timers)
         outputs = self.body.take()
-        self.guard.finish(outputs)
+        crashpoint("before_finish", self.spec.name, self.batch, self.partition, self.attempt)
+        self.guard.finish(outputs, changes)
+        crashpoint("after_finish", self.spec.name, self.batch, self.partition, self.attempt)
         yield from self.emit(outputs)
-        self.flush_sinks()
+        yield from self.flush_sinks()
         crashpoint("task_end", self.spec.name, self.batch, self.partition, self.attempt)
 
-    def process_chunk(self, chunk_no: int, rows: list[InRow]) -> list[Output]:
-        """Admit, run and commit one chunk; redo it if GC moved the dedup floor meanwhile."""
+    def process_chunk(
+        self, chunk_no: int, rows: list[InRow], lanes: Mapping[str, int]
+    ) -> list[Output]:
+        """Admit, run and commit one chunk.
+
+        ``lanes``: the newest admissible event time per source lane among the chunk's rows.
+        """
         # Dead letters of records that failed to decode before the chunk was formed: they
         # leave with the chunk's first commit, whatever has to be redone.
         carried = self.body.take()
-        while True:
-            try:
-                admission, outputs = self._attempt_chunk(chunk_no, rows, carried)
-                break
-            except HorizonMovedError:
-                self.body.reset_chunk()
-                self.count("horizon_redone")
+        admission, outputs = self._attempt_chunk(chunk_no, rows, carried, lanes)
         self.count("in", len(rows))
         if admission.duplicates:
             self.count("duplicates_dropped", admission.duplicates)
@@ -140,37 +176,46 @@ class TaskRun:
             self.count("replayed_inputs", len(admission.replayed))
         if admission.late:
             self.count("late", len(admission.late))
+        if admission.ahead:
+            self.count("ahead", len(admission.ahead))
         return outputs
 
+    def close_counts(self) -> None:
+        """Counters only known at the end of the task."""
+        closed = self.body.closed_parts()
+        if closed:
+            self.count("window_closed_parts", closed)
+            self.guard.note("window_closed_parts", closed)
+
     def _attempt_chunk(
-        self, chunk_no: int, rows: list[InRow], carried: list[Output]
+        self,
+        chunk_no: int,
+        rows: list[InRow],
+        carried: list[Output],
+        lanes: Mapping[str, int],
     ) -> tuple[Admission, list[Output]]:
         """Admit, run and commit one chunk, redoing it without conflicting records.
 
-        Dead letters of late records (and ``carried`` ones) are taken before the loop: a redo
-        re-runs only the fresh records, and must not lose them.
+        Dead letters of late and ahead records (and ``carried`` ones) are taken before the
+        loop: a redo re-runs only the fresh records, and must not lose them.
         """
         admission = self.guard.admit(rows)
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
-        for _inbound, rid, ts, _kb, elem in admission.late:
-            reason = (
-                f"event time {ts} is older than the dedup horizon: a copy of this record could "
-                "no longer be recognised, so it is not processed"
-            )
-            self.body.dead(
-                DeadLetter(rid, ts, self.spec.name, reason, rid.hex(), None, portable(elem))
-            )
+        for row in admission.late:
+            self._refuse(row, late_reason(row[2]), "late")
+        for row in admission.ahead:
+            self._refuse(row, ahead_reason(row[2], self.guard.limit_ms), "ahead")
         fresh = admission.fresh
         before = carried + self.body.take()
         while True:
             self.body.run(fresh)
+            updates = self.body.state_updates(self.guard.read_state)  # may fire late panes
             outputs = before + self.body.take()
-            updates = self.body.state_updates(self.guard.read_state)
             backup = outputs + self.body.partial_deltas() if self.guard.mode.ids else outputs
             crashpoint("before_commit", self.spec.name, self.batch, self.partition, self.attempt)
-            conflicts = self.guard.commit(chunk_no, fresh, backup, updates)
+            conflicts = self.guard.commit(chunk_no, fresh, backup, updates, lanes)
             if not conflicts:
                 break
             self.count("commit_conflicts", len(conflicts))
@@ -181,35 +226,78 @@ class TaskRun:
         crashpoint("after_commit", self.spec.name, self.batch, self.partition, self.attempt)
         return admission, outputs
 
-    def chunks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[list[InRow]]:
-        """Input rows in chunks of the guard's size (whole Arrow batches when it is 0)."""
-        rows = self.source_rows(batches) if self.spec.source else self.internal_rows(batches)
+    def _refuse(self, row: InRow, reason: str, code: str) -> None:
+        """A record admission turned away becomes a dead letter (it is counted, not lost)."""
+        _inbound, rid, ts, _kb, elem = row
+        origin = self.origins.get(rid) or (rid.hex() if rid else self.spec.name)
+        letter = DeadLetter(rid, ts, self.spec.name, reason, origin, None, portable(elem), code)
+        self.body.dead(letter)
+
+    def chunks(
+        self, batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[tuple[list[InRow], dict[str, int]]]:
+        """Input rows in chunks of the guard's size (whole Arrow batches when it is 0).
+
+        Each chunk comes with the newest event time per source lane among its rows that are
+        not too far ahead of the clock (nothing for stages that read other stages).
+        """
+        if self.spec.source:
+            parts: Iterator[tuple[list[InRow], list[str | None]]] = self.source_rows(batches)
+        else:
+            parts = ((rows, []) for rows in self.internal_rows(batches))
         size = self.guard.chunk_size
         if size <= 0:
-            yield from rows
+            for rows, lanes in parts:
+                yield rows, self._lane_marks(rows, lanes)
             return
         pending: list[InRow] = []
-        for part in rows:
-            pending.extend(part)
+        pending_lanes: list[str | None] = []
+        for rows, lanes in parts:
+            pending.extend(rows)
+            pending_lanes.extend(lanes)
             while len(pending) >= size:
-                yield pending[:size]
-                pending = pending[size:]
+                yield pending[:size], self._lane_marks(pending[:size], pending_lanes[:size])
+                pending, pending_lanes = pending[size:], pending_lanes[size:]
         if pending:
-            yield pending
+            yield pending, self._lane_marks(pending, pending_lanes)
 
-    def source_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[list[InRow]]:
-        """Decode a source's raw rows; undecodable ones become dead letters."""
+    def _lane_marks(self, rows: list[InRow], lanes: list[str | None]) -> dict[str, int]:
+        """Newest admissible event time per lane (rows too far ahead do not count)."""
+        marks: dict[str, int] = {}
+        if not lanes:
+            return marks
+        limit = self.guard.limit_ms
+        for row, lane in zip(rows, lanes, strict=True):
+            ts = row[2]
+            if lane is None or (limit is not None and ts > limit):
+                continue
+            if ts > marks.get(lane, ts - 1):
+                marks[lane] = ts
+        return marks
+
+    def source_rows(
+        self, batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[tuple[list[InRow], list[str | None]]]:
+        """Decode a source's raw rows (with their lanes); undecodable ones become dead letters."""
         decoder = self.spec.source_connector.decoder(self.spec.source, self.guard.mode.ids)
+        origins = self.origins
         for batch in batches:
             rows: list[InRow] = []
+            lanes: list[str | None] = []
+            if len(origins) > MAX_ORIGINS:
+                origins.clear()
             for item in decoder(batch):
                 if isinstance(item, Record):
                     rows.append((0, item.id, item.ts, None, item.elem))
+                    lanes.append(item.lane)
+                    if item.lane is not None:
+                        origins[item.id] = f"{item.lane}@{item.offset}"
                 else:
                     assert isinstance(item, DeadLetter)
-                    self.count("undecodable")
+                    self.count(item.code, item.lost)
+                    self.guard.note(item.code, item.lost)
                     self.body.dead(item)
-            yield rows
+            yield rows, lanes
 
     def internal_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[list[InRow]]:
         """Decode rows written by another stage (port = this stage's inbound index)."""
@@ -240,41 +328,131 @@ class TaskRun:
             else:
                 by_sink.setdefault(out.target, []).append(out)
             self.count(f"out/{targets[out.target].name}")
+        refused: list[Output] = []
         for index, outs in by_sink.items():
-            self.deliver(targets[index], outs)
+            refused += self.deliver(targets[index], outs)
+        rows += self.deliver_dead_letters(refused)
         if rows:
             yield to_arrow(rows)
 
-    def deliver(self, target: TargetSpec, outputs: list[Output]) -> None:
-        """Write sink records that no attempt delivered yet; mark them once acknowledged."""
+    def deliver(self, target: TargetSpec, outputs: list[Output]) -> list[Output]:
+        """Write sink records that no attempt delivered yet; mark them once visible.
+
+        Returns dead letters (encoded, with IDs derived from the records') for records the
+        sink refused for good; a retry refuses them again and derives the same letters.
+        With IDs on, the delivery is remembered as pending in Redis before it becomes
+        visible (see :mod:`onceflow.dedup.delivery`); a transactional sink commits only then.
+        """
+        writer = self.writer(target)
         todo = self.guard.undelivered(target.index, outputs)
         skipped = len(outputs) - len(todo)
         if skipped:
             self.count("already_delivered", skipped)
         if not todo:
-            return
-        writer = self.writer(target)
-        writer.write(decode_outputs(todo, target))
-        if self.guard.mode.ids:
-            writer.flush()
+            return []
+        if not self.guard.mode.ids:
+            return self.refused_letters(target, writer.write(decode_outputs(todo, target)))
+        if isinstance(writer, TransactionalWriter):
+            rejected = self._deliver_in_transaction(target, writer, todo)
+        else:
+            self.guard.prepare_delivery(target.index, NO_MARKER, todo)
+            rejected = writer.write(decode_outputs(todo, target))
+            rejected += writer.flush()
             crashpoint("after_sink_write", self.spec.name, self.batch, self.partition, self.attempt)
-            self.guard.delivered(target.index, todo)
+        self.guard.delivered(target.index, todo)
+        return self.refused_letters(target, rejected)
+
+    def _deliver_in_transaction(
+        self, target: TargetSpec, writer: TransactionalWriter, todo: list[Output]
+    ) -> list[Rejected]:
+        """Write, prepare, remember as pending, commit: the records become visible once."""
+        records = decode_outputs(todo, target)
+        rejected: list[Rejected] = []
+        while True:
+            rejected += writer.write(records)
+            try:
+                marker = writer.prepare()
+                break
+            except PoisonInTransaction as poison:  # the transaction was aborted: again without
+                rejected += poison.rejected
+                bad = {id(rec) for rec, _ in poison.rejected}
+                records = [r for r in records if id(r) not in bad]
+        self.guard.prepare_delivery(target.index, marker, todo)
+        crashpoint("after_sink_write", self.spec.name, self.batch, self.partition, self.attempt)
+        writer.commit()
+        crashpoint("after_sink_commit", self.spec.name, self.batch, self.partition, self.attempt)
+        return rejected
+
+    def refused_letters(self, target: TargetSpec, rejected: list[Rejected]) -> list[Output]:
+        """Dead letters for records a sink refused."""
+        if not rejected:
+            return []
+        self.count("refused_by_sink", len(rejected))
+        for rec, reason in rejected:
+            origin = f"record {rec.id.hex()} for sink {target.name}" if rec.id else target.name
+            self.body.dead(
+                DeadLetter(
+                    rec.id, rec.ts, target.name, reason, origin, None, portable(rec.elem), "refused"
+                )
+            )
+        return self.body.take()
+
+    def deliver_dead_letters(self, letters: list[Output]) -> list[Output]:
+        """Send dead letters made while delivering; return those that leave as rows."""
+        if not letters:
+            return []
+        dead = self.spec.targets[self.spec.dead_target]
+        if dead.is_row:
+            return letters
+        refused = self.deliver(dead, letters)
+        if refused:
+            msg = f"the dead-letter sink {dead.connector.describe()} refused a dead letter"
+            raise ConnectorError(msg)
+        return []
 
     def writer(self, target: TargetSpec) -> Any:
-        """The task's writer for a sink target, opened on first use."""
+        """The task's writer for a sink target, opened on first use.
+
+        On opening, a delivery an earlier attempt left pending is resolved first: marked if
+        it became visible, dropped (and counted as possible copies, for a plain sink) if not.
+        """
         writer = self.writers.get(target.index)
         if writer is None:
             info = TaskInfo(
-                self.spec.pipeline, target.name, self.batch, self.partition, self.attempt
+                self.spec.pipeline,
+                target.name,
+                self.batch,
+                self.partition,
+                self.attempt,
+                self.guard.mode.ids,
+                self.attempt_id,
             )
             writer = target.connector.open(info)
             self.writers[target.index] = writer
+            left = self.guard.pending(target.index)
+            if left is not None:
+                happened = (
+                    writer.committed(left.marker)
+                    if left.transactional and isinstance(writer, TransactionalWriter)
+                    else False
+                )
+                self.guard.resolve_pending(target.index, left, happened)
+                self.count("deliveries_recovered")
         return writer
 
-    def flush_sinks(self) -> None:
-        """Flush every writer (bounded runs deliver at the end of the task)."""
+    def flush_sinks(self) -> Iterator[pa.RecordBatch]:
+        """Flush every writer (bounded runs deliver at the end of the task).
+
+        Records refused only now (a bounded run flushes at the end) become dead letters.
+        """
+        letters: list[Output] = []
+        for index, writer in list(self.writers.items()):
+            letters += self.refused_letters(self.spec.targets[index], writer.flush())
+        rows = self.deliver_dead_letters(letters)
         for writer in self.writers.values():
             writer.flush()
+        if rows:
+            yield to_arrow(rows)
 
     def close(self, ok: bool) -> None:
         """Close (or, after a failure, abort) writers and the guard; collect counters."""
@@ -290,6 +468,29 @@ class TaskRun:
             self.count(name, n)
         if self.body.dead_count:
             self.count("dead_letters", self.body.dead_count)
+
+
+def late_reason(ts: int) -> str:
+    """Why a record older than the dedup horizon is not processed."""
+    hint = ""
+    if 0 < ts < SECONDS_NOT_MS and ts * 1000 > SECONDS_NOT_MS:
+        hint = " (it looks like seconds, not milliseconds: fix the timestamp function)"
+    return (
+        f"event time {ts} is older than the dedup horizon: a copy of this record could no "
+        f"longer be recognised, so it is not processed{hint}"
+    )
+
+
+def ahead_reason(ts: int, limit: int | None) -> str:
+    """Why a record too far ahead of the clock is not processed."""
+    hint = ""
+    if limit is not None and ts > limit * 100:
+        hint = " (it looks like microseconds or nanoseconds, not milliseconds)"
+    return (
+        f"event time {ts} is further ahead of the clock than the pipeline allows (newest "
+        f"admitted: {limit}): a producer's clock is wrong{hint}; it is not processed, so it "
+        "cannot move the watermark (raise EventTime.max_ahead if such times are real)"
+    )
 
 
 def decode_outputs(outputs: Iterable[Output], target: TargetSpec) -> list[Record]:

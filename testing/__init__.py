@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
 from onceflow.testing.harness import (
     POINTS,
     Crash,
@@ -16,17 +17,22 @@ from onceflow.testing.harness import (
     run_pipeline,
     session_processes,
 )
+from onceflow.testing.kafka import LocalKafka, fetch_kafka
 from onceflow.testing.services import LocalBroker, LocalRedis, free_port
 
 __all__ = [
     "POINTS",
     "Crash",
     "LocalBroker",
+    "LocalKafka",
     "LocalRedis",
+    "LocalRedisCluster",
+    "LocalSparkCluster",
     "Outcome",
     "Report",
     "compare_counts",
     "crash_and_resume",
+    "fetch_kafka",
     "free_port",
     "kill_session",
     "run_pipeline",

@@ -27,7 +27,16 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-POINTS = ("before_commit", "after_commit", "after_sink_write", "task_end", "batch_end")
+POINTS = (
+    "before_commit",
+    "after_commit",
+    "before_finish",  # end-of-task outputs (combine results, window panes) computed, not stored
+    "after_finish",  # ... stored with their state changes (windows closed), not yet sent on
+    "after_sink_write",
+    "after_sink_commit",
+    "task_end",
+    "batch_end",
+)
 
 
 @dataclass(frozen=True)
@@ -118,12 +127,16 @@ def run_pipeline(
     *,
     env: Mapping[str, str] | None = None,
     crash: Crash | None = None,
+    kill_after: float | None = None,
     timeout: float = 600,
     echo: Callable[[str], None] | None = None,
 ) -> Outcome:
     """``python -m onceflow run FILE ARGS`` in its own session, crashing it if asked.
 
-    ``echo`` receives each output line as it arrives (to show progress).
+    ``crash`` freezes the run at a chosen point and kills it there; ``kill_after`` kills the
+    whole run (every process of its session, SIGKILL) after that many seconds, wherever it
+    is, if it is still running: a power cut at a random moment. ``echo`` receives each
+    output line as it arrives (to show progress).
     """
     marker = os.path.join(tempfile.mkdtemp(prefix="onceflow-crash-"), "crashed")
     full_env = {**os.environ, **(env or {})}
@@ -151,6 +164,10 @@ def run_pipeline(
     try:
         while proc.poll() is None:
             if crash is not None and crash.mode == "kill" and os.path.exists(marker):
+                kill_session(proc.pid)
+                crashed = True
+                break
+            if kill_after is not None and time.monotonic() - started > kill_after:
                 kill_session(proc.pid)
                 crashed = True
                 break

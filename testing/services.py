@@ -26,7 +26,7 @@ from onceflow.kernel.errors import ServiceError
 _RUNNING: set[subprocess.Popen[bytes]] = set()
 
 
-def _track(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+def track_process(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
     """Remember a server process so that it is stopped even if its owner forgets."""
     _RUNNING.add(proc)
     return proc
@@ -117,7 +117,9 @@ class LocalRedis:
             "warning",
         ]
         log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115
-        self.proc = _track(subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True))
+        self.proc = track_process(
+            subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        )
         log.close()
         _wait_port(self.port, self.proc, "redis-server", 15)
         self._wait_loaded()
@@ -228,7 +230,7 @@ class LocalBroker:
             ]
             log = open(self.log_path, "ab")  # noqa: SIM115
             env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-            self.proc = _track(
+            self.proc = track_process(
                 subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
             )
             log.close()

@@ -29,7 +29,8 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.operations.audit import audit
 from onceflow.testing.harness import Crash, compare_counts, crash_and_resume
-from onceflow.testing.services import LocalBroker, LocalRedis
+from onceflow.testing.kafka import KAFKA_VERSION, LocalKafka
+from onceflow.testing.services import LocalRedis
 
 PIPELINE_FILE = os.path.join(os.path.dirname(__file__), "orders_pipeline.py")
 USERS = 40
@@ -57,9 +58,9 @@ def services(workdir: str) -> Iterator[tuple[str, str]]:
             say(f"using Redis at {redis_url.split('@')[-1]}")
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
         if not bootstrap:
-            broker = stack.enter_context(LocalBroker())
+            broker = stack.enter_context(LocalKafka())
             bootstrap = broker.bootstrap
-            say(f"started a Kafka-protocol broker (tansu) at {bootstrap}")
+            say(f"started Apache Kafka {KAFKA_VERSION} (KRaft, one node) at {bootstrap}")
         else:
             say(f"using Kafka at {bootstrap}")
         yield redis_url, bootstrap

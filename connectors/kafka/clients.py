@@ -32,8 +32,18 @@ def shared_client(kind: str, settings: KafkaSettings, **extra: Any) -> Any:
     return client
 
 
-def ensure_topics(settings: KafkaSettings, topics: Sequence[str], partitions: int) -> None:
-    """Create missing topics."""
+# Let the cluster choose the replication factor (its default.replication.factor): a fixed 1
+# would make acks=all meaningless on a cluster with replicas.
+CLUSTER_DEFAULT_REPLICATION = -1
+
+
+def ensure_topics(
+    settings: KafkaSettings,
+    topics: Sequence[str],
+    partitions: int,
+    configs: dict[str, str] | None = None,
+) -> None:
+    """Create missing topics with the cluster's default replication factor."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -43,7 +53,12 @@ def ensure_topics(settings: KafkaSettings, topics: Sequence[str], partitions: in
         missing = [t for t in topics if t not in existing]
         if missing:
             try:
-                admin.create_topics([NewTopic(t, partitions, 1) for t in missing])
+                admin.create_topics(
+                    [
+                        NewTopic(t, partitions, CLUSTER_DEFAULT_REPLICATION, topic_configs=configs)
+                        for t in missing
+                    ]
+                )
             except TopicAlreadyExistsError:
                 pass
     finally:

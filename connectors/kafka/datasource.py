@@ -11,6 +11,7 @@ imports PySpark; :class:`~.source.KafkaSource` imports it only when a stream sta
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,14 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka.offsets import canonical, cap_offsets, split_tp, tp_key
+from onceflow.connectors.kafka.offsets import (
+    TICK,
+    canonical,
+    cap_offsets,
+    partitions_of,
+    split_tp,
+    tp_key,
+)
 from onceflow.connectors.kafka.worker import RAW_SCHEMA, read_range
 from onceflow.kernel.settings import KafkaSettings
 
@@ -32,6 +40,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 FORMAT = "onceflow_kafka"
+ISOLATION = "read_committed"  # records of aborted or open transactions are never read
+END_OFFSETS_ENV = "ONCEFLOW_KAFKA_END_OFFSETS"
+HIGHWATER_MODE = "highwater"
 HIGHWATER_TIMEOUT_S = 30
 PROBE_POLL_MS = 50
 
@@ -63,6 +74,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting: str = config.get("starting_offsets", "earliest")
         self.group_id: str | None = config.get("group_id")
         self.max_records: int | None = config.get("max_records_per_batch")
+        self.on_data_loss: str = config.get("on_data_loss", "fail")
+        self.tick_file: str | None = config.get("tick_file")
+        self.ticks_seen = 0
         self.target: dict[str, int] | None = None
         self._probe: Any = None  # driver-side consumer, created on first use
 
@@ -76,6 +90,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 **self.settings.client_config(),
                 enable_auto_commit=False,
                 group_id=self.group_id,
+                isolation_level=ISOLATION,
                 max_partition_fetch_bytes=1,
                 fetch_max_bytes=1,
                 fetch_max_wait_ms=10,
@@ -99,7 +114,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return found
 
     def _highwater(self, tps: list[Any]) -> dict[str, int]:
-        """High-water marks from one tiny fetch per partition (``end_offsets`` is not trusted)."""
+        """Where each partition's readable records end: its last stable offset.
+
+        With ``read_committed`` a batch may only reach the last stable offset (records past it
+        belong to a transaction still open, which the workers could not read yet); Kafka
+        answers that through ``end_offsets``. A broker whose ListOffsets answer is wrong (the
+        tansu test broker) can be read up to the high-water mark of one tiny fetch per
+        partition instead, with ``ONCEFLOW_KAFKA_END_OFFSETS=highwater``.
+        """
+        if os.environ.get(END_OFFSETS_ENV) == HIGHWATER_MODE:
+            return self._fetched_highwater(tps)
+        ends = self._consumer().end_offsets(tps)
+        return {tp_key(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+
+    def _fetched_highwater(self, tps: list[Any]) -> dict[str, int]:
+        """High-water marks from one tiny fetch per partition."""
         consumer = self._consumer()
         consumer.unsubscribe()
         consumer.assign(tps)
@@ -158,7 +187,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tps = self._partitions()
         marks = self._highwater(tps)
         begin = None
-        current = dict(start)
+        current = partitions_of(start)
         for key in marks:
             if key not in current:  # a partition added since the query started
                 begin = begin if begin is not None else self._beginnings(tps)
@@ -169,12 +198,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end[key] = max(current[key], top)
         if isinstance(limit, ReadMaxRows):
             end = cap_offsets(current, end, limit.max_rows)
+        tick = self._tick(start)
+        if tick is not None:
+            end[TICK] = tick
         return canonical(end)
+
+    def _tick(self, start: dict[str, int]) -> int | None:
+        """The tick of the next offset: one more than ``start``'s if the driver asked."""
+        if self.tick_file is None:
+            return start.get(TICK)
+        try:
+            with open(self.tick_file) as fh:
+                asked = int(fh.read().strip() or 0)
+        except (OSError, ValueError):
+            asked = self.ticks_seen
+        tick = start.get(TICK, 0)
+        if asked > self.ticks_seen:
+            self.ticks_seen = asked
+            tick += 1
+        return tick
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         """One input partition per Kafka partition with records in ``[start, end)``."""
         parts = []
-        for key in sorted(end, key=split_tp):
+        for key in sorted(partitions_of(end), key=split_tp):
             lo = start.get(key, 0)
             hi = end[key]
             if hi > lo:
@@ -190,7 +237,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from kafka.structs import OffsetAndMetadata
 
         offsets = {
-            TopicPartition(*split_tp(k)): OffsetAndMetadata(v, "", -1) for k, v in end.items()
+            TopicPartition(*split_tp(k)): OffsetAndMetadata(v, "", -1)
+            for k, v in partitions_of(end).items()
         }
         try:
             self._consumer().commit(offsets)
@@ -208,4 +256,4 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Records ``[lo, hi)`` of one topic-partition, as Arrow batches (on a worker)."""
         topic, part, lo, hi = partition.value
-        return read_range(self.settings, topic, part, lo, hi)
+        return read_range(self.settings, topic, part, lo, hi, self.on_data_loss)

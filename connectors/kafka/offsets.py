@@ -3,9 +3,20 @@
 Spark keeps a source's offsets as JSON in its checkpoint and compares them *as serialized
 text* to decide whether a new micro-batch has data, so an offset must always serialize the
 same way: :func:`canonical` orders partitions by topic, then partition number.
+
+An offset may also hold a *tick* (:data:`TICK`): a counter the driver raises to have Spark
+run a micro-batch without new records, when windows have panes due (the watermark moved past
+a window's end in the last batch, or an early pane's time came). It is not a partition.
 """
 
 from __future__ import annotations
+
+TICK = "onceflow:tick"
+
+
+def partitions_of(offsets: dict[str, int]) -> dict[str, int]:
+    """The topic-partition entries of an offset (without the tick)."""
+    return {k: v for k, v in offsets.items() if k != TICK}
 
 
 def tp_key(topic: str, partition: int) -> str:
@@ -20,17 +31,31 @@ def split_tp(key: str) -> tuple[str, int]:
 
 
 def canonical(offsets: dict[str, int]) -> dict[str, int]:
-    """The same offsets, keys in a fixed order (topic, then partition number)."""
-    return {k: int(offsets[k]) for k in sorted(offsets, key=split_tp)}
+    """The same offsets, keys in a fixed order (topic, then partition number; the tick last)."""
+    out = {k: int(offsets[k]) for k in sorted(partitions_of(offsets), key=split_tp)}
+    if TICK in offsets:
+        out[TICK] = int(offsets[TICK])
+    return out
 
 
 def cap_offsets(start: dict[str, int], end: dict[str, int], budget: int) -> dict[str, int]:
-    """Limit ``end`` so that at most ``budget`` records are read, shared fairly by partitions."""
+    """Limit ``end`` so that at most ``budget`` records are read, shared fairly by partitions.
+
+    Shares follow each partition's lag, and every partition with records gets at least one
+    while the budget allows: a partition with a backlog is never left out of a batch (it
+    would look idle to the watermark while the others run ahead).
+    """
     lag = {k: end[k] - start.get(k, 0) for k in end}
     total = sum(lag.values())
     if total <= budget:
         return dict(end)
-    share = {k: budget * n // total for k, n in lag.items()}
+    behind = [k for k in lag if lag[k] > 0]
+    floor_share = 1 if len(behind) <= budget else 0
+    rest = budget - floor_share * len(behind)
+    share = {k: (floor_share if n > 0 else 0) for k, n in lag.items()}
+    for k, n in lag.items():
+        if n > 0:
+            share[k] = min(n, share[k] + rest * n // total)
     leftover = budget - sum(share.values())
     for k in sorted(lag, key=lambda k: (-(lag[k] - share[k]), k)):
         if leftover <= 0:

@@ -3,15 +3,35 @@
 Its event time goes in ``onceflow-ts``, so an Onceflow pipeline reading the topic stays
 exactly-once end to end. Dead letters go to a topic of their own, with the original payload
 as the value and the reason, origin and stage in headers.
+
+In exactly-once runs the sink writes transactionally by default: each sink partition's
+records go out in Kafka transactions (transactional id ``<prefix>.<sink>.<partition>``, so a
+restarted or zombie attempt fences the older producer), each with a marker record in the
+pipeline's delivery log topic (``<pipeline>.onceflow-deliveries``); the runtime records the
+delivery as pending in Redis with the marker's offset before committing, and marks the
+records delivered after. A crash anywhere in between is resolved by the next attempt from
+the marker: a ``read_committed`` reader sees every record exactly once. With
+``transactional=False`` records are visible when acknowledged; a crash between the write
+and the delivered-mark can leave a copy (same ID, same value), counted by ``onceflow
+status`` as a possible copy and by ``onceflow audit`` in the topic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from onceflow.connectors.base import SinkConnector, SinkWriter, TaskInfo
+from onceflow.connectors.base import (
+    PoisonInTransaction,
+    Rejected,
+    SinkConnector,
+    SinkWriter,
+    TaskInfo,
+    TransactionalWriter,
+)
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import ensure_topics, shared_client
 from onceflow.kernel import ids
@@ -19,12 +39,34 @@ from onceflow.kernel.codec import value_codec
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.records import Record
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.kernel.windows import Pane
 
 ERROR_HEADER = "onceflow-error"
 ORIGIN_HEADER = "onceflow-origin"
 STAGE_HEADER = "onceflow-stage"
+TRUNCATED_HEADER = "onceflow-truncated"
+WINDOW_HEADER = "onceflow-window"  # "start,end" in ms, for window panes
+PANE_HEADER = "onceflow-pane"  # "timing,index,final" (on_time,0,1), for window panes
 FLUSH_TIMEOUT_S = 120
 MAX_ERROR_HEADER = 2000
+DEFAULT_MAX_REQUEST_SIZE = 1_048_576  # kafka-python's and the broker's default
+DELIVERY_LOG_SUFFIX = "onceflow-deliveries"
+# The delivery log only needs each sink partition's newest marker.
+DELIVERY_LOG_CONFIG = {"cleanup.policy": "compact"}
+MARKER_WAIT_S = 60  # how long a recovering task waits to learn a marker's fate
+# Record batch framing and per-record headers Kafka adds around key, value and headers.
+RECORD_OVERHEAD_BYTES = 512
+# Errors after which the same record would be refused again: dead-letter it, do not retry.
+POISON_ERRORS = frozenset(
+    {
+        "MessageSizeTooLargeError",
+        "RecordTooLargeError",
+        "InvalidRecordError",
+        "CorruptRecordError",
+        "RecordListTooLargeError",
+        "InvalidTimestampError",  # further from the broker's clock than it accepts
+    }
+)
 
 
 def _key_bytes(key: Any) -> bytes | None:
@@ -38,9 +80,11 @@ def _key_bytes(key: Any) -> bytes | None:
 class KafkaSink(SinkConnector):
     """Writes to a topic, each record carrying its ID; keyed elements ``(k, v)`` use ``k``.
 
-    Delivery: a record is marked delivered once the broker acknowledged it (``acks=all``). A
-    crash between the two can leave a second copy in the topic; it carries the same
-    ``onceflow-id``, so Onceflow readers drop it and ``onceflow audit`` counts it.
+    ``transactional`` (default True): in exactly-once runs records become visible to
+    ``read_committed`` readers exactly once (see the module docstring); False writes plainly
+    (a crash may leave a copy with the same ID). ``transaction_prefix`` names the
+    transactional ids (default ``onceflow.<pipeline>``: give two deployments of one pipeline
+    on one Kafka different prefixes). ``options`` go to the producer.
     """
 
     def __init__(
@@ -52,40 +96,107 @@ class KafkaSink(SinkConnector):
         key: Callable[[Any], Any] | None = None,
         partitions: int = 2,
         create_topic: bool = True,
+        transactional: bool = True,
+        transaction_prefix: str | None = None,
+        connection: dict[str, Any] | None = None,
         options: dict[str, Any] | None = None,
     ) -> None:
+        self.transactional = transactional
+        self.transaction_prefix = transaction_prefix
+        self.log_topic: str | None = None
         self.topic = topic
         self._bootstrap = bootstrap_servers
+        self._connection = dict(connection or {})
         self._options = dict(options or {})
         self.codec = value_codec(codec)
         self.key_fn = key
         self.partitions = partitions
         self.create_topic = create_topic
+        self.max_request_size = int(self._options.get("max_request_size", DEFAULT_MAX_REQUEST_SIZE))
 
     @property
     def settings(self) -> KafkaSettings:
         """Connection settings (arguments first, then the environment)."""
-        return KafkaSettings.from_env(self._bootstrap, **self._options)
+        return KafkaSettings.from_env(self._bootstrap, **self._connection)
+
+    @property
+    def user_options(self) -> dict[str, Any]:
+        """The producer options the user gave (they override Onceflow's)."""
+        return dict(self._options)
 
     def describe(self) -> str:
         """One line for plans."""
         return f"kafka {self.topic} ({self.codec.name})"
 
     def prepare(self, pipeline: str, streaming: bool) -> None:
-        """Create the topic if asked to."""
+        """Create the topic if asked to, and the delivery log of transactional runs."""
         if self.create_topic:
             ensure_topics(self.settings, [self.topic], self.partitions)
+        if self.transactional and streaming:
+            self.log_topic = f"{pipeline}.{DELIVERY_LOG_SUFFIX}"
+            ensure_topics(self.settings, [self.log_topic], 1, DELIVERY_LOG_CONFIG)
+            if self.transaction_prefix is None:
+                self.transaction_prefix = f"onceflow.{pipeline}"
 
     def open(self, task: TaskInfo) -> SinkWriter:
-        """A writer sharing the worker's producer."""
+        """A transactional writer in exactly-once runs, else one sharing the worker's producer."""
+        if self.transactional and task.exactly_once and self.log_topic is not None:
+            return _TransactionalKafkaWriter(self, task)
         return _KafkaWriter(self, task)
 
+    def producer_config(self, transactional_id: str | None = None) -> dict[str, Any]:
+        """Settings of a producer of this sink (shared in a worker, or one per transaction id).
+
+        The user's ``options`` come last, so they can change any of these.
+        """
+        config: dict[str, Any] = {
+            "acks": "all",
+            "linger_ms": 5,
+            "batch_size": 256 * 1024,
+            "retries": 10,
+            "max_request_size": self.max_request_size,
+        }
+        if transactional_id is None:
+            # Dedup is by onceflow-id; the broker's idempotent producer is not relied on.
+            config.update(enable_idempotence=False, max_in_flight_requests_per_connection=1)
+        else:
+            config.update(
+                enable_idempotence=True,
+                transactional_id=transactional_id,
+                max_in_flight_requests_per_connection=5,
+            )
+        return config
+
+    def record(
+        self, rec: Record, limit: int
+    ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+        """Key, value and headers (its ID and event time first) of one record.
+
+        ``limit`` is the most bytes a record may take; this sink leaves a larger one as it is
+        (the writer refuses it), the dead-letter sink shortens it.
+        """
+        key, value, extra = self.encode(rec)
+        if not rec.id:
+            return key, value, extra
+        return key, value, [(ids.ID_HEADER, rec.id), (ids.TS_HEADER, ids.ts_header(rec.ts)), *extra]
+
     def encode(self, rec: Record) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
-        """Key, value and extra headers of one record."""
+        """Key, value and extra headers of one record.
+
+        A window pane ``(key, Pane)`` is written as its value, with the window's bounds and
+        the pane's timing, index and finality in the ``onceflow-window`` and
+        ``onceflow-pane`` headers.
+        """
         elem = rec.elem
+        pair = isinstance(elem, tuple) and len(elem) == 2
+        if pair and isinstance(elem[1], Pane):
+            pane = elem[1]
+            key = self.key_fn(elem) if self.key_fn is not None else elem[0]
+            headers = [(WINDOW_HEADER, pane.window_header()), (PANE_HEADER, pane.pane_header())]
+            return _key_bytes(key), self.codec.encode(pane.value), headers
         if self.key_fn is not None:
             return _key_bytes(self.key_fn(elem)), self.codec.encode(elem), []
-        if isinstance(elem, tuple) and len(elem) == 2:
+        if pair:
             return _key_bytes(elem[0]), self.codec.encode(elem[1]), []
         return None, self.codec.encode(elem), []
 
@@ -114,61 +225,264 @@ class KafkaDeadLetterSink(KafkaSink):
         ]
         return None, value, headers
 
+    def record(
+        self, rec: Record, limit: int
+    ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+        """As :meth:`KafkaSink.record`, but a dead letter too big for the topic is shortened.
+
+        A dead letter is never dropped: its payload is cut to fit and the original size is
+        named in the ``onceflow-truncated`` header.
+        """
+        key, value, headers = super().record(rec, limit)
+        room = limit - _size(key, None, headers) - MAX_ERROR_HEADER
+        if value is not None and len(value) > room:
+            headers = [*headers, (TRUNCATED_HEADER, str(len(value)).encode())]
+            value = value[: max(0, room)]
+        return key, value, headers
+
 
 class _KafkaWriter(SinkWriter):
+    """Sends a task's records through the worker's shared producer."""
+
     def __init__(self, sink: KafkaSink, task: TaskInfo) -> None:
         self.sink = sink
-        self.producer = shared_client(
-            "producer",
-            sink.settings,
-            acks="all",
-            linger_ms=5,
-            batch_size=256 * 1024,
-            retries=10,
-            max_in_flight_requests_per_connection=1,
-            # Dedup is by onceflow-id, so the broker's idempotent producer adds nothing; and a
-            # producer id reused across a crashed and a restarted process could let a broker
-            # acknowledge a batch as a "duplicate sequence" without storing it.
-            enable_idempotence=False,
+        self.producer: Any = shared_client(
+            "producer", sink.settings, **{**sink.producer_config(), **sink.user_options}
         )
-        self.futures: list[Any] = []
+        self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
+        self.sent: list[tuple[Record, Any]] = []
 
-    def write(self, records: Sequence[Record]) -> None:
+    def write(self, records: Sequence[Record]) -> list[Rejected]:
+        from kafka.errors import MessageSizeTooLargeError
+
         send = self.producer.send
         topic = self.sink.topic
+        rejected: list[Rejected] = []
         for rec in records:
             try:
-                key, value, extra = self.sink.encode(rec)
+                key, value, headers = self.sink.record(rec, self.limit)
             except CodecError as exc:
-                msg = f"cannot write to Kafka topic {topic!r}: {exc}"
-                raise ConnectorError(msg) from exc
-            headers = extra
-            if rec.id:
-                headers = [(ids.ID_HEADER, rec.id), (ids.TS_HEADER, ids.ts_header(rec.ts)), *extra]
-            self.futures.append(
-                send(
+                rejected.append((rec, f"cannot write to Kafka topic {topic!r}: {exc}"))
+                continue
+            size = _size(key, value, headers)
+            if size > self.limit:
+                rejected.append((rec, _too_big(topic, size, self.sink.max_request_size)))
+                continue
+            try:
+                future = send(
                     topic,
                     value=value,
                     key=key,
                     headers=headers or None,
                     timestamp_ms=rec.ts or None,
                 )
-            )
+            except MessageSizeTooLargeError as exc:
+                rejected.append((rec, f"Kafka topic {topic!r} refused the record: {exc}"))
+                continue
+            self.sent.append((rec, future))
+        return rejected
 
-    def flush(self) -> None:
-        """Return once the broker acknowledged everything written; raise if it refused any."""
-        if not self.futures:
-            return
+    def flush(self) -> list[Rejected]:
+        """Return once the broker acknowledged everything written.
+
+        Records the broker refuses for good (too large for it, invalid) come back as
+        rejected; any other failure raises, so the task is retried.
+        """
+        if not self.sent:
+            return []
         self.producer.flush(timeout=FLUSH_TIMEOUT_S)
-        failed = [f for f in self.futures if f.failed() or not f.is_done]
-        self.futures = []
+        return self._settle()
+
+    def _settle(self) -> list[Rejected]:
+        """Sort flushed sends into acknowledged and refused; raise on any other failure."""
+        sent, self.sent = self.sent, []
+        rejected: list[Rejected] = []
+        failed: list[Any] = []
+        for rec, future in sent:
+            if future.is_done and not future.failed():
+                continue
+            error = future.exception if future.is_done else None
+            if error is not None and type(error).__name__ in POISON_ERRORS:
+                rejected.append(
+                    (rec, f"Kafka topic {self.sink.topic!r} refused the record: {error}")
+                )
+            else:
+                failed.append(error or "no acknowledgement")
         if failed:
-            error = failed[0].exception if failed[0].is_done else "no acknowledgement"
-            msg = f"Kafka did not accept {len(failed)} record(s) for {self.sink.topic!r}: {error}"
+            msg = (
+                f"Kafka did not accept {len(failed)} record(s) for {self.sink.topic!r}: "
+                f"{failed[0]}; is the broker up and the topic writable?"
+            )
             raise ConnectorError(msg)
+        return rejected
 
     def close(self) -> None:
-        self.flush()
+        leftover = self.flush()
+        if leftover:
+            first = leftover[0][1]
+            msg = f"{len(leftover)} record(s) refused by {self.sink.topic!r} at close: {first}"
+            raise ConnectorError(msg)
 
     def abort(self) -> None:
-        self.futures = []
+        """Wait for what is in flight (so nothing of this attempt lands after it ended)."""
+        try:
+            self.producer.flush(timeout=FLUSH_TIMEOUT_S)
+        finally:
+            self.sent = []
+
+
+# Transactional producers, one per transactional id, kept for the life of the worker process.
+_TXN_PRODUCERS: dict[str, Any] = {}
+_FENCED = frozenset({"ProducerFencedError", "InvalidProducerEpochError", "IllegalStateError"})
+
+
+def _txn_producer(sink: KafkaSink, tid: str, fresh: bool = False) -> Any:
+    """The worker's producer for a transactional id.
+
+    ``fresh`` registers it again with Kafka, which fences every older producer of that id and
+    ends its open transaction.
+    """
+    producer = _TXN_PRODUCERS.pop(tid, None)
+    if producer is not None and not fresh:
+        _TXN_PRODUCERS[tid] = producer
+        return producer
+    if producer is not None:
+        with contextlib.suppress(Exception):
+            producer.close(timeout=1)
+    from kafka import KafkaProducer
+
+    config = {**sink.settings.client_config(), **sink.producer_config(tid), **sink.user_options}
+    producer = KafkaProducer(**config)
+    producer.init_transactions()
+    _TXN_PRODUCERS[tid] = producer
+    return producer
+
+
+class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
+    """Writes a task's records in Kafka transactions (see the module docstring)."""
+
+    def __init__(self, sink: KafkaSink, task: TaskInfo) -> None:
+        self.sink = sink
+        self.task = task
+        self.tid = f"{sink.transaction_prefix}.{task.sink}.{task.partition}"
+        # Registered afresh for every task: this fences any older producer of the id (a
+        # zombie attempt, or this process's own from an earlier batch) and ends its open
+        # transaction, so the task starts from a settled state.
+        self.producer = _txn_producer(sink, self.tid, fresh=True)
+        self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
+        self.sent = []
+        self.open_txn = False
+        self.deliveries = 0
+
+    def _begin(self) -> None:
+        if self.open_txn:
+            return
+        try:
+            self.producer.begin_transaction()
+        except Exception as exc:
+            if type(exc).__name__ not in _FENCED:
+                raise
+            # another process re-registered this id since (an older task's producer, left
+            # behind when its task moved): register again; this task owns the partition
+            self.producer = _txn_producer(self.sink, self.tid, fresh=True)
+            self.producer.begin_transaction()
+        self.open_txn = True
+
+    def write(self, records: Sequence[Record]) -> list[Rejected]:
+        self._begin()
+        return super().write(records)
+
+    def prepare(self) -> str:
+        """Send the marker, flush, and return ``log topic|partition|offset|delivery id``."""
+        assert self.sink.log_topic is not None
+        self._begin()
+        delivery = (
+            f"{self.task.batch}.{self.task.partition}.{self.task.attempt_id}.{self.deliveries}"
+        )
+        self.deliveries += 1
+        marker = self.producer.send(
+            self.sink.log_topic, key=self.tid.encode(), value=delivery.encode()
+        )
+        self.producer.flush(timeout=FLUSH_TIMEOUT_S)
+        rejected = self._settle()
+        if rejected:
+            self.producer.abort_transaction()
+            self.open_txn = False
+            raise PoisonInTransaction(rejected)
+        meta = marker.get(timeout=FLUSH_TIMEOUT_S)
+        return f"{meta.topic}|{meta.partition}|{meta.offset}|{delivery}"
+
+    def commit(self) -> None:
+        self.producer.commit_transaction()
+        self.open_txn = False
+
+    def committed(self, marker: str) -> bool:
+        """Read the marker (older producers of this id were fenced when this writer opened)."""
+        return marker_committed(self.sink.settings, marker)
+
+    def flush(self) -> list[Rejected]:
+        """Transactional records are settled by :meth:`prepare`; nothing to do here."""
+        return []
+
+    def close(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        if self.open_txn:
+            self.sent = []
+            try:
+                self.producer.abort_transaction()
+            except Exception:  # noqa: BLE001 - a fenced or broken producer: start afresh
+                _TXN_PRODUCERS.pop(self.tid, None)
+            self.open_txn = False
+
+
+def marker_committed(settings: KafkaSettings, marker: str) -> bool:
+    """Whether the delivery marker ``topic|partition|offset|delivery`` was committed.
+
+    A ``read_committed`` reader at the marker's offset gets the marker if its transaction
+    committed, and skips past it if it was aborted. Call only once the transaction is over
+    (a producer of the same transactional id was registered since).
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic, partition, offset_text, delivery = marker.split("|", 3)
+    offset = int(offset_text)
+    tp = TopicPartition(topic, int(partition))
+    consumer = KafkaConsumer(
+        **settings.client_config(),
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, offset)
+        deadline = time.monotonic() + MARKER_WAIT_S
+        while time.monotonic() < deadline:
+            for rec in consumer.poll(timeout_ms=500).get(tp, []):
+                if rec.offset == offset:
+                    return bool(rec.value == delivery.encode())
+                if rec.offset > offset:
+                    return False
+            if consumer.position(tp) > offset:
+                return False
+    finally:
+        consumer.close()
+    msg = (
+        f"could not learn within {MARKER_WAIT_S} s whether Kafka committed the delivery "
+        f"marked at {topic}:{partition}@{offset}; is the broker up?"
+    )
+    raise ConnectorError(msg)
+
+
+def _size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    return len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in headers)
+
+
+def _too_big(topic: str, size: int, limit: int) -> str:
+    return (
+        f"the record is {size:,} bytes, more than the producer's max_request_size {limit:,} for "
+        f"Kafka topic {topic!r}; shrink the record or raise max_request_size (and the topic's "
+        "max.message.bytes)"
+    )

@@ -26,9 +26,11 @@ import msgpack
 
 from onceflow.connectors.base import Decoded, Decoder, SourceConnector
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka.offsets import split_tp
+from onceflow.connectors.kafka.offsets import partitions_of, split_tp, tp_key
+from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client
+from onceflow.connectors.kafka.worker import ON_DATA_LOSS
 from onceflow.kernel import ids
-from onceflow.kernel.codec import value_codec
+from onceflow.kernel.codec import ValueCodec, value_codec
 from onceflow.kernel.records import DeadLetter, Record
 from onceflow.kernel.settings import KafkaSettings
 
@@ -59,7 +61,9 @@ class KafkaSource(SourceConnector):
         max_records_per_batch: int | None = 10_000,
         envelope: bool = False,
         key_codec: str = "raw",
+        on_data_loss: str = "fail",
         options: dict[str, Any] | None = None,
+        client: str = "python",
     ) -> None:
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
@@ -73,6 +77,14 @@ class KafkaSource(SourceConnector):
         if starting_offsets == "committed" and not group_id:
             msg = "starting_offsets='committed' needs a group_id"
             raise ConnectorError(msg)
+        if on_data_loss not in ON_DATA_LOSS:
+            msg = f"on_data_loss must be 'fail' or 'report', got {on_data_loss!r}"
+            raise ConnectorError(msg)
+        self.on_data_loss = on_data_loss
+        # "python": the Python data source (default); "spark": Spark's own Kafka connector,
+        # whose jars the session must load at start (see .spark_source).
+        check_client(client, group_id)
+        self.client = client
         self._bootstrap = bootstrap_servers
         self._options = dict(options or {})
         self.codec = value_codec(codec)
@@ -83,6 +95,7 @@ class KafkaSource(SourceConnector):
         self.group_id = group_id
         self.max_records_per_batch = max_records_per_batch
         self.envelope = envelope
+        self.tick_file: str | None = None  # set by a streaming run whose windows need ticks
 
     @property
     def settings(self) -> KafkaSettings:
@@ -116,7 +129,7 @@ class KafkaSource(SourceConnector):
             consumer.commit(
                 {
                     TopicPartition(*split_tp(k)): OffsetAndMetadata(int(v), "", -1)
-                    for k, v in offsets.items()
+                    for k, v in partitions_of(offsets).items()
                 }
             )
         finally:
@@ -124,6 +137,10 @@ class KafkaSource(SourceConnector):
 
     def stream(self, session: SparkSession, pipeline: str, source: str) -> DataFrame:
         """The streaming DataFrame of raw records."""
+        if self.client == SPARK_CLIENT:
+            from onceflow.connectors.kafka.spark_source import spark_stream
+
+            return spark_stream(self, session)
         from onceflow.connectors.kafka.datasource import FORMAT, KafkaDataSource
 
         if id(session) not in _registered:
@@ -137,6 +154,8 @@ class KafkaSource(SourceConnector):
             "starting_offsets": self.starting_offsets,
             "group_id": self.group_id,
             "max_records_per_batch": self.max_records_per_batch,
+            "on_data_loss": self.on_data_loss,
+            "tick_file": self.tick_file,
         }
         return session.readStream.format(FORMAT).option("config", json.dumps(config)).load()
 
@@ -145,59 +164,101 @@ class KafkaSource(SourceConnector):
         codec, key_codec = self.codec, self.key_codec
         id_fn, ts_fn, envelope = self.id_fn, self.ts_fn, self.envelope
 
+        lanes: dict[tuple[str, int], str] = {}
+
         def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
             cols = [batch.column(i).to_pylist() for i in range(RAW_COLUMN_COUNT)]
             for topic, part, offset, kts, key, value, headers in zip(*cols, strict=True):
-                origin = f"{topic}/{part}@{offset}"
                 hdrs = dict(msgpack.unpackb(headers, raw=False)) if headers else {}
-                try:
-                    elem = codec.decode(value) if value is not None else None
-                    if envelope:
-                        elem = {
-                            "key": key_codec.decode(key) if key is not None else None,
-                            "value": elem,
-                            "headers": hdrs,
-                            "topic": topic,
-                            "partition": part,
-                            "offset": offset,
-                            "timestamp": kts,
-                        }
-                except Exception as exc:  # noqa: BLE001 - undecodable: dead letter
-                    rid = _record_id(source, topic, part, offset, hdrs, None, None, with_ids)
-                    error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
-                    yield DeadLetter(rid, kts, source, error, origin, raw=value or b"")
-                    continue
-                try:
-                    rid = _record_id(source, topic, part, offset, hdrs, id_fn, elem, with_ids)
-                    ts = _event_time(hdrs, ts_fn, elem, kts)
-                except Exception as exc:  # noqa: BLE001 - user id/timestamp function failed
-                    rid = _record_id(source, topic, part, offset, hdrs, None, None, with_ids)
-                    error = f"id/timestamp function failed: {type(exc).__name__}: {exc}"
-                    yield DeadLetter(rid, kts, source, error, origin, raw=value or b"")
-                    continue
-                yield Record(rid, ts, elem)
+                lane = lanes.get((topic, part))
+                if lane is None:
+                    lane = lanes[(topic, part)] = tp_key(topic, part)
+                yield _decode_one(
+                    (source, lane, topic, part, offset, kts, key, value, hdrs),
+                    codec,
+                    key_codec,
+                    envelope,
+                    id_fn if with_ids else None,
+                    ts_fn,
+                    with_ids,
+                )
 
         return decode
 
 
+RawRecord = tuple[str, str, str, int, int, int, "bytes | None", "bytes | None", dict[str, bytes]]
+
+
+def _decode_one(
+    raw: RawRecord,
+    codec: ValueCodec,
+    key_codec: ValueCodec,
+    envelope: bool,
+    id_fn: Callable[[Any], Any] | None,
+    ts_fn: Callable[[Any], int] | None,
+    with_ids: bool,
+) -> Decoded:
+    """One raw Kafka record as a record, or as a dead letter saying what was wrong with it."""
+    source, lane, topic, part, offset, kts, key, value, hdrs = raw
+    origin = f"{lane}@{offset}"
+    position = ids.from_position(source, topic, part, offset) if with_ids else b""
+    gap = hdrs.get(ids.GAP_HEADER)
+    if gap is not None:
+        return _gap_letter(source, origin, position, gap)
+    try:
+        elem = codec.decode(value) if value is not None else None
+        if envelope:
+            elem = {
+                "key": key_codec.decode(key) if key is not None else None,
+                "value": elem,
+                "headers": hdrs,
+                "topic": topic,
+                "partition": part,
+                "offset": offset,
+                "timestamp": kts,
+            }
+    except Exception as exc:  # noqa: BLE001 - undecodable: dead letter
+        error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
+        return DeadLetter(
+            position, kts, source, error, origin, raw=value or b"", code="undecodable"
+        )
+    try:
+        rid = _record_id(position, hdrs, id_fn, elem) if with_ids else b""
+    except Exception as exc:  # noqa: BLE001 - a bad header, or the user's id function failed
+        error = f"no record ID: {type(exc).__name__}: {exc}"
+        return DeadLetter(position, kts, source, error, origin, raw=value or b"", code="no_id")
+    try:
+        ts = _event_time(hdrs, ts_fn, elem, kts)
+    except Exception as exc:  # noqa: BLE001 - a bad header, or the user's timestamp function
+        error = f"no event time: {type(exc).__name__}: {exc}"
+        raw_value = value or b""
+        return DeadLetter(rid or position, kts, source, error, origin, raw_value, code="no_time")
+    return Record(rid, ts, elem, lane, offset)
+
+
+def _gap_letter(source: str, origin: str, position: bytes, gap: bytes) -> DeadLetter:
+    """The dead letter standing for records deleted before the pipeline read them."""
+    first, after = (int(x) for x in gap.decode().split("-"))
+    error = (
+        f"offsets {first}..{after - 1} were deleted (retention or delete_records) before the "
+        f"pipeline read them: {after - first} records lost upstream"
+    )
+    return DeadLetter(position, 0, source, error, origin, code="data_loss", lost=after - first)
+
+
 def _record_id(
-    source: str,
-    topic: str,
-    part: int,
-    offset: int,
+    position: bytes,
     headers: dict[str, bytes],
     id_fn: Callable[[Any], Any] | None,
     elem: Any,
-    with_ids: bool,
 ) -> bytes:
-    if not with_ids:
-        return b""
+    """The ``onceflow-id`` header, else the user's id function, else the record's position."""
     header = headers.get(ids.ID_HEADER)
     if header is not None:
         return ids.from_header(header)
     if id_fn is not None:
         return ids.from_user_key(id_fn(elem))
-    return ids.from_position(source, topic, part, offset)
+    return position
 
 
 def _event_time(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,12 +52,22 @@ def produce(
     return n
 
 
-def read_topic(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> list[TopicRecord]:
-    """Every record of ``topic`` up to its high-water marks, partition by partition."""
+def read_topic(
+    settings: KafkaSettings, topic: str, timeout: float = 60.0, committed: bool = True
+) -> list[TopicRecord]:
+    """Every record of ``topic``, partition by partition, as a reader outside Onceflow sees it.
+
+    ``committed`` (the default) reads as ``read_committed`` consumers do, up to the last
+    stable offsets (records of aborted transactions are not seen); False reads everything up
+    to the high-water marks, aborted records included.
+    """
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
-        **settings.client_config(), enable_auto_commit=False, max_poll_records=5000
+        **settings.client_config(),
+        enable_auto_commit=False,
+        max_poll_records=5000,
+        isolation_level="read_committed" if committed else "read_uncommitted",
     )
     try:
         parts = consumer.partitions_for_topic(topic)
@@ -71,6 +82,8 @@ def read_topic(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> li
         out: list[TopicRecord] = []
         done: set[int] = set()
         deadline = time.monotonic() + timeout
+        stable = committed and os.environ.get("ONCEFLOW_KAFKA_END_OFFSETS") != "highwater"
+        ends = consumer.end_offsets(tps) if stable else {}
         while len(done) < len(tps):
             if time.monotonic() > deadline:
                 msg = f"reading {topic!r} did not reach its end within {timeout:.0f} s"
@@ -83,8 +96,8 @@ def read_topic(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> li
                     for r in records
                 )
             for tp in tps:
-                hw = consumer.highwater(tp)
-                if hw is not None and consumer.position(tp) >= hw:
+                end = ends.get(tp) if stable else consumer.highwater(tp)
+                if end is not None and consumer.position(tp) >= end:
                     done.add(tp.partition)
         return out
     finally:

@@ -14,6 +14,7 @@ import msgpack
 
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import shared_client
+from onceflow.kernel.ids import GAP_HEADER
 from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -28,12 +29,27 @@ POLL_MS = 500
 STALL_SECONDS = 60
 
 
+ON_DATA_LOSS = ("fail", "report")
+
+
 def read_range(
-    settings: KafkaSettings, topic: str, part: int, lo: int, hi: int
+    settings: KafkaSettings,
+    topic: str,
+    part: int,
+    lo: int,
+    hi: int,
+    on_data_loss: str = "fail",
 ) -> Iterator[pa.RecordBatch]:
-    """Records ``[lo, hi)`` of one topic-partition, as Arrow batches."""
+    """Records ``[lo, hi)`` of one topic-partition, as Arrow batches.
+
+    Records of the range that are gone (deleted by retention or ``delete_records`` before
+    they were read) are never skipped silently: with ``on_data_loss="fail"`` the task stops
+    with an error saying which; with ``"report"`` one marker row (header ``onceflow-gap``)
+    stands for them, and reading goes on from the log start.
+    """
     import pyarrow as pa
     from kafka import TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
 
     tp = TopicPartition(topic, part)
     consumer = shared_client(
@@ -42,13 +58,30 @@ def read_range(
         enable_auto_commit=False,
         max_poll_records=MAX_POLL_RECORDS,
         group_id=None,
+        auto_offset_reset="none",  # out of range raises: never jump over records
+        isolation_level="read_committed",  # never records of aborted or open transactions
     )
     consumer.assign([tp])
-    consumer.seek(tp, lo)
     position = lo
+    start = consumer.beginning_offsets([tp])[tp]
+    if start > position:
+        yield _gap(topic, part, position, min(start, hi), hi, on_data_loss)
+        position = min(start, hi)
+    if position < hi:
+        consumer.seek(tp, position)
     idle_since = time.monotonic()
     while position < hi:
-        batch = consumer.poll(timeout_ms=POLL_MS).get(tp, [])
+        try:
+            batch = consumer.poll(timeout_ms=POLL_MS).get(tp, [])
+        except OffsetOutOfRangeError:
+            start = consumer.beginning_offsets([tp])[tp]
+            if start <= position:
+                raise
+            yield _gap(topic, part, position, min(start, hi), hi, on_data_loss)
+            position = min(start, hi)
+            if position < hi:
+                consumer.seek(tp, position)
+            continue
         rows = [r for r in batch if lo <= r.offset < hi]
         if rows:
             idle_since = time.monotonic()
@@ -73,6 +106,35 @@ def read_range(
                     f"{STALL_SECONDS} s; were records deleted (retention) or is the broker down?"
                 )
                 raise ConnectorError(msg)
+
+
+def _gap(
+    topic: str, part: int, first: int, after: int, hi: int, on_data_loss: str
+) -> pa.RecordBatch:
+    """The marker row for offsets ``[first, after)`` that are gone, or the error."""
+    import pyarrow as pa
+
+    if on_data_loss != "report":
+        msg = (
+            f"Kafka {topic}:{part} offsets {first}..{after - 1} were deleted (retention or "
+            f"delete_records) before the pipeline read them ({after - first} records, of the "
+            f"range up to {hi}). Nothing was skipped: the run stops. To go on from the log "
+            "start and record the gap as a dead letter, set KafkaSource(on_data_loss='report')"
+        )
+        raise ConnectorError(msg)
+    headers = pack_headers([(GAP_HEADER, f"{first}-{after}".encode())])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([topic], pa.string()),
+            pa.array([part], pa.int32()),
+            pa.array([first], pa.int64()),
+            pa.array([0], pa.int64()),
+            pa.array([None], pa.binary()),
+            pa.array([None], pa.binary()),
+            pa.array([headers], pa.binary()),
+        ],
+        names=list(RAW_COLUMNS),
+    )
 
 
 def pack_headers(headers: Sequence[tuple[str, bytes]] | None) -> bytes | None:

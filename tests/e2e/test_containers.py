@@ -11,10 +11,11 @@ resumed mid-run; the pipeline killed (SIGKILL of every process) and restarted.
 
 from __future__ import annotations
 
-import subprocess
+import shutil
+import socket
 import sys
+import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ import pytest
 
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
 from onceflow.testing.services import free_port
-from tests.e2e.engine import Engine, find_engine, moto_server
+from tests.e2e.engine import KAFKA_DATA, Engine, find_engine, kafka_env
 from tests.exactly_once.scenario import PIPELINE, make_scenario, run_with_fault, verify
 
 pytestmark = [pytest.mark.e2e, pytest.mark.crash]
@@ -75,6 +76,9 @@ def _wait(check: Any, what: str, timeout: float = 60) -> None:
 def _kafka_ready(bootstrap: str) -> bool:
     from kafka import KafkaAdminClient
 
+    host, port = bootstrap.rsplit(":", 1)
+    # A plain connect first: a client made while the broker is down backs off for seconds.
+    socket.create_connection((host, int(port)), 1).close()
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
     try:
         admin.list_topics()
@@ -89,28 +93,18 @@ def services() -> Iterator[Services]:
 
     engine = _engine()
     started: list[Any] = []
-    extra: list[subprocess.Popen[bytes]] = []
+    # The broker's storage, on the host: it outlives a stop and start of the container.
+    data = tempfile.mkdtemp(prefix="onceflow-e2e-kafka-")
     try:
         if engine.host_network:
-            s3_port, kafka_port, redis_port = free_port(), free_port(), free_port()
-            extra.append(moto_server(s3_port))
-            _wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{s3_port}/", timeout=2), "moto")
-            req = urllib.request.Request(f"http://127.0.0.1:{s3_port}/tansu", method="PUT")
-            urllib.request.urlopen(req, timeout=5)
+            kafka_port, controller_port, redis_port = free_port(), free_port(), free_port()
             broker = (
                 DockerContainer(engine.broker_image)
-                .with_command(
-                    f"broker --listener-url tcp://127.0.0.1:{kafka_port} "
-                    f"--advertised-listener-url tcp://127.0.0.1:{kafka_port} "
-                    "--storage-engine s3://tansu/"
-                )
-                .with_env("AWS_ENDPOINT", f"http://127.0.0.1:{s3_port}")
-                .with_env("AWS_ALLOW_HTTP", "true")
-                .with_env("AWS_ACCESS_KEY_ID", "test")
-                .with_env("AWS_SECRET_ACCESS_KEY", "test")
-                .with_env("AWS_DEFAULT_REGION", "us-east-1")
+                .with_volume_mapping(data, KAFKA_DATA, "rw")
                 .with_kwargs(network_mode="host")
             )
+            for name, value in kafka_env(kafka_port, controller_port).items():
+                broker.with_env(name, value)
             redis = (
                 DockerContainer(engine.redis_image)
                 .with_command(
@@ -167,9 +161,7 @@ def services() -> Iterator[Services]:
                 c.stop()
             except Exception:  # noqa: BLE001, S110 - best effort cleanup
                 pass
-        for p in extra:
-            p.kill()
-            p.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def _scenario(services: Services, tmp_path: Any) -> Any:

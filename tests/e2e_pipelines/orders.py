@@ -6,29 +6,31 @@ events (Kafka, IDs from the event_id field) -> enrich (adds random noise: non-de
 
 Topics and the pipeline name come from the environment so each test has its own;
 ``ORDERS_HORIZON`` / ``ORDERS_BUCKET`` (e.g. ``5m`` / ``1m``) shorten the dedup horizon for
-the GC tests.
+the GC tests; ``ORDERS_OUT_OF_ORDER`` (e.g. ``2m``) is how far behind its partition's newest
+event a record may arrive on time.
 """
 
 import os
 import random
 
-from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
+from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline
 
 dedup = None
 if os.environ.get("ORDERS_HORIZON"):
     dedup = DedupConfig.of(
-        horizon=os.environ["ORDERS_HORIZON"],
-        bucket=os.environ.get("ORDERS_BUCKET", "1m"),
-        skew_ms=int(os.environ.get("ORDERS_SKEW_MS", "5000")),
+        horizon=os.environ["ORDERS_HORIZON"], bucket=os.environ.get("ORDERS_BUCKET", "1m")
     )
-pipeline = Pipeline(os.environ["ORDERS_PIPELINE"], dedup=dedup)
+# ORDERS_PLAIN_SINK=1: the sinks write without Kafka transactions (copies possible, counted).
+transactional = os.environ.get("ORDERS_PLAIN_SINK") != "1"
+event_time = EventTime.of(out_of_orderness=os.environ.get("ORDERS_OUT_OF_ORDER", "0"))
+pipeline = Pipeline(os.environ["ORDERS_PIPELINE"], dedup=dedup, event_time=event_time)
 enriched = pipeline.read(
     "events",
     KafkaSource(os.environ["ORDERS_IN"], id=lambda e: e["event_id"], timestamp=lambda e: e["ts"]),
 ).map("enrich", lambda e: {**e, "noise": random.random()})
-enriched.write("copy", KafkaSink(os.environ["ORDERS_COPY"]))
+enriched.write("copy", KafkaSink(os.environ["ORDERS_COPY"], transactional=transactional))
 (
     enriched.key_by("by-user", lambda e: e["user"])
     .count_per_key("count")
-    .write("counts", KafkaSink(os.environ["ORDERS_COUNTS"]))
+    .write("counts", KafkaSink(os.environ["ORDERS_COUNTS"], transactional=transactional))
 )

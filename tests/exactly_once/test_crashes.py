@@ -15,10 +15,19 @@ import time
 
 import pytest
 
+from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
-from tests.exactly_once.scenario import EVENTS, PIPELINE, make_scenario, run_with_fault, verify
+from tests.exactly_once.scenario import (
+    EVENTS,
+    PIPELINE,
+    batches_read,
+    make_scenario,
+    run_with_fault,
+    verify,
+)
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
@@ -45,30 +54,57 @@ def test_task_failure_is_retried_without_loss_or_duplicate(crash, broker, redis_
     scn = make_scenario(broker, redis_server.url, tmp_path)
     outcome = run_pipeline(PIPELINE, scn.args, env=scn.env, crash=crash).check()
     assert outcome.where, "the failure was never injected"
-    duplicates = verify(
-        scn, redis_server.client(), copy_duplicates_allowed=crash.point == "after_sink_write"
+    # the sinks are transactional: an attempt failing after its write aborts the transaction,
+    # so a read_committed reader sees no copy
+    verify(scn, redis_server.client())
+
+
+def test_a_plain_sink_failing_after_its_write_leaves_copies_and_counts_them(
+    broker, redis_server, tmp_path
+):
+    """Without transactions the copy window is real: bounded, same ID and value, counted."""
+    crash = Crash("after_sink_write", stage="events", batch=2, partition=0, mode="raise")
+    scn = make_scenario(broker, redis_server.url, tmp_path)
+    scn.extra_env["ORDERS_PLAIN_SINK"] = "1"
+    run_pipeline(PIPELINE, scn.args, env=scn.env, crash=crash).check()
+    copies = verify(scn, redis_server.client(), copies_in=("copy",))
+    task_input = [e for e in batches_read(scn)[crash.batch] if e in scn.sent[crash.partition]]
+    assert 0 < copies["copy"] <= len(task_input)
+    counted = redis_server.client().hget(
+        Keyspace(scn.name).stats("copy/delivered"), "possible_copies"
     )
-    assert duplicates <= 1000
+    assert int(counted) == copies["copy"], "status counts the copies at run time"
 
 
 KILLS = [
     Crash("after_commit", stage="events", batch=1, partition=0),  # driver killed mid-batch
     Crash("after_commit", stage="count", batch=2),  # mid-batch, after the exchange
     Crash("batch_end", batch=1),  # after every sink write, before Spark's commit
-    Crash("after_sink_write", stage="count", batch=1),  # produced, not yet marked delivered
+    Crash("after_sink_write", stage="count", batch=1),  # in a transaction, not committed
+    Crash("after_sink_write", stage="events", batch=1),  # in a transaction, not committed
+    Crash("after_sink_commit", stage="events", batch=1),  # committed in Kafka, not marked
+    Crash("after_sink_commit", stage="count", batch=2),  # committed in Kafka, not marked
 ]
 
 
 @pytest.mark.parametrize("crash", KILLS, ids=lambda c: c.env())
 def test_kill_9_then_resume_is_exact(crash, broker, redis_server, tmp_path):
+    """A read_committed reader knowing nothing of Onceflow sees every event once."""
     scn = make_scenario(broker, redis_server.url, tmp_path)
     first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
     assert first.crashed and second.returncode == 0
-    verify(scn, redis_server.client(), copy_duplicates_allowed=crash.point == "after_sink_write")
+    verify(scn, redis_server.client())
+    if crash.point == "after_sink_write" and broker.real_kafka:
+        # the killed attempt's records are in the topic, in a transaction that was aborted
+        topic = scn.topics["copy" if crash.stage == "events" else "counts"]
+        seen_by_all = read_topic(KafkaSettings(scn.bootstrap), topic, committed=False)
+        seen_committed = read_topic(KafkaSettings(scn.bootstrap), topic)
+        assert len(seen_by_all) > len(seen_committed), "the aborted records were never written"
 
 
 def test_redis_killed_and_restarted_from_its_aof(broker, redis_factory, tmp_path):
-    redis = redis_factory()
+    """Runs with appendfsync everysec; a Redis that never fsyncs is refused (next test)."""
+    redis = redis_factory(appendfsync="everysec")
     scn = make_scenario(broker, redis.url, tmp_path)
     first = run_pipeline(PIPELINE, scn.args, env=scn.env, crash=Crash("batch_end", batch=1))
     assert first.crashed
@@ -93,9 +129,11 @@ def test_redis_restart_during_a_run_is_ridden_out(broker, redis_factory, tmp_pat
 def test_a_zombie_driver_is_fenced(broker, redis_server, tmp_path):
     """A second driver starting makes the first one's commits fail instead of double-apply."""
     from onceflow.cli.loader import load_pipeline
+    from onceflow.dedup.batch import fix_batch_params
     from onceflow.dedup.config import DedupConfig
     from onceflow.dedup.errors import FencedError
     from onceflow.dedup.guard import ExactlyOnceGuards
+    from onceflow.kernel.eventtime import EventTime
     from onceflow.kernel.records import TaskRef
     from onceflow.kernel.settings import RedisSettings
 
@@ -106,10 +144,33 @@ def test_a_zombie_driver_is_fenced(broker, redis_server, tmp_path):
     ks = Keyspace(scn.name)
     old_epoch = client.incr(ks.epoch)
     guards = ExactlyOnceGuards(RedisSettings(redis_server.url), scn.name, old_epoch, DedupConfig())
-    zombie = guards(TaskRef(spec.name, 0, 0, 0, spec.sinks))
+    params = fix_batch_params(client, ks, old_epoch, 0, DedupConfig(), EventTime())
+    zombie = guards.for_batch(params)(TaskRef(spec.name, 0, 0, 0, spec.sinks, 1))
     zombie.open()
     client.incr(ks.epoch)  # a new driver starts
     row = (0, b"z" * 16, int(time.time() * 1000), codec.encode("u1"), ("u1", 1))
     with pytest.raises(FencedError, match="newer driver"):
-        zombie.commit(0, [row], [], {"count": {codec.encode("u1"): codec.encode(1)}})
+        zombie.commit(0, [row], [], {"count": {codec.encode("u1"): codec.encode(1)}}, {})
     assert client.hgetall(ks.state("count", 0)) == {}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("appendfsync", "no", "appendfsync no"),
+        ("appendonly", "no", "persistence is off"),
+        ("maxmemory-policy", "allkeys-lru", "may evict"),
+    ],
+)
+def test_a_redis_that_could_lose_committed_state_is_refused(
+    option, value, said, broker, redis_factory, tmp_path
+):
+    import redis as redis_py
+
+    redis = redis_factory()
+    client = redis_py.Redis.from_url(redis.url)
+    client.config_set(option, value)
+    scn = make_scenario(broker, redis.url, tmp_path)
+    outcome = run_pipeline(PIPELINE, scn.args, env=scn.env)
+    assert outcome.returncode != 0 and said in outcome.output, outcome.output[-2000:]
+    assert not client.keys(f"*{scn.name}*"), "a refused run must not write state"

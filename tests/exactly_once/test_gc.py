@@ -1,10 +1,13 @@
 """``onceflow gc`` and ``onceflow status`` against real Redis, Spark and broker.
 
-The unit half builds a namespace by hand and checks what a pass removes and keeps, and that
-the commit script refuses a commit whose dedup floor GC has passed. The end-to-end half runs
-the orders pipeline with a 5-minute horizon over ~50 minutes of event time while GC passes run
-concurrently every 200 ms, feeds it duplicates inside and outside the horizon, kills it once,
-resumes, and compares against an independent count.
+The unit half builds a namespace by hand and checks what a pass removes and keeps, that it
+never forgets a generation a running batch may commit into, and that a commit keeps its
+generation's newest event time up to date (the forget script re-checks it). The end-to-end half runs
+the orders pipeline with a 20-second horizon over ~50 minutes of event time while GC passes
+run concurrently every 200 ms, feeds it duplicates inside and outside the horizon, kills it
+once, resumes, and compares against an independent count. (Seen-IDs are forgotten once both
+the watermark and the wall clock have moved a horizon past them, so the horizon is short in
+wall-clock terms: the run takes about a minute.)
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from collections import Counter
 import pytest
 
 from onceflow.connectors.kafka.topics import read_topic
+from onceflow.dedup.batch import BatchParams
 from onceflow.kernel.keyspace import Keyspace, Kind
-from onceflow.kernel.scripts import COMMIT
+from onceflow.kernel.scripts import COMMIT, scripts_for
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import GcError, collect
 from onceflow.operations.status import status
@@ -34,14 +38,22 @@ MINUTE = 60_000
 def _fake_namespace(
     client, name, *, wm_bucket=100, acked=5, bucket_ms=MINUTE, horizon_ms=10 * MINUTE
 ):
+    """Generations 80..100, each with seen-IDs and its newest event time half a bucket in."""
     ks = Keyspace(name)
     client.hset(
         ks.meta,
         mapping={"bucket_ms": bucket_ms, "horizon_ms": horizon_ms, "shards": 4, "parallelism": 2},
     )
-    client.set(ks.acked_watermark, wm_bucket * bucket_ms + 1)
+    wm = wm_bucket * bucket_ms + 1
+    for batch in range(acked - 2, acked + 1):  # parameters of the last batches
+        live = tuple(range(wm_bucket, wm_bucket - 11, -1))
+        params = BatchParams(
+            batch, wm, wm, wm, horizon_ms, wm_bucket - 10, wm_bucket, live, wm + 3_600_000
+        )
+        client.hset(ks.batch(batch), mapping=params.as_fields())
     client.set(ks.acked, acked)
-    for bucket in range(80, 101):
+    for bucket in range(80, wm_bucket + 1):
+        client.hset(ks.generations, bucket, bucket * bucket_ms + bucket_ms // 2)
         for shard in range(4):
             client.hset(
                 ks.seen("stage", bucket, shard),
@@ -49,10 +61,12 @@ def _fake_namespace(
             )
     for batch in range(0, 9):
         client.hset(ks.backup("stage", batch, 0), mapping={"c0": b"x" * 100, "done": "1"})
-    client.hset(
-        ks.filter_snapshot("stage", 0), mapping={"seq": 9, "b85": b"y" * 50, "b95": b"z" * 50}
-    )
+    client.hset(ks.filter_snapshot("stage"), mapping={"seq": 9, "g85": b"y" * 50, "g95": b"z" * 50})
     return ks
+
+
+def _generations(client, ks):
+    return {int(g) for g in client.hkeys(ks.generations)}
 
 
 def _keys(client, ks, kind):
@@ -65,24 +79,28 @@ def test_gc_pass_removes_only_what_can_no_longer_matter(redis_server):
     before_seen, before_bk = _keys(client, ks, Kind.SEEN), _keys(client, ks, Kind.BACKUP)
 
     dry = collect(client, ks.namespace, dry_run=True, scan_count=7, delete_batch=3)
-    # floor = bucket(wm - horizon) - 1 = 100 - 10 - 1 = 89: buckets 80..88 go
-    assert dry.floor == 89
+    # threshold = wm - horizon - one bucket of slack = 89 minutes + 1 ms: generations whose
+    # newest event (half a bucket in) is older go, that is 80..88
+    assert dry.threshold == 89 * MINUTE + 1
+    assert dry.garbage.forgotten == frozenset(range(80, 89))
     assert dry.removed["seen_ids"].keys == 9 * 4 and dry.removed["seen_ids"].ids == 9 * 4 * 3
     assert dry.removed["backups"].keys == 6  # batches 0..5 (acked = 5)
+    assert dry.removed["batch_params"].keys == 2  # batches 3, 4 (5's stay: GC measures from it)
     assert dry.removed["bloom_snapshots"].fields == 1
     assert dry.total.bytes > 0
     assert (
         _keys(client, ks, Kind.SEEN) == before_seen and _keys(client, ks, Kind.BACKUP) == before_bk
     )
-    assert client.get(ks.gc_floor) is None, "a dry run must not raise the floor"
+    assert _generations(client, ks) == set(range(80, 101)), "a dry run must not forget"
 
     real = collect(client, ks.namespace, scan_count=7, delete_batch=3)
     assert real.total.keys == dry.total.keys and real.total.ids == dry.total.ids
     left = {int(k.rsplit(":", 2)[1]) for k in _keys(client, ks, Kind.SEEN)}
     assert left == set(range(89, 101))
+    assert _generations(client, ks) == set(range(89, 101))
     assert [int(k.rsplit(":", 2)[1]) for k in _keys(client, ks, Kind.BACKUP)] == [6, 7, 8]
-    assert set(client.hkeys(ks.filter_snapshot("stage", 0))) == {b"seq", b"b95"}
-    assert int(client.get(ks.gc_floor)) == 89
+    assert set(client.hkeys(ks.filter_snapshot("stage"))) == {b"seq", b"g95"}
+    assert client.exists(ks.batch(5)) and not client.exists(ks.batch(4))
     assert int(client.hget(ks.gc, "passes")) == 1
 
     again = collect(client, ks.namespace)
@@ -95,53 +113,64 @@ def test_gc_refuses_a_shorter_horizon_and_unknown_namespaces(redis_server):
     with pytest.raises(GcError, match="shorter than the horizon"):
         collect(client, ks.namespace, horizon="1m")
     longer = collect(client, ks.namespace, horizon="15m", dry_run=True)
-    assert longer.floor == 100 - 15 - 1
+    assert longer.garbage.forgotten == frozenset(range(80, 84))
     with pytest.raises(GcError, match="no exactly-once state"):
         collect(client, "no-such-pipeline")
 
 
-def test_a_commit_behind_the_gc_floor_is_refused(redis_server):
+def test_gc_never_forgets_a_generation_a_batch_may_still_commit_into(redis_server):
+    """The acknowledged batch's generation (and newer ones) stay, however old their events.
+
+    A batch that is running commits into its own generation, at or past the acknowledged
+    batch's. If a pass forgot that generation because the records committed into it so far
+    were old, the keys it deletes next could take IDs the batch has just marked seen.
+    """
+    client = redis_server.client()
+    ks = _fake_namespace(client, f"gc-limit-{uuid.uuid4().hex[:6]}")
+    client.hset(ks.generations, mapping={100: 1, 101: 1})  # old events only, current and next
+    for shard in range(4):
+        client.hset(ks.seen("stage", 101, shard), "late-copy", "0.0")
+    done = collect(client, ks.namespace)
+    assert done.garbage.forgotten == frozenset(range(80, 89))
+    assert {100, 101} <= _generations(client, ks)
+    assert client.exists(ks.seen("stage", 100, 0)) and client.exists(ks.seen("stage", 101, 3))
+
+
+def test_a_commit_raises_its_generation_and_a_stale_forget_is_refused(redis_server):
     client = redis_server.client()
     ks = Keyspace(f"gc-fence-{uuid.uuid4().hex[:6]}")
     client.set(ks.epoch, 1)
-    client.set(ks.token("s", 0), 1)
-    client.set(ks.gc_floor, 50)
+    client.set(ks.token("s", 0), "1:7")
     keys = [
         ks.epoch,
         ks.token("s", 0),
         ks.backup("s", 0, 0),
-        ks.filter_seq("s", 0),
-        ks.filter_journal("s", 0),
+        ks.filter_seq("s"),
+        ks.filter_journal("s"),
         ks.stats("s"),
-        ks.watermark,
-        ks.gc_floor,
+        ks.generations,
+        ks.lanes,
+        ks.lane_activity,
         ks.seen("s", 49, 0),
     ]
-    rid = b"r" * 16
+    index = len(keys).to_bytes(2, "little")
 
-    def commit(floor):
-        args = [
-            1,
-            1,
-            b"0.0",
-            "c0",
-            b"",
-            b"",
-            0,
-            1,
-            rid,
-            (9).to_bytes(2, "little"),
-            b"",
-            floor,
-            0,
-            0,
-        ]
+    def commit(chunk, rid, newest):
+        args = [1, "1:7", b"0.0", chunk, b"", b"", 1, rid, index, 49, newest, 0, 0, 0]
         return client.eval(COMMIT, len(keys), *keys, *args)
 
-    assert commit(49)[0] == b"floor"
-    assert client.hlen(ks.seen("s", 49, 0)) == 0 and not client.exists(ks.backup("s", 0, 0))
-    assert commit(50)[0] == b"ok"
-    assert client.hget(ks.seen("s", 49, 0), rid) == b"0.0"
+    assert commit("c0", b"r" * 16, 5_000)[0] == b"ok"
+    assert int(client.hget(ks.generations, 49)) == 5_000
+    assert commit("c1", b"q" * 16, 3_000)[0] == b"ok"
+    assert int(client.hget(ks.generations, 49)) == 5_000, "the newest event time never drops"
+    assert commit("c2", b"r" * 16, 9_000)[0] == b"conflict"
+    assert int(client.hget(ks.generations, 49)) == 5_000, "a refused chunk changes nothing"
+    # GC decided with an older view (newest 5000 < 6000), but a commit raised it meanwhile
+    assert commit("c3", b"p" * 16, 7_000)[0] == b"ok"
+    forget = scripts_for(client).forget_generation
+    assert forget(keys=[ks.generations], args=[49, 6_000]) == 0
+    assert forget(keys=[ks.generations], args=[49, 7_001]) == 1
+    assert client.hget(ks.generations, 49) is None
 
 
 def _cli(*args, env=None):
@@ -162,14 +191,14 @@ def test_gc_and_status_commands(redis_server):
     dry = _cli("gc", "--namespace", ks.namespace, "--dry-run", "--redis-url", url)
     assert dry.returncode == 0, dry.stderr
     line = json.loads(dry.stdout.strip().splitlines()[-1])
-    assert line["event"] == "onceflow.gc" and line["dry_run"] and line["removed_keys"] == 42
+    assert line["event"] == "onceflow.gc" and line["dry_run"] and line["removed_keys"] == 44
     assert client.exists(ks.seen("stage", 80, 0))
     shown = _cli("status", "--namespace", ks.namespace, "--json", "--redis-url", url)
     assert shown.returncode == 0, shown.stderr
     (st,) = json.loads(shown.stdout)
     assert st["backups_pending"] == 3 and st["backups_garbage"] == 6 and st["memory_bytes"] > 0
     real = _cli("gc", "--namespace", ks.namespace, "--redis-url", url)
-    assert json.loads(real.stdout.strip().splitlines()[-1])["removed_keys"] == 42
+    assert json.loads(real.stdout.strip().splitlines()[-1])["removed_keys"] == 44
     text = _cli("status", "--namespace", ks.namespace, "--redis-url", url)
     assert "backups pending 3 (acknowledged, awaiting GC: 0)" in text.stdout
     missing = _cli("gc", "--namespace", "nope-not-here", "--redis-url", url)
@@ -194,7 +223,9 @@ def _gc_scenario(broker, redis_url, tmp_path, seed=11):
         str(tmp_path),
         Counter(),
         set(),
-        {"ORDERS_HORIZON": "5m", "ORDERS_BUCKET": "1m", "ORDERS_SKEW_MS": "5000"},
+        # copies below are re-sent up to ~100 records after (or before) their original:
+        # the out-of-orderness covers that, the horizon is short in wall-clock terms
+        {"ORDERS_HORIZON": "20s", "ORDERS_BUCKET": "5s", "ORDERS_OUT_OF_ORDER": "3m"},
     )
     events = [
         {
@@ -283,8 +314,8 @@ def test_gc_concurrent_with_a_crashing_pipeline_loses_and_duplicates_nothing(
         for r in dead
         if b"dedup horizon" in r.headers.get(ERROR_HEADER, b"")
     ]
-    # (a copy counts as late once the acknowledged watermark has moved 5 minutes past it;
-    # copies read before that are still recognised as duplicates)
+    # (a copy counts as late once the watermark has moved 20 seconds past it; copies read
+    # before that are still recognised as duplicates)
     assert len(late_ids) == stats["late"] > 0
     assert stats["duplicates"] + stats["late"] == inside + outside
     assert set(late_ids) <= {e for e in scn.unique_ids}
@@ -292,4 +323,5 @@ def test_gc_concurrent_with_a_crashing_pipeline_loses_and_duplicates_nothing(
     st = status(client, scn.name)
     assert st.receivers["events"]["in"] == EVENTS + inside + outside
     assert st.backups_pending <= 2 * 4  # at most the last batch's (stages x partitions)
-    assert st.gc_floor_bucket is not None
+    assert st.generations, "status shows the generations kept"
+    assert any(p.garbage.forgotten for p in gc.passes), "GC never forgot a generation"

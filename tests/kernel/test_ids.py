@@ -65,10 +65,26 @@ def test_bad_user_key_type_is_explained():
         ids.from_user_key(3.5)
 
 
-def test_header_ids_must_be_16_bytes():
+def test_header_ids_of_16_bytes_are_taken_as_they_are():
     assert ids.from_header(b"x" * 16) == b"x" * 16
-    with pytest.raises(CodecError, match="16 bytes, found 3"):
-        ids.from_header(b"abc")
+
+
+def test_a_uuid_header_as_text_or_bytes_is_one_id():
+    u = uuid.uuid4()
+    assert ids.from_header(str(u).encode()) == u.bytes == ids.from_header(u.bytes)
+    assert ids.from_header(f" {u} ".encode()) == u.bytes, "surrounding blanks do not matter"
+
+
+def test_other_header_texts_are_hashed_like_business_keys():
+    assert ids.from_header(b"order-17") == ids.from_user_key("order-17")
+    assert ids.from_header(b"order-17") != ids.from_header(b"order-18")
+    assert len(ids.from_header(b"\xff\xfe not utf-8")) == 16
+
+
+@pytest.mark.parametrize("value", [b"", None, b"x" * 2000])
+def test_empty_or_absurd_header_ids_are_refused(value):
+    with pytest.raises(CodecError, match="header"):
+        ids.from_header(value)
 
 
 @given(st.integers(0, 2**62))

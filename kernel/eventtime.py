@@ -1,0 +1,91 @@
+"""Event time and the watermark: how far a pipeline's event time has surely got.
+
+Each source partition (a *lane*: a Kafka topic-partition) reports the largest event time it
+committed. The pipeline's watermark is the smallest of those over the lanes that are not idle,
+minus the allowed out-of-orderness: records older than it are late. A lane is idle when the
+other lanes have been delivering records for ``idle_timeout`` of processing time while it
+delivered none: idleness is measured against the newest activity of any lane, not against the
+wall clock, so downtime (a stopped or crashed pipeline) makes no lane idle, and a lane with a
+backlog is read in every batch (the source shares each batch among every lane with records).
+The watermark never moves back.
+
+One record with a wrong clock (days ahead, or seconds taken for milliseconds) must not drag
+the watermark with it: an event more than ``max_ahead`` ahead of the micro-batch's time is
+not admitted (it becomes a dead letter with the reason), so no lane's maximum goes past the
+clock plus that much.
+
+The dedup horizon and GC are measured from this watermark (MillWheel's rule), and windows
+close when it passes their end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from onceflow.kernel.durations import HOUR_MS, MINUTE_MS, parse_duration_ms
+from onceflow.kernel.errors import ConfigError
+
+DEFAULT_IDLE_MS = MINUTE_MS
+DEFAULT_MAX_AHEAD_MS = HOUR_MS
+
+
+@dataclass(frozen=True)
+class EventTime:
+    """Watermark settings of a pipeline (see the module docstring).
+
+    ``out_of_orderness``: how far behind the newest event of a lane a record may still arrive
+    on time. ``idle_timeout``: processing time after which a lane with no new records stops
+    holding the watermark back. ``max_ahead``: how far ahead of the clock an event may be.
+    Durations are ms or strings such as ``"5s"``, ``"10m"``.
+    """
+
+    out_of_orderness_ms: int = 0
+    idle_timeout_ms: int = DEFAULT_IDLE_MS
+    max_ahead_ms: int = DEFAULT_MAX_AHEAD_MS
+
+    def __post_init__(self) -> None:
+        for name in ("out_of_orderness_ms", "idle_timeout_ms", "max_ahead_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                msg = f"EventTime {name} must be a duration >= 0, got {value!r}"
+                raise ConfigError(msg)
+
+    @classmethod
+    def of(
+        cls,
+        out_of_orderness: str | int = 0,
+        idle_timeout: str | int = DEFAULT_IDLE_MS,
+        max_ahead: str | int = DEFAULT_MAX_AHEAD_MS,
+    ) -> EventTime:
+        """Settings from durations: ``EventTime.of(out_of_orderness="5s", max_ahead="1h")``."""
+        return cls(
+            parse_duration_ms(out_of_orderness, "out_of_orderness"),
+            parse_duration_ms(idle_timeout, "idle_timeout"),
+            parse_duration_ms(max_ahead, "max_ahead"),
+        )
+
+    def limit(self, batch_time_ms: int) -> int:
+        """The newest event time admitted in a micro-batch that started at ``batch_time_ms``."""
+        return batch_time_ms + self.max_ahead_ms
+
+
+def watermark(
+    lanes: Mapping[str, tuple[int, int]],
+    batch_time_ms: int,
+    previous: int,
+    settings: EventTime,
+) -> int:
+    """The pipeline watermark from each lane's ``(largest event time, last active time)``.
+
+    The minimum over lanes active within ``idle_timeout`` of the newest activity of any lane,
+    minus the out-of-orderness; never below ``previous`` and never past the batch's own time.
+    """
+    if not lanes:
+        return previous
+    latest = max(seen for _, seen in lanes.values())
+    active = [
+        newest for newest, seen in lanes.values() if latest - seen <= settings.idle_timeout_ms
+    ]
+    candidate = min(active) - settings.out_of_orderness_ms
+    return max(previous, min(candidate, batch_time_ms))

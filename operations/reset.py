@@ -1,0 +1,60 @@
+"""Starting a pipeline over: delete its Redis namespace and its Spark checkpoint together.
+
+A pipeline's progress has two halves, the namespace (what it did) and the checkpoint (which
+input it read); one without the other is refused at start. ``onceflow reset`` deletes both,
+after saying what it will delete; it refuses while a driver of the namespace is running.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.operations.gc import DEFAULT_DELETE_BATCH, DEFAULT_SCAN_COUNT, scan_steps
+
+
+@dataclass
+class ResetReport:
+    """What a reset deleted (or, in a dry run, would delete)."""
+
+    namespace: str
+    keys: int
+    checkpoint: str | None
+    checkpoint_deleted: bool
+
+
+def reset(
+    client: Any,
+    namespace: str,
+    checkpoint: str | None,
+    *,
+    dry_run: bool = False,
+    scan_count: int = DEFAULT_SCAN_COUNT,
+    delete_batch: int = DEFAULT_DELETE_BATCH,
+) -> ResetReport:
+    """Delete every key of ``namespace`` and the local ``checkpoint`` folder."""
+    ks = Keyspace(namespace)
+    keys = 0
+    for step in scan_steps(client, ks.pattern(), scan_count):
+        keys += len(step)
+        if not dry_run:
+            for start in range(0, len(step), delete_batch):
+                client.unlink(*step[start : start + delete_batch])
+    deleted = False
+    if checkpoint:
+        parsed = urlparse(checkpoint)
+        if parsed.scheme not in ("", "file"):
+            msg = (
+                f"checkpoint {checkpoint} is not a local folder: delete it with your storage's "
+                "tools (hdfs dfs -rm -r, aws s3 rm --recursive ...), then run reset without it"
+            )
+            raise ConfigError(msg)
+        path = parsed.path if parsed.scheme == "file" else checkpoint
+        if not dry_run:
+            shutil.rmtree(path, ignore_errors=True)
+            deleted = True
+    return ResetReport(namespace, keys, checkpoint, deleted)

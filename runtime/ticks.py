@@ -1,0 +1,94 @@
+"""Micro-batches without records, for windows whose panes are due (the driver's side).
+
+Windows fire at the end of a micro-batch, by the batch's watermark. The watermark a batch
+uses is computed when it starts, from what earlier batches committed; so after the last
+records of a burst the watermark has moved (in Redis) but no batch runs to fire the windows
+it passed, and an early pane due after some seconds has no batch to fire in either. Spark
+runs "no-data" batches for its own stateful operators in that situation; this is the same
+for ours: after each batch the driver looks at the next watermark and at the earliest timer
+of every windowed combine partition, and when one is due it raises a counter in a file that
+the Kafka source's reader (on the driver's machine) turns into a new offset (its *tick*),
+so Spark runs one more micro-batch, with no records, in which the panes fire.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from onceflow.dedup.batch import lanes_of, redis_time_ms
+from onceflow.dedup.state import EVENT, PROCESSING
+from onceflow.kernel.eventtime import EventTime, watermark
+from onceflow.kernel.keyspace import Keyspace
+
+if TYPE_CHECKING:
+    from onceflow.runtime.spec import Job
+
+
+class Ticker:
+    """Decides after each micro-batch whether windows need one more (see the module doc)."""
+
+    def __init__(
+        self,
+        client: Any,
+        ks: Keyspace,
+        job: Job,
+        parallelism: int,
+        path: str,
+        processing_time: bool,
+    ) -> None:
+        self.client = client
+        self.ks = ks
+        self.event_time = job.event_time or EventTime()
+        self.nodes = [op.name for _, op in job.stateful_ops() if op.windowing is not None]
+        self.parallelism = parallelism
+        self.path = path
+        self.processing_time = processing_time  # False: available-now runs end on their own
+        self.asked = 0
+        self.ticks = 0
+        if self.nodes:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._write(0)
+
+    @property
+    def needed(self) -> bool:
+        """Whether the job has windows at all."""
+        return bool(self.nodes)
+
+    def after_batch(self, lead_ms: int) -> bool:
+        """Ask for a tick when a timer is due by the next batch; True when asked.
+
+        ``lead_ms``: how long until the next batch starts (its trigger interval).
+        """
+        if not self.nodes:
+            return False
+        now = redis_time_ms(self.client)
+        clock = self.client.hget(self.ks.clock, "watermark")
+        previous = int(clock) if clock is not None else 0
+        next_wm = watermark(lanes_of(self.client, self.ks), now, previous, self.event_time)
+        event, processing = self._earliest()
+        due = (event is not None and event <= next_wm) or (
+            self.processing_time and processing is not None and processing <= now + lead_ms
+        )
+        if due:
+            self.asked += 1
+            self.ticks += 1
+            self._write(self.asked)
+        return due
+
+    def _earliest(self) -> tuple[float | None, float | None]:
+        pipe = self.client.pipeline(transaction=False)
+        for node in self.nodes:
+            for p in range(self.parallelism):
+                pipe.zrange(self.ks.timers(EVENT, node, p), 0, 0, withscores=True)
+                pipe.zrange(self.ks.timers(PROCESSING, node, p), 0, 0, withscores=True)
+        replies = pipe.execute()
+        event = [r[0][1] for r in replies[0::2] if r]
+        processing = [r[0][1] for r in replies[1::2] if r]
+        return min(event, default=None), min(processing, default=None)
+
+    def _write(self, n: int) -> None:
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(str(n))
+        os.replace(tmp, self.path)

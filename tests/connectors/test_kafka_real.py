@@ -1,0 +1,127 @@
+"""What only a real Apache Kafka can show: records deleted below the read position, partitions
+added while a pipeline runs, and a compacted topic (tansu has neither delete_records nor
+create_partitions). Each runs ``tests/e2e_pipelines/totals.py`` and checks it independently."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
+
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.testing.harness import run_pipeline
+from tests.exactly_once.real_input import PIPELINE, Send, event, new_run, stats, verify
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+COMPACTION_WAIT_S = 120
+COMPACTION_SETTLE_S = 5
+
+
+def _delete_below(bootstrap: str, topic: str, partition: int, offset: int) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.delete_records({TopicPartition(topic, partition): offset})
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize("mode", ["fail", "report"])
+def test_records_deleted_below_the_read_position_are_never_skipped_silently(
+    mode, kafka_broker, redis_server, tmp_path
+):
+    run = new_run(kafka_broker, redis_server.url, tmp_path, partitions=1, TOTALS_ON_DATA_LOSS=mode)
+    run.cap = 100
+    first = [event(run, f"u{i % 4}", 1) for i in range(100)]
+    gone = [{"event_id": f"gone-{i}", "user": "u0", "amount": 1} for i in range(100)]
+    later = [event(run, f"u{i % 4}", 1) for i in range(100)]
+    run.produce([Send(e, 0) for e in first + gone + later])
+    # read the first 100, then retention (here: delete_records) removes the next 100
+    run_pipeline(PIPELINE, [*run.args(), "--stop-after-batches", "1"], env=run.env).check()
+    _delete_below(run.bootstrap, run.topics["in"], 0, 200)
+    outcome = run_pipeline(PIPELINE, run.args(), env=run.env)
+    if mode == "fail":
+        assert outcome.returncode == 1, outcome.output[-2000:]
+        assert "offsets 100..199 were deleted" in outcome.output
+        assert "on_data_loss='report'" in outcome.output
+        return
+    outcome.check()
+    run.poison["offsets 100..199 were deleted"] = "100 records lost upstream"
+    verify(run, redis_server.client())
+    assert stats(redis_server.client(), run)["data_loss"] == 100
+
+
+def test_partitions_added_while_the_pipeline_runs_are_read_from_their_start(
+    kafka_broker, redis_server, tmp_path
+):
+    run = new_run(kafka_broker, redis_server.url, tmp_path, partitions=2)
+    run.produce([Send(event(run, f"u{i % 3}", 1), i % 2) for i in range(400)])
+    run_pipeline(PIPELINE, run.args(), env=run.env).check()
+    admin = KafkaAdminClient(bootstrap_servers=run.bootstrap)
+    admin.create_partitions({run.topics["in"]: NewPartitions(total_count=4)})
+    admin.close()
+    run.produce([Send(event(run, f"u{i % 3}", 2), i % 4) for i in range(400)])
+    run_pipeline(PIPELINE, run.args(), env=run.env).check()
+    verify(run, redis_server.client())
+    lanes = redis_server.client().hkeys(Keyspace(run.name).lanes)
+    assert len(lanes) == 4, f"every partition reports its event time: {lanes}"
+
+
+def test_a_compacted_topic_with_holes_in_its_offsets_is_read_to_its_end(
+    kafka_broker, redis_server, tmp_path
+):
+    run = new_run(kafka_broker, redis_server.url, tmp_path, partitions=1)
+    admin = KafkaAdminClient(bootstrap_servers=run.bootstrap)
+    config = {
+        "cleanup.policy": "compact",
+        "segment.ms": "100",
+        "min.cleanable.dirty.ratio": "0.0001",
+        "delete.retention.ms": "100",
+        "min.compaction.lag.ms": "0",
+    }
+    admin.create_topics([NewTopic(run.topics["in"], 1, 1, topic_configs=config)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=run.bootstrap, acks="all")
+    for round_ in range(30):  # 20 keys updated every round, and one key written once per round
+        for key in [*(f"k{k}" for k in range(20)), f"once-{round_}"]:
+            value = {"event_id": f"{key}-r{round_}", "user": f"u{round_ % 4}", "amount": 1}
+            producer.send(run.topics["in"], key=key.encode(), value=json.dumps(value).encode())
+        producer.flush()
+        time.sleep(0.05)
+    producer.close()
+    survivors = _wait_for_compaction(run.bootstrap, run.topics["in"], total=630)
+    offsets = [o for o, _ in survivors]
+    assert offsets != list(range(offsets[0], offsets[0] + len(offsets))), "no holes yet"
+    for _, value in survivors:
+        run.expected[value["user"]] += 1
+        run.events.add(value["event_id"])
+    run_pipeline(PIPELINE, run.args(), env=run.env, timeout=300).check()
+    assert _read(run.bootstrap, run.topics["in"]) == survivors, "compaction went on meanwhile"
+    verify(run, redis_server.client())
+
+
+def _read(bootstrap: str, topic: str) -> list[tuple[int, dict]]:
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=2000
+    )
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    found = [(m.offset, json.loads(m.value)) for m in consumer]
+    consumer.close()
+    return found
+
+
+def _wait_for_compaction(bootstrap: str, topic: str, total: int) -> list[tuple[int, dict]]:
+    """Read the topic until the log cleaner has compacted it and stopped; return what is left."""
+    deadline = time.monotonic() + COMPACTION_WAIT_S
+    previous: list[tuple[int, dict]] | None = None
+    while True:
+        found = _read(bootstrap, topic)
+        if len(found) < total and found == previous:
+            return found
+        previous = found
+        assert time.monotonic() < deadline, "the log cleaner never settled on the topic"
+        time.sleep(COMPACTION_SETTLE_S)

@@ -1,0 +1,53 @@
+"""The pipeline of the real-input tests: a copy of every event and a total per user.
+
+events (Kafka; IDs from the onceflow-id header, else the event_id field when TOTALS_ID_FIELD
+is set; event time from the ts field when TOTALS_TS_FIELD is set, else the Kafka timestamp)
+  -> enrich (an event with "blow_up" raises; one with "pad" grows by that many bytes)
+  -> copy (Kafka sink; TOTALS_COPY_MAX_BYTES caps the producer's request size)
+  -> by-user -> amount -> total (sum, keyed state in Redis) -> totals (Kafka sink)
+
+Topics, the pipeline name and ``on_error`` (TOTALS_ON_ERROR) come from the environment.
+"""
+
+import os
+
+from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
+
+
+def enrich(e):
+    if e.get("blow_up"):
+        raise ValueError(f"event {e.get('event_id')} asked to blow up")
+    if e.get("pad"):
+        return {**e, "padding": "x" * int(e["pad"])}
+    return e
+
+
+source_options = {}
+if os.environ.get("TOTALS_ID_FIELD"):
+    source_options["id"] = lambda e: e["event_id"]
+if os.environ.get("TOTALS_TS_FIELD"):
+    source_options["timestamp"] = lambda e: e["ts"]
+if os.environ.get("TOTALS_ON_DATA_LOSS"):
+    source_options["on_data_loss"] = os.environ["TOTALS_ON_DATA_LOSS"]
+copy_options = {}
+if os.environ.get("TOTALS_COPY_MAX_BYTES"):
+    copy_options["max_request_size"] = int(os.environ["TOTALS_COPY_MAX_BYTES"])
+dedup = (
+    DedupConfig.of(horizon=os.environ["TOTALS_HORIZON"]) if "TOTALS_HORIZON" in os.environ else None
+)
+
+pipeline = Pipeline(
+    os.environ["TOTALS_PIPELINE"],
+    on_error=os.environ.get("TOTALS_ON_ERROR", "dead_letter"),
+    dedup=dedup,
+)
+enriched = pipeline.read("events", KafkaSource(os.environ["TOTALS_IN"], **source_options)).map(
+    "enrich", enrich
+)
+enriched.write("copy", KafkaSink(os.environ["TOTALS_COPY"], options=copy_options))
+(
+    enriched.key_by("by-user", lambda e: e["user"])
+    .map_values("amount", lambda e: e["amount"])
+    .combine_per_key("total", "sum")
+    .write("totals", KafkaSink(os.environ["TOTALS_OUT"]))
+)

@@ -1,0 +1,182 @@
+"""Scenario helpers for the real-input tests: produce as real producers do, verify independently.
+
+Producers here are plain kafka-python producers (no Onceflow code): IDs in headers as text or
+bytes, Kafka timestamps set by the test (re-sends hours later), chosen partitions. ``verify``
+counts the input itself and compares the pipeline's keyed state, the totals topic (the last
+total of every user), the copy topic (one ID per event, one value per ID) and the dead
+letters (exactly the expected poison records, each with its reason).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from onceflow.connectors.kafka.sink import ERROR_HEADER
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.kernel import codec
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.testing.harness import compare_counts
+
+PIPELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e_pipelines", "totals.py")
+
+
+@dataclass
+class Send:
+    """One record as a producer sends it."""
+
+    value: dict[str, Any] | bytes
+    partition: int = 0
+    headers: list[tuple[str, bytes]] | None = None
+    timestamp_ms: int | None = None
+
+
+@dataclass
+class Run:
+    """One pipeline's topics, settings and the independent count of what it should do."""
+
+    name: str
+    bootstrap: str
+    redis_url: str
+    workdir: str
+    partitions: int = 2
+    expected: Counter[str] = field(default_factory=Counter)  # user -> total amount
+    events: set[str] = field(default_factory=set)  # event_ids that must reach the copy topic
+    poison: dict[str, str] = field(default_factory=dict)  # event_id or marker -> reason part
+    extra_env: dict[str, str] = field(default_factory=dict)
+    cap: int = 1000
+
+    @property
+    def topics(self) -> dict[str, str]:
+        return {k: f"{self.name}-{k}" for k in ("in", "copy", "totals")}
+
+    @property
+    def env(self) -> dict[str, str]:
+        t = self.topics
+        return {
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "TOTALS_PIPELINE": self.name,
+            "TOTALS_IN": t["in"],
+            "TOTALS_COPY": t["copy"],
+            "TOTALS_OUT": t["totals"],
+            **self.extra_env,
+        }
+
+    def args(self, checkpoint: str = "checkpoint") -> list[str]:
+        return [
+            "--available-now",
+            "--max-records-per-batch",
+            str(self.cap),
+            "--redis-url",
+            self.redis_url,
+            "--checkpoint",
+            os.path.join(self.workdir, checkpoint),
+            "--output-dir",
+            os.path.join(self.workdir, "out"),
+            "--master",
+            "local[2,4]",
+            "--no-progress",
+        ]
+
+    def produce(self, sends: list[Send]) -> None:
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap)
+        try:
+            admin.create_topics([NewTopic(self.topics["in"], self.partitions, 1)])
+        except Exception:  # noqa: BLE001 - exists already (a second produce)
+            pass
+        finally:
+            admin.close()
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
+        for s in sends:
+            value = s.value if isinstance(s.value, bytes) else json.dumps(s.value).encode()
+            producer.send(
+                self.topics["in"],
+                value=value,
+                headers=s.headers,
+                timestamp_ms=s.timestamp_ms,
+                partition=s.partition,
+            )
+        producer.flush(60)
+        producer.close()
+
+
+def new_run(broker, redis_url, tmp_path, partitions: int = 2, **env: str) -> Run:
+    name = f"real-{uuid.uuid4().hex[:8]}"
+    return Run(name, broker.bootstrap, redis_url, str(tmp_path), partitions, extra_env=env)
+
+
+def event(run: Run, user: str, amount: int, **more: Any) -> dict[str, Any]:
+    """A new event, counted in the expectation."""
+    e = {"event_id": str(uuid.uuid4()), "user": user, "amount": amount, **more}
+    run.expected[user] += amount
+    run.events.add(e["event_id"])
+    return e
+
+
+def verify(run: Run, client: Any) -> dict[str, int]:
+    """Compare everything the pipeline did with the independent count; return facts."""
+    settings = KafkaSettings(run.bootstrap)
+    ks = Keyspace(run.name)
+    state: dict[str, int] = {}
+    for partition in range(2):
+        for k, v in client.hgetall(ks.state("total", partition)).items():
+            state[codec.decode(k)] = codec.decode(v)
+    report = compare_counts(run.expected, state)
+    assert report.ok, f"keyed state: {report}"
+    last: dict[str, tuple[int, int]] = {}
+    by_id: dict[bytes, set[bytes]] = defaultdict(set)
+    for rec in read_topic(settings, run.topics["totals"]):
+        user = (rec.key or b"").decode()
+        by_id[rec.headers["onceflow-id"]].add(rec.value or b"")
+        if rec.offset >= last.get(user, (-1, 0))[0]:
+            last[user] = (rec.offset, json.loads(rec.value or b"0"))
+    report = compare_counts(run.expected, {u: v for u, (_, v) in last.items()})
+    assert report.ok, f"totals topic (each user's last total): {report}"
+    assert all(len(v) == 1 for v in by_id.values()), "a totals ID was written with two values"
+    copies: dict[bytes, set[bytes]] = defaultdict(set)
+    raw = 0
+    for rec in read_topic(settings, run.topics["copy"]):
+        copies[rec.headers["onceflow-id"]].add(rec.value or b"")
+        raw += 1
+    assert all(len(v) == 1 for v in copies.values()), "a copy ID was written with two values"
+    per_event = Counter(json.loads(next(iter(v)))["event_id"] for v in copies.values())
+    report = compare_counts(Counter(run.events), per_event)
+    assert report.ok, f"copy topic: {report}"
+    dead = dead_letters(run)
+    for marker, reason in run.poison.items():
+        found = [d for d in dead if marker in d["text"]]
+        assert len(found) == 1, f"dead letter for {marker!r}: {len(found)} found in {dead}"
+        assert reason in found[0]["error"], f"reason {found[0]['error']!r} lacks {reason!r}"
+    assert len(dead) == len(run.poison), f"unexpected dead letters: {dead}"
+    return {"copy_records": raw, "copy_ids": len(copies), "dead_letters": len(dead)}
+
+
+def dead_letters(run: Run) -> list[dict[str, str]]:
+    """The pipeline's dead-letter topic: each letter's error and its payload as text."""
+    topic = f"{run.name}.dead-letters"
+    try:
+        records = read_topic(KafkaSettings(run.bootstrap), topic)
+    except Exception:  # noqa: BLE001 - no dead letter was ever written
+        return []
+    letters: dict[bytes, dict[str, str]] = {}
+    for rec in records:
+        key = rec.headers.get("onceflow-id", str(rec.offset).encode())
+        letters[key] = {
+            "error": rec.headers.get(ERROR_HEADER, b"").decode(errors="replace"),
+            "text": (rec.value or b"").decode(errors="replace"),
+        }
+    return list(letters.values())
+
+
+def stats(client: Any, run: Run, receiver: str = "events") -> dict[str, int]:
+    return {
+        k.decode(): int(v) for k, v in client.hgetall(Keyspace(run.name).stats(receiver)).items()
+    }

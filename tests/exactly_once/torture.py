@@ -1,0 +1,190 @@
+"""A randomized torture run: kill -9 the whole pipeline at random moments, feed it messy input.
+
+Input arrives in waves on 4 partitions while the pipeline is killed (SIGKILL of every process
+of the run: driver, JVM, Python workers) at random moments, several times; then a final run
+finishes. The input holds what production sends: IDs as 16-byte and text headers and in the
+body, copies re-sent seconds later and hours later (new Kafka timestamps, which are the event
+times here), and poison records (undecodable payloads, an empty ID header, records the user's
+function rejects). An independent checker (``tests.exactly_once.real_input.verify``) then
+reads keyed state, each user's last total, the copy topic and the dead letters: every event
+exactly once, every poison record a dead letter with its reason.
+
+Seeded and reproducible (the kill moments too, up to how far the run got by then):
+
+    python -m tests.exactly_once.torture --minutes 10 --seed 7
+
+runs against ``$REDIS_URL`` / ``$KAFKA_BOOTSTRAP_SERVERS`` or starts its own Redis and Apache
+Kafka. The test suite runs a short version (``test_torture.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.testing.harness import Outcome, run_pipeline
+from tests.exactly_once.real_input import PIPELINE, Run, Send, event, stats, verify
+
+HOUR = 3_600_000
+PARTITIONS = 4
+
+
+@dataclass
+class Torture:
+    """One seeded torture run's plan and what happened."""
+
+    run: Run
+    seed: int
+    rng: random.Random
+    base_ts: int
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    kills: int = 0
+
+    def wave(self, size: int) -> None:
+        """Produce ``size`` events, some re-sends of earlier ones, and a few poison records."""
+        rng, run = self.rng, self.run
+        sends: list[Send] = []
+        for _ in range(size):
+            e = event(run, f"u{rng.randrange(50)}", rng.randrange(1, 9))
+            ts = self.base_ts + len(self.sent) * 10
+            self.sent.append({**e, "_ts": ts})
+            sends.append(self._send(e, ts, rng.randrange(PARTITIONS)))
+        for old in rng.sample(self.sent, min(len(self.sent), size // 15)):
+            e = {k: v for k, v in old.items() if k != "_ts"}
+            later = old["_ts"] + (rng.randrange(1, 30) * 1000 if rng.random() < 0.5 else 2 * HOUR)
+            sends.insert(rng.randrange(len(sends) + 1), self._send(e, later, rng.randrange(4)))
+        for _ in range(max(1, size // 400)):
+            sends.insert(rng.randrange(len(sends) + 1), self._poison())
+        run.produce(sends)
+
+    def _send(self, e: dict[str, Any], ts: int, partition: int) -> Send:
+        """The same event always carries its ID the same way (a producer's habit)."""
+        uid = uuid.UUID(e["event_id"])
+        way = uid.int % 3
+        if way == 0:
+            headers = [("onceflow-id", uid.bytes)]
+        elif way == 1:
+            headers = [("onceflow-id", str(uid).encode())]
+        else:
+            headers = None  # the ID comes from the body's event_id (TOTALS_ID_FIELD)
+        return Send(e, partition, headers, ts)
+
+    def _poison(self) -> Send:
+        kind = self.rng.randrange(3)
+        marker = f"poison-{uuid.uuid4().hex[:10]}"
+        ts = self.base_ts + len(self.sent) * 10
+        partition = self.rng.randrange(PARTITIONS)
+        if kind == 0:
+            self.run.poison[marker] = "cannot decode as json"
+            return Send(f"{{not json {marker}".encode(), partition, None, ts)
+        if kind == 1:
+            self.run.poison[marker] = "header is empty"
+            body = {"event_id": marker, "user": "u0", "amount": 100}
+            return Send(body, partition, [("onceflow-id", b"")], ts)
+        self.run.poison[marker] = "asked to blow up"
+        body = {"event_id": marker, "user": "u0", "amount": 100, "blow_up": True}
+        return Send(body, partition, None, ts)
+
+    def attempt(self, kill_after: float | None, echo: Any = None) -> Outcome:
+        outcome = run_pipeline(
+            PIPELINE, self.run.args(), env=self.run.env, kill_after=kill_after, echo=echo
+        )
+        self.outcomes.append(outcome)
+        if outcome.crashed:
+            self.kills += 1
+        else:
+            outcome.check()
+        return outcome
+
+
+def torture(
+    bootstrap: str,
+    redis_url: str,
+    workdir: str,
+    *,
+    seed: int,
+    kills: int,
+    wave: int,
+    min_kill_s: float = 4.0,
+    max_kill_s: float = 30.0,
+    echo: Any = None,
+) -> Torture:
+    """Waves of input and ``kills`` random kills, then a final run to the end; not checked."""
+    rng = random.Random(seed)
+    name = f"torture-{seed}-{uuid.uuid4().hex[:6]}"
+    run = Run(
+        name,
+        bootstrap,
+        redis_url,
+        workdir,
+        PARTITIONS,
+        extra_env={"TOTALS_ID_FIELD": "1"},
+        cap=wave // 3,
+    )
+    base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
+    t = Torture(run, seed, rng, base_ts)
+    t.wave(wave)
+    for _ in range(kills):
+        t.attempt(rng.uniform(min_kill_s, max_kill_s), echo)
+        t.wave(wave // 2)
+    t.attempt(None, echo)
+    return t
+
+
+def check(t: Torture, client: Any) -> dict[str, int]:
+    """The independent check; returns facts for a report."""
+    facts = verify(t.run, client)
+    facts.update(
+        kills=t.kills,
+        events=len(t.run.events),
+        poison=len(t.run.poison),
+        duplicates_dropped=stats(client, t.run).get("duplicates", 0),
+    )
+    return facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--minutes``: keep doing seeded torture rounds for that long, each checked."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kills", type=int, default=4, help="kills per round")
+    parser.add_argument("--wave", type=int, default=3000, help="events in the first wave")
+    args = parser.parse_args(argv)
+    import redis
+
+    from onceflow.testing.kafka import LocalKafka
+    from onceflow.testing.services import LocalRedis
+
+    deadline = time.monotonic() + args.minutes * 60
+    with contextlib.ExitStack() as stack:
+        redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
+        bootstrap = (
+            os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap
+        )
+        client = redis.Redis.from_url(redis_url)
+        seed = args.seed
+        while time.monotonic() < deadline:
+            workdir = tempfile.mkdtemp(prefix=f"onceflow-torture-{seed}-")
+            t = torture(bootstrap, redis_url, workdir, seed=seed, kills=args.kills, wave=args.wave)
+            try:
+                facts = check(t, client)
+            except AssertionError as exc:
+                print(f"seed {seed}: FAILED after {t.kills} kills: {exc}", flush=True)
+                return 1
+            print(f"seed {seed}: exact ({facts})", flush=True)
+            seed += 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
