@@ -208,6 +208,7 @@ class StageBody:
         self.combines: dict[str, CombineOp | WindowedCombine] = {}
         self.op_derivers: dict[str, Deriver] = {}
         self.dead_count = 0
+        self.origins: dict[bytes, str] = {}  # source records: where they were read
         self.push: dict[str, Push] = {}
         for op in reversed(spec.ops):  # consumers first, so producers can bind them
             self.push[op.name] = self._build(op)
@@ -333,6 +334,9 @@ class StageBody:
     def _origin(self) -> str:
         parent = self.cursor.parent
         where = f"batch {self.batch} partition {self.partition}"
+        read_at = self.origins.get(parent) if parent else None
+        if read_at is not None:  # a source record: where it was read (topic:partition@offset)
+            return f"{read_at} (record {parent.hex()}, {where})"
         return f"record {parent.hex()} ({where})" if parent else where
 
     def dead(self, letter: DeadLetter) -> None:

@@ -76,6 +76,7 @@ def spark_session(
 
     active = SparkSession.getActiveSession()
     if active is not None:
+        _check_jars(active, (extra_conf or {}).get("spark.jars", ""))
         adopt(active)
         return active
     path = log_path or default_log_file(app_name)
@@ -98,6 +99,18 @@ def spark_session(
     logging.getLogger("py4j").setLevel(logging.ERROR)
     adopt(session)
     return session
+
+
+def _check_jars(session: SparkSession, wanted: str) -> None:
+    """Jars load only when a session starts: refuse a running one that lacks some."""
+    loaded = set(session.sparkContext.getConf().get("spark.jars", "").split(","))
+    missing = [j for j in wanted.split(",") if j and j not in loaded]
+    if missing:
+        msg = (
+            f"this process's SparkSession started without {missing}: jars load only when a "
+            "session starts; stop it (spark.stop()) or start it with spark.jars including them"
+        )
+        raise ConfigError(msg)
 
 
 def _driver_java_options(path: str, level: str) -> str:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.backup.store import acknowledge
 from onceflow.connectors.files import JsonLinesSink
 from onceflow.connectors.kafka import KafkaDeadLetterSink, KafkaSource
+from onceflow.connectors.kafka.spark_source import session_conf
 from onceflow.dedup.batch import fix_batch_params
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.durability import (
@@ -234,6 +235,7 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
         app_name=job.pipeline,
         parallelism=opts.parallelism,
         log_path=default_log_file(job.pipeline, opts.output_dir),
+        extra_conf=session_conf(c for _, c in job.sources),
     )
     adopt(spark)
     if opts.code_dir is not None:
@@ -317,7 +319,11 @@ def _new_run(
 
 def _ticker(state: StreamingRun, opts: StreamOptions) -> Ticker | None:
     """A ticker when the job has windows and a source that can tick (see ``runtime.ticks``)."""
-    sources = [c for _, c in state.job.sources if hasattr(c, "tick_file")]
+    sources = [
+        c
+        for _, c in state.job.sources
+        if hasattr(c, "tick_file") and getattr(c, "client", "python") != "spark"
+    ]
     ticker = Ticker(
         state.client,
         state.keyspace,

@@ -107,6 +107,7 @@ class TaskRun:
         self.counters: dict[str, int] = {}
         self.closed = False
         self.origins: dict[bytes, str] = {}  # source records of the current input batch
+        self.body.origins = self.origins
 
     def failure_line(self, exc: BaseException) -> str:
         """One line for a person: which task failed, on which record, and why."""

@@ -254,11 +254,16 @@ class WindowedCombine:
         return entries
 
     def _merge_sessions(self, entries: list[list[Any]]) -> list[list[Any]]:
-        """Merge overlapping sessions into one window each (state, counts and panes)."""
+        """Merge overlapping sessions into one window each.
+
+        The merged window takes in the parts' accumulators and records not yet in a pane. It
+        is a new window (its panes count from 0, its end has not been passed), unless it has
+        the bounds of one of its parts (a session that took in smaller ones): then it goes
+        on as that window.
+        """
         groups = merge_spans([(e[START], e[END]) for e in entries])
         if len(groups) == len(entries):
             return entries
-        wm = self.watermark if self.watermark is not None else NO_TIME
         out = []
         for (start, end), members in groups:
             if len(members) == 1:
@@ -270,14 +275,15 @@ class WindowedCombine:
                 if p[ACC] is not None:
                     acc = p[ACC] if acc is None else self.fn.merge(acc, p[ACC])
             firsts = [p[FIRST] for p in parts if p[SINCE] > 0]
+            same = next((p for p in parts if p[START] == start and p[END] == end), None)
             out.append(
                 [
                     start,
                     end,
                     acc,
                     sum(p[SINCE] for p in parts),
-                    max(p[INDEX] for p in parts),
-                    end <= wm and any(p[PASSED] for p in parts),
+                    same[INDEX] if same is not None else 0,
+                    same[PASSED] if same is not None else False,
                     min(firsts) if firsts else 0,
                     max(p[NEWEST] for p in parts),
                 ]
@@ -339,6 +345,9 @@ class WindowedCombine:
             entry[PASSED] = True
             if trigger.on_time:
                 self._fire(kb, key, entry, Timing.ON_TIME, final=False, emit=emit)
+            else:  # records so far wait for the final pane; late panes are for late records
+                entry[SINCE] = 0
+                entry[FIRST] = 0
         elif entry[PASSED]:
             if entry[SINCE] > 0 and trigger.late_mode is Late.BATCH:
                 self._fire(kb, key, entry, Timing.LATE, final=False, emit=emit)

@@ -1,7 +1,8 @@
 """The Kafka source users configure, and how its raw records become records.
 
-Spark's own Kafka connector is a JVM jar that cannot be loaded here, so the source is a Python
-data source (``pyspark.sql.datasource``): offsets are ``{"topic:partition": offset}``
+By default the source is a Python data source (``pyspark.sql.datasource``; ``client="spark"``
+reads through Spark's own Kafka connector instead, see :mod:`.spark_source`): offsets are
+``{"topic:partition": offset}``
 dictionaries kept in Spark's checkpoint, each micro-batch reads one offset range per
 partition, a cap bounds the records per batch, and ``availableNow`` stops at the high-water
 marks seen when the query started. Clients are created lazily on each worker and reused.

@@ -53,6 +53,9 @@ JVM; the runtime could make it unnecessary by keying source tasks by what they r
   transaction markers count against the cap.
 * No consumer group: Spark keeps offsets only in its checkpoint, so ``group_id`` (and with it
   ``starting_offsets="committed"``) is refused for this client.
+* No ticks: windows that need micro-batches without new records get them through the
+  Python source's offsets (:mod:`onceflow.runtime.ticks`); a source of this client asked to
+  tick refuses to start rather than leave panes unfired.
 * Connection options are translated from kafka-python's names to the Java client's
   (:data:`JAVA_OPTION_NAMES`, SASL PLAIN/SCRAM logins, a PEM CA file); options without a
   translation are refused rather than dropped.
@@ -293,6 +296,7 @@ class KafkaRead(Protocol):
     starting_offsets: str
     max_records_per_batch: int | None
     on_data_loss: str
+    tick_file: str | None
 
     @property
     def settings(self) -> KafkaSettings:
@@ -319,6 +323,14 @@ def check_client(client: str, group_id: str | None) -> None:
 
 def spark_stream(source: KafkaRead, session: SparkSession) -> DataFrame:
     """The streaming DataFrame of raw records, read by Spark's Kafka connector."""
+    if source.tick_file is not None:
+        msg = (
+            f"KafkaSource({', '.join(source.topics)!r}, client='spark') was chosen to tick: this "
+            "pipeline's windows need micro-batches without new records, which Onceflow asks "
+            "for through the offsets of the Python Kafka source, and Spark's connector has no "
+            "such offset. Read this topic with client='python'"
+        )
+        raise ConnectorError(msg)
     reader = session.readStream.format(FORMAT)
     for key, value in reader_options(source).items():
         reader = reader.option(key, value)
