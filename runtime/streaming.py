@@ -411,9 +411,16 @@ def _start_query(
 
 def _await(query: Any, state: StreamingRun, stop_after: int | None, timeout: float | None) -> None:
     deadline = time.monotonic() + timeout if timeout else None
+    failure: Exception | None = None
     try:
         while query.isActive:
-            if query.awaitTermination(AWAIT_STEP_SECONDS):
+            try:
+                if query.awaitTermination(AWAIT_STEP_SECONDS):
+                    break
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the query failed: told below in one line
+                failure = exc
                 break
             if stop_after is not None and state.batches >= stop_after:
                 query.stop()
@@ -424,7 +431,7 @@ def _await(query: Any, state: StreamingRun, stop_after: int | None, timeout: flo
     except KeyboardInterrupt:
         query.stop()
         raise
-    error = query.exception()
+    error = query.exception() or failure
     if error is not None:
         text = str(error)
         if "FencedError" in text:

@@ -180,6 +180,10 @@ class KafkaSink(SinkConnector):
             return key, value, extra
         return key, value, [(ids.ID_HEADER, rec.id), (ids.TS_HEADER, ids.ts_header(rec.ts)), *extra]
 
+    def timestamp_of(self, rec: Record) -> int | None:
+        """The Kafka timestamp of a record: its event time (None: the time of writing)."""
+        return rec.ts or None
+
     def encode(self, rec: Record) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
         """Key, value and extra headers of one record.
 
@@ -210,6 +214,14 @@ class KafkaDeadLetterSink(KafkaSink):
     def describe(self) -> str:
         """One line for plans."""
         return f"kafka dead letters {self.topic}"
+
+    def timestamp_of(self, rec: Record) -> int | None:
+        """The time of writing, not the event time (in the ``onceflow-ts`` header).
+
+        A dead letter's event time may be what made it one: a wrong clock the broker refuses.
+        """
+        del rec
+        return None
 
     def encode(self, rec: Record) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
         """Raw payload (or the letter as JSON) and headers naming stage, error and origin."""
@@ -274,13 +286,22 @@ class _KafkaWriter(SinkWriter):
                     value=value,
                     key=key,
                     headers=headers or None,
-                    timestamp_ms=rec.ts or None,
+                    timestamp_ms=self.sink.timestamp_of(rec),
                 )
             except MessageSizeTooLargeError as exc:
                 rejected.append((rec, f"Kafka topic {topic!r} refused the record: {exc}"))
                 continue
+            except Exception as exc:
+                if not self._stop_sending(exc):
+                    raise
+                break
             self.sent.append((rec, future))
         return rejected
+
+    def _stop_sending(self, exc: Exception) -> bool:
+        """Whether a failed send ends this write quietly (to be settled later); here never."""
+        del exc
+        return False
 
     def flush(self) -> list[Rejected]:
         """Return once the broker acknowledged everything written.
@@ -293,8 +314,12 @@ class _KafkaWriter(SinkWriter):
         self.producer.flush(timeout=FLUSH_TIMEOUT_S)
         return self._settle()
 
-    def _settle(self) -> list[Rejected]:
-        """Sort flushed sends into acknowledged and refused; raise on any other failure."""
+    def _settle(self, lenient: bool = False) -> list[Rejected]:
+        """Sort flushed sends into acknowledged and refused; raise on any other failure.
+
+        ``lenient`` (a transaction about to be aborted and redone): when some records were
+        refused, other failures (sends the broker aborted with them) do not raise.
+        """
         sent, self.sent = self.sent, []
         rejected: list[Rejected] = []
         failed: list[Any] = []
@@ -308,7 +333,7 @@ class _KafkaWriter(SinkWriter):
                 )
             else:
                 failed.append(error or "no acknowledgement")
-        if failed:
+        if failed and not (lenient and rejected):
             msg = (
                 f"Kafka did not accept {len(failed)} record(s) for {self.sink.topic!r}: "
                 f"{failed[0]}; is the broker up and the topic writable?"
@@ -373,6 +398,13 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         self.sent = []
         self.open_txn = False
         self.deliveries = 0
+        # the first send refused synchronously in this transaction: after a record fails, a
+        # transactional producer refuses every later send until the transaction is aborted
+        self.failed: Exception | None = None
+
+    def _stop_sending(self, exc: Exception) -> bool:
+        self.failed = exc
+        return True
 
     def _begin(self) -> None:
         if self.open_txn:
@@ -390,6 +422,8 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
 
     def write(self, records: Sequence[Record]) -> list[Rejected]:
         self._begin()
+        if self.failed is not None:
+            return []  # settled by prepare(), which aborts, and the transaction is redone
         return super().write(records)
 
     def prepare(self) -> str:
@@ -400,15 +434,24 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
             f"{self.task.batch}.{self.task.partition}.{self.task.attempt_id}.{self.deliveries}"
         )
         self.deliveries += 1
-        marker = self.producer.send(
-            self.sink.log_topic, key=self.tid.encode(), value=delivery.encode()
-        )
+        marker = None
+        if self.failed is None:
+            try:
+                marker = self.producer.send(
+                    self.sink.log_topic, key=self.tid.encode(), value=delivery.encode()
+                )
+            except Exception as exc:  # noqa: BLE001 - a record failed before: settled below
+                self.failed = exc
         self.producer.flush(timeout=FLUSH_TIMEOUT_S)
-        rejected = self._settle()
+        rejected = self._settle(lenient=True)
+        failed, self.failed = self.failed, None
         if rejected:
-            self.producer.abort_transaction()
-            self.open_txn = False
+            self.abort()
             raise PoisonInTransaction(rejected)
+        if failed is not None or marker is None:
+            self.abort()
+            msg = f"Kafka refused a send to {self.sink.topic!r} in a transaction: {failed}"
+            raise ConnectorError(msg)
         meta = marker.get(timeout=FLUSH_TIMEOUT_S)
         return f"{meta.topic}|{meta.partition}|{meta.offset}|{delivery}"
 
@@ -430,10 +473,11 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
     def abort(self) -> None:
         if self.open_txn:
             self.sent = []
+            self.failed = None
             try:
                 self.producer.abort_transaction()
             except Exception:  # noqa: BLE001 - a fenced or broken producer: start afresh
-                _TXN_PRODUCERS.pop(self.tid, None)
+                self.producer = _txn_producer(self.sink, self.tid, fresh=True)
             self.open_txn = False
 
 

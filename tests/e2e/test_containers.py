@@ -188,7 +188,7 @@ def test_broker_container_stopped_and_started_mid_run(services, tmp_path):
         # The broker was gone long enough for the run to give up: a supervisor restarts it.
         _wait(lambda: _kafka_ready(services.bootstrap), "broker container after restart")
         run_pipeline(PIPELINE, scn.args, env=scn.env).check()
-    verify(scn, services.client(), copy_duplicates_allowed=True)
+    verify(scn, services.client())
 
 
 def test_redis_container_paused_and_resumed_mid_run(services, tmp_path):

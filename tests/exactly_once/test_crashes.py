@@ -134,7 +134,7 @@ def test_a_zombie_driver_is_fenced(broker, redis_server, tmp_path):
     from onceflow.dedup.errors import FencedError
     from onceflow.dedup.guard import ExactlyOnceGuards
     from onceflow.kernel.eventtime import EventTime
-    from onceflow.kernel.records import TaskRef
+    from onceflow.kernel.records import StateWrite, TaskRef
     from onceflow.kernel.settings import RedisSettings
 
     scn = make_scenario(broker, redis_server.url, tmp_path)
@@ -150,7 +150,8 @@ def test_a_zombie_driver_is_fenced(broker, redis_server, tmp_path):
     client.incr(ks.epoch)  # a new driver starts
     row = (0, b"z" * 16, int(time.time() * 1000), codec.encode("u1"), ("u1", 1))
     with pytest.raises(FencedError, match="newer driver"):
-        zombie.commit(0, [row], [], {"count": {codec.encode("u1"): codec.encode(1)}}, {})
+        update = StateWrite({codec.encode("u1"): codec.encode(1)})
+        zombie.commit(0, [row], [], {"count": update}, {})
     assert client.hgetall(ks.state("count", 0)) == {}
 
 

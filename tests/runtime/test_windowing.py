@@ -241,15 +241,13 @@ def _panes_fire_when_due(w, batches, by_window, received, sums_at):
         for b, pane in fired:
             fired_at[(b, key, start, end)].append(pane.timing)
     wms = [wm for wm, _, _ in batches]
-    for (b, key, start, end) in sums_at:
+    for b, key, start, end in sums_at:
         timings = fired_at.get((b, key, start, end), [])
         n = received.get((b, key, start, end), 0)
         closing = _closed(w, end, wms[b])
         # late: the window was there at the end of an earlier batch whose watermark had
         # passed its end (a window first seen after that fires on time)
-        passed_before = any(
-            (b2, key, start, end) in sums_at and end <= wms[b2] for b2 in range(b)
-        )
+        passed_before = any((b2, key, start, end) in sums_at and end <= wms[b2] for b2 in range(b))
         if end > wms[b] and n and trigger.early_every == 1:
             assert "early" in timings, ("early pane missing", b, key, start, end)
         if trigger.on_time and not passed_before and end <= wms[b] and not closing:
