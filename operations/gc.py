@@ -12,7 +12,13 @@ What grows without end, and when it stops mattering:
 * backups (``bk:<stage>:<batch>:<partition>``, with their per-chunk commit markers) and batch
   parameters (``batch:<n>``) of micro-batches Spark has committed (``acked``): nothing
   replays them (the last acknowledged batch's parameters stay: GC measures from them);
-* Bloom-filter snapshot fields of forgotten generations.
+* Bloom-filter snapshot fields of forgotten generations;
+* keyed state with a time-to-live (``combine_per_key(..., ttl=...)``) whose expiry, in batch
+  time, is at or before the last acknowledged batch's time: every batch that may still run
+  has a time at least that late, so each of them already reads that state as gone. A key
+  is deleted by a script that re-checks its expiry (a commit that updated it meanwhile moved
+  the expiry on, and the key stays). Window state needs no pass: a window's state is deleted
+  in the same commit as its final pane.
 
 Everything is found with SCAN (never KEYS) in bounded steps and removed with UNLINK in
 batches, so a large keyspace does not stall Redis. A pass only ever reads the dedup time and
@@ -32,7 +38,7 @@ from onceflow.dedup.batch import BatchParams, read_batch_params
 from onceflow.dedup.trust import GENERATION_FIELD
 from onceflow.kernel.durations import DAY_MS, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import META_PATTERN, Keyspace, Kind, namespace_of_meta
+from onceflow.kernel.keyspace import META_PATTERN, Keyspace, Kind, ParsedKey, namespace_of_meta
 from onceflow.kernel.scripts import scripts_for
 
 # Buckets of event time a generation is kept past the horizon, in case a clock is a little behind.
@@ -188,14 +194,18 @@ def collect(
     limit = params.generation if params is not None else None
     garbage = _forget_generations(client, ks, threshold, limit, dry_run)
     result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, threshold, garbage)
+    expired_by = params.time_ms if params is not None else None
     for keys in scan_steps(client, ks.pattern(), scan_count):
         result.scanned += len(keys)
-        victims, snapshots = _classify(ks, keys, garbage, acked)
+        victims, snapshots, expiries = _classify(ks, keys, garbage, acked)
         for kind, found in victims.items():
             for start in range(0, len(found), delete_batch):
                 _remove(client, found[start : start + delete_batch], kind, result, dry_run)
         if snapshots and garbage:
             _trim_snapshots(client, snapshots, garbage, result, dry_run)
+        if expired_by is not None:
+            for parsed in expiries:
+                _expire_state(client, ks, parsed, expired_by, delete_batch, result, dry_run)
     result.seconds = time.monotonic() - t0
     if not dry_run:
         _record(client, ks, result)
@@ -261,10 +271,15 @@ def _horizon(
 
 def _classify(
     ks: Keyspace, keys: list[str], garbage: Garbage, acked: int
-) -> tuple[dict[str, list[str]], list[str]]:
-    """Keys to unlink by kind, and snapshot hashes to trim, among one SCAN step's keys."""
+) -> tuple[dict[str, list[str]], list[str], list[ParsedKey]]:
+    """Sort one SCAN step's keys.
+
+    Returns keys to unlink by kind, snapshot hashes to trim, and the expiry sets of state
+    with a time-to-live.
+    """
     victims: dict[str, list[str]] = {"seen_ids": [], "backups": [], "batch_params": []}
     snapshots = []
+    expiries = []
     for key in keys:
         parsed = ks.parse(key)
         if parsed is None:
@@ -280,7 +295,44 @@ def _classify(
                 victims["batch_params"].append(key)
         elif parsed.kind is Kind.FILTER_SNAPSHOT:
             snapshots.append(key)
-    return victims, snapshots
+        elif parsed.kind is Kind.EXPIRY:
+            expiries.append(parsed)
+    return victims, snapshots, expiries
+
+
+def _expire_state(
+    client: Any,
+    ks: Keyspace,
+    parsed: ParsedKey,
+    before: int,
+    batch: int,
+    result: GcPass,
+    dry_run: bool,
+) -> None:
+    """Delete the state of one combine partition whose time-to-live ran out by ``before``."""
+    assert parsed.name is not None and parsed.partition is not None
+    zkey = ks.timers("expiry", parsed.name, parsed.partition)
+    hkey = ks.state(parsed.name, parsed.partition)
+    removed = result.removed.setdefault("expired_state", Removed())
+    offset = 0
+    while True:
+        # a dry run deletes nothing, so it pages on; a real pass always reads the front
+        members = client.zrangebyscore(zkey, "-inf", before, start=offset, num=batch)
+        if not members:
+            return
+        if dry_run:
+            removed.fields += len(members)
+            offset += len(members)
+            continue
+        pipe = client.pipeline(transaction=False)
+        for member in members:
+            pipe.hstrlen(hkey, member)
+        size = sum(int(n or 0) for n in pipe.execute())
+        gone = int(scripts_for(client).expire_state(keys=[hkey, zkey], args=[before, *members]))
+        removed.fields += gone
+        removed.bytes += size if gone == len(members) else 0
+        if gone == 0:
+            return  # all were updated meanwhile: their expiry moved past ``before``
 
 
 def _remove(client: Any, keys: list[str], kind: str, result: GcPass, dry_run: bool) -> None:

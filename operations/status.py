@@ -52,6 +52,9 @@ class Status:
     receivers: dict[str, dict[str, int]] = field(default_factory=dict)
     gc: dict[str, str] = field(default_factory=dict)
     lanes: dict[str, dict[str, int]] = field(default_factory=dict)
+    # per combine node: keys with state, windows waiting for the watermark (``open_windows``,
+    # keys with an event timer) and the earliest such timer, state with a time-to-live
+    state: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -96,6 +99,16 @@ class Status:
             f"generation(s) kept (oldest newest-event {_when(oldest)}), last pass {when}"
             + (f", {self.gc.get('passes', 0)} passes" if last else "")
         )
+        for node, row in sorted(self.state.items()):
+            text = f"  state of {node}: {row.get('keys', 0):,} key(s)"
+            if row.get("open_windows"):
+                text += (
+                    f", {row['open_windows']:,} with windows open (next closes at event time "
+                    f"{_when(row['next_close_ms'])})"
+                )
+            if row.get("ttl_keys"):
+                text += f", {row['ttl_keys']:,} with a time-to-live"
+            lines.append(text)
         if self.receivers:
             names = sorted(self.receivers)
             shown = [f for f in _FIELDS if any(f in self.receivers[n] for n in names)]
@@ -130,6 +143,7 @@ def status(client: Any, namespace: str, scan_count: int = DEFAULT_SCAN_COUNT) ->
     pending = garbage = keys = memory = 0
     by_kind: dict[str, int] = {}
     receivers: dict[str, dict[str, int]] = {}
+    state: dict[str, dict[str, int]] = {}
     for step in scan_steps(client, ks.pattern(), scan_count):
         pipe = client.pipeline(transaction=False)
         for key in step:
@@ -147,6 +161,8 @@ def status(client: Any, namespace: str, scan_count: int = DEFAULT_SCAN_COUNT) ->
             elif parsed is not None and parsed.kind is Kind.STATS and parsed.name is not None:
                 stats = client.hgetall(key)
                 receivers[parsed.name] = {k.decode(): int(v) for k, v in stats.items()}
+            elif parsed is not None and parsed.kind in _STATE_KINDS and parsed.name is not None:
+                _count_state(client, key, parsed.kind, state.setdefault(parsed.name, {}))
         keys += len(step)
     return Status(
         namespace=namespace,
@@ -162,12 +178,30 @@ def status(client: Any, namespace: str, scan_count: int = DEFAULT_SCAN_COUNT) ->
         keys=keys,
         memory_by_kind=by_kind,
         receivers=receivers,
+        state=state,
         gc={k.decode(): v.decode() for k, v in client.hgetall(ks.gc).items()},
         lanes={
             lane: {"event_time_ms": newest, "active_ms": seen}
             for lane, (newest, seen) in sorted(lanes_of(client, ks).items())
         },
     )
+
+
+_STATE_KINDS = frozenset({Kind.STATE, Kind.EVENT_TIMERS, Kind.EXPIRY})
+
+
+def _count_state(client: Any, key: str, kind: Kind, row: dict[str, int]) -> None:
+    """Add one partition's state hash or timer set to its combine node's row."""
+    if kind is Kind.STATE:
+        row["keys"] = row.get("keys", 0) + int(client.hlen(key))
+    elif kind is Kind.EXPIRY:
+        row["ttl_keys"] = row.get("ttl_keys", 0) + int(client.zcard(key))
+    else:
+        row["open_windows"] = row.get("open_windows", 0) + int(client.zcard(key))
+        first = client.zrange(key, 0, 0, withscores=True)
+        if first:
+            at = int(first[0][1])
+            row["next_close_ms"] = min(row.get("next_close_ms", at), at)
 
 
 def status_json(statuses: list[Status]) -> str:

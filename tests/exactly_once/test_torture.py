@@ -15,7 +15,17 @@ pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 def test_random_kills_and_messy_input_lose_and_duplicate_nothing(
     seed, broker, redis_server, tmp_path
 ):
-    t = torture(broker.bootstrap, redis_server.url, str(tmp_path), seed=seed, kills=3, wave=1500)
+    # ~10 micro-batches per run, so each run outlasts the latest kill (the kill lands mid-run)
+    t = torture(
+        broker.bootstrap,
+        redis_server.url,
+        str(tmp_path),
+        seed=seed,
+        kills=3,
+        wave=1500,
+        cap=150,
+        max_kill_s=18.0,
+    )
     facts = check(t, redis_server.client())
     assert t.kills >= 2, f"the run ended before it could be killed: {facts}"
     assert facts["duplicates_dropped"] > 0 and facts["poison"] > 0

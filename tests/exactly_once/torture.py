@@ -116,9 +116,14 @@ def torture(
     wave: int,
     min_kill_s: float = 4.0,
     max_kill_s: float = 30.0,
+    cap: int | None = None,
     echo: Any = None,
 ) -> Torture:
-    """Waves of input and ``kills`` random kills, then a final run to the end; not checked."""
+    """Waves of input and ``kills`` random kills, then a final run to the end; not checked.
+
+    ``cap`` (records per micro-batch, a third of a wave by default): smaller makes each run
+    last longer, so a kill lands mid-run more often.
+    """
     rng = random.Random(seed)
     name = f"torture-{seed}-{uuid.uuid4().hex[:6]}"
     run = Run(
@@ -128,7 +133,7 @@ def torture(
         workdir,
         PARTITIONS,
         extra_env={"TOTALS_ID_FIELD": "1"},
-        cap=wave // 3,
+        cap=cap or wave // 3,
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
     t = Torture(run, seed, rng, base_ts)

@@ -1,0 +1,127 @@
+"""Keyed state with a time-to-live: idle keys start afresh, and GC reclaims them while the
+pipeline's state stays consistent.
+
+Users u0..u9 send events; after the time-to-live only u0..u4 send again: their counts must
+start from zero (the old state expired by batch time), and ``onceflow gc`` must delete the
+state of u5..u9 (and only theirs). A commit that updates a key after GC read its expiry
+keeps the key: the deleting script re-checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections import defaultdict
+
+import pytest
+
+from onceflow.connectors.kafka.topics import produce, read_topic
+from onceflow.kernel import codec
+from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.operations.gc import collect
+from onceflow.operations.status import status
+from onceflow.testing.harness import run_pipeline
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+
+PIPELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e_pipelines", "ttl.py")
+TTL_S = 4
+
+
+def _state(client, ks):
+    """Every (state hash, expiry set) pair of the namespace, decoded: user -> count."""
+    counts, expiries = {}, {}
+    for key in client.scan_iter(match=ks.pattern(), count=1000):
+        parsed = ks.parse(key)
+        if parsed is None:
+            continue
+        if parsed.kind is Kind.STATE:
+            for k, v in client.hgetall(key).items():
+                counts[codec.decode(k)] = codec.decode(v)[0]
+        elif parsed.kind is Kind.EXPIRY:
+            for k, at in client.zrange(key, 0, -1, withscores=True):
+                expiries[codec.decode(k)] = int(at)
+    return counts, expiries
+
+
+def test_idle_keys_start_afresh_and_gc_reclaims_their_state(kafka_broker, redis_server, tmp_path):
+    name = f"ttl-{uuid.uuid4().hex[:8]}"
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap,
+        "TTL_PIPELINE": name,
+        "TTL_IN": f"{name}-in",
+        "TTL_OUT": f"{name}-out",
+        "TTL_SECONDS": str(TTL_S),
+    }
+    args = [
+        "--available-now",
+        "--redis-url",
+        redis_server.url,
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--master",
+        "local[2]",
+    ]
+    settings = KafkaSettings(kafka_broker.bootstrap)
+
+    def send(users, each):
+        events = [{"event_id": str(uuid.uuid4()), "user": u} for u in users for _ in range(each)]
+        produce(settings, env["TTL_IN"], [(None, json.dumps(e).encode(), None) for e in events])
+
+    client = redis_server.client()
+    ks = Keyspace(name)
+    send([f"u{i}" for i in range(10)], 3)
+    run_pipeline(PIPELINE, args, env=env, timeout=300).check()
+    counts, expiries = _state(client, ks)
+    assert counts == {f"u{i}": 3 for i in range(10)}
+    assert set(expiries) == set(counts)
+
+    time.sleep(TTL_S + 1)
+    send([f"u{i}" for i in range(5)], 2)
+    run_pipeline(PIPELINE, args, env=env, timeout=300).check()
+
+    # the counts topic: the second run's counts start afresh (2, not 5)
+    last = defaultdict(list)
+    for rec in read_topic(settings, env["TTL_OUT"]):
+        last[rec.key.decode()].append(json.loads(rec.value))
+    assert {u: v[-1] for u, v in last.items()} == {
+        **{f"u{i}": 2 for i in range(5)},
+        **{f"u{i}": 3 for i in range(5, 10)},
+    }
+    # expired state stays in Redis until GC (every batch reads it as gone)
+    counts, _ = _state(client, ks)
+    assert len(counts) == 10
+
+    before = status(client, name).state
+    assert sum(row.get("ttl_keys", 0) for row in before.values()) == 10, before
+
+    dry = collect(client, name, dry_run=True)
+    assert dry.removed["expired_state"].fields == 5
+    assert len(_state(client, ks)[0]) == 10, "a dry run deletes nothing"
+    result = collect(client, name)
+    assert result.removed["expired_state"].fields == 5
+    counts, expiries = _state(client, ks)
+    assert counts == {f"u{i}": 2 for i in range(5)}
+    assert set(expiries) == set(counts)
+    after = status(client, name).state
+    assert sum(row.get("keys", 0) for row in after.values()) == 5, after
+
+
+def test_a_key_updated_after_gc_read_its_expiry_is_kept(redis_server):
+    client = redis_server.client()
+    ks = Keyspace(f"ttl-race-{uuid.uuid4().hex[:6]}")
+    hkey, zkey = ks.state("count", 0), ks.timers("expiry", "count", 0)
+    client.hset(hkey, mapping={b"a": b"1", b"b": b"1"})
+    client.zadd(zkey, {b"a": 1_000, b"b": 1_000})
+    # GC saw both expire at 1000 (before its threshold 2000); then a commit updated "a"
+    client.zadd(zkey, {b"a": 5_000})
+    gone = scripts_for(client).expire_state(keys=[hkey, zkey], args=[2_000, b"a", b"b"])
+    assert gone == 1
+    assert client.hkeys(hkey) == [b"a"]
+    assert client.zrange(zkey, 0, -1) == [b"a"]
