@@ -1,11 +1,13 @@
 """Exactly-once against at-least-once: one Kafka-to-Kafka keyed count, both ways, one run.
 
 The baseline is the same pipeline with ``guarantee="at-least-once"``: keyed state in Redis,
-but no record IDs, no backup and no dedup. Both read the same topic from the start with a
+but no record IDs, no backup and no dedup. A third mode, ``exactly-once/plain-sink``, is
+exactly-once with ``KafkaSink(transactional=False)``: the cost of the transactional sink (the
+default) is the difference between the last two. Both read the same topic from the start with a
 fresh checkpoint and namespace, alternating, ``--repeat`` times, each in a fresh process (a new
 Spark JVM: successive queries in one JVM slow down, for both modes alike) that first runs one
 unmeasured warm-up query. Prints records/s (whole run, and steady state without the first
-micro-batch of the query) and their ratio, Redis round trips
+micro-batch of the query) and their ratio, micro-batch latency (p50/p99), Redis round trips
 per 1,000 records, Redis lookups per 1,000 new IDs next to the Bloom filters' configured
 false-positive rate, Bloom filter memory, and Redis bytes per stored ID.
 
@@ -37,23 +39,28 @@ from onceflow.runtime.session import spark_session
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 
-GUARANTEES = ("at-least-once", "exactly-once")
+# mode -> (guarantee, transactional Kafka sink)
+MODES = {
+    "at-least-once": ("at-least-once", False),
+    "exactly-once/plain-sink": ("exactly-once", False),
+    "exactly-once": ("exactly-once", True),
+}
 
 
-def build(name: str, topic: str, out: str) -> Pipeline:
+def build(name: str, topic: str, out: str, transactional: bool = True) -> Pipeline:
     p = Pipeline(name)
     (
         p.read("events", KafkaSource(topic, codec="json"))
         .key_by("by-user", lambda e: e["user"])
         .count_per_key("count")
-        .write("counts", KafkaSink(out))
+        .write("counts", KafkaSink(out, transactional=transactional))
     )
     return p
 
 
 def run_once(
     spark: Any,
-    guarantee: str,
+    mode: str,
     topic: str,
     records: int,
     batch: int,
@@ -61,8 +68,9 @@ def run_once(
     workdir: str,
     config: DedupConfig,
 ) -> dict[str, Any]:
+    guarantee, transactional = MODES[mode]
     name = f"bench-{guarantee[:2]}-{uuid.uuid4().hex[:6]}"
-    pipeline = build(name, topic, f"{name}-out")
+    pipeline = build(name, topic, f"{name}-out", transactional)
     started = time.perf_counter()
     result = pipeline.run(
         session=spark,
@@ -80,7 +88,10 @@ def run_once(
     history = result.extra["history"][1:]  # the first micro-batch of a query is warm-up
     steady_records = sum(n for _, n, _ in history)
     steady_seconds = sum(s for _, _, s in history)
+    durations = sorted(s for _, _, s in result.extra["history"])
     return {
+        "p50_s": durations[len(durations) // 2],
+        "p99_s": durations[min(len(durations) - 1, int(len(durations) * 0.99))],
         "name": name,
         "seconds": seconds,
         "rate": records / seconds,
@@ -129,7 +140,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--child", choices=GUARANTEES, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -147,15 +158,15 @@ def main() -> None:
         produce(kafka, topic, records, partitions=2)
         print(f"produced {args.records:,} records in {time.perf_counter() - t0:.1f} s")
         env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
-        runs: dict[str, list[dict[str, Any]]] = {g: [] for g in GUARANTEES}
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
         for i in range(args.repeat):
-            for guarantee in GUARANTEES:
-                r = spawn(guarantee, topic, args, env)
-                runs[guarantee].append(r)
+            for mode in MODES:
+                r = spawn(mode, topic, args, env)
+                runs[mode].append(r)
                 print(
-                    f"  run {i + 1} {guarantee:<14} {r['seconds']:6.1f} s  "
+                    f"  run {i + 1} {mode:<24} {r['seconds']:6.1f} s  "
                     f"{r['rate']:>8,.0f} rec/s overall  {r['steady']:>8,.0f} rec/s steady "
-                    f"({r['batches']} batches)",
+                    f"({r['batches']} batches, p50 {r['p50_s']:.2f} s, p99 {r['p99_s']:.2f} s)",
                     flush=True,
                 )
         report(runs, args.records, redis_client(RedisSettings(redis_url)), DedupConfig())
@@ -192,12 +203,22 @@ def report(
         g: (statistics.median(r["rate"] for r in rs), statistics.median(r["steady"] for r in rs))
         for g, rs in runs.items()
     }
-    alo, eo = med["at-least-once"], med["exactly-once"]
+    alo, eo, plain = med["at-least-once"], med["exactly-once"], med["exactly-once/plain-sink"]
     print()
-    print(f"{'':<30} {'overall rec/s':>14} {'steady rec/s':>14}")
+    print(
+        f"{'median of ' + str(len(runs['exactly-once'])) + ' runs':<34} {'overall rec/s':>14} "
+        f"{'steady rec/s':>14} {'spread (overall)':>22} {'batch p50/p99 s':>16}"
+    )
     for g, (overall, steady) in med.items():
-        print(f"{g:<30} {overall:>14,.0f} {steady:>14,.0f}")
-    print(f"{'exactly-once / at-least-once':<30} {eo[0] / alo[0]:>13.0%} {eo[1] / alo[1]:>13.0%}")
+        rates = [r["rate"] for r in runs[g]]
+        p50 = statistics.median(r["p50_s"] for r in runs[g])
+        p99 = max(r["p99_s"] for r in runs[g])
+        print(
+            f"{g:<34} {overall:>14,.0f} {steady:>14,.0f} "
+            f"{min(rates):>10,.0f}..{max(rates):<10,.0f} {p50:>7.2f}/{p99:<7.2f}"
+        )
+    print(f"{'exactly-once / at-least-once':<34} {eo[0] / alo[0]:>13.0%} {eo[1] / alo[1]:>13.0%}")
+    print(f"{'transactional / plain sink':<34} {eo[0] / plain[0]:>13.0%} {eo[1] / plain[1]:>13.0%}")
     last = runs["exactly-once"][-1]
     c = last["counters"]
     trips = sum(v for k, v in c.items() if k.endswith("/redis_round_trips"))
