@@ -52,6 +52,7 @@ def run_bounded(
     session: SparkSession | None,
     output_dir: str,
     code_dir: str | None = None,
+    spark_conf: dict[str, str] | None = None,
 ) -> RunResult:
     """One Spark action over every source; see the module docstring."""
     spark = session or spark_session(
@@ -59,6 +60,7 @@ def run_bounded(
         app_name=job.pipeline,
         parallelism=parallelism,
         log_path=default_log_file(job.pipeline, output_dir),
+        extra_conf=spark_conf,
     )
     if code_dir is not None:
         ship_code(spark, code_dir)

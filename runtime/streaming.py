@@ -188,6 +188,7 @@ class StreamOptions:
     timeout_seconds: float | None = None
     dedup: DedupConfig | None = None
     code_dir: str | None = None
+    spark_conf: dict[str, str] | None = None
 
     @property
     def mode(self) -> Guarantee:
@@ -235,7 +236,7 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
         app_name=job.pipeline,
         parallelism=opts.parallelism,
         log_path=default_log_file(job.pipeline, opts.output_dir),
-        extra_conf=session_conf(c for _, c in job.sources),
+        extra_conf={**session_conf(c for _, c in job.sources), **(opts.spark_conf or {})},
     )
     adopt(spark)
     if opts.code_dir is not None:
