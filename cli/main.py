@@ -229,7 +229,13 @@ def _add_spark_args(p: argparse.ArgumentParser) -> None:
 def _add_streaming_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("streaming (pipelines with Kafka sources)")
     g.add_argument("--redis-url", help="Redis for exactly-once state (default $REDIS_URL)")
-    g.add_argument("--checkpoint", help="Spark checkpoint directory of the query")
+    g.add_argument(
+        "--checkpoint",
+        help="Spark checkpoint directory or URL of the query (default "
+        "<output-dir>/<pipeline>/checkpoint, resolved against the current folder: resume "
+        "from the same folder or pass an absolute path; on a cluster, a URL or path every "
+        "machine shares)",
+    )
     g.add_argument(
         "--guarantee",
         choices=("exactly-once", "at-least-once"),

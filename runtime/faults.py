@@ -82,7 +82,7 @@ def trigger_crash(mode: str, where: str) -> None:
     path = os.environ.get(CRASH_FILE_ENV)
     if path:
         with open(path, "a") as fh:
-            fh.write(where + "\n")
+            fh.write(f"{where} pid={os.getpid()}\n")
     if mode == "kill":
         for _ in itertools.count():
             time.sleep(_FROZEN_SLEEP_S)

@@ -201,10 +201,23 @@ class StreamOptions:
         )
 
     def checkpoint_of(self, job: Job) -> str:
-        """The checkpoint location: as given, else an absolute path under the output folder."""
-        return self.checkpoint or os.path.abspath(
-            os.path.join(self.output_dir, job.pipeline, "checkpoint")
-        )
+        """The checkpoint location (see :func:`checkpoint_location`)."""
+        return checkpoint_location(self.checkpoint, self.output_dir, job.pipeline)
+
+
+def checkpoint_location(given: str | None, output_dir: str, pipeline: str) -> str:
+    """Where a query's checkpoint is: ``given``, else ``<output_dir>/<pipeline>/checkpoint``.
+
+    A plain path is made absolute against the folder the run starts from, so the location is
+    fixed before the query starts and printed as such; a URL (``file://``, ``hdfs://``,
+    ``s3a://`` ...) is kept as it is. A run started from another folder therefore finds
+    another (empty) checkpoint: :func:`~onceflow.runtime.pinning.pin_checkpoint` refuses it
+    rather than re-reading input against the namespace's state.
+    """
+    location = given or os.path.join(output_dir, pipeline, "checkpoint")
+    if "://" in location:
+        return location
+    return os.path.abspath(location)
 
 
 def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: Any) -> RunResult:
