@@ -51,6 +51,7 @@ from onceflow.runtime.faults import driver_crashpoint
 from onceflow.runtime.guard import AtLeastOnceGuards
 from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.pinning import pin_checkpoint, pin_plan, pin_settings
+from onceflow.runtime.placement import check_paths
 from onceflow.runtime.result import RunResult, explain_failure
 from onceflow.runtime.session import adopt, default_log_file, log_file, spark_session
 from onceflow.runtime.shipping import ship_code
@@ -257,6 +258,7 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
     cp = Checkpoint(spark, opts.checkpoint_of(job))
     pin_checkpoint(client, keyspace, cp)
     job, dead, sinks = _prepare_connectors(job, opts)
+    check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
     state = _new_run(job, spark, mode, redis, client, keyspace, config, opts)
     state.ticker = _ticker(state, opts)
     query = _start_query(state, cp.location, opts.available_now, opts.trigger_seconds)
