@@ -13,66 +13,40 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from onceflow.testing.cluster import LocalSparkCluster
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
 from tests.exactly_once.scenario import PIPELINE, make_scenario, verify
+from tests.fixtures.spark_cluster import cluster_cli_args, driver_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
 RUN_TIMEOUT_S = 240
-# Settings the run sets itself (master, driver JVM options with its log file).
-OWN_SETTINGS = ("spark.master", "spark.driver.extraJavaOptions")
 
 
 def report(line: str) -> None:
     print(f"[cluster] {line}", file=sys.stderr)
 
 
-@pytest.fixture(scope="module")
-def spark_cluster_module() -> Iterator[LocalSparkCluster]:
-    # Workers (and their executors) inherit this environment: keep the driver's Kafka out.
-    hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("KAFKA_")}
-    try:
-        with LocalSparkCluster(workers=2) as cluster:
-            report(f"Spark master + 2 workers ALIVE in {cluster.start_seconds:.1f} s")
-            yield cluster
-    finally:
-        os.environ.update(hidden)
-
-
-@pytest.fixture
-def spark_cluster(spark_cluster_module: LocalSparkCluster) -> LocalSparkCluster:
-    for index in range(spark_cluster_module.workers):
-        if not spark_cluster_module.worker_alive(index):
-            spark_cluster_module.restart_worker(index)
-    return spark_cluster_module
-
-
 def cluster_args(scn, cluster: LocalSparkCluster, extra_conf: dict[str, str] | None = None):
     """The scenario's command line, on the cluster instead of local mode."""
     args = list(scn.args)
     at = args.index("--master")
-    args[at + 1] = cluster.master_url
-    conf = {k: v for k, v in cluster.session_conf().items() if k not in OWN_SETTINGS}
-    conf.update(extra_conf or {})
-    for key, value in conf.items():
-        args += ["--conf", f"{key}={value}"]
-    return args
+    del args[at : at + 2]
+    return [*args, *cluster_cli_args(cluster, extra_conf)]
 
 
 def cluster_env(scn) -> dict[str, str]:
-    return {**scn.env, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    return {**scn.env, **driver_env()}
 
 
-def test_clean_run_on_a_cluster_is_exact(spark_cluster, broker, redis_server, tmp_path):
+def test_clean_run_on_a_cluster_is_exact(standalone_cluster, broker, redis_server, tmp_path):
     started = time.monotonic()
     scn = make_scenario(broker, redis_server.url, tmp_path)
     outcome = run_pipeline(
-        PIPELINE, cluster_args(scn, spark_cluster), env=cluster_env(scn), timeout=RUN_TIMEOUT_S
+        PIPELINE, cluster_args(scn, standalone_cluster), env=cluster_env(scn), timeout=RUN_TIMEOUT_S
     ).check()
     assert "duplicates dropped" in outcome.output
     verify(scn, redis_server.client())
@@ -95,7 +69,7 @@ def _kill_worker_running(cluster: LocalSparkCluster, marker: str, killed: list[i
         time.sleep(0.1)
 
 
-def test_a_worker_killed_mid_batch_is_exact(spark_cluster, broker, redis_server, tmp_path):
+def test_a_worker_killed_mid_batch_is_exact(standalone_cluster, broker, redis_server, tmp_path):
     """A task freezes after its (transactional) sink write; its worker is killed with it.
 
     Spark runs the task again on the other worker (attempt 1, which the crash point lets
@@ -111,12 +85,12 @@ def test_a_worker_killed_mid_batch_is_exact(spark_cluster, broker, redis_server,
     }
     killed: list[int] = []
     killer = threading.Thread(
-        target=_kill_worker_running, args=(spark_cluster, marker, killed), daemon=True
+        target=_kill_worker_running, args=(standalone_cluster, marker, killed), daemon=True
     )
     killer.start()
     outcome = run_pipeline(
         PIPELINE,
-        cluster_args(scn, spark_cluster, executor_env),
+        cluster_args(scn, standalone_cluster, executor_env),
         env=cluster_env(scn),
         timeout=RUN_TIMEOUT_S,
     ).check()
@@ -131,7 +105,7 @@ def test_a_worker_killed_mid_batch_is_exact(spark_cluster, broker, redis_server,
 
 
 def test_the_driver_killed_mid_batch_then_resumed_is_exact(
-    spark_cluster, broker, redis_server, tmp_path
+    standalone_cluster, broker, redis_server, tmp_path
 ):
     """Every process of the driver's side is killed while a task on a worker is mid-batch."""
     started = time.monotonic()
@@ -140,7 +114,7 @@ def test_the_driver_killed_mid_batch_then_resumed_is_exact(
     first, second = crash_and_resume(
         PIPELINE,
         crash,
-        cluster_args(scn, spark_cluster),
+        cluster_args(scn, standalone_cluster),
         env=cluster_env(scn),
         timeout=RUN_TIMEOUT_S,
     )
