@@ -76,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             output_dir=args.output_dir,
             code_dir=os.path.dirname(os.path.abspath(args.file)),
+            spark_conf=spark_conf(args),
             **settings,
         )
     finally:
@@ -141,6 +142,18 @@ def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) not in (None, False)}
 
 
+def spark_conf(args: argparse.Namespace) -> dict[str, str]:
+    """``--conf KEY=VALUE`` settings for the SparkSession, as ``spark-submit`` takes them."""
+    conf: dict[str, str] = {}
+    for item in getattr(args, "conf", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            msg = f"--conf takes KEY=VALUE (spark.executor.memory=2g), got {item!r}"
+            raise ConfigError(msg)
+        conf[key.strip()] = value
+    return conf
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The quick-start demo."""
     if args.which == "wordcount":
@@ -166,6 +179,7 @@ def demo_wordcount(args: argparse.Namespace) -> int:
         parallelism=args.parallelism,
         progress=not args.no_progress,
         output_dir=args.output_dir,
+        spark_conf=spark_conf(args),
     )
     top = sorted(sink.results, key=lambda kv: (-kv[1], kv[0]))[:15]
     print("Most frequent words:")
@@ -200,6 +214,12 @@ def _add_spark_args(p: argparse.ArgumentParser) -> None:
         default=2,
         help="partitions per exchange (fixed for the life of a streaming pipeline)",
     )
+    p.add_argument(
+        "--conf",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session (repeatable), e.g. spark.executor.memory=2g",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--output-dir", default="onceflow-output", help="where default outputs (dead letters) go"
@@ -209,7 +229,13 @@ def _add_spark_args(p: argparse.ArgumentParser) -> None:
 def _add_streaming_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("streaming (pipelines with Kafka sources)")
     g.add_argument("--redis-url", help="Redis for exactly-once state (default $REDIS_URL)")
-    g.add_argument("--checkpoint", help="Spark checkpoint directory of the query")
+    g.add_argument(
+        "--checkpoint",
+        help="Spark checkpoint directory or URL of the query (default "
+        "<output-dir>/<pipeline>/checkpoint, resolved against the current folder: resume "
+        "from the same folder or pass an absolute path; on a cluster, a URL or path every "
+        "machine shares)",
+    )
     g.add_argument(
         "--guarantee",
         choices=("exactly-once", "at-least-once"),

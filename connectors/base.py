@@ -80,6 +80,10 @@ class SourceConnector(abc.ABC):
     def prepare(self, pipeline: str, streaming: bool) -> None:  # noqa: B027 - optional hook
         """Driver-side checks before a run (topics exist, files readable ...)."""
 
+    def local_paths(self) -> list[str]:
+        """Paths on this machine's own disk that the workers read (none by default)."""
+        return []
+
 
 class SinkWriter(abc.ABC):
     """Writes records of one task.
@@ -148,6 +152,10 @@ class SinkConnector(abc.ABC):
 
     def prepare(self, pipeline: str, streaming: bool) -> None:  # noqa: B027 - optional hook
         """Driver-side setup before a run (create directories, topics ...)."""
+
+    def local_paths(self) -> list[str]:
+        """Paths on this machine's own disk that the workers write (none by default)."""
+        return []
 
     def open(self, task: TaskInfo) -> SinkWriter:
         """Executor side: a writer for one task."""

@@ -8,6 +8,13 @@ The sink writes one part file per task, atomically (temporary name, then rename)
 bounded run the driver concatenates the parts, in partition order, into the single file the
 user named. In a streaming run the path is a directory and every flush leaves a complete part
 file ``part-<batch>-<partition>-<n>.jsonl`` there.
+
+Files are read and written with plain file I/O by the workers, so on a cluster every worker
+must see the same path: give ``shared=True`` for a path on storage every machine mounts at
+the same place (NFS ...), or list such folders in ``$ONCEFLOW_SHARED_DIRS`` (``:``
+separated, read on the driver). A run on a cluster master refuses any other path (see
+:func:`onceflow.runtime.placement.check_paths`): its files would be scattered over, or
+missing from, the workers' own disks.
 """
 
 from __future__ import annotations
@@ -41,6 +48,16 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 DEFAULT_SPLIT_BYTES = 32 << 20
+SHARED_DIRS_ENV = "ONCEFLOW_SHARED_DIRS"
+
+
+def is_shared(path: str) -> bool:
+    """Whether ``path`` lies in a folder ``$ONCEFLOW_SHARED_DIRS`` says every machine mounts."""
+    full = os.path.abspath(path)
+    folders = [f for f in os.environ.get(SHARED_DIRS_ENV, "").split(os.pathsep) if f]
+    return any(
+        os.path.commonpath([full, os.path.abspath(f)]) == os.path.abspath(f) for f in folders
+    )
 
 
 def _expand(path: str) -> list[str]:
@@ -70,8 +87,10 @@ class LineFiles(SourceConnector):
         codec: str = "utf-8",
         split_bytes: int = DEFAULT_SPLIT_BYTES,
         skip_blank: bool = False,
+        shared: bool = False,
     ) -> None:
         self.path = path
+        self.shared = shared
         self.codec = value_codec(codec)
         self.split_bytes = split_bytes
         self.skip_blank = skip_blank
@@ -93,6 +112,12 @@ class LineFiles(SourceConnector):
                 if end >= size:
                     break
                 start = end
+
+    def local_paths(self) -> list[str]:
+        """The files read, unless they are on shared storage."""
+        if self.shared or is_shared(self.path):
+            return []
+        return sorted({path for path, _, _ in self.ranges}) or [os.path.abspath(self.path)]
 
     def frame(self, session: SparkSession, parallelism: int) -> DataFrame:
         """One row per byte range."""
@@ -141,14 +166,18 @@ def _decode_line(
         return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line, code="undecodable")
 
 
-def TextFile(path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES) -> LineFiles:  # noqa: N802
-    """Each line of the file(s) as a ``str``."""
-    return LineFiles(path, codec="utf-8", split_bytes=split_bytes)
+def TextFile(  # noqa: N802
+    path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES, shared: bool = False
+) -> LineFiles:
+    """Each line of the file(s) as a ``str`` (``shared``: see the module docstring)."""
+    return LineFiles(path, codec="utf-8", split_bytes=split_bytes, shared=shared)
 
 
-def JsonLinesSource(path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES) -> LineFiles:  # noqa: N802
+def JsonLinesSource(  # noqa: N802
+    path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES, shared: bool = False
+) -> LineFiles:
     """Each line of the file(s) parsed as JSON (blank lines are not records and are skipped)."""
-    return LineFiles(path, codec="json", split_bytes=split_bytes, skip_blank=True)
+    return LineFiles(path, codec="json", split_bytes=split_bytes, skip_blank=True, shared=shared)
 
 
 def _json_default(value: Any) -> Any:
@@ -172,9 +201,10 @@ def to_json_line(value: Any) -> bytes:
 class JsonLinesSink(SinkConnector):
     """Writes elements as JSON lines (see the module docstring for the file layout)."""
 
-    def __init__(self, path: str, *, with_ids: bool = False) -> None:
+    def __init__(self, path: str, *, with_ids: bool = False, shared: bool = False) -> None:
         self.path = os.path.abspath(path)
         self.with_ids = with_ids
+        self.shared = shared
         self.streaming = False
 
     def describe(self) -> str:
@@ -192,6 +222,10 @@ class JsonLinesSink(SinkConnector):
         if not streaming:
             shutil.rmtree(self.parts_dir, ignore_errors=True)
         os.makedirs(self.parts_dir, exist_ok=True)
+
+    def local_paths(self) -> list[str]:
+        """The folder the workers write their parts to, unless it is on shared storage."""
+        return [] if self.shared or is_shared(self.path) else [self.parts_dir]
 
     def open(self, task: TaskInfo) -> SinkWriter:
         """A writer for one task."""

@@ -17,6 +17,7 @@ from onceflow.kernel.records import Guarantee
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.guard import no_guard
 from onceflow.runtime.metrics import CounterParam
+from onceflow.runtime.placement import check_paths
 from onceflow.runtime.progress import TaskProgress
 from onceflow.runtime.result import RunResult, explain_failure
 from onceflow.runtime.session import default_log_file, log_file, spark_session
@@ -52,6 +53,7 @@ def run_bounded(
     session: SparkSession | None,
     output_dir: str,
     code_dir: str | None = None,
+    spark_conf: dict[str, str] | None = None,
 ) -> RunResult:
     """One Spark action over every source; see the module docstring."""
     spark = session or spark_session(
@@ -59,6 +61,7 @@ def run_bounded(
         app_name=job.pipeline,
         parallelism=parallelism,
         log_path=default_log_file(job.pipeline, output_dir),
+        extra_conf=spark_conf,
     )
     if code_dir is not None:
         ship_code(spark, code_dir)
@@ -70,6 +73,7 @@ def run_bounded(
     for name, connector in job.sources:
         connector.prepare(job.pipeline, False)
         sources[name] = connector.frame(spark, parallelism)
+    check_paths([c for _, c in job.sources] + all_sinks(job, dead), spark.sparkContext.master)
     metrics = spark.sparkContext.accumulator({}, CounterParam())
     started = time.monotonic()
     compiled = compile_batch(

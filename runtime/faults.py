@@ -29,6 +29,19 @@ DRIVER_POINTS = ("batch_end",)
 _FROZEN_SLEEP_S = 3600
 
 
+def executor_conf() -> dict[str, str]:
+    """Session settings that pass this process's crash request on to every executor.
+
+    In local mode tasks inherit the driver's environment; on a cluster an executor's comes
+    from its worker, so the request travels as ``spark.executorEnv.*``.
+    """
+    return {
+        f"spark.executorEnv.{name}": os.environ[name]
+        for name in (CRASH_ENV, CRASH_FILE_ENV)
+        if os.environ.get(name)
+    }
+
+
 def _wanted() -> dict[str, str] | None:
     spec = os.environ.get(CRASH_ENV)
     if not spec:
@@ -69,7 +82,7 @@ def trigger_crash(mode: str, where: str) -> None:
     path = os.environ.get(CRASH_FILE_ENV)
     if path:
         with open(path, "a") as fh:
-            fh.write(where + "\n")
+            fh.write(f"{where} pid={os.getpid()}\n")
     if mode == "kill":
         for _ in itertools.count():
             time.sleep(_FROZEN_SLEEP_S)

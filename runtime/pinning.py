@@ -29,6 +29,7 @@ from onceflow.runtime.spec import Job
 PLAN_FIELD = "plan"
 PLAN_FINGERPRINT_FIELD = "plan_fingerprint"
 IDENTITY_FIELD = "identity"
+CHECKPOINT_FIELD = "checkpoint"  # where the run that owns the namespace keeps its checkpoint
 # A namespace that has these had runs before (of an Onceflow that wrote no identity yet).
 _STATE_FIELDS = ("parallelism", PLAN_FIELD)
 
@@ -137,10 +138,18 @@ def pin_checkpoint(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> s
     if stored_id is not None and found == stored_id:
         return stored_id
     if stored_id is not None:
+        owner = client.hget(keyspace.meta, CHECKPOINT_FIELD)
+        resume = (
+            f"Pass --checkpoint {owner.decode()} to resume it"
+            if owner is not None
+            else "Pass that run's --checkpoint to resume it"
+        )
         what = (
             f"holds another run's identity ({found})"
             if found is not None
-            else "has no progress of this pipeline"
+            else "has no progress of this pipeline (a relative --checkpoint or --output-dir "
+            "resolves against the folder a run starts from: was this run started from "
+            "another folder?)"
             if not checkpoint.has_progress()
             else "was not written by the run that owns the namespace"
         )
@@ -148,7 +157,7 @@ def pin_checkpoint(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> s
             f"the checkpoint {checkpoint.location} {what}, but namespace "
             f"{keyspace.namespace!r} holds the state of run {stored_id}: resuming would "
             "re-read input the namespace has already backed up and lose or double records. "
-            f"Pass that run's --checkpoint to resume it. {_reset_hint(keyspace, checkpoint)}"
+            f"{resume}. {_reset_hint(keyspace, checkpoint)}"
         )
         raise ConfigError(msg)
     has_state = any(client.hexists(keyspace.meta, f) for f in _STATE_FIELDS)
@@ -162,6 +171,7 @@ def pin_checkpoint(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> s
         raise ConfigError(msg)
     identity = found or uuid.uuid4().hex
     client.hsetnx(keyspace.meta, IDENTITY_FIELD, identity)
+    client.hsetnx(keyspace.meta, CHECKPOINT_FIELD, checkpoint.location)
     if found is None:
         checkpoint.write(identity + "\n", IDENTITY_FILE)
     return identity

@@ -24,12 +24,14 @@ def run(
     session: SparkSession | None = None,
     output_dir: str = DEFAULT_OUTPUT_DIR,
     code_dir: str | None = None,
+    spark_conf: dict[str, str] | None = None,
     **streaming: Any,
 ) -> RunResult:
     """Run ``job``: one Spark action when it is bounded, else a streaming query.
 
     ``code_dir`` is the folder of the user's own modules to ship to the workers (the
-    pipeline file's folder, for ``onceflow run``). Streaming settings (Redis, checkpoint,
+    pipeline file's folder, for ``onceflow run``). ``spark_conf`` adds settings to the session
+    Onceflow starts (ignored with ``session``). Streaming settings (Redis, checkpoint,
     trigger, guarantee ...) are described in :func:`onceflow.runtime.streaming.run_streaming`.
     """
     if not job.bounded:
@@ -43,6 +45,7 @@ def run(
             progress=progress,
             output_dir=output_dir,
             code_dir=code_dir,
+            spark_conf=spark_conf,
             **streaming,
         )
     if streaming:
@@ -57,4 +60,5 @@ def run(
         session=session,
         output_dir=output_dir,
         code_dir=code_dir,
+        spark_conf=spark_conf,
     )

@@ -92,7 +92,9 @@ def spark_session(
         .config("spark.driver.extraJavaOptions", _driver_java_options(path, log_level))
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
     )
-    for key, value in {**REQUIRED_SQL_CONF, **(extra_conf or {})}.items():
+    from onceflow.runtime.faults import executor_conf
+
+    for key, value in {**REQUIRED_SQL_CONF, **executor_conf(), **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     _log_file = path

@@ -51,6 +51,7 @@ from onceflow.runtime.faults import driver_crashpoint
 from onceflow.runtime.guard import AtLeastOnceGuards
 from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.pinning import pin_checkpoint, pin_plan, pin_settings
+from onceflow.runtime.placement import check_paths
 from onceflow.runtime.result import RunResult, explain_failure
 from onceflow.runtime.session import adopt, default_log_file, log_file, spark_session
 from onceflow.runtime.shipping import ship_code
@@ -188,6 +189,7 @@ class StreamOptions:
     timeout_seconds: float | None = None
     dedup: DedupConfig | None = None
     code_dir: str | None = None
+    spark_conf: dict[str, str] | None = None
 
     @property
     def mode(self) -> Guarantee:
@@ -200,10 +202,23 @@ class StreamOptions:
         )
 
     def checkpoint_of(self, job: Job) -> str:
-        """The checkpoint location: as given, else an absolute path under the output folder."""
-        return self.checkpoint or os.path.abspath(
-            os.path.join(self.output_dir, job.pipeline, "checkpoint")
-        )
+        """The checkpoint location (see :func:`checkpoint_location`)."""
+        return checkpoint_location(self.checkpoint, self.output_dir, job.pipeline)
+
+
+def checkpoint_location(given: str | None, output_dir: str, pipeline: str) -> str:
+    """Where a query's checkpoint is: ``given``, else ``<output_dir>/<pipeline>/checkpoint``.
+
+    A plain path is made absolute against the folder the run starts from, so the location is
+    fixed before the query starts and printed as such; a URL (``file://``, ``hdfs://``,
+    ``s3a://`` ...) is kept as it is. A run started from another folder therefore finds
+    another (empty) checkpoint: :func:`~onceflow.runtime.pinning.pin_checkpoint` refuses it
+    rather than re-reading input against the namespace's state.
+    """
+    location = given or os.path.join(output_dir, pipeline, "checkpoint")
+    if "://" in location:
+        return location
+    return os.path.abspath(location)
 
 
 def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: Any) -> RunResult:
@@ -235,7 +250,7 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
         app_name=job.pipeline,
         parallelism=opts.parallelism,
         log_path=default_log_file(job.pipeline, opts.output_dir),
-        extra_conf=session_conf(c for _, c in job.sources),
+        extra_conf={**session_conf(c for _, c in job.sources), **(opts.spark_conf or {})},
     )
     adopt(spark)
     if opts.code_dir is not None:
@@ -243,6 +258,7 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
     cp = Checkpoint(spark, opts.checkpoint_of(job))
     pin_checkpoint(client, keyspace, cp)
     job, dead, sinks = _prepare_connectors(job, opts)
+    check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
     state = _new_run(job, spark, mode, redis, client, keyspace, config, opts)
     state.ticker = _ticker(state, opts)
     query = _start_query(state, cp.location, opts.available_now, opts.trigger_seconds)

@@ -16,4 +16,5 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.redis",
     "tests.fixtures.kafka",
+    "tests.fixtures.spark_cluster",
 ]

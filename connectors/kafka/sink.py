@@ -107,6 +107,7 @@ class KafkaSink(SinkConnector):
         self.topic = topic
         self._bootstrap = bootstrap_servers
         self._connection = dict(connection or {})
+        self._resolved: KafkaSettings | None = None
         self._options = dict(options or {})
         self.codec = value_codec(codec)
         self.key_fn = key
@@ -116,8 +117,15 @@ class KafkaSink(SinkConnector):
 
     @property
     def settings(self) -> KafkaSettings:
-        """Connection settings (arguments first, then the environment)."""
-        return KafkaSettings.from_env(self._bootstrap, **self._connection)
+        """Connection settings (arguments first, then the environment), fixed once read.
+
+        They are read on the driver (:meth:`prepare` does) and travel to the workers inside
+        the pickled sink: a worker never looks at its own environment, which on a cluster
+        holds none of the driver's ``KAFKA_*`` variables.
+        """
+        if self._resolved is None:
+            self._resolved = KafkaSettings.from_env(self._bootstrap, **self._connection)
+        return self._resolved
 
     @property
     def user_options(self) -> dict[str, Any]:
@@ -129,7 +137,8 @@ class KafkaSink(SinkConnector):
         return f"kafka {self.topic} ({self.codec.name})"
 
     def prepare(self, pipeline: str, streaming: bool) -> None:
-        """Create the topic if asked to, and the delivery log of transactional runs."""
+        """Fix the connection settings; create the topic, and the delivery log if transactional."""
+        self.settings  # noqa: B018 - resolved here, on the driver, and pickled to the workers
         if self.create_topic:
             ensure_topics(self.settings, [self.topic], self.partitions)
         if self.transactional and streaming:

@@ -88,6 +88,7 @@ class KafkaSource(SourceConnector):
         self.client = client
         self._bootstrap = bootstrap_servers
         self._options = dict(options or {})
+        self._resolved: KafkaSettings | None = None
         self.codec = value_codec(codec)
         self.key_codec = value_codec(key_codec)
         self.id_fn = id
@@ -100,8 +101,14 @@ class KafkaSource(SourceConnector):
 
     @property
     def settings(self) -> KafkaSettings:
-        """Connection settings (arguments first, then the environment)."""
-        return KafkaSettings.from_env(self._bootstrap, **self._options)
+        """Connection settings (arguments first, then the environment), fixed once read.
+
+        Read on the driver (:meth:`prepare`); workers get them with the source, never from
+        their own environment.
+        """
+        if self._resolved is None:
+            self._resolved = KafkaSettings.from_env(self._bootstrap, **self._options)
+        return self._resolved
 
     def describe(self) -> str:
         """One line for plans."""

@@ -1,0 +1,73 @@
+"""Kafka connection settings are read on the driver and travel inside the pickled connector.
+
+On a cluster a worker's environment holds none of the driver's ``KAFKA_*`` variables: a
+sink or source unpickled there must use what the driver resolved, and never print secrets.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.kernel.errors import ConfigError
+
+SECRET = "s3cr3t-pa55"
+DRIVER_ENV = {
+    "KAFKA_BOOTSTRAP_SERVERS": "driver-side:9093",
+    "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+    "KAFKA_SASL_MECHANISM": "PLAIN",
+    "KAFKA_SASL_USERNAME": "onceflow",
+    "KAFKA_SASL_PASSWORD": SECRET,
+}
+
+
+def _on_a_worker(connector, monkeypatch):
+    """The connector as a worker sees it: pickled, with no Kafka variables around."""
+    data = pickle.dumps(connector)
+    for name in DRIVER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return pickle.loads(data)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: KafkaSink("out", create_topic=False), lambda: KafkaSource("in")],
+    ids=["sink", "source"],
+)
+def test_settings_resolved_on_the_driver_reach_a_worker_without_its_environment(make, monkeypatch):
+    for name, value in DRIVER_ENV.items():
+        monkeypatch.setenv(name, value)
+    connector = make()
+    connector.prepare("p", streaming=False)  # driver side; this sink creates no topic
+    worker_side = _on_a_worker(connector, monkeypatch)
+    settings = worker_side.settings
+    assert settings.bootstrap_servers == "driver-side:9093"
+    assert settings.options["sasl_plain_password"] == SECRET
+    assert settings.options["security_protocol"] == "SASL_SSL"
+
+
+def test_a_worker_does_not_pick_up_its_own_environment(monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "driver-side:9093")
+    sink = KafkaSink("out", create_topic=False)
+    sink.prepare("p", streaming=False)
+    data = pickle.dumps(sink)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "worker-side:9092")
+    assert pickle.loads(data).settings.bootstrap_servers == "driver-side:9093"
+
+
+def test_unresolved_settings_fail_clearly_where_nothing_is_configured(monkeypatch):
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    with pytest.raises(ConfigError, match="KAFKA_BOOTSTRAP_SERVERS"):
+        KafkaSink("out", create_topic=False).prepare("p", streaming=False)
+
+
+def test_secrets_are_never_printed(monkeypatch):
+    for name, value in DRIVER_ENV.items():
+        monkeypatch.setenv(name, value)
+    sink = KafkaSink("out", create_topic=False, connection={"sasl_oauth_token": "tok-123"})
+    sink.prepare("p", streaming=False)
+    shown = " ".join([repr(sink), str(sink), repr(sink.settings), sink.describe()])
+    assert SECRET not in shown and "tok-123" not in shown
+    assert "driver-side:9093" in repr(sink.settings)
