@@ -1,4 +1,9 @@
-"""Test configuration: fixtures for real services live in plugin modules."""
+"""Test configuration: fixtures for real services live in plugin modules.
+
+Tests marked ``long`` run only with ``--long`` (or ``ONCEFLOW_LONG_TESTS=1``): variants that
+repeat what a shorter test in the default suite already proves, at several minutes each
+(``./quickstart.sh test --long``).
+"""
 
 from __future__ import annotations
 
@@ -18,3 +23,18 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.spark_cluster",
 ]
+
+
+def pytest_addoption(parser):  # type: ignore[no-untyped-def]
+    parser.addoption("--long", action="store_true", help="also run the tests marked long")
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    import pytest
+
+    if config.getoption("--long") or os.environ.get("ONCEFLOW_LONG_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="long variant: run with --long (or ONCEFLOW_LONG_TESTS=1)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)

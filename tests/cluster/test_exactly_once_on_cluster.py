@@ -42,6 +42,7 @@ def cluster_env(scn) -> dict[str, str]:
     return {**scn.env, **driver_env()}
 
 
+@pytest.mark.long  # the worker-kill test below runs the same pipeline to the end, verified
 def test_clean_run_on_a_cluster_is_exact(standalone_cluster, broker, redis_server, tmp_path):
     started = time.monotonic()
     scn = make_scenario(broker, redis_server.url, tmp_path)
@@ -104,6 +105,7 @@ def test_a_worker_killed_mid_batch_is_exact(standalone_cluster, broker, redis_se
     )
 
 
+@pytest.mark.long  # two cluster runs (~2.5 min); the local crash suite kills drivers too
 def test_the_driver_killed_mid_batch_then_resumed_is_exact(
     standalone_cluster, broker, redis_server, tmp_path
 ):
