@@ -39,6 +39,9 @@ from onceflow.kernel.scripts import scripts_for
 SLACK_BUCKETS = 1
 DEFAULT_SCAN_COUNT = 1000
 DEFAULT_DELETE_BATCH = 500
+# What a pass removes, by kind (keys of GcPass.removed).
+KEY_KINDS = ("seen_ids", "backups", "batch_params")
+REMOVED_KINDS = (*KEY_KINDS, "bloom_snapshots")
 
 
 class GcError(ConfigError):
@@ -263,7 +266,7 @@ def _classify(
     ks: Keyspace, keys: list[str], garbage: Garbage, acked: int
 ) -> tuple[dict[str, list[str]], list[str]]:
     """Keys to unlink by kind, and snapshot hashes to trim, among one SCAN step's keys."""
-    victims: dict[str, list[str]] = {"seen_ids": [], "backups": [], "batch_params": []}
+    victims: dict[str, list[str]] = {kind: [] for kind in KEY_KINDS}
     snapshots = []
     for key in keys:
         parsed = ks.parse(key)
