@@ -146,7 +146,8 @@ def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
         "metrics_host",
         "metrics_linger",
     )
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) not in (None, False)}
+    values = {n: getattr(args, n, None) for n in names}
+    return {n: v for n, v in values.items() if v is not None and v is not False}  # 0 counts
 
 
 def spark_conf(args: argparse.Namespace) -> dict[str, str]:

@@ -18,7 +18,8 @@ Every metric carries a ``pipeline`` label. Counters start at zero when a driver 
 ``onceflow_batch_duration_seconds``                    histogram of micro-batch durations
 ``onceflow_last_batch_duration_seconds``               duration of the last one
 ``onceflow_last_batch_records``                        records it read
-``onceflow_input_records_total``                       records read by source stages
+``onceflow_input_records_total``                       records source stages decoded (the
+                                                       undecodable are dead letters)
 ``onceflow_input_records_per_second``                  the last batch's records / its duration
 ``onceflow_stage_records_in_total{stage}``             records a stage read
 ``onceflow_stage_records_out_total{stage,output}``     records it sent to an output

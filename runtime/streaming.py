@@ -120,6 +120,7 @@ class StreamingRun:
         from pyspark.sql import functions as F  # noqa: N812
 
         if self.stop.requested:
+            log.info("batch %d not started (%s): the next run plans it", batch_id, self.stop.reason)
             raise StopRequested
         self._check_epoch()
         if batch_id > 0 and self.mode is Guarantee.EXACTLY_ONCE:

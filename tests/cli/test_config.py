@@ -204,3 +204,4 @@ def test_conf_log_level_and_spark_ui_reach_a_new_session(tmp_path):
     log_text = open(log_line.split(": ", 1)[1], encoding="utf-8").read()
     assert " INFO SparkContext: " in log_text
     assert "ERROR" not in result.stderr and "INFO" not in result.stderr  # quiet terminal
+    assert "Setting default log level" not in result.stderr  # Spark kept the level asked for
