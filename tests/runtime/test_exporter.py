@@ -11,21 +11,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from onceflow.cli.main import main
 from onceflow.connectors.kafka.topics import produce
+from onceflow.dedup.batch import BatchParams
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.operations.gc import GcPass, Removed
+from onceflow.operations.gc_metrics import GcMetrics
+from onceflow.runtime.exporter import BatchView, RunExporter
 from tests.exactly_once.scenario import BASE_TS, EVENTS, PIPELINE, make_scenario, verify
 from tests.runtime.child import Child
 
-pytestmark = [pytest.mark.kafka, pytest.mark.redis]
-
+DASHBOARD = os.path.join(
+    os.path.dirname(__file__), "..", "..", "docker", "grafana", "onceflow-dashboard.json"
+)
 BAD = 7  # undecodable records, at the end of partition 0
 
 
@@ -68,6 +75,8 @@ def read_ends(scn):
     return {p: ends.get(f"{scn.topics['in']}:{p}", 0) for p in scn.sent}
 
 
+@pytest.mark.kafka
+@pytest.mark.redis
 def test_metrics_of_a_run_match_an_independent_count(broker, redis_server, tmp_path):
     scn = make_scenario(broker, redis_server.url, tmp_path)
     topic = scn.topics["in"]
@@ -141,3 +150,38 @@ def test_metrics_of_a_run_match_an_independent_count(broker, redis_server, tmp_p
         assert total(second, "onceflow_kafka_end_offset", partition=str(p)) == n
     assert abs(total(second, "onceflow_gc_last_pass_timestamp_seconds") - gc_ended) < 60
     verify(scn, redis_server.client())
+
+
+def exposition_names(text):
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_the_dashboard_uses_only_metrics_that_exist():
+    run = RunExporter("p", "p", "exactly-once", "0", ["src", "sink"])
+    run.started(3)
+    counters = {
+        "src/in": 10,
+        "src/out/sink": 9,
+        "src/duplicates_dropped": 1,
+        "src/dead_letters": 1,
+        "src/dead_letters.undecodable": 1,
+        "src/bloom_maybe": 2,
+        "src/redis_lookups": 2,
+        "src/replayed_outputs": 0,
+        "src/commit_conflicts": 1,
+    }
+    params = BatchParams(0, 2_000, 1_000, 1_500, 500, 1, 3, (3, 2), 9_000)
+    offsets = {("src", "t", 0): (10, 12)}
+    run.observe(BatchView(0, 0.5, 10, counters, params, offsets, 1_000))
+    gc = GcMetrics()
+    gc.passed(GcPass("p", False, 500, 1_000, 0, 400, removed={"seen_ids": Removed(1)}), {})
+    gc.run_ended(True)
+    names = exposition_names(generate_latest(run.registry).decode())
+    names |= exposition_names(generate_latest(gc.registry).decode())
+    with open(DASHBOARD, encoding="utf-8") as fh:
+        dashboard = json.load(fh)
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs.append(dashboard["templating"]["list"][1]["query"]["query"])
+    used = {m for e in exprs for m in re.findall(r"onceflow_[a-z_]+", e)}
+    assert used and used <= names, sorted(used - names)
+    assert {"onceflow_kafka_consumer_lag", "onceflow_dead_letters_total"} <= used

@@ -37,17 +37,26 @@ def committed_batches(scn):
     return sorted(int(f) for f in os.listdir(folder) if f.isdigit())
 
 
-def test_sigterm_finishes_the_batch_exits_0_and_a_rerun_resumes_exactly(
-    broker, redis_server, tmp_path
+def sigterm_to_the_driver(run):
+    run.signal(signal.SIGTERM)  # what docker stop and Kubernetes send to PID 1
+
+
+def ctrl_c(run):
+    os.killpg(run.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+
+
+@pytest.mark.parametrize("send", [sigterm_to_the_driver, ctrl_c], ids=lambda f: f.__name__)
+def test_a_signal_finishes_the_batch_exits_0_and_a_rerun_resumes_exactly(
+    send, broker, redis_server, tmp_path
 ):
     scn = make_scenario(broker, redis_server.url, tmp_path)
     with Child(streaming_args(scn), env={**scn.env, **SLOW}) as run:
         run.wait_for(r"\] batch 0: ")
         time.sleep(INTO_BATCH_S)
-        run.signal(signal.SIGTERM)  # batch 1 is under way
+        send(run)  # batch 1 is under way
         code = run.wait()
     assert code == 0, run.output[-4000:]
-    notice = next(i for i, line in enumerate(run.lines) if "SIGTERM: finishing" in line)
+    notice = next(i for i, line in enumerate(run.lines) if ": finishing the current" in line)
     assert any("] batch 1: " in line for line in run.lines[notice:]), "batch 1 finished"
     assert f"pipeline '{scn.name}'" in run.output  # the summary of a normal end
     done = committed_batches(scn)
