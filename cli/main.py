@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from onceflow.cli.config import CONFIG_ENV, check_config, layered_defaults, read_config
 from onceflow.cli.ops import add_commands
 from onceflow.kernel.errors import ConfigError, OnceflowError
+from onceflow.runtime.session import DEFAULT_LOG_LEVEL, LOG_LEVELS
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -65,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a pipeline file and print its summary."""
     from onceflow.cli.loader import load_pipeline
 
+    conf = spark_conf(args)
     pipeline = load_pipeline(args.file, args.pipeline)
     settings = streaming_settings(args)
     ui = _start_ui(args, pipeline)
@@ -76,7 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             output_dir=args.output_dir,
             code_dir=os.path.dirname(os.path.abspath(args.file)),
-            spark_conf=spark_conf(args),
+            log_level=args.log_level,
+            spark_conf=conf,
             **settings,
         )
     finally:
@@ -138,19 +142,29 @@ def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
         "redis_wait_replicas",
         "accept_plan_change",
         "stop_after_batches",
+        "metrics_port",
+        "metrics_host",
+        "metrics_linger",
     )
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) not in (None, False)}
+    values = {n: getattr(args, n, None) for n in names}
+    return {n: v for n, v in values.items() if v is not None and v is not False}  # 0 counts
 
 
 def spark_conf(args: argparse.Namespace) -> dict[str, str]:
-    """``--conf KEY=VALUE`` settings for the SparkSession, as ``spark-submit`` takes them."""
+    """Spark settings from ``--conf spark.key=value`` (repeatable) and ``--spark-ui*``."""
     conf: dict[str, str] = {}
     for item in getattr(args, "conf", None) or []:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            msg = f"--conf takes KEY=VALUE (spark.executor.memory=2g), got {item!r}"
+        key = key.strip()
+        if not sep or not key.startswith("spark.") or key == "spark.":
+            msg = f"--conf takes spark.key=value (e.g. spark.executor.memory=2g), got {item!r}"
             raise ConfigError(msg)
-        conf[key.strip()] = value
+        conf[key] = value.strip()
+    port = getattr(args, "spark_ui_port", None)
+    if getattr(args, "spark_ui", False) or port is not None:
+        conf["spark.ui.enabled"] = "true"
+        if port is not None:
+            conf["spark.ui.port"] = str(port)
     return conf
 
 
@@ -179,6 +193,7 @@ def demo_wordcount(args: argparse.Namespace) -> int:
         parallelism=args.parallelism,
         progress=not args.no_progress,
         output_dir=args.output_dir,
+        log_level=args.log_level,
         spark_conf=spark_conf(args),
     )
     top = sorted(sink.results, key=lambda kv: (-kv[1], kv[0]))[:15]
@@ -205,7 +220,7 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
 def _add_spark_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--master",
-        default=os.environ.get("ONCEFLOW_MASTER", "local[2]"),
+        default="local[2]",
         help="Spark master URL (default local[2]; spark://host:7077 for a cluster)",
     )
     p.add_argument(
@@ -214,15 +229,28 @@ def _add_spark_args(p: argparse.ArgumentParser) -> None:
         default=2,
         help="partitions per exchange (fixed for the life of a streaming pipeline)",
     )
-    p.add_argument(
-        "--conf",
-        action="append",
-        metavar="KEY=VALUE",
-        help="a Spark setting for the session (repeatable), e.g. spark.executor.memory=2g",
-    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--output-dir", default="onceflow-output", help="where default outputs (dead letters) go"
+    )
+    p.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=DEFAULT_LOG_LEVEL,
+        help="level of Spark's and Onceflow's log, which goes to a file (its path is printed "
+        "when a run fails, or at start with a level other than warn); default warn",
+    )
+    p.add_argument(
+        "--spark-ui",
+        action="store_true",
+        help="serve Spark's web UI (off by default; port 4040 or the next free one)",
+    )
+    p.add_argument("--spark-ui-port", type=int, help="serve Spark's web UI on this port")
+    p.add_argument(
+        "--conf",
+        action="append",
+        metavar="spark.KEY=VALUE",
+        help="a Spark setting for the session (repeatable), e.g. spark.executor.memory=2g",
     )
 
 
@@ -257,6 +285,22 @@ def _add_streaming_args(p: argparse.ArgumentParser) -> None:
         "--ui-port", type=int, help="serve a live page of the run on this port (loopback)"
     )
     g.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics of the run on this port (path /metrics; 0: any free port)",
+    )
+    g.add_argument(
+        "--metrics-host",
+        help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for a "
+        "Prometheus on another host)",
+    )
+    g.add_argument(
+        "--metrics-linger",
+        type=float,
+        help="keep serving metrics this many seconds after the run ends, for a last scrape "
+        "(SIGTERM or Ctrl-C ends it sooner)",
+    )
+    g.add_argument(
         "--redis-wait-replicas",
         type=int,
         help="Redis replicas that must acknowledge each micro-batch before Spark commits it "
@@ -270,12 +314,35 @@ def _add_streaming_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("onceflow")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _add_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        metavar="PATH.toml",
+        help=f"a TOML file of options (default ${CONFIG_ENV}); precedence: flags, then "
+        "environment variables, then this file, then built-in defaults",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``onceflow`` command."""
     parser = argparse.ArgumentParser(
         prog="onceflow",
         description="Streaming pipelines with exactly-once results on Apache Spark.",
     )
+    parser.add_argument("--version", action="version", version=f"onceflow {version()}")
+    _add_config_arg(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a pipeline file")
@@ -311,15 +378,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_demo)
 
     add_commands(sub)
+    for command in sub.choices.values():
+        _add_config_arg(command)
     return parser
+
+
+def commands_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser of each subcommand, by name."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public accessor
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(action.choices)
+    return {}
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ
+) -> argparse.Namespace:
+    """The command line over the environment over the config file (see ``cli.config``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
+    commands = commands_of(parser)
+    config: dict[str, Any] = {}
+    if path:
+        config = read_config(path)
+        check_config(config, commands, path)
+    defaults = layered_defaults(args.command, commands[args.command], config, path, environ)
+    if not defaults:
+        return args
+    commands[args.command].set_defaults(**defaults)
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onceflow`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Handler = args.handler
     try:
+        args = parse_args(argv)
+        handler: Handler = args.handler
         return handler(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

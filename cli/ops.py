@@ -58,7 +58,8 @@ def _targets(client: Any, args: argparse.Namespace) -> list[str]:
     return list(args.namespace)
 
 
-def _gc_pass(args: argparse.Namespace) -> int:
+def _gc_pass(args: argparse.Namespace, metrics: Any = None) -> int:
+    from onceflow.kernel.keyspace import Keyspace
     from onceflow.operations.gc import collect
 
     client = _redis(args)
@@ -75,13 +76,57 @@ def _gc_pass(args: argparse.Namespace) -> int:
             delete_batch=args.delete_batch,
         )
         print(result.log_line(), flush=True)
+        if metrics is not None:
+            metrics.passed(result, client.hgetall(Keyspace(name).gc))
     return 0
+
+
+def _observed_pass(args: argparse.Namespace, metrics: Any) -> int:
+    """A pass over every namespace asked for, its metrics written (``--metrics-file``)."""
+    ok = False
+    try:
+        _gc_pass(args, metrics)
+        ok = True
+    finally:
+        if metrics is not None:
+            metrics.run_ended(ok)
+            if args.metrics_file:
+                metrics.write(args.metrics_file)
+    return 0
+
+
+def _gc_metrics(args: argparse.Namespace) -> Any:
+    """The GC's metrics (``--metrics-file``, ``--metrics-port`` with ``--every``), or None."""
+    if args.metrics_port is not None and not args.every:
+        msg = (
+            "--metrics-port needs --every: a single pass ends before anything could scrape it; "
+            "use --metrics-file PATH.prom (node-exporter's textfile collector) from cron"
+        )
+        raise ConfigError(msg)
+    if not args.metrics_file and args.metrics_port is None:
+        return None
+    from onceflow.operations.gc_metrics import GcMetrics
+
+    metrics = GcMetrics()
+    if args.metrics_port is not None:
+        url = metrics.serve(args.metrics_host, args.metrics_port)
+        print(json.dumps({"event": "onceflow.gc.metrics", "url": url}), flush=True)
+    return metrics
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
     """One pass, or a pass every ``--every``; failures say what to check."""
-    if not args.every:
-        return _gc_pass(args)
+    metrics = _gc_metrics(args)
+    try:
+        if not args.every:
+            return _observed_pass(args, metrics)
+        return _gc_loop(args, metrics)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _gc_loop(args: argparse.Namespace, metrics: Any) -> int:
     from onceflow.kernel.durations import parse_duration_ms
 
     interval = parse_duration_ms(args.every) / 1000
@@ -89,7 +134,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     while True:
         started = time.monotonic()
         try:
-            _gc_pass(args)
+            _observed_pass(args, metrics)
             failures = 0
         except (ConfigError, ServiceError) as exc:
             failures += 1
@@ -182,6 +227,22 @@ def add_commands(sub: Any) -> None:
         type=int,
         default=0,
         help="with --every: exit 1 after this many failed passes in a row (0: never)",
+    )
+    p.add_argument(
+        "--metrics-file",
+        metavar="PATH.prom",
+        help="after each run, replace this file with Prometheus metrics of the passes "
+        "(node-exporter's textfile collector format: what a cron-run GC needs)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="with --every: serve Prometheus metrics of the passes on this port (/metrics)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics endpoint listens on (default 127.0.0.1)",
     )
     p.set_defaults(handler=cmd_gc)
 

@@ -45,6 +45,9 @@ from onceflow.kernel.scripts import scripts_for
 SLACK_BUCKETS = 1
 DEFAULT_SCAN_COUNT = 1000
 DEFAULT_DELETE_BATCH = 500
+# What a pass removes, by kind (keys of GcPass.removed).
+KEY_KINDS = ("seen_ids", "backups", "batch_params")
+REMOVED_KINDS = (*KEY_KINDS, "bloom_snapshots", "expired_state")
 
 
 class GcError(ConfigError):
@@ -277,7 +280,7 @@ def _classify(
     Returns keys to unlink by kind, snapshot hashes to trim, and the expiry sets of state
     with a time-to-live.
     """
-    victims: dict[str, list[str]] = {"seen_ids": [], "backups": [], "batch_params": []}
+    victims: dict[str, list[str]] = {kind: [] for kind in KEY_KINDS}
     snapshots = []
     expiries = []
     for key in keys:

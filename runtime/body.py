@@ -208,6 +208,7 @@ class StageBody:
         self.combines: dict[str, CombineOp | WindowedCombine] = {}
         self.op_derivers: dict[str, Deriver] = {}
         self.dead_count = 0
+        self.dead_codes: dict[str, int] = {}  # dead letters by reason (DeadLetter.code)
         self.origins: dict[bytes, str] = {}  # source records: where they were read
         self.push: dict[str, Push] = {}
         for op in reversed(spec.ops):  # consumers first, so producers can bind them
@@ -342,6 +343,7 @@ class StageBody:
     def dead(self, letter: DeadLetter) -> None:
         """Send a dead letter to the stage's dead-letter output."""
         self.dead_count += 1
+        self.dead_codes[letter.code] = self.dead_codes.get(letter.code, 0) + 1
         self.buffers[self.spec.dead_target].append((letter.id, letter.ts, letter))
 
     # -- feeding -------------------------------------------------------------------------

@@ -20,7 +20,12 @@ from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.placement import check_paths
 from onceflow.runtime.progress import TaskProgress
 from onceflow.runtime.result import RunResult, explain_failure
-from onceflow.runtime.session import default_log_file, log_file, spark_session
+from onceflow.runtime.session import (
+    DEFAULT_LOG_LEVEL,
+    default_log_file,
+    log_file,
+    spark_session,
+)
 from onceflow.runtime.shipping import ship_code
 from onceflow.runtime.spark import compile_batch
 from onceflow.runtime.spec import Job
@@ -53,6 +58,7 @@ def run_bounded(
     session: SparkSession | None,
     output_dir: str,
     code_dir: str | None = None,
+    log_level: str = DEFAULT_LOG_LEVEL,
     spark_conf: dict[str, str] | None = None,
 ) -> RunResult:
     """One Spark action over every source; see the module docstring."""
@@ -61,6 +67,7 @@ def run_bounded(
         app_name=job.pipeline,
         parallelism=parallelism,
         log_path=default_log_file(job.pipeline, output_dir),
+        log_level=log_level,
         extra_conf=spark_conf,
     )
     if code_dir is not None:

@@ -1,8 +1,27 @@
-"""Counters gathered from tasks: a Spark accumulator of ``{name: count}``."""
+"""Counters gathered from tasks: a Spark accumulator of ``{name: count}``.
+
+Names are ``<stage>/<counter>``: ``in``, ``out/<output>``, ``duplicates_dropped``,
+``dead_letters`` and, per reason, ``dead_letters.<code>`` (:func:`dead_letter_counter`; the
+codes of :class:`~onceflow.kernel.records.DeadLetter`), ``bloom_maybe``, ``redis_lookups`` ...
+"""
 
 from __future__ import annotations
 
 from pyspark.accumulators import AccumulatorParam
+
+DEAD_LETTERS = "dead_letters"
+_REASON_SEPARATOR = "."
+
+
+def dead_letter_counter(code: str) -> str:
+    """The counter of a stage's dead letters with one reason code."""
+    return f"{DEAD_LETTERS}{_REASON_SEPARATOR}{code}"
+
+
+def dead_letter_reason(counter: str) -> str | None:
+    """The reason code of a :func:`dead_letter_counter` name, else None."""
+    prefix = DEAD_LETTERS + _REASON_SEPARATOR
+    return counter[len(prefix) :] if counter.startswith(prefix) else None
 
 
 class CounterParam(AccumulatorParam[dict[str, int]]):

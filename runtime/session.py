@@ -6,8 +6,11 @@ stored per partition). Speculative execution is switched off (and refused): a sp
 copy of a task would write to sinks beside the original. Python workers are reused so
 per-worker caches (Kafka clients, Bloom filters) survive from task to task.
 
-Spark's JVM logs go to a file (:func:`log_file`), not the terminal: a failed run prints one
-line saying what failed and where that file is.
+Spark's JVM logs go to a file (:func:`log_file`), not the terminal, and so do Onceflow's own
+(the ``onceflow`` Python logger), at one level (``log_level``: error, warn, info, debug or
+trace; warn by default): a failed run prints one line saying what failed and where that file
+is. Spark's web UI is off unless ``spark.ui.enabled=true`` is passed in ``extra_conf``; its
+address is then printed.
 """
 
 from __future__ import annotations
@@ -34,6 +37,15 @@ LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 LOG_FILE_PROPERTY = "onceflow.log.file"
 LOG_LEVEL_PROPERTY = "onceflow.log.level"
 DEFAULT_LOG_LEVEL = "warn"
+LOG_LEVELS = ("error", "warn", "info", "debug", "trace")
+_PYTHON_LEVELS = {
+    "error": logging.ERROR,
+    "warn": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+    "trace": logging.DEBUG,
+}
+UI_CONF = "spark.ui.enabled"
 # Fast JVM start (~half the session start time).
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -68,6 +80,9 @@ def spark_session(
 ) -> SparkSession:
     """Get or create the session (local mode by default, any ``--master`` URL works)."""
     global _log_file  # noqa: PLW0603 - one JVM, one log file per process
+    if log_level not in LOG_LEVELS:
+        msg = f"log level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}"
+        raise ConfigError(msg)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):
@@ -83,7 +98,7 @@ def spark_session(
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
-        .config("spark.ui.enabled", "false")
+        .config(UI_CONF, "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(parallelism))
         .config("spark.default.parallelism", str(parallelism))
@@ -99,8 +114,31 @@ def spark_session(
     session = builder.getOrCreate()
     _log_file = path
     logging.getLogger("py4j").setLevel(logging.ERROR)
+    python_logging(path, log_level)
     adopt(session)
+    if (extra_conf or {}).get(UI_CONF, "false").lower() == "true":
+        print(f"Spark UI: {session.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
+    if log_level != DEFAULT_LOG_LEVEL:
+        print(f"log ({log_level}): {path}", file=sys.stderr, flush=True)
     return session
+
+
+def python_logging(path: str, level: str) -> None:
+    """Send the ``onceflow`` logger to the session's log file, at ``level``."""
+    logger = logging.getLogger("onceflow")
+    logger.setLevel(_PYTHON_LEVELS[level])
+    for handler in list(logger.handlers):
+        if getattr(handler, "onceflow_log", False):
+            logger.removeHandler(handler)
+            handler.close()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"
+        )
+    )
+    handler.onceflow_log = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
 
 
 def _check_jars(session: SparkSession, wanted: str) -> None:

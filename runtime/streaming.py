@@ -17,6 +17,7 @@ layout, the physical plan) are pinned in Redis on the first run and checked on e
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.backup.store import acknowledge
 from onceflow.connectors.files import JsonLinesSink
 from onceflow.connectors.kafka import KafkaDeadLetterSink, KafkaSource
+from onceflow.connectors.kafka.offsets import flat_offsets, split_tp
 from onceflow.connectors.kafka.spark_source import session_conf
 from onceflow.dedup.batch import fix_batch_params
 from onceflow.dedup.config import DedupConfig
@@ -53,10 +55,23 @@ from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.pinning import pin_checkpoint, pin_plan, pin_settings
 from onceflow.runtime.placement import check_paths
 from onceflow.runtime.result import RunResult, explain_failure
-from onceflow.runtime.session import adopt, default_log_file, log_file, spark_session
+from onceflow.runtime.session import (
+    DEFAULT_LOG_LEVEL,
+    adopt,
+    default_log_file,
+    log_file,
+    spark_session,
+)
 from onceflow.runtime.shipping import ship_code
 from onceflow.runtime.spark import compile_batch
 from onceflow.runtime.spec import Job
+from onceflow.runtime.stopping import (
+    STOP_MARK,
+    SignalHandlers,
+    StopRequest,
+    StopRequested,
+    stop_on_signals,
+)
 from onceflow.runtime.ticks import Ticker
 
 if TYPE_CHECKING:
@@ -65,6 +80,9 @@ if TYPE_CHECKING:
 GUARANTEES = ("exactly-once", "at-least-once")
 DEFAULT_TRIGGER_SECONDS = 1.0
 AWAIT_STEP_SECONDS = 0.5
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,11 +108,21 @@ class StreamingRun:
     last_batch: int = -1
     started: float = field(default_factory=time.monotonic)
     history: list[tuple[int, int, float]] = field(default_factory=list)  # batch, records, s
+    stop: StopRequest = field(default_factory=StopRequest)
+    stop_after: int | None = None
+    exporter: Any = None  # a RunExporter when metrics are served
+    checkpoint: Checkpoint | None = None
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
-        """One micro-batch: acknowledge the previous ones, then run the job."""
+        """One micro-batch: acknowledge the previous ones, then run the job.
+
+        After a stop request it refuses to start (see :mod:`.stopping`), doing nothing.
+        """
         from pyspark.sql import functions as F  # noqa: N812
 
+        if self.stop.requested:
+            log.info("batch %d not started (%s): the next run plans it", batch_id, self.stop.reason)
+            raise StopRequested
         self._check_epoch()
         if batch_id > 0 and self.mode is Guarantee.EXACTLY_ONCE:
             acknowledge(self.client, self.keyspace, batch_id - 1)
@@ -135,8 +163,53 @@ class StreamingRun:
         delta = _delta(before, self.metrics.value)
         records = sum(delta.get(f"{s}/in", 0) for s in self.job.source_stages)
         self.history.append((batch_id, records, seconds))
+        log.info("batch %d: %d records in %.2f s; counters %s", batch_id, records, seconds, delta)
+        if self.exporter is not None:
+            self._observe(batch_id, records, seconds, params)
         if self.progress:
             self._report(batch_id, records, delta, seconds)
+        if self.stop_after is not None and self.batches >= self.stop_after:
+            self.stop.request(f"stop after {self.stop_after} micro-batch(es)")
+
+    def _observe(self, batch_id: int, records: int, seconds: float, params: Any) -> None:
+        """Feed the metrics endpoint; monitoring never fails a batch."""
+        from onceflow.runtime.exporter import BatchView
+
+        gc_last: int | None = None
+        try:
+            raw = self.client.hget(self.keyspace.gc, "last_pass_ms")
+            gc_last = int(raw) if raw is not None else None
+        except Exception as exc:  # noqa: BLE001 - monitoring only
+            log.warning("metrics: cannot read the GC record: %s", exc)
+        view = BatchView(
+            batch_id,
+            seconds,
+            records,
+            dict(self.metrics.value),
+            params,
+            self._offsets(batch_id),
+            gc_last,
+        )
+        self.exporter.observe(view)
+
+    def _offsets(self, batch_id: int) -> dict[tuple[str, str, int], tuple[int, int | None]]:
+        """Per source partition: where this batch ended, and where readable records end now."""
+        if self.checkpoint is None:
+            return {}
+        out: dict[tuple[str, str, int], tuple[int, int | None]] = {}
+        ends = self.checkpoint.end_offsets(batch_id)
+        for (name, connector), value in zip(self.job.sources, ends, strict=False):
+            probe = getattr(connector, "readable_ends", None)
+            now: dict[str, int] = {}
+            if probe is not None:
+                try:
+                    now = probe()
+                except Exception as exc:  # noqa: BLE001 - monitoring only
+                    log.warning("metrics: no readable offsets for source %r: %s", name, exc)
+            for key, done in flat_offsets(value).items():
+                topic, partition = split_tp(key)
+                out[(name, topic, partition)] = (done, now.get(key))
+        return out
 
     def _check_epoch(self) -> None:
         current = int(self.client.get(self.keyspace.epoch) or 0)
@@ -189,7 +262,11 @@ class StreamOptions:
     timeout_seconds: float | None = None
     dedup: DedupConfig | None = None
     code_dir: str | None = None
+    log_level: str = DEFAULT_LOG_LEVEL
     spark_conf: dict[str, str] | None = None
+    metrics_port: int | None = None
+    metrics_host: str = DEFAULT_METRICS_HOST
+    metrics_linger: float | None = None
 
     @property
     def mode(self) -> Guarantee:
@@ -226,16 +303,33 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
 
     ``available_now`` processes what the topics hold at start, in capped micro-batches, then
     stops (tests, backfills); otherwise a micro-batch starts every ``trigger_seconds`` (1 s)
-    until ``stop_after_batches`` or ``timeout_seconds`` or Ctrl-C. ``checkpoint`` (default
+    until ``stop_after_batches`` or ``timeout_seconds``, or SIGTERM or SIGINT (Ctrl-C): each
+    lets the micro-batch under way finish, then the run ends normally (see
+    :mod:`.stopping`). ``checkpoint`` (default
     ``<output_dir>/<pipeline>/checkpoint``, made absolute) and the Redis namespace (default
     the pipeline's name) together identify the pipeline's progress: keep both to resume after
     a crash (a mismatch is refused). ``accept_plan_change`` resumes a namespace whose stored
     plan differs from this one (the dedup history of stages whose names changed starts
     over). At the end of every micro-batch the driver waits until its writes are durable (the
     AOF fsync where Redis can confirm it, and ``redis_wait_replicas`` replicas: by default
-    one if Redis has any).
+    one if Redis has any). ``metrics_port`` serves Prometheus metrics on ``metrics_host``
+    (loopback by default; see :mod:`.exporter`), ``metrics_linger`` seconds past the run's
+    end; ``spark_conf`` and ``log_level`` apply to the session the run starts.
     """
     opts = StreamOptions(**settings)
+    stop = StopRequest()
+    with stop_on_signals(stop, lambda line: _say(job.pipeline, line)) as handlers:
+        return _run(job, session, opts, handlers)
+
+
+def _say(pipeline: str, line: str) -> None:
+    print(f"[{pipeline}] {line}", file=sys.stderr, flush=True)
+
+
+def _run(
+    job: Job, session: SparkSession | None, opts: StreamOptions, handlers: SignalHandlers
+) -> RunResult:
+    stop = handlers.stop
     mode = opts.mode
     _check_sources(job)
     config = opts.dedup or job.dedup or DedupConfig()
@@ -250,8 +344,10 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
         app_name=job.pipeline,
         parallelism=opts.parallelism,
         log_path=default_log_file(job.pipeline, opts.output_dir),
-        extra_conf={**session_conf(c for _, c in job.sources), **(opts.spark_conf or {})},
+        log_level=opts.log_level,
+        extra_conf=_session_conf(job, opts.spark_conf),
     )
+    handlers.install()  # over PySpark's SIGINT handler, set when its context started
     adopt(spark)
     if opts.code_dir is not None:
         ship_code(spark, opts.code_dir)
@@ -261,9 +357,19 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
     check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
     state = _new_run(job, spark, mode, redis, client, keyspace, config, opts)
     state.ticker = _ticker(state, opts)
-    query = _start_query(state, cp.location, opts.available_now, opts.trigger_seconds)
-    _await(query, state, opts.stop_after_batches, opts.timeout_seconds)
-    _finish(state, cp, sinks)
+    state.stop, state.stop_after, state.checkpoint = stop, opts.stop_after_batches, cp
+    state.exporter = _exporter(state, opts)
+    try:
+        if not stop.requested:
+            query = _start_query(state, cp.location, opts.available_now, opts.trigger_seconds)
+            _await(query, state, opts.timeout_seconds)
+        _finish(state, cp, sinks)
+        if state.exporter is not None:
+            state.exporter.stopped()
+            _linger(stop, opts.metrics_linger)
+    finally:
+        if state.exporter is not None:
+            state.exporter.close()
     return RunResult(
         pipeline=job.pipeline,
         job=job,
@@ -277,8 +383,53 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
             "namespace": keyspace.namespace,
             "checkpoint": cp.location,
             "history": state.history,
+            "stopped_by": stop.reason,
         },
     )
+
+
+def _linger(stop: StopRequest, seconds: float | None) -> None:
+    """Keep serving metrics a while after the run, until a signal asks to stop."""
+    if not seconds or stop.signals:
+        return
+    stop.event.clear()
+    stop.wait(seconds)
+
+
+def _session_conf(job: Job, extra: dict[str, str] | None) -> dict[str, str]:
+    """What the sources need of a new session, then the user's settings (jars joined)."""
+    conf = session_conf(c for _, c in job.sources)
+    for key, value in (extra or {}).items():
+        if key == "spark.jars" and conf.get(key):
+            conf[key] = ",".join(j for j in (conf[key], value) if j)
+        else:
+            conf[key] = value
+    return conf
+
+
+def _exporter(state: StreamingRun, opts: StreamOptions) -> Any:
+    """The metrics endpoint (``metrics_port``), serving; None without one."""
+    if opts.metrics_port is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    from onceflow.runtime.exporter import RunExporter
+
+    try:
+        release = version("onceflow")
+    except PackageNotFoundError:
+        release = "unknown"
+    exporter = RunExporter(
+        state.job.pipeline,
+        state.keyspace.namespace,
+        state.mode.value,
+        release,
+        [s.name for s in state.job.stages],
+    )
+    url = exporter.serve(opts.metrics_host, opts.metrics_port)
+    exporter.started(state.epoch)
+    _say(state.job.pipeline, f"metrics: {url}")
+    return exporter
 
 
 def _prepare_connectors(job: Job, opts: StreamOptions) -> tuple[Job, Any, list[Any]]:
@@ -425,7 +576,8 @@ def _start_query(
     return writer.start()
 
 
-def _await(query: Any, state: StreamingRun, stop_after: int | None, timeout: float | None) -> None:
+def _await(query: Any, state: StreamingRun, timeout: float | None) -> None:
+    """Wait for the query to end; after a stop request, stop it between micro-batches."""
     deadline = time.monotonic() + timeout if timeout else None
     failure: Exception | None = None
     try:
@@ -438,10 +590,9 @@ def _await(query: Any, state: StreamingRun, stop_after: int | None, timeout: flo
             except Exception as exc:  # noqa: BLE001 - the query failed: told below in one line
                 failure = exc
                 break
-            if stop_after is not None and state.batches >= stop_after:
-                query.stop()
-                break
             if deadline is not None and time.monotonic() > deadline:
+                state.stop.request(f"timeout of {timeout} s")
+            if state.stop.requested and not _trigger_active(query):
                 query.stop()
                 break
     except KeyboardInterrupt:
@@ -450,7 +601,17 @@ def _await(query: Any, state: StreamingRun, stop_after: int | None, timeout: flo
     error = query.exception() or failure
     if error is not None:
         text = str(error)
+        if state.stop.requested and STOP_MARK in text:
+            return  # a micro-batch refused to start: nothing of it ran
         if "FencedError" in text:
             msg = f"pipeline {state.job.pipeline!r} was fenced: {text[:500]}"
             raise RunError(msg)
         raise RunError(explain_failure(state.job.pipeline, Exception(text), log_file()))
+
+
+def _trigger_active(query: Any) -> bool:
+    """Whether Spark is inside a trigger (planning, running or committing a micro-batch)."""
+    try:
+        return bool(query.status.get("isTriggerActive", True))
+    except Exception:  # noqa: BLE001 - the query just ended: nothing to wait for
+        return False

@@ -33,6 +33,7 @@ from onceflow.runtime.body import StageBody, portable
 from onceflow.runtime.errors import TASK_FAILURE_MARK, TaskFailure
 from onceflow.runtime.faults import crashpoint
 from onceflow.runtime.guard import GuardFactory
+from onceflow.runtime.metrics import dead_letter_counter
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
 
 if TYPE_CHECKING:
@@ -469,6 +470,8 @@ class TaskRun:
             self.count(name, n)
         if self.body.dead_count:
             self.count("dead_letters", self.body.dead_count)
+        for code, n in self.body.dead_codes.items():
+            self.count(dead_letter_counter(code), n)
 
 
 def late_reason(ts: int) -> str:

@@ -122,6 +122,9 @@ def main(args: argparse.Namespace) -> int:
             os.path.join(workdir, "out"),
             "--master",
             args.master,
+            "--log-level",
+            getattr(args, "log_level", "warn"),
+            *(f"--conf={c}" for c in getattr(args, "conf", None) or []),
         ]
         crash = Crash("batch_end", batch=2)
         say(

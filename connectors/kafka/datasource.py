@@ -47,6 +47,80 @@ HIGHWATER_TIMEOUT_S = 30
 PROBE_POLL_MS = 50
 
 
+def probe_consumer(settings: KafkaSettings, group_id: str | None = None) -> Any:
+    """A driver-side consumer for offsets and high-water marks (it fetches one byte at most)."""
+    from kafka import KafkaConsumer
+
+    return KafkaConsumer(
+        **settings.client_config(),
+        enable_auto_commit=False,
+        group_id=group_id,
+        isolation_level=ISOLATION,
+        max_partition_fetch_bytes=1,
+        fetch_max_bytes=1,
+        fetch_max_wait_ms=10,
+    )
+
+
+def topic_partitions(consumer: Any, settings: KafkaSettings, topics: list[str]) -> list[Any]:
+    """Every partition of ``topics``; a clear error for a topic that does not exist."""
+    from kafka import TopicPartition
+
+    found: list[Any] = []
+    for topic in topics:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            msg = (
+                f"Kafka topic {topic!r} does not exist at {settings.bootstrap_servers}; "
+                "create it (or produce to it) before starting the pipeline"
+            )
+            raise ConnectorError(msg)
+        found.extend(TopicPartition(topic, p) for p in sorted(parts))
+    return found
+
+
+def readable_ends(consumer: Any, tps: list[Any]) -> dict[str, int]:
+    """Where each partition's readable records end: its last stable offset.
+
+    With ``read_committed`` a batch may only reach the last stable offset (records past it
+    belong to a transaction still open, which the workers could not read yet); Kafka
+    answers that through ``end_offsets``. A broker whose ListOffsets answer is wrong (the
+    tansu test broker) can be read up to the high-water mark of one tiny fetch per
+    partition instead, with ``ONCEFLOW_KAFKA_END_OFFSETS=highwater``.
+    """
+    if os.environ.get(END_OFFSETS_ENV) == HIGHWATER_MODE:
+        return fetched_highwater(consumer, tps)
+    ends = consumer.end_offsets(tps)
+    return {tp_key(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+
+
+def fetched_highwater(consumer: Any, tps: list[Any]) -> dict[str, int]:
+    """High-water marks from one tiny fetch per partition."""
+    consumer.unsubscribe()
+    consumer.assign(tps)
+    begin = consumer.beginning_offsets(tps)
+    for tp in tps:
+        consumer.seek(tp, begin[tp])
+    marks: dict[str, int] = {}
+    deadline = time.monotonic() + HIGHWATER_TIMEOUT_S
+    while time.monotonic() < deadline:
+        consumer.poll(timeout_ms=PROBE_POLL_MS, max_records=1)
+        for tp in tps:
+            hw = consumer.highwater(tp)
+            if hw is not None:
+                marks[tp_key(tp.topic, tp.partition)] = hw
+        if len(marks) == len(tps):
+            return marks
+    missing = [
+        tp_key(tp.topic, tp.partition) for tp in tps if tp_key(tp.topic, tp.partition) not in marks
+    ]
+    msg = (
+        f"no high-water mark from Kafka for {missing} within {HIGHWATER_TIMEOUT_S} s; "
+        "is the broker up?"
+    )
+    raise ConnectorError(msg)
+
+
 class KafkaDataSource(DataSource):
     """``spark.readStream.format("onceflow_kafka").option("config", json)``."""
 
@@ -84,77 +158,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _consumer(self) -> Any:
         if self._probe is None:
-            from kafka import KafkaConsumer
-
-            self._probe = KafkaConsumer(
-                **self.settings.client_config(),
-                enable_auto_commit=False,
-                group_id=self.group_id,
-                isolation_level=ISOLATION,
-                max_partition_fetch_bytes=1,
-                fetch_max_bytes=1,
-                fetch_max_wait_ms=10,
-            )
+            self._probe = probe_consumer(self.settings, self.group_id)
         return self._probe
 
     def _partitions(self) -> list[Any]:
-        from kafka import TopicPartition
-
-        consumer = self._consumer()
-        found: list[Any] = []
-        for topic in self.topics:
-            parts = consumer.partitions_for_topic(topic)
-            if not parts:
-                msg = (
-                    f"Kafka topic {topic!r} does not exist at {self.settings.bootstrap_servers}; "
-                    "create it (or produce to it) before starting the pipeline"
-                )
-                raise ConnectorError(msg)
-            found.extend(TopicPartition(topic, p) for p in sorted(parts))
-        return found
+        return topic_partitions(self._consumer(), self.settings, self.topics)
 
     def _highwater(self, tps: list[Any]) -> dict[str, int]:
-        """Where each partition's readable records end: its last stable offset.
-
-        With ``read_committed`` a batch may only reach the last stable offset (records past it
-        belong to a transaction still open, which the workers could not read yet); Kafka
-        answers that through ``end_offsets``. A broker whose ListOffsets answer is wrong (the
-        tansu test broker) can be read up to the high-water mark of one tiny fetch per
-        partition instead, with ``ONCEFLOW_KAFKA_END_OFFSETS=highwater``.
-        """
-        if os.environ.get(END_OFFSETS_ENV) == HIGHWATER_MODE:
-            return self._fetched_highwater(tps)
-        ends = self._consumer().end_offsets(tps)
-        return {tp_key(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
-
-    def _fetched_highwater(self, tps: list[Any]) -> dict[str, int]:
-        """High-water marks from one tiny fetch per partition."""
-        consumer = self._consumer()
-        consumer.unsubscribe()
-        consumer.assign(tps)
-        begin = consumer.beginning_offsets(tps)
-        for tp in tps:
-            consumer.seek(tp, begin[tp])
-        marks: dict[str, int] = {}
-        deadline = time.monotonic() + HIGHWATER_TIMEOUT_S
-        while time.monotonic() < deadline:
-            consumer.poll(timeout_ms=PROBE_POLL_MS, max_records=1)
-            for tp in tps:
-                hw = consumer.highwater(tp)
-                if hw is not None:
-                    marks[tp_key(tp.topic, tp.partition)] = hw
-            if len(marks) == len(tps):
-                return marks
-        missing = [
-            tp_key(tp.topic, tp.partition)
-            for tp in tps
-            if tp_key(tp.topic, tp.partition) not in marks
-        ]
-        msg = (
-            f"no high-water mark from Kafka for {missing} within {HIGHWATER_TIMEOUT_S} s; "
-            "is the broker up?"
-        )
-        raise ConnectorError(msg)
+        return readable_ends(self._consumer(), tps)
 
     def _beginnings(self, tps: list[Any]) -> dict[str, int]:
         begin = self._consumer().beginning_offsets(tps)

@@ -11,6 +11,8 @@ a window's end in the last batch, or an early pane's time came). It is not a par
 
 from __future__ import annotations
 
+from typing import Any
+
 TICK = "onceflow:tick"
 
 
@@ -28,6 +30,23 @@ def split_tp(key: str) -> tuple[str, int]:
     """``(topic, partition)`` back from :func:`tp_key`."""
     topic, partition = key.rsplit(":", 1)
     return topic, int(partition)
+
+
+def flat_offsets(value: Any) -> dict[str, int]:
+    """A source's offsets from a checkpoint as ``{"topic:partition": offset}``, tick left out.
+
+    Reads both the Python source's offsets (already flat) and those of Spark's own Kafka
+    connector (``{"topic": {"0": offset}}``); anything else gives ``{}``.
+    """
+    if not isinstance(value, dict):
+        return {}
+    out: dict[str, int] = {}
+    for key, item in value.items():
+        if isinstance(item, dict):
+            out.update({tp_key(key, int(p)): int(o) for p, o in item.items()})
+        elif key != TICK and isinstance(item, int):
+            out[key] = item
+    return out
 
 
 def canonical(offsets: dict[str, int]) -> dict[str, int]:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 RAW_COLUMN_COUNT = 7  # topic, partition, offset, ts, key, value, headers
 
 _registered: set[int] = set()
+_probes: dict[str, Any] = {}  # driver-side consumers for readable_ends, per settings
 
 
 class KafkaSource(SourceConnector):
@@ -142,6 +143,25 @@ class KafkaSource(SourceConnector):
             )
         finally:
             consumer.close()
+
+    def readable_ends(self) -> dict[str, int]:
+        """Where each partition's readable records end now: ``{"topic:partition": offset}``.
+
+        On the driver, for consumer lag (the end of the last batch against this); one small
+        probe consumer per process and settings. Raises when Kafka cannot answer.
+        """
+        from onceflow.connectors.kafka.datasource import (
+            probe_consumer,
+            readable_ends,
+            topic_partitions,
+        )
+
+        settings = self.settings
+        key = repr((settings.bootstrap_servers, sorted(settings.options.items())))
+        consumer = _probes.get(key)
+        if consumer is None:
+            consumer = _probes[key] = probe_consumer(settings)
+        return readable_ends(consumer, topic_partitions(consumer, settings, self.topics))
 
     def stream(self, session: SparkSession, pipeline: str, source: str) -> DataFrame:
         """The streaming DataFrame of raw records."""

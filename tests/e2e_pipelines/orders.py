@@ -7,11 +7,13 @@ events (Kafka, IDs from the event_id field) -> enrich (adds random noise: non-de
 Topics and the pipeline name come from the environment so each test has its own;
 ``ORDERS_HORIZON`` / ``ORDERS_BUCKET`` (e.g. ``5m`` / ``1m``) shorten the dedup horizon for
 the GC tests; ``ORDERS_OUT_OF_ORDER`` (e.g. ``2m``) is how far behind its partition's newest
-event a record may arrive on time.
+event a record may arrive on time; ``ORDERS_SLOW_MS`` makes the map take that long per record
+(micro-batches long enough to signal a run in the middle of one).
 """
 
 import os
 import random
+import time
 
 from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline
 
@@ -23,11 +25,20 @@ if os.environ.get("ORDERS_HORIZON"):
 # ORDERS_PLAIN_SINK=1: the sinks write without Kafka transactions (copies possible, counted).
 transactional = os.environ.get("ORDERS_PLAIN_SINK") != "1"
 event_time = EventTime.of(out_of_orderness=os.environ.get("ORDERS_OUT_OF_ORDER", "0"))
+slow_s = float(os.environ.get("ORDERS_SLOW_MS", "0")) / 1000
+
+
+def enrich(e):
+    if slow_s:
+        time.sleep(slow_s)
+    return {**e, "noise": random.random()}
+
+
 pipeline = Pipeline(os.environ["ORDERS_PIPELINE"], dedup=dedup, event_time=event_time)
 enriched = pipeline.read(
     "events",
     KafkaSource(os.environ["ORDERS_IN"], id=lambda e: e["event_id"], timestamp=lambda e: e["ts"]),
-).map("enrich", lambda e: {**e, "noise": random.random()})
+).map("enrich", enrich)
 enriched.write("copy", KafkaSink(os.environ["ORDERS_COPY"], transactional=transactional))
 (
     enriched.key_by("by-user", lambda e: e["user"])
