@@ -18,7 +18,7 @@ def test_conf_pairs_reach_the_run_settings():
 
 def test_a_conf_without_a_value_is_refused():
     args = build_parser().parse_args(["run", "p.py", "--conf", "spark.executor.memory"])
-    with pytest.raises(ConfigError, match="KEY=VALUE"):
+    with pytest.raises(ConfigError, match="key=value"):
         spark_conf(args)
 
 

@@ -45,7 +45,11 @@ def ctrl_c(run):
     os.killpg(run.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
 
 
-@pytest.mark.parametrize("send", [sigterm_to_the_driver, ctrl_c], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "send",
+    [sigterm_to_the_driver, pytest.param(ctrl_c, marks=pytest.mark.long)],
+    ids=lambda f: f.__name__,
+)
 def test_a_signal_finishes_the_batch_exits_0_and_a_rerun_resumes_exactly(
     send, broker, redis_server, tmp_path
 ):
@@ -73,6 +77,7 @@ def test_a_signal_finishes_the_batch_exits_0_and_a_rerun_resumes_exactly(
     verify(scn, redis_server.client())
 
 
+@pytest.mark.long  # an abort mid-batch is what the crash suite's kill -9 tests prove already
 def test_a_second_signal_aborts_and_exactly_once_still_holds(broker, redis_server, tmp_path):
     scn = make_scenario(broker, redis_server.url, tmp_path, seed=11)
     with Child(streaming_args(scn), env={**scn.env, **SLOW}) as run:
