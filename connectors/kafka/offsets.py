@@ -76,10 +76,19 @@ def cap_offsets(start: dict[str, int], end: dict[str, int], budget: int) -> dict
         if n > 0:
             share[k] = min(n, share[k] + rest * n // total)
     leftover = budget - sum(share.values())
-    for k in sorted(lag, key=lambda k: (-(lag[k] - share[k]), k)):
+    # what rounding (and the floors of partitions that took all they had) left over: one
+    # more record each to the partitions furthest behind, then the rest to whoever has room
+    order = sorted(lag, key=lambda k: (-(lag[k] - share[k]), k))
+    for k in order:
         if leftover <= 0:
             break
         if share[k] < lag[k]:
             share[k] += 1
             leftover -= 1
+    for k in order:
+        if leftover <= 0:
+            break
+        more = min(leftover, lag[k] - share[k])
+        share[k] += more
+        leftover -= more
     return {k: start.get(k, 0) + share[k] for k in end}
