@@ -40,12 +40,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
+from prometheus_client import CollectorRegistry, write_to_textfile
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.operations.gc import REMOVED_KINDS, GcPass, Removed
+from onceflow.runtime.exporter import MetricsEndpoint
 
 _MS = 1000.0
 _TOTALS = (
@@ -65,7 +66,7 @@ class NamespacePass:
     ended_ms: int
 
 
-class GcMetrics(Collector):
+class GcMetrics(MetricsEndpoint, Collector):
     """What the GC passes of this process did, for Prometheus."""
 
     def __init__(self) -> None:
@@ -99,22 +100,6 @@ class GcMetrics(Collector):
             msg = f"--metrics-file {path}: folder {folder} does not exist"
             raise ConfigError(msg)
         write_to_textfile(path, self.registry)
-
-    def serve(self, host: str, port: int) -> str:
-        """Serve the metrics over HTTP; the URL."""
-        try:
-            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as exc:
-            msg = f"cannot serve metrics on {host}:{port}: {exc}; pick another --metrics-port"
-            raise ConfigError(msg) from exc
-        return f"http://{host}:{self._server.server_port}/metrics"
-
-    def close(self) -> None:
-        """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
     def collect(self) -> Iterator[Metric]:
         """The metrics of the module docstring."""

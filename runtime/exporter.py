@@ -97,7 +97,30 @@ class BatchView:
     gc_last_pass_ms: int | None = None
 
 
-class RunExporter(Collector):
+class MetricsEndpoint:
+    """An HTTP ``/metrics`` endpoint of a registry (a run's exporter, GC's metrics)."""
+
+    registry: CollectorRegistry
+    _server: Any = None
+
+    def serve(self, host: str, port: int) -> str:
+        """Start the HTTP endpoint; its URL (``port`` 0 picks a free one)."""
+        try:
+            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            msg = f"cannot serve metrics on {host}:{port}: {exc}; pick another --metrics-port"
+            raise ConfigError(msg) from exc
+        return f"http://{host}:{self._server.server_port}/metrics"
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class RunExporter(MetricsEndpoint, Collector):
     """The metrics of one streaming run, and the HTTP endpoint that serves them."""
 
     def __init__(
@@ -139,24 +162,6 @@ class RunExporter(Collector):
     def stopped(self) -> None:
         """The query stopped."""
         self.active = False
-
-    # -- serving ------------------------------------------------------------------------
-
-    def serve(self, host: str, port: int) -> str:
-        """Start the HTTP endpoint; its URL (``port`` 0 picks a free one)."""
-        try:
-            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as exc:
-            msg = f"cannot serve metrics on {host}:{port}: {exc}; pick another --metrics-port"
-            raise ConfigError(msg) from exc
-        return f"http://{host}:{self._server.server_port}/metrics"
-
-    def close(self) -> None:
-        """Stop the HTTP endpoint."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
     # -- a scrape -----------------------------------------------------------------------
 
