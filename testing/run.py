@@ -19,6 +19,7 @@ of yours:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -203,8 +204,9 @@ def _run_on_spark(
     namespace = f"{job.pipeline}-test-{uuid.uuid4().hex[:8]}"
     try:
         with _redis(redis_url) as url:
+            clock_file = _clock_file(folder, url, namespace)
             for _, stream in job.sources:
-                stream.clock = {"redis_url": url, "namespace": namespace}
+                stream.clock_file = clock_file
             return run_streaming(
                 job,
                 session=session,
@@ -220,6 +222,15 @@ def _run_on_spark(
     finally:
         if own_dir:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _clock_file(folder: str, redis_url: str, namespace: str) -> str:
+    """Where clock steps find the run's Redis (readable by this user only)."""
+    path = os.path.join(folder, "teststream-clock.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"redis_url": redis_url, "namespace": namespace}, fh)
+    return path
 
 
 @contextmanager

@@ -6,8 +6,9 @@ the streaming run asks for a tick (windows whose panes are due, see
 ticks come before the next step. The elements themselves never travel through the data
 source: a step's rows are ``(step, position)`` and the stream's decoder, shipped with the
 stage, turns them into records. Before the batch of a clock step the reader moves the run's
-batch clock in Redis (or, without one, waits that long). The in-process evaluator
-(:mod:`onceflow.testing.evaluator`) schedules steps and ticks by the same rule.
+batch clock in Redis, named in the stream's clock file (or, without one, waits that long).
+The in-process evaluator (:mod:`onceflow.testing.evaluator`) schedules steps and ticks by the
+same rule.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class TestStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, config: dict[str, Any]) -> None:
         self.kinds: list[list[Any]] = config["kinds"]  # [kind, rows, ms] per step
         self.tick_file: str | None = config.get("tick_file")
-        self.clock: dict[str, str] | None = config.get("clock")
+        self.clock_file: str | None = config.get("clock_file")
         self.ticks_seen = 0
         self.clock_moved: set[int] = set()
 
@@ -93,8 +94,10 @@ class TestStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         kind, _rows, ms = self.kinds[step]
         if kind == CLOCK and step not in self.clock_moved:
             self.clock_moved.add(step)
-            if self.clock is not None:
-                advance_clock(self.clock["redis_url"], self.clock["namespace"], int(ms))
+            if self.clock_file is not None:
+                with open(self.clock_file) as fh:
+                    clock = json.load(fh)
+                advance_clock(clock["redis_url"], clock["namespace"], int(ms))
             else:
                 wait_clock(int(ms))
         return {"step": step + 1, "tick": tick}

@@ -72,7 +72,9 @@ class TestStream(SourceConnector):
         self.ts_fn = timestamp
         self.steps: list[Step] = []
         self.tick_file: str | None = None  # set by a streaming run whose windows need ticks
-        self.clock: dict[str, str] | None = None  # Redis of a Spark test run (clock advances)
+        # A Spark test run's file naming its Redis and namespace (where clock steps move the
+        # batch clock): a file, so that a Redis password never travels in Spark's options.
+        self.clock_file: str | None = None
         self._offset = 0
 
     # -- building ------------------------------------------------------------------------
@@ -156,7 +158,7 @@ class TestStream(SourceConnector):
         config = {
             "kinds": [[s.kind, s.rows, s.ms] for s in self.steps],
             "tick_file": self.tick_file,
-            "clock": self.clock,
+            "clock_file": self.clock_file,
         }
         return session.readStream.format(FORMAT).option("config", json.dumps(config)).load()
 

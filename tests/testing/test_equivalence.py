@@ -135,11 +135,38 @@ def merged_input():
     return {"left": left, "right": right}
 
 
+def processing_time():
+    """Early panes by processing time: clock steps move the batch clock on both sides."""
+    p = Pipeline("eq-processing-time")
+    (
+        p.read("events", KafkaSource("events", timestamp=lambda e: e[2]))
+        .key_by("key", lambda e: e[0])
+        .map_values("value", lambda e: e[1])
+        # far longer than a Spark run takes, so that only the clock steps can make it due
+        .window("minute", Fixed(60), trigger=Trigger(early_seconds=300))
+        .combine_per_key("sum", "sum")
+        .write("sum-out", KafkaSink("sums"))
+    )
+    return p
+
+
+def processing_time_input():
+    return (
+        TestStream()
+        .add([("a", 1, 1_000), ("b", 2, 2_000)])
+        .advance_processing_time("400s")  # early panes for a and b
+        .add([("a", 3, 3_000)])
+        .advance_processing_time(100)  # not yet: 100 s since a's new record
+        .advance_watermark_to_end()
+    )
+
+
 CASES = {
     "element-wise": (element_wise, lambda: {"orders": element_wise_input()}),
     "fixed-and-sliding-late-data": (fixed_and_sliding, lambda: {"events": windows_input()}),
     "sessions-late-data-discarding": (sessions, lambda: {"clicks": sessions_input()}),
     "two-streams-merged": (merged_streams, merged_input),
+    "processing-time-early-panes": (processing_time, lambda: {"events": processing_time_input()}),
 }
 
 
