@@ -239,3 +239,35 @@ def test_unknown_sink_names_list_the_sinks():
 def test_test_stream_refuses_bad_steps(build, message):
     with pytest.raises(TestInputError, match=message):
         build()
+
+
+def test_the_unoptimized_plan_gives_the_same_outputs():
+    stream = (
+        TestStream()
+        .add([("a", 1, 1_000), ("b", 2, 59_000), ("a", 3, 61_000)])
+        .advance_watermark(60_000)
+        .add([("a", 4, 62_000), ("b", 1, 30_000)])
+        # not to the end: unfused, the panes cross one more boundary, where a watermark more
+        # than the dedup horizon past their event time would make them late
+        .advance_watermark(200_000)
+    )
+    p = windowed(Fixed(60), trigger=Trigger(early_every=2))
+    fused = run_test(p, {"in": stream})
+    unfused = run_test(p, {"in": stream}, rules=())
+    assert len(p.plan().stages) < len(p.plan(()).stages)
+    assert fused["out"]
+    assert_that(unfused["out"]).contains_exactly(fused["out"])
+    assert_that(unfused.dead_letters).map(lambda d: (d["code"], d["ts"])).contains_exactly(
+        [(d["code"], d["ts"]) for d in fused.dead_letters]
+    )
+
+
+def test_panes_crossing_a_boundary_after_a_jump_past_the_horizon_are_late():
+    """The runtime's rule, kept by the evaluator: see the tutorial's note on synthetic times."""
+    p = windowed(Fixed(60))
+    stream = TestStream().add([("a", 1, 1_000)]).advance_watermark_to_end()
+    out = run_test(p, {"in": stream}, rules=(), start_time_ms=START)
+    assert_that(out["out"]).is_empty()
+    assert_that(out.dead_letters).map(lambda d: (d["stage"], d["code"], d["ts"])).contains_exactly(
+        [("out", "late", 59_999)]
+    )
