@@ -11,7 +11,8 @@ of yours:
   (:mod:`onceflow.testing.evaluator`): no JVM, milliseconds per test;
 * ``mode="spark"`` runs it as a real exactly-once streaming query on local Spark, with a
   Redis server started for the run (:class:`~onceflow.testing.services.LocalRedis`) unless
-  ``redis_url`` names one. Seconds per test; what the evaluator is checked against.
+  ``redis_url`` names one (the run's namespace is deleted from it after). Seconds per test;
+  what the evaluator is checked against.
 
 >>> out = run_test(pipeline, {"orders": [{"order_id": 1, "customer": "c1", "amount": 5}]})
 >>> assert_that(out["revenue-out"]).contains_exactly([("c1", 5)])
@@ -207,21 +208,33 @@ def _run_on_spark(
             clock_file = _clock_file(folder, url, namespace)
             for _, stream in job.sources:
                 stream.clock_file = clock_file
-            return run_streaming(
-                job,
-                session=session,
-                master=master,
-                parallelism=parallelism,
-                progress=False,
-                output_dir=os.path.join(folder, "out"),
-                checkpoint=os.path.join(folder, "checkpoint"),
-                redis_url=url,
-                namespace=namespace,
-                available_now=True,
-            )
+            try:
+                return run_streaming(
+                    job,
+                    session=session,
+                    master=master,
+                    parallelism=parallelism,
+                    progress=False,
+                    output_dir=os.path.join(folder, "out"),
+                    checkpoint=os.path.join(folder, "checkpoint"),
+                    redis_url=url,
+                    namespace=namespace,
+                    available_now=True,
+                )
+            finally:
+                if redis_url is not None:  # a Redis of yours keeps no test state
+                    _forget(url, namespace)
     finally:
         if own_dir:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _forget(redis_url: str, namespace: str) -> None:
+    """Delete the test run's namespace (as ``onceflow reset`` does)."""
+    from onceflow.kernel.settings import RedisSettings, redis_client
+    from onceflow.operations.reset import reset
+
+    reset(redis_client(RedisSettings.from_env(redis_url)), namespace, None)
 
 
 def _clock_file(folder: str, redis_url: str, namespace: str) -> str:

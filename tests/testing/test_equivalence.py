@@ -180,6 +180,8 @@ def test_evaluator_and_spark_give_the_same_outputs(case, spark, redis_server):
     build, inputs = CASES[case]
     memory = run_test(build(), inputs())
     real = run_test(build(), inputs(), mode="spark", session=spark, redis_url=redis_server.url)
+    left = list(redis_server.client().scan_iter(match=f"of:{{{build().name}-test-*"))
+    assert not left, "the test run's namespace stays in a Redis that is not its own"
     assert any(memory[sink] for sink in memory), "a case that produces nothing proves nothing"
     for sink in memory:
         assert_that(real[sink], label=f"{sink} on Spark").contains_exactly(memory[sink])
