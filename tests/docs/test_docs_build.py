@@ -51,14 +51,10 @@ def pages():
     return sorted(p.relative_to(DOCS) for p in DOCS.rglob("*.md"))
 
 
-def test_every_page_is_built(site):
-    for page in pages():
-        built = (
-            site / page.with_suffix("") / "index.html"
-            if page.name != "index.md"
-            else site / page.parent / "index.html"
-        )
-        assert built.is_file(), f"{page} was not built"
+@pytest.mark.parametrize("page", pages(), ids=str)
+def test_every_page_is_built(site, page):
+    folder = page.parent if page.name == "index.md" else page.with_suffix("")
+    assert (site / folder / "index.html").is_file(), f"{page} was not built"
 
 
 def test_the_api_reference_is_generated_from_docstrings(site):
