@@ -3,8 +3,9 @@
 Driver side, a source gives Spark a DataFrame of its raw rows (a bounded read, or a streaming
 read for unbounded sources). Executor side, its :class:`Decoder` turns Arrow batches of those
 rows into records: ``(id, ts, element)`` triples, or :class:`DeadLetter` for rows that cannot
-be decoded. Sinks open a :class:`SinkWriter` per task; ``flush`` returns only once everything
-written is durably delivered (for Kafka: acknowledged by the broker).
+be decoded, or :class:`LaneProgress` for a lane whose event time moved on without a record.
+Sinks open a :class:`SinkWriter` per task; ``flush`` returns only once everything written is
+durably delivered (for Kafka: acknowledged by the broker).
 
 Connectors must pickle (Spark ships them to workers): never open clients in ``__init__``.
 """
@@ -23,7 +24,20 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-Decoded = Record | DeadLetter
+@dataclass(frozen=True)
+class LaneProgress:
+    """A source lane's event time has reached ``ts`` though no record says so (a heartbeat).
+
+    A decoder yields it to move the watermark without a record (the testing module's
+    ``TestStream.advance_watermark`` does). The lane is raised as a record of that event time
+    would raise it, but never past the micro-batch's own time; bounded runs ignore it.
+    """
+
+    lane: str
+    ts: int
+
+
+Decoded = Record | DeadLetter | LaneProgress
 Decoder = Callable[["pa.RecordBatch"], Iterator[Decoded]]
 # A record a sink refused for good (too big, not encodable), with the reason: it becomes a
 # dead letter instead of failing the task on every retry.

@@ -7,6 +7,15 @@ its own inbound index; an exchange is ``repartition(n, "key")`` on the encoded k
 Spark hashes in the JVM (stable across processes, unlike Python's ``hash``). Nothing converts
 to RDDs (``df.rdd`` costs ~7x). One Spark action runs everything: the union of the stages
 nobody else reads, plus the rows of driver-bound sinks.
+
+A task's partition is Spark's partition id, which inside a union is the union's index, not
+the stage's own. Keyed state, timers and backups are kept per stage partition, so the id
+must not move between contexts or micro-batches. Stages that follow an exchange, and stages
+reading only such stages, have partition counts that are multiples of the parallelism
+(*aligned*); every union puts them first, so an exchange stage's own index is its task's
+partition id modulo the parallelism wherever it runs. A stage read in two places (by
+several stages, or by one and by the action for its driver-bound rows) is persisted, so it
+runs once per batch.
 """
 
 from __future__ import annotations
@@ -72,15 +81,18 @@ def compile_batch(
 
     frames: dict[str, DataFrame] = {}
     persisted: list[DataFrame] = []
+    aligned = aligned_stages(job)
     for spec in job.stages:
-        source = _input_frame(spec, sources, frames, parallelism)
-        frame = source.mapInArrow(StageFunction(spec, guards, batch, metrics), ROW_SCHEMA)
-        if job.readers(spec.name) > 1:
+        source = _input_frame(spec, sources, frames, parallelism, aligned)
+        partitions = parallelism if spec.exchange else None
+        stage_fn = StageFunction(spec, guards, batch, metrics, partitions)
+        frame = source.mapInArrow(stage_fn, ROW_SCHEMA)
+        if _reads(job, spec) > 1:
             frame = frame.persist()
             persisted.append(frame)
         frames[spec.name] = frame
 
-    parts: list[DataFrame] = []
+    parts: list[tuple[bool, DataFrame]] = []
     driver_targets: dict[tuple[int, int], Any] = {}
     for ix, spec in enumerate(job.stages):
         driver = [t for t in spec.targets if t.to_driver]
@@ -92,11 +104,28 @@ def compile_batch(
             part = frames[spec.name].where(F.col("port").isin([t.index for t in driver]))
         else:
             continue
-        parts.append(part.withColumn("stage_ix", F.lit(ix)))
+        parts.append((spec.name in aligned, part.withColumn("stage_ix", F.lit(ix))))
     action = None
-    for part in parts:
+    for _, part in sorted(parts, key=lambda p: not p[0]):  # aligned first (stable)
         action = part if action is None else action.unionByName(part)
     return CompiledBatch(job, frames, action, driver_targets, persisted)
+
+
+def aligned_stages(job: Job) -> set[str]:
+    """Stages whose partition count is a multiple of the parallelism (see the module doc)."""
+    aligned: set[str] = set()
+    for spec in job.stages:
+        if spec.exchange or (spec.source is None and all(p in aligned for p in spec.producers)):
+            aligned.add(spec.name)
+    return aligned
+
+
+def _reads(job: Job, spec: StageSpec) -> int:
+    """How many times a batch reads a stage's output: its consumers, and the action."""
+    consumers = len(job.consumers(spec.name))
+    if not consumers:
+        return 1
+    return consumers + any(t.to_driver for t in spec.targets)
 
 
 def _input_frame(
@@ -104,8 +133,12 @@ def _input_frame(
     sources: Mapping[str, DataFrame],
     frames: Mapping[str, DataFrame],
     parallelism: int,
+    aligned: set[str],
 ) -> DataFrame:
-    """A source's raw rows, or the union of the producers' ports this stage reads."""
+    """A source's raw rows, or the union of the producers' ports this stage reads.
+
+    Ports of aligned producers come first in the union (see the module docstring).
+    """
     from pyspark.sql import functions as F  # noqa: N812
 
     if spec.source is not None:
@@ -115,7 +148,7 @@ def _input_frame(
             msg = f"no input frame for source {spec.source!r}; this is a runner bug"
             raise RuntimeFailure(msg) from None
     result = None
-    for inbound in spec.inbound:
+    for inbound in sorted(spec.inbound, key=lambda i: i.producer not in aligned):
         part = frames[inbound.producer].where(F.col("port") == inbound.port)
         part = part.withColumn("port", F.lit(inbound.index).cast("int"))
         result = part if result is None else result.unionByName(part)

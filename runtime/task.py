@@ -22,7 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from onceflow.connectors.base import PoisonInTransaction, Rejected, TaskInfo, TransactionalWriter
+from onceflow.connectors.base import (
+    LaneProgress,
+    PoisonInTransaction,
+    Rejected,
+    TaskInfo,
+    TransactionalWriter,
+)
 from onceflow.connectors.errors import ConnectorError
 from onceflow.dedup.admission import Admission
 from onceflow.dedup.delivery import NO_MARKER
@@ -56,18 +62,28 @@ class StageFunction:
         guards: GuardFactory,
         batch: int,
         metrics: Any = None,
+        partitions: int | None = None,
     ) -> None:
         self.spec = spec
         self.guards = guards
         self.batch = batch
         self.metrics = metrics
+        self.partitions = partitions  # an exchange stage's partition count
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Run the task over the partition's Arrow batches."""
+        """Run the task over the partition's Arrow batches.
+
+        The partition is the task's: Spark's partition id, which inside a union is the
+        union's index. An exchange stage's keyed state is kept per partition, so its own
+        index is taken back modulo its partition count (the compiler puts such stages at
+        multiples of it, see :mod:`onceflow.runtime.spark`).
+        """
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
+        if self.partitions:
+            partition %= self.partitions
         attempt = ctx.attemptNumber() if ctx is not None else 0
         attempt_id = ctx.taskAttemptId() if ctx is not None else 0
         ref = TaskRef(self.spec.name, self.batch, partition, attempt, self.spec.sinks, attempt_id)
@@ -109,6 +125,7 @@ class TaskRun:
         self.closed = False
         self.origins: dict[bytes, str] = {}  # source records of the current input batch
         self.body.origins = self.origins
+        self.progress: dict[str, int] = {}  # lane heartbeats not yet sent with a chunk
 
     def failure_line(self, exc: BaseException) -> str:
         """One line for a person: which task failed, on which record, and why."""
@@ -241,7 +258,9 @@ class TaskRun:
         """Input rows in chunks of the guard's size (whole Arrow batches when it is 0).
 
         Each chunk comes with the newest event time per source lane among its rows that are
-        not too far ahead of the clock (nothing for stages that read other stages).
+        not too far ahead of the clock (nothing for stages that read other stages), and with
+        the lane heartbeats (:class:`LaneProgress`) decoded so far; heartbeats after the last
+        row leave in a chunk of no rows.
         """
         if self.spec.source:
             parts: Iterator[tuple[list[InRow], list[str | None]]] = self.source_rows(batches)
@@ -251,21 +270,27 @@ class TaskRun:
         if size <= 0:
             for rows, lanes in parts:
                 yield rows, self._lane_marks(rows, lanes)
-            return
-        pending: list[InRow] = []
-        pending_lanes: list[str | None] = []
-        for rows, lanes in parts:
-            pending.extend(rows)
-            pending_lanes.extend(lanes)
-            while len(pending) >= size:
-                yield pending[:size], self._lane_marks(pending[:size], pending_lanes[:size])
-                pending, pending_lanes = pending[size:], pending_lanes[size:]
-        if pending:
-            yield pending, self._lane_marks(pending, pending_lanes)
+        else:
+            pending: list[InRow] = []
+            pending_lanes: list[str | None] = []
+            for rows, lanes in parts:
+                pending.extend(rows)
+                pending_lanes.extend(lanes)
+                while len(pending) >= size:
+                    yield pending[:size], self._lane_marks(pending[:size], pending_lanes[:size])
+                    pending, pending_lanes = pending[size:], pending_lanes[size:]
+            if pending:
+                yield pending, self._lane_marks(pending, pending_lanes)
+        if self.progress:
+            yield [], self._lane_marks([], [])
 
     def _lane_marks(self, rows: list[InRow], lanes: list[str | None]) -> dict[str, int]:
-        """Newest admissible event time per lane (rows too far ahead do not count)."""
-        marks: dict[str, int] = {}
+        """Newest admissible event time per lane (rows too far ahead do not count).
+
+        Heartbeats decoded so far join the marks (and are then forgotten).
+        """
+        marks = dict(self.progress)
+        self.progress.clear()
         if not lanes:
             return marks
         limit = self.guard.limit_ms
@@ -276,6 +301,15 @@ class TaskRun:
             if ts > marks.get(lane, ts - 1):
                 marks[lane] = ts
         return marks
+
+    def _heartbeat(self, beat: LaneProgress) -> None:
+        """Remember a lane heartbeat, capped at the batch's time (bounded runs ignore it)."""
+        now = self.guard.batch_time_ms
+        if now is None:
+            return
+        ts = min(beat.ts, now)
+        if ts > self.progress.get(beat.lane, ts - 1):
+            self.progress[beat.lane] = ts
 
     def source_rows(
         self, batches: Iterator[pa.RecordBatch]
@@ -294,6 +328,8 @@ class TaskRun:
                     lanes.append(item.lane)
                     if item.lane is not None:
                         origins[item.id] = f"{item.lane}@{item.offset}"
+                elif isinstance(item, LaneProgress):
+                    self._heartbeat(item)
                 else:
                     assert isinstance(item, DeadLetter)
                     self.count(item.code, item.lost)

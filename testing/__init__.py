@@ -1,11 +1,24 @@
-"""Testing helpers for pipeline authors: real local services, crash-and-resume, counts.
+"""Testing helpers for pipeline authors.
+
+Unit tests of a pipeline's logic, with no Kafka and no Redis of yours (in process, or on
+local Spark with ``mode="spark"``):
+
+>>> from onceflow.testing import TestStream, assert_that, run_test
+>>> stream = TestStream().add(orders, at=1_000).advance_watermark(60_000)
+>>> out = run_test(pipeline, {"orders": stream})
+>>> assert_that(out["revenue-out"]).contains_exactly([("c1", 15)])
+
+Exactly-once under failures, against real services: crash a run at a chosen point, resume,
+compare (Linux: it kills every process of the run's session, found through ``/proc``):
 
 >>> from onceflow.testing import Crash, crash_and_resume, compare_counts, LocalRedis
 """
 
 from __future__ import annotations
 
+from onceflow.testing.asserts import Assertion, assert_that, equal_to, is_empty
 from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
+from onceflow.testing.errors import TestingError, TestInputError
 from onceflow.testing.harness import (
     POINTS,
     Crash,
@@ -18,10 +31,13 @@ from onceflow.testing.harness import (
     session_processes,
 )
 from onceflow.testing.kafka import LocalKafka, fetch_kafka
+from onceflow.testing.run import TestOutputs, run_test
 from onceflow.testing.services import LocalBroker, LocalRedis, free_port
+from onceflow.testing.teststream import TestStream
 
 __all__ = [
     "POINTS",
+    "Assertion",
     "Crash",
     "LocalBroker",
     "LocalKafka",
@@ -30,11 +46,19 @@ __all__ = [
     "LocalSparkCluster",
     "Outcome",
     "Report",
+    "TestInputError",
+    "TestOutputs",
+    "TestStream",
+    "TestingError",
+    "assert_that",
     "compare_counts",
     "crash_and_resume",
+    "equal_to",
     "fetch_kafka",
     "free_port",
+    "is_empty",
     "kill_session",
     "run_pipeline",
+    "run_test",
     "session_processes",
 ]

@@ -8,6 +8,10 @@ Python workers alike, as a power cut would). Running the same command again resu
 Spark's checkpoint and Onceflow's Redis state. Compare the outputs with an independent count
 of the inputs: nothing lost, nothing duplicated.
 
+Linux only: the processes of a run (the driver, Spark's JVM and its Python workers, which
+PySpark's daemon puts in process groups of their own) are found by their session id in
+``/proc/<pid>/stat``, so that all of them can be killed at once.
+
 >>> first, second = crash_and_resume("my_pipeline.py", Crash("after_sink_write", batch=1),
 ...                                  args=["--available-now", "--redis-url", url])
 >>> report = compare_counts(expected_per_key, observed_per_key)

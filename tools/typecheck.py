@@ -32,10 +32,13 @@ def package_dirs() -> dict[str, str]:
     return dict(config["tool"]["setuptools"]["package-dir"])
 
 
-def build_tree() -> dict[Path, Path]:
-    """The installed layout as symbolic links; returns link -> folder for path mapping."""
-    shutil.rmtree(TREE, ignore_errors=True)
-    top = TREE / "onceflow"
+def build_tree(tree: Path = TREE) -> dict[Path, Path]:
+    """The installed layout as symbolic links under ``tree``; returns link -> folder.
+
+    The documentation build (``tools/mkdocs_hooks.py``) lays out its own tree the same way.
+    """
+    shutil.rmtree(tree, ignore_errors=True)
+    top = tree / "onceflow"
     top.mkdir(parents=True)
     links: dict[Path, Path] = {}
     for package, folder in sorted(package_dirs().items()):
@@ -46,7 +49,7 @@ def build_tree() -> dict[Path, Path]:
                     (top / entry.name).symlink_to(entry)
                     links[top / entry.name] = entry
             continue
-        link = TREE / package.replace(".", "/")
+        link = tree / package.replace(".", "/")
         link.symlink_to(source, target_is_directory=True)
         links[link] = source
     return links
