@@ -287,6 +287,8 @@ class StageBody:
         name = combine.spec.name
         encode = codec.encode
         closed = self._window_closed
+        if isinstance(combine, WindowedCombine):
+            combine.closed_windows = lambda reason, part: closed(name, reason, part)
 
         def push(elem: Any, kb: bytes | None = None) -> None:
             try:
@@ -481,9 +483,7 @@ class StageBody:
             cursor = self.cursor
             for kb, key, ts, partial in combine.drain():
                 if deriver is not None:
-                    cursor.parent = deriver.of(
-                        self.batch, self.partition, PARTIAL_FLUSH, kb, partial[0], partial[1]
-                    )
+                    cursor.parent = deriver.of(self.batch, self.partition, PARTIAL_FLUSH, kb)
                 cursor.ts = ts
                 out((key, partial))
             return None

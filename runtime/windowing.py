@@ -20,8 +20,11 @@ Every decision uses the micro-batch's watermark and batch time, fixed by its fir
 so a retried task fires the same panes with the same IDs (``key, window, pane index``).
 
 A lifted (partial) windowed combine runs before the exchange: it assigns windows and sends
-``(key, [start, end, accumulator, records])`` per window, so only per-window partials cross
-the shuffle; sessions merge within the partial too.
+one record per key, ``(key, [[start, end, accumulator, records, newest event time], ...])``
+with every window the key's records fell in, so one partial per key crosses the shuffle (a
+record per key and window would outnumber the input with sliding windows); sessions merge
+within the partial too. The final combine also takes the older one-window form
+``(key, [start, end, accumulator, records])`` that backups written before may hold.
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ class WindowedCombine:
         self.pending: dict[bytes, Any] = {}
         self.closed_parts = 0  # memberships dropped because that window had closed
         self.failed: Callable[[Any, BaseException], None] = _reraise
+        # Windows of a lifted partial that had closed, while others were open: a dead letter
+        # of (reason, (key, those windows)).
+        self.closed_windows: Callable[[str, Any], None] = _refuse
 
     # -- adding ------------------------------------------------------------------------
 
@@ -110,9 +116,12 @@ class WindowedCombine:
         """Fold a value (or, after lifting, a partial ``[start, end, acc, n]``) in."""
         fn = self.fn
         if self.merging:
-            start, end, acc, n = value
+            if value and isinstance(value[0], list):  # one partial per key: its windows
+                self._add_windows(kb, key, value)
+                return
+            start, end, acc, n = value  # one window (backups written before)
             spans = self._open_windows(ts, [(start, end)])
-            self._put(kb, key, spans[0], acc, n, ts, merge=True)
+            self._put(kb, key, spans[0], acc, n, ts)
             return
         for span in self._open_windows(ts, self.windowing.fn.assign(ts)):
             if self.per_record:
@@ -126,6 +135,26 @@ class WindowedCombine:
             entry[1] += 1
             entry[2] = max(entry[2], ts)
 
+    def _add_windows(self, kb: bytes, key: Any, windows: list[list[Any]]) -> None:
+        """A lifted partial's windows; those that have closed go to dead letters."""
+        wm = self.watermark
+        closed = []
+        for window in windows:
+            start, end, acc, n, newest = window
+            if wm is not None and self.windowing.closed(end, wm):
+                closed.append(window)
+            else:
+                self._put(kb, key, (start, end), acc, n, newest)
+        if closed:
+            assert wm is not None
+            newest = max(w[4] for w in closed)
+            reason = closed_reason(
+                newest, [(w[0], w[1]) for w in closed], wm, self.windowing.allowed_lateness_ms
+            )
+            if len(closed) == len(windows):
+                raise WindowClosedError(reason)
+            self.closed_windows(reason, (key, closed))
+
     def _entry(self, kb: bytes, key: Any, span: Span) -> list[Any]:
         slot = self.acc.get(kb)
         if slot is None:
@@ -135,7 +164,7 @@ class WindowedCombine:
             entry = slot[1][span] = [None, 0, NO_TIME]
         return entry
 
-    def _put(self, kb: bytes, key: Any, span: Span, acc: Any, n: int, ts: int, merge: bool) -> None:
+    def _put(self, kb: bytes, key: Any, span: Span, acc: Any, n: int, ts: int) -> None:
         if self.per_record:
             self._record(kb, key, span, acc, n, ts)
             return
@@ -157,14 +186,17 @@ class WindowedCombine:
     # -- partial (lifted) ----------------------------------------------------------------
 
     def partials(self, source: dict[bytes, list[Any]]) -> list[tuple[bytes, Any, int, list[Any]]]:
-        """``(key bytes, key, newest, [start, end, acc, n])`` per window (sessions merged)."""
+        """``(key bytes, key, newest, [[start, end, acc, n, newest], ...])`` per key.
+
+        Sessions are merged; ``newest`` is the newest event time over the key's windows.
+        """
         out = []
         for kb, (key, spans) in source.items():
             items = list(spans.items())
             if self.windowing.fn.merging:
                 items = self._merge_partials(items)
-            for (start, end), (acc, n, newest) in items:
-                out.append((kb, key, newest, [start, end, acc, n]))
+            windows = [[start, end, acc, n, t] for (start, end), (acc, n, t) in items]
+            out.append((kb, key, max(w[4] for w in windows), windows))
         return out
 
     def _merge_partials(self, items: list[tuple[Span, list[Any]]]) -> list[tuple[Span, list[Any]]]:
@@ -181,17 +213,27 @@ class WindowedCombine:
 
     def seed(self, kb: bytes, value: bytes, ts: int) -> None:
         """Merge a committed partial (this attempt's, or replayed from backup) into the sum."""
-        start, end, acc, n = codec.decode(value)
+        decoded = codec.decode(value)
+        if decoded and isinstance(decoded[0], list):
+            windows = decoded
+        else:  # one window, as backups written before hold it
+            windows = [[*decoded, ts]]
         slot = self.running.get(kb)
         if slot is None:
             slot = self.running[kb] = [codec.decode(kb), {}]
-        entry = slot[1].get((start, end))
+        for start, end, acc, n, newest in windows:
+            self._merge_into(slot[1], (start, end), acc, n, newest)
+
+    def _merge_into(
+        self, into: dict[Span, list[Any]], span: Span, acc: Any, n: int, t: int
+    ) -> None:
+        entry = into.get(span)
         if entry is None:
-            slot[1][(start, end)] = [acc, n, ts]
+            into[span] = [acc, n, t]
         else:
             entry[0] = self.fn.merge(entry[0], acc)
             entry[1] += n
-            entry[2] = max(entry[2], ts)
+            entry[2] = max(entry[2], t)
 
     def deltas(self) -> list[tuple[bytes, int, bytes]]:
         """This chunk's partials, encoded, to back up with the chunk."""
@@ -203,8 +245,7 @@ class WindowedCombine:
     def drain(self) -> list[tuple[bytes, Any, int, list[Any]]]:
         """Everything a partial accumulated, for the end-of-task flush."""
         if self.chunked:
-            for kb, _key, newest, partial in self.partials(self.acc):
-                self.seed(kb, codec.encode(partial), newest)
+            self._keep_chunk()
             out = self.partials(self.running)
             self.running = {}
         else:
@@ -302,10 +343,19 @@ class WindowedCombine:
             self.touched.setdefault(kb, key)
         self.pending.clear()
         if self.chunked:
-            for kb, _key, newest, partial in self.partials(self.acc):
-                self.seed(kb, codec.encode(partial), newest)
+            self._keep_chunk()
         self.acc.clear()
         self.records.clear()
+
+    def _keep_chunk(self) -> None:
+        """A partial's committed chunk joins its running sums (sessions merge at the end)."""
+        for kb, (key, spans) in self.acc.items():
+            slot = self.running.get(kb)
+            if slot is None:
+                slot = self.running[kb] = [key, {}]
+            for span, (acc, n, t) in spans.items():
+                self._merge_into(slot[1], span, acc, n, t)
+        self.acc = {}
 
     def reset_chunk(self) -> None:
         """Forget the chunk (its commit was refused; it will be redone)."""
@@ -406,20 +456,25 @@ class WindowedCombine:
     def final_panes(self) -> list[tuple[bytes, Any, Pane, int]]:
         """Bounded runs: one final pane per window at the end of the input."""
         out = []
-        for kb, key, newest, (start, end, acc, _n) in self.partials(self.acc):
-            try:
-                value = self.fn.extract(acc)
-            except Exception as exc:  # noqa: BLE001 - user code: a dead letter
-                self.failed(key, exc)
-                continue
-            pane = Pane(value, start, end, Timing.ON_TIME.value, 0, True)
-            out.append((kb, key, pane, end - 1 if end < GLOBAL_END else newest))
+        for kb, key, _newest, windows in self.partials(self.acc):
+            for start, end, acc, _n, newest in windows:
+                try:
+                    value = self.fn.extract(acc)
+                except Exception as exc:  # noqa: BLE001 - user code: a dead letter
+                    self.failed(key, exc)
+                    continue
+                pane = Pane(value, start, end, Timing.ON_TIME.value, 0, True)
+                out.append((kb, key, pane, end - 1 if end < GLOBAL_END else newest))
         self.acc.clear()
         return out
 
 
 def _reraise(key: Any, exc: BaseException) -> None:  # noqa: ARG001 - the default handler
     raise exc
+
+
+def _refuse(reason: str, part: Any) -> None:  # noqa: ARG001 - the default handler
+    raise WindowClosedError(reason)
 
 
 def decode_entries(raw: bytes | None) -> list[list[Any]]:

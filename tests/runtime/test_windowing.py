@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -311,14 +312,41 @@ def test_a_lifted_partial_carries_windows_across_the_exchange():
     partial = WindowedCombine(partial_spec, False, False, 0, 0)
     for ts in (0, 5_000, 40_000):
         partial.add(b"k", "k", 1, ts)
-    sent = sorted((p[3][0], p[3][1], p[3][2], p[3][3]) for p in partial.drain())
-    assert sent == [(0, 15_000, 2, 2), (40_000, 50_000, 1, 1)]
-    batches = [(0, 0, [[("k", 0, [s, e, acc, n]) for s, e, acc, n in sent]]), (10**9, 1, [])]
+    sent = partial.drain()
+    assert len(sent) == 1, "one partial per key crosses the exchange, with all its windows"
+    _kb, _key, newest, windows = sent[0]
+    assert newest == 40_000
+    assert sorted(windows) == [[0, 15_000, 2, 2, 5_000], [40_000, 50_000, 1, 1, 40_000]]
+    batches = [(0, 0, [[("k", newest, windows)]]), (10**9, 1, [])]
     panes, _, _ = run_operator(w, batches, phase=Phase.FINAL)
     assert sorted((p.start, p.end, p.value) for _, _, p in panes) == [
         (0, 15_000, 2),
         (40_000, 50_000, 1),
     ]
+
+
+def test_the_final_combine_takes_one_window_partials_of_older_backups():
+    w = windowing(Fixed(10))
+    batches = [(0, 0, [[("k", 5_000, [0, 10_000, 3, 3]), ("k", 6_000, [0, 10_000, 2, 2])]])]
+    panes, _, _ = run_operator(w, [*batches, (10**9, 1, [])], phase=Phase.FINAL)
+    assert [(p.start, p.end, p.value) for _, _, p in panes] == [(0, 10_000, 5)]
+
+
+def test_a_partials_closed_windows_are_dead_letters_and_its_open_ones_count():
+    w = windowing(Fixed(10))
+    spec = OpSpec(NODE, OpKind.COMBINE, (), (), combine_fn=Sum(), phase=Phase.FINAL, windowing=w)
+    op = WindowedCombine(spec, True, False, 20_000, 0)  # windows ending by 20 s have closed
+    letters = []
+    op.closed_windows = lambda reason, part: letters.append((reason, part))
+    mixed = [[0, 10_000, 4, 4, 9_000], [20_000, 30_000, 1, 1, 25_000]]
+    op.add(codec.encode("k"), "k", mixed, 25_000)
+    assert [part for _, part in letters] == [("k", [[0, 10_000, 4, 4, 9_000]])]
+    assert "closed" in letters[0][0]
+    with pytest.raises(WindowClosedError):  # every window closed: the whole record
+        op.add(codec.encode("j"), "j", [[0, 10_000, 1, 1, 9_000]], 9_000)
+    store = Store()
+    store.apply(op.updates(store.read, lambda *a: None))
+    assert list(store.values) == [codec.encode("k")]
 
 
 def test_a_pane_is_a_pane_after_the_store():
