@@ -105,6 +105,8 @@ class WindowedCombine:
         if wm is None:
             return spans
         lateness = self.windowing.allowed_lateness_ms
+        if min(end for _, end in spans) + lateness > wm:  # the common case: all open
+            return spans
         open_ = [s for s in spans if not self.windowing.closed(s[1], wm)]
         if len(open_) < len(spans):
             if not open_:
@@ -123,15 +125,21 @@ class WindowedCombine:
             spans = self._open_windows(ts, [(start, end)])
             self._put(kb, key, spans[0], acc, n, ts)
             return
-        for span in self._open_windows(ts, self.windowing.fn.assign(ts)):
-            if self.per_record:
+        spans = self._open_windows(ts, self.windowing.fn.assign(ts))
+        if self.per_record:
+            for span in spans:
                 self._record(kb, key, span, fn.add(fn.create(), value), 1, ts)
+            return
+        slot = self.acc.get(kb)
+        if slot is None:
+            slot = self.acc[kb] = [key, {}]
+        windows = slot[1]
+        for span in spans:
+            entry = windows.get(span)
+            if entry is None:
+                windows[span] = [fn.add(fn.create(), value), 1, ts]
                 continue
-            entry = self._entry(kb, key, span)
-            if entry[0] is None:
-                entry[0] = fn.add(fn.create(), value)
-            else:
-                entry[0] = fn.add(entry[0], value)
+            entry[0] = fn.add(fn.create(), value) if entry[0] is None else fn.add(entry[0], value)
             entry[1] += 1
             entry[2] = max(entry[2], ts)
 
@@ -267,8 +275,12 @@ class WindowedCombine:
             key = slot[0]
             entries = decode_entries(current.get(kb))
             if kb in self.acc:
-                for span, (acc, n, newest) in self.acc[kb][1].items():
-                    entries = self._apply(entries, span, acc, n, newest)
+                deltas = self.acc[kb][1]
+                if self.windowing.fn.merging:
+                    for span, (acc, n, newest) in deltas.items():
+                        entries = self._apply(entries, span, acc, n, newest)
+                else:
+                    self._apply_all(entries, deltas)
             if kb in self.records:
                 for span, acc, n, ts in self.records[kb][1]:
                     entries = self._apply(entries, span, acc, n, ts)
@@ -276,6 +288,23 @@ class WindowedCombine:
             self._write(write, kb, entries)
             self.pending[kb] = key
         return write
+
+    def _apply_all(self, entries: list[list[Any]], deltas: Mapping[Span, list[Any]]) -> None:
+        """Add a chunk's deltas to windows that never merge (one lookup per window)."""
+        by_span = {(e[START], e[END]): e for e in entries}
+        merge = self.fn.merge
+        now = self.now
+        for span, (acc, n, newest) in deltas.items():
+            entry = by_span.get(span)
+            if entry is None:
+                entry = by_span[span] = [span[0], span[1], acc, n, 0, False, now, newest]
+                entries.append(entry)
+                continue
+            entry[ACC] = acc if entry[ACC] is None else merge(entry[ACC], acc)
+            if entry[SINCE] == 0:
+                entry[FIRST] = now
+            entry[SINCE] += n
+            entry[NEWEST] = max(entry[NEWEST], newest)
 
     def _apply(
         self, entries: list[list[Any]], span: Span, acc: Any, n: int, newest: int
