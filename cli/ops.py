@@ -22,20 +22,25 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _redis(args: argparse.Namespace) -> Any:
+def _redis(args: argparse.Namespace, namespace: str | None = None) -> Any:
+    """A client; on a Redis Cluster, of the master serving ``namespace`` (None: the cluster)."""
     import redis
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
+    from onceflow.kernel.slots import namespace_client
+
     settings = RedisSettings.from_env(args.redis_url)
     # An operator command fails fast (a few seconds) instead of riding out outages.
-    client = redis.Redis.from_url(
-        settings.url,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=3),
-        socket_connect_timeout=5,
-        socket_timeout=60,
-        **settings.options,
-    )
+    options: dict[str, Any] = {
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=3),
+        "socket_connect_timeout": 5,
+        "socket_timeout": 60,
+    }
+    if settings.cluster:
+        client = namespace_client(settings.url, settings.options, namespace, options)
+    else:
+        client = redis.Redis.from_url(settings.url, **options, **settings.options)
     try:
         client.ping()
     except Exception as exc:
@@ -62,11 +67,11 @@ def _gc_pass(args: argparse.Namespace, metrics: Any = None) -> int:
     from onceflow.kernel.keyspace import Keyspace
     from onceflow.operations.gc import collect
 
-    client = _redis(args)
-    names = _targets(client, args)
+    names = _targets(_redis(args), args)
     if not names:
         print(json.dumps({"event": "onceflow.gc", "namespaces": 0}), flush=True)
     for name in names:
+        client = _redis(args, name)
         result = collect(
             client,
             name,
@@ -154,7 +159,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     """Delete a namespace's Redis state and its checkpoint, after saying what goes."""
     from onceflow.operations.reset import reset
 
-    client = _redis(args)
+    client = _redis(args, args.namespace)
     preview = reset(client, args.namespace, args.checkpoint, dry_run=True)
     where = f" and the checkpoint {args.checkpoint}" if args.checkpoint else ""
     print(f"namespace {args.namespace!r}: {preview.keys:,} Redis keys{where}")
@@ -177,8 +182,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Text or JSON view of one or all namespaces."""
     from onceflow.operations.status import status, status_json
 
-    client = _redis(args)
-    statuses = [status(client, name) for name in _targets(client, args)]
+    statuses = [status(_redis(args, name), name) for name in _targets(_redis(args), args)]
     if args.json:
         print(status_json(statuses))
     elif not statuses:

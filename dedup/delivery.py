@@ -24,6 +24,7 @@ from onceflow.dedup.admission import lookup, maybe
 from onceflow.dedup.config import MAX_CHUNK
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver, journal_entry
+from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.ids import ID_BYTES
 from onceflow.kernel.records import Output
 
@@ -95,12 +96,39 @@ def pending(session: TaskSession, rx: Receiver) -> PendingDelivery | None:
     return PendingDelivery(marker.decode(), ids)
 
 
-def prepare(session: TaskSession, rx: Receiver, marker: str, ids: list[bytes]) -> None:
-    """Remember a delivery about to become visible (see the module docstring)."""
+def prepare(
+    session: TaskSession,
+    rx: Receiver,
+    marker: str,
+    ids: list[bytes],
+    replicas: int = 0,
+    timeout_ms: int = 10_000,
+) -> None:
+    """Remember a delivery about to become visible (see the module docstring).
+
+    With ``replicas``, the pending delivery must reach that many replicas before the sink
+    makes it visible: a failover to a replica that lacked it would forget a delivery that
+    happened, and send it again.
+    """
     keys = [*session.fence_keys(), session.ks.pending(rx.name, session.partition)]
     args = [*session.fence_args(), marker, b"".join(ids)]
-    session.check(session.scripts.prepare_delivery(keys=keys, args=args))
+    if not replicas:
+        session.check(session.scripts.prepare_delivery(keys=keys, args=args))
+        session.round_trip()
+        return
+    pipe = session.client.pipeline(transaction=False)  # one connection: the write, then WAIT
+    session.scripts.prepare_delivery(keys=keys, args=args, client=pipe)
+    pipe.execute_command("WAIT", replicas, timeout_ms)
+    reply, acked = pipe.execute()
+    session.check(reply)
     session.round_trip()
+    if int(acked) < replicas:
+        msg = (
+            f"only {acked} of {replicas} Redis replica(s) acknowledged the pending delivery of "
+            f"{rx.name} partition {session.partition} within {timeout_ms} ms; it was not made "
+            "visible (the task is retried)"
+        )
+        raise ServiceError(msg)
 
 
 def resolve(

@@ -16,6 +16,16 @@ before it is durable:
 Redis serializes writes, so a marker written after the batch's tasks finished covers them
 all. If the wait times out the batch is not committed (the run stops with the reason, and a
 restart replays the batch): a clear stop, never a silent loss.
+
+A failover (the master dies and a replica takes over, on Redis Cluster or under Sentinel) may
+lose the writes the old master had not yet passed on, while the clients carry on with the new
+master. ``WAIT`` on the new master cannot tell. So when replicas are required the driver
+notes the master's replication ID when a batch starts (:func:`replication_id`) and again with
+the end-of-batch wait: a promoted replica has a new one. If it changed, the batch is not
+committed and the run stops saying so; the restart replays the batch, redoing whatever was
+lost (committed parts are recognised and skipped). A sink's delivery is also held until
+its pending record reached the replicas (:func:`onceflow.dedup.delivery.prepare`), so a
+failover never forgets a delivery that became visible.
 """
 
 from __future__ import annotations
@@ -38,6 +48,18 @@ class Durability:
     waitaof: bool  # ask for the local fsync (the server supports it and fsync is not "always")
     replicas: int  # replicas that must acknowledge (0: none)
     timeout_ms: int = DEFAULT_TIMEOUT_MS
+    auto: bool = False  # replicas: one if the master has any when a batch starts, else none
+
+    def for_batch(self, client: Any) -> BatchDurability:
+        """What a starting batch waits for, and the master's replication ID now."""
+        if not self.auto and not self.replicas:
+            return BatchDurability(0, None)
+        info = client.info("replication")
+        replicas = self.replicas
+        if self.auto:
+            replicas = 1 if int(info.get("connected_slaves", 0)) > 0 else 0
+        started_on = str(info.get("master_replid", "")) if replicas else None
+        return BatchDurability(replicas, started_on)
 
     def describe(self) -> str:
         """One line for the run's start."""
@@ -47,6 +69,18 @@ class Durability:
         if self.replicas:
             parts.append(f"{self.replicas} replica(s) (WAIT)")
         return " and ".join(parts) if parts else "nothing more than Redis's reply"
+
+
+@dataclass(frozen=True)
+class BatchDurability:
+    """One batch's replicas to wait for, and its master's replication ID when it started.
+
+    With replicas, a change of master during the batch (a failover) is a clear stop
+    (:func:`wait_durable`, and tasks check it when they open: :func:`check_master`).
+    """
+
+    replicas: int
+    started_on: str | None
 
 
 def _version(client: Any) -> tuple[int, ...]:
@@ -68,7 +102,7 @@ def plan_durability(client: Any, replicas: int | None, timeout_ms: int) -> Durab
     waitaof = waitaof and _version(client) >= WAITAOF_VERSION
     if replicas is None:
         connected = int(client.info("replication").get("connected_slaves", 0))
-        replicas = 1 if connected > 0 else 0
+        return Durability(waitaof, 1 if connected > 0 else 0, timeout_ms, auto=True)
     return Durability(waitaof, replicas, timeout_ms)
 
 
@@ -87,17 +121,58 @@ def cannot_fsync_warning(client: Any) -> str | None:
     return None
 
 
-def wait_durable(client: Any, ks: Keyspace, batch: int, durability: Durability) -> None:
-    """Block until every write so far is durable as ``durability`` asks; raise if it is not."""
-    if not durability.waitaof and not durability.replicas:
+def replication_id(client: Any) -> str:
+    """The master's replication ID: a replica promoted to master starts a new one."""
+    return str(client.info("replication").get("master_replid", ""))
+
+
+class FailoverError(ServiceError):
+    """Redis failed over while a batch ran: the batch is not committed (a restart replays it)."""
+
+
+def failover_message(batch: int) -> str:
+    """What a run says when Redis failed over during a batch."""
+    return (
+        f"Redis failed over during micro-batch {batch} (a replica took over from the "
+        "master): writes the old master had not passed on may be lost, so the batch is not "
+        "committed. Run the pipeline again: it replays the batch and redoes what was lost"
+    )
+
+
+def check_master(client: Any, batch: int, started_on: str | None) -> None:
+    """Raise :class:`FailoverError` if the master changed since the batch started."""
+    if started_on is not None and replication_id(client) != started_on:
+        raise FailoverError(failover_message(batch))
+
+
+def wait_durable(
+    client: Any,
+    ks: Keyspace,
+    batch: int,
+    durability: Durability,
+    this_batch: BatchDurability | None = None,
+) -> None:
+    """Block until every write so far is durable as ``durability`` asks; raise if it is not.
+
+    ``this_batch`` (from :meth:`Durability.for_batch` when the batch started) says how many
+    replicas to wait for and the master's replication ID then: if the master now has
+    another, it failed over during the batch (see the module docstring).
+    """
+    replicas = durability.replicas if this_batch is None else this_batch.replicas
+    started_on = None if this_batch is None else this_batch.started_on
+    if not durability.waitaof and not replicas:
         return
     pipe = client.pipeline(transaction=False)  # one connection: the marker and the waits
     pipe.hset(ks.batch(batch), MARK_FIELD, "1")
     if durability.waitaof:
         pipe.execute_command("WAITAOF", 1, 0, durability.timeout_ms)
-    if durability.replicas:
-        pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
+    if replicas:
+        pipe.execute_command("WAIT", replicas, durability.timeout_ms)
+    if started_on is not None:
+        pipe.info("replication")
     replies = pipe.execute()
+    if started_on is not None and str(replies[-1].get("master_replid", "")) != started_on:
+        raise FailoverError(failover_message(batch))
     at = 1
     if durability.waitaof:
         local = replies[at][0] if isinstance(replies[at], list | tuple) else replies[at]
@@ -108,11 +183,11 @@ def wait_durable(client: Any, ks: Keyspace, batch: int, durability: Durability) 
                 f"{durability.timeout_ms} ms; the batch is not committed (a restart replays it)"
             )
             raise ServiceError(msg)
-    if durability.replicas:
+    if replicas:
         acked = int(replies[at])
-        if acked < durability.replicas:
+        if acked < replicas:
             msg = (
-                f"only {acked} of {durability.replicas} Redis replica(s) acknowledged "
+                f"only {acked} of {replicas} Redis replica(s) acknowledged "
                 f"micro-batch {batch}'s writes within {durability.timeout_ms} ms; the batch is "
                 "not committed (a restart replays it). Check the replicas, or lower the "
                 "number required (--redis-wait-replicas)"

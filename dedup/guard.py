@@ -33,6 +33,7 @@ from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import PendingDelivery, mark_delivered, receiver_name, undelivered
+from onceflow.dedup.durability import BatchDurability, check_master
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel.keyspace import Keyspace
@@ -53,10 +54,22 @@ class ExactlyOnceGuards:
     epoch: int
     config: DedupConfig
     params: BatchParams | None = None
+    wait_replicas: int = 0  # replicas a sink's pending delivery must reach before it is visible
+    wait_timeout_ms: int = 10_000
+    master: str | None = None  # the Redis master's replication ID when the batch started
 
-    def for_batch(self, params: BatchParams) -> ExactlyOnceGuards:
-        """The factory for the tasks of one micro-batch."""
-        return replace(self, params=params)
+    def for_batch(
+        self, params: BatchParams, durability: BatchDurability | None = None
+    ) -> ExactlyOnceGuards:
+        """The factory for the tasks of one micro-batch (and what it waits for)."""
+        if durability is None:
+            return replace(self, params=params)
+        return replace(
+            self,
+            params=params,
+            wait_replicas=durability.replicas,
+            master=durability.started_on,
+        )
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:
         """A guard for one task."""
@@ -72,9 +85,12 @@ class ExactlyOnceGuard:
     mode = Guarantee.EXACTLY_ONCE
 
     def __init__(self, factory: ExactlyOnceGuards, task: TaskRef, params: BatchParams) -> None:
-        client = redis_client(factory.redis)
+        client = redis_client(factory.redis, factory.namespace)
         ks = Keyspace(factory.namespace)
         self.config = factory.config
+        self.replicas = factory.wait_replicas
+        self.wait_timeout_ms = factory.wait_timeout_ms
+        self.master = factory.master
         self.chunk_size = factory.config.chunk_size
         self.params = params
         self.limit_ms: int | None = params.limit_ms
@@ -114,6 +130,7 @@ class ExactlyOnceGuard:
         s = self.session
         ks = s.ks
         s.token = f"{s.epoch}:{self.attempt_id}"
+        check_master(s.client, s.batch, self.master)  # a failover since the batch began: stop
         pipe = s.client.pipeline(transaction=False)
         s.scripts.claim(keys=s.fence_keys(), args=s.fence_args(), client=pipe)
         pipe.hgetall(ks.backup(s.stage, s.batch, s.partition))
@@ -213,7 +230,14 @@ class ExactlyOnceGuard:
 
     def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
         """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain)."""
-        delivery.prepare(self.session, self.sinks[target], marker, [o.id for o in outputs])
+        delivery.prepare(
+            self.session,
+            self.sinks[target],
+            marker,
+            [o.id for o in outputs],
+            self.replicas,
+            self.wait_timeout_ms,
+        )
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
         """End a pending delivery: mark its IDs if it happened, else drop it."""

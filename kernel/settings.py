@@ -38,6 +38,11 @@ class RedisSettings:
     url: str
     options: dict[str, Any] = field(default_factory=dict, hash=False)
 
+    @property
+    def cluster(self) -> bool:
+        """Whether the URL names a Redis Cluster (``redis+cluster://``)."""
+        return self.url.startswith(("redis+cluster://", "rediss+cluster://"))
+
     @classmethod
     def from_env(cls, url: str | None = None, **options: Any) -> RedisSettings:
         """Settings from arguments, falling back to the environment."""
@@ -52,8 +57,12 @@ class RedisSettings:
             "ssl_keyfile": "REDIS_SSL_KEYFILE",
         }
         merged = _from_environment(env, options)
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            msg = f"REDIS_URL must start with redis://, rediss:// or unix://, got {url!r}"
+        schemes = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+        if not url.startswith(schemes):
+            msg = (
+                "REDIS_URL must start with redis://, rediss:// or unix:// (or, for a Redis "
+                f"Cluster, redis+cluster:// or rediss+cluster://), got {url.split('@')[-1]!r}"
+            )
             raise ConfigError(msg)
         return cls(url, merged)
 
@@ -61,17 +70,27 @@ class RedisSettings:
         return f"RedisSettings({self.url.split('@')[-1]!r}, {_mask(self.options)})"
 
 
-_clients: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_clients: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], Any] = {}
 _clients_lock = threading.Lock()
 
 
-def redis_client(settings: RedisSettings) -> Any:
-    """A shared client per settings and process, retrying through short outages.
+def redis_client(settings: RedisSettings, namespace: str | None = None) -> Any:
+    """A shared client per settings (and namespace, on a cluster) and process.
 
-    Connection errors are retried with backoff for ~30 s, so a Redis restart from its AOF is
-    ridden out; every Onceflow script is safe to run twice for this reason.
+    Connection errors are retried with backoff for ~30 s, so a Redis restart from its AOF,
+    or a cluster failover, is ridden out; every Onceflow script is safe to run twice for this
+    reason. On a Redis Cluster (``redis+cluster://``) a namespace's client talks to the master
+    serving the namespace's slot (:mod:`onceflow.kernel.slots`); without a namespace it is
+    redis-py's cluster client, for what spans namespaces (finding every pipeline).
     """
-    key = (settings.url, tuple(sorted((k, repr(v)) for k, v in settings.options.items())))
+    from onceflow.kernel.slots import is_cluster_url, namespace_client
+
+    cluster = is_cluster_url(settings.url)
+    key = (
+        settings.url,
+        namespace if cluster else None,
+        tuple(sorted((k, repr(v)) for k, v in settings.options.items())),
+    )
     client = _clients.get(key)
     if client is not None:
         return client
@@ -82,19 +101,24 @@ def redis_client(settings: RedisSettings) -> Any:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = redis.Redis.from_url(
-                settings.url,
-                retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25),
-                retry_on_error=[
-                    redis.exceptions.ConnectionError,
-                    redis.exceptions.TimeoutError,
-                    redis.exceptions.BusyLoadingError,
-                ],
-                socket_timeout=30,
-                socket_connect_timeout=5,
-                health_check_interval=15,
-                **settings.options,
-            )
+            if cluster and namespace is None:
+                client = namespace_client(settings.url, settings.options, None)
+            else:
+                retrying: dict[str, Any] = {
+                    "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25),
+                    "retry_on_error": [
+                        redis.exceptions.ConnectionError,
+                        redis.exceptions.TimeoutError,
+                        redis.exceptions.BusyLoadingError,
+                    ],
+                    "socket_timeout": 30,
+                    "socket_connect_timeout": 5,
+                    "health_check_interval": 15,
+                }
+                if cluster:
+                    client = namespace_client(settings.url, settings.options, namespace, retrying)
+                else:
+                    client = redis.Redis.from_url(settings.url, **retrying, **settings.options)
             _clients[key] = client
     return client
 

@@ -207,8 +207,13 @@ def _secrets(url: str, options: dict[str, Any]) -> list[str]:
     return [unquote(s) for s in found if s]
 
 
-def redis_connector(redis_url: str | None) -> tuple[Callable[[], Any], str, list[str]]:
-    """A client factory for ``redis_url`` (or ``$REDIS_URL``), its label and its secrets."""
+def redis_connector(
+    redis_url: str | None, namespace: str | None = None
+) -> tuple[Callable[[], Any], str, list[str]]:
+    """A client factory for ``redis_url`` (or ``$REDIS_URL``), its label and its secrets.
+
+    On a Redis Cluster the client talks to the master serving ``namespace``'s slot.
+    """
     settings = RedisSettings.from_env(redis_url)
 
     def connect() -> Any:
@@ -216,13 +221,16 @@ def redis_connector(redis_url: str | None) -> tuple[Callable[[], Any], str, list
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
 
-        return redis.Redis.from_url(
-            settings.url,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.1), retries=REDIS_RETRIES),
-            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-            **settings.options,
-        )
+        from onceflow.kernel.slots import namespace_client
+
+        options: dict[str, Any] = {
+            "retry": Retry(ExponentialBackoff(cap=0.5, base=0.1), retries=REDIS_RETRIES),
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        }
+        if settings.cluster:
+            return namespace_client(settings.url, settings.options, namespace, options)
+        return redis.Redis.from_url(settings.url, **options, **settings.options)
 
     return connect, redis_label(settings.url), _secrets(settings.url, settings.options)
 
@@ -366,7 +374,7 @@ def serve(
     ``pipeline_svg``). ``port=0`` picks a free port. Stop it with ``server.stop()``.
     """
     if connect is None:
-        connect, label, secrets = redis_connector(redis_url)
+        connect, label, secrets = redis_connector(redis_url, namespace)
     else:
         label = redis_label(redis_url) if redis_url else "(a client made by the caller)"
         secrets = _secrets(redis_url, {}) if redis_url else []

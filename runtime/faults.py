@@ -5,7 +5,9 @@ The hooks are free unless ``$ONCEFLOW_CRASH`` is set; :mod:`onceflow.testing` se
 batch=1,partition=0,mode=raise"``: fields left out match anything, ``attempt`` defaults to 0
 so a retried task gets through. ``mode=raise`` fails the task (Spark retries it);
 ``mode=kill`` writes ``$ONCEFLOW_CRASH_FILE`` and freezes, so that the harness kills the
-whole run with SIGKILL at exactly this point.
+whole run with SIGKILL at exactly this point; ``mode=pause`` writes it and sleeps
+``$ONCEFLOW_CRASH_PAUSE_S`` seconds (default 8), then goes on: the harness makes an outside
+fault meanwhile (a Redis master killed mid-batch, say).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 
 CRASH_ENV = "ONCEFLOW_CRASH"
 CRASH_FILE_ENV = "ONCEFLOW_CRASH_FILE"
+PAUSE_ENV = "ONCEFLOW_CRASH_PAUSE_S"
+_PAUSE_S = "8"
 TASK_POINTS = (
     "before_commit",
     "after_commit",
@@ -37,7 +41,7 @@ def executor_conf() -> dict[str, str]:
     """
     return {
         f"spark.executorEnv.{name}": os.environ[name]
-        for name in (CRASH_ENV, CRASH_FILE_ENV)
+        for name in (CRASH_ENV, CRASH_FILE_ENV, PAUSE_ENV)
         if os.environ.get(name)
     }
 
@@ -78,11 +82,14 @@ def driver_crashpoint(point: str, batch: int) -> None:
 
 
 def trigger_crash(mode: str, where: str) -> None:
-    """Fail (``raise``) or freeze until killed (``kill``)."""
+    """Fail (``raise``), freeze until killed (``kill``) or pause while a fault is made."""
     path = os.environ.get(CRASH_FILE_ENV)
     if path:
         with open(path, "a") as fh:
             fh.write(f"{where} pid={os.getpid()}\n")
+    if mode == "pause":  # the harness makes an outside fault (kills a Redis master ...) now
+        time.sleep(float(os.environ.get(PAUSE_ENV, _PAUSE_S)))
+        return
     if mode == "kill":
         for _ in itertools.count():
             time.sleep(_FROZEN_SLEEP_S)

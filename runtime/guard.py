@@ -215,7 +215,7 @@ class AtLeastOnceGuard(NoGuard):
     def __init__(self, factory: AtLeastOnceGuards, partition: int) -> None:
         self.chunk_size = max(factory.config.chunk_size, AT_LEAST_ONCE_MIN_CHUNK)
         self.ks = Keyspace(factory.namespace)
-        self.client = redis_client(factory.redis)
+        self.client = redis_client(factory.redis, factory.namespace)
         self.partition = partition
         self.round_trips = 0
         params = factory.params

@@ -135,7 +135,12 @@ class StreamingRun:
             self.job.event_time or EventTime(),
         )
         self.watermark = params.watermark
-        guards = self.guards.for_batch(params)
+        this_batch = None
+        if self.durability is not None:
+            this_batch = self.durability.for_batch(self.client)
+            guards = self.guards.for_batch(params, this_batch)
+        else:
+            guards = self.guards.for_batch(params)
         before = dict(self.metrics.value)
         t0 = time.monotonic()
         frames = {
@@ -153,7 +158,7 @@ class StreamingRun:
         )
         compiled.run()
         if self.durability is not None:
-            wait_durable(self.client, self.keyspace, batch_id, self.durability)
+            wait_durable(self.client, self.keyspace, batch_id, self.durability, this_batch)
         driver_crashpoint("batch_end", batch_id)
         if self.ticker is not None:
             self.ticker.after_batch(self.trigger_ms)
@@ -334,9 +339,9 @@ def _run(
     _check_sources(job)
     config = opts.dedup or job.dedup or DedupConfig()
     redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
-    client = redis_client(redis)
-    check_durable(client, opts.allow_non_durable_redis)
     keyspace = Keyspace(opts.namespace or job.pipeline)
+    client = redis_client(redis, keyspace.namespace)
+    check_durable(client, opts.allow_non_durable_redis)
     pin_settings(client, keyspace, opts.parallelism, config)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change)
     spark = session or spark_session(
@@ -460,8 +465,10 @@ def _new_run(
     durability = None
     if mode is Guarantee.EXACTLY_ONCE:
         epoch = int(client.incr(keyspace.epoch))
-        guards: Any = ExactlyOnceGuards(redis, keyspace.namespace, epoch, config)
         durability = plan_durability(client, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS)
+        guards: Any = ExactlyOnceGuards(
+            redis, keyspace.namespace, epoch, config, wait_timeout_ms=durability.timeout_ms
+        )
         warning = cannot_fsync_warning(client)
         if warning and opts.progress:
             print(f"[{job.pipeline}] note: {warning}", file=sys.stderr, flush=True)

@@ -48,7 +48,9 @@ class Crash:
     """Where to fail: a point, and optionally the stage, micro-batch and partition.
 
     ``mode="kill"`` freezes the run there and kills all of it (SIGKILL); ``mode="raise"`` makes
-    the task fail so that Spark retries it (run with ``--master local[2,4]`` to allow retries).
+    the task fail so that Spark retries it (run with ``--master local[2,4]`` to allow retries);
+    ``mode="pause"`` holds the run there for a few seconds while :func:`run_pipeline`'s
+    ``fault`` runs (an outside fault at an exact point), then lets it go on.
     ``batch_end`` is the driver after every sink wrote, before Spark commits the batch.
     """
 
@@ -62,8 +64,8 @@ class Crash:
         if self.point not in POINTS:
             msg = f"unknown crash point {self.point!r}; use one of {', '.join(POINTS)}"
             raise ValueError(msg)
-        if self.mode not in ("kill", "raise"):
-            msg = f"crash mode must be 'kill' or 'raise', got {self.mode!r}"
+        if self.mode not in ("kill", "raise", "pause"):
+            msg = f"crash mode must be 'kill', 'raise' or 'pause', got {self.mode!r}"
             raise ValueError(msg)
 
     def env(self) -> str:
@@ -134,10 +136,12 @@ def run_pipeline(
     kill_after: float | None = None,
     timeout: float = 600,
     echo: Callable[[str], None] | None = None,
+    fault: Callable[[], None] | None = None,
 ) -> Outcome:
     """``python -m onceflow run FILE ARGS`` in its own session, crashing it if asked.
 
-    ``crash`` freezes the run at a chosen point and kills it there; ``kill_after`` kills the
+    ``crash`` freezes the run at a chosen point and kills it there (or, with
+    ``mode="pause"``, calls ``fault`` once while the run waits there); ``kill_after`` kills the
     whole run (every process of its session, SIGKILL) after that many seconds, wherever it
     is, if it is still running: a power cut at a random moment. ``echo`` receives each
     output line as it arrives (to show progress).
@@ -165,8 +169,14 @@ def run_pipeline(
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     crashed = False
+    faulted = False
     try:
         while proc.poll() is None:
+            if crash is not None and crash.mode == "pause" and not faulted:
+                if os.path.exists(marker):
+                    faulted = True
+                    if fault is not None:
+                        fault()
             if crash is not None and crash.mode == "kill" and os.path.exists(marker):
                 kill_session(proc.pid)
                 crashed = True

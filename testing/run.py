@@ -234,7 +234,7 @@ def _forget(redis_url: str, namespace: str) -> None:
     from onceflow.kernel.settings import RedisSettings, redis_client
     from onceflow.operations.reset import reset
 
-    reset(redis_client(RedisSettings.from_env(redis_url)), namespace, None)
+    reset(redis_client(RedisSettings.from_env(redis_url), namespace), namespace, None)
 
 
 def _clock_file(folder: str, redis_url: str, namespace: str) -> str:

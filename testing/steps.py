@@ -70,7 +70,7 @@ def advance_clock(redis_url: str, namespace: str, ms: int) -> None:
     from onceflow.kernel.keyspace import Keyspace
     from onceflow.kernel.settings import RedisSettings, redis_client
 
-    client = redis_client(RedisSettings.from_env(redis_url))
+    client = redis_client(RedisSettings.from_env(redis_url), namespace)
     key = Keyspace(namespace).clock
     stored = client.hget(key, "time")
     now = max(redis_time_ms(client), int(stored or 0))

@@ -1,0 +1,106 @@
+"""Exactly-once on a Redis Cluster, through a failover of the master holding the pipeline.
+
+A real cluster of 3 masters and 3 replicas (Debian's ``redis-server`` in cluster mode, AOF
+on, ``appendfsync everysec``) on loopback, reached with ``redis+cluster://``. The pipeline
+(``tests/e2e_pipelines/orders.py``: a non-deterministic map, a copy of every event to Kafka, a
+count per user) runs against it; its master is SIGKILLed mid-run and a replica takes over.
+The run stops saying so (writes the old master had not passed on may be gone, so the batch
+is not committed); a second run then finishes the input. The independent count must then match the keyed state, the counts topic and the copy
+topic: nothing lost, nothing doubled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import RedisSettings, redis_client
+from onceflow.kernel.slots import namespace_slot
+from onceflow.testing import LocalRedisCluster
+from onceflow.testing.harness import Crash, run_pipeline
+from tests.exactly_once.scenario import PIPELINE, make_scenario, verify
+
+pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis, pytest.mark.cluster]
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    cluster = LocalRedisCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def cluster_url(cluster: LocalRedisCluster) -> str:
+    """Every node as a seed: a run can start while one of them is down."""
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in cluster.ports)
+
+
+def master_index(cluster: LocalRedisCluster, namespace: str) -> int:
+    owner = cluster.slot_owner(namespace_slot(namespace))
+    return [m.port for m in cluster.masters()].index(owner.port)
+
+
+def test_namespaces_spread_over_masters_and_a_client_follows_its_slot(redis_cluster):
+    """Each namespace's keys sit on the master of its slot; a failover is ridden out."""
+    settings = RedisSettings(cluster_url(redis_cluster))
+    owners = {}
+    for name in ("orders-a", "orders-b", "orders-c", "orders-d", "orders-e", "orders-f"):
+        client = redis_client(settings, name)
+        client.set(Keyspace(name).acked, 7)
+        owner = redis_cluster.slot_owner(namespace_slot(name)).port
+        owners[name] = owner
+        held = redis_cluster.node_client(owner).get(Keyspace(name).acked)
+        assert held == "7", f"{name}'s key is not on the master of its slot"
+    assert len(set(owners.values())) > 1, "six namespaces all hashed to one master"
+    # a failover of one namespace's master: its client reconnects to the promoted replica
+    name = "orders-a"
+    client = redis_client(settings, name)
+    pipe = client.pipeline(transaction=False)
+    pipe.incr(Keyspace(name).epoch)
+    pipe.execute_command("WAIT", 1, 5000)
+    assert pipe.execute()[1] == 1, "the replica did not acknowledge"
+    redis_cluster.kill_master(master_index(redis_cluster, name))
+    t0 = time.monotonic()
+    assert int(client.incr(Keyspace(name).epoch)) == 2, "the acknowledged write was lost"
+    print(f"[redis-cluster] a command rode the failover out in {time.monotonic() - t0:.1f} s")
+    failover = redis_cluster.wait_failover()
+    assert redis_cluster.slot_owner(namespace_slot(name)).port == failover.promoted_port
+    redis_cluster.restart_node()  # the old master comes back as a replica
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        Crash("after_commit", stage="events", batch=1, partition=0, mode="pause"),
+        Crash("after_sink_commit", stage="count", batch=2, partition=1, mode="pause"),
+    ],
+    ids=["after-a-commit", "after-a-kafka-commit"],
+)
+def test_a_failover_mid_batch_loses_and_doubles_nothing(where, broker, redis_cluster, tmp_path):
+    """The master dies while a task waits at ``where``: the run stops, a rerun completes."""
+    scn = make_scenario(broker, cluster_url(redis_cluster), tmp_path)
+    killed = []
+
+    def kill_the_pipelines_master():
+        killed.append(redis_cluster.kill_master(master_index(redis_cluster, scn.name)))
+
+    first = run_pipeline(
+        PIPELINE, scn.args, env=scn.env, crash=where, fault=kill_the_pipelines_master
+    )
+    assert killed, "the pause point was never reached:\n" + first.output[-3000:]
+    failover = redis_cluster.wait_failover()
+    errors = [line for line in first.output.splitlines() if line.startswith("error")]
+    print(f"[redis-cluster] failover in {failover.seconds:.1f} s; the run said {errors}")
+    assert first.returncode != 0, "a failover mid-batch must not let the batch commit"
+    assert len(errors) == 1 and "failed over during micro-batch" in errors[0], first.output[-3000:]
+    t0 = time.monotonic()
+    second = run_pipeline(PIPELINE, scn.args, env=scn.env).check()
+    print(f"[redis-cluster] the rerun (no replica yet) finished in {time.monotonic() - t0:.1f} s")
+    assert second.returncode == 0
+    verify(scn, redis_client(RedisSettings(cluster_url(redis_cluster)), scn.name))
+    redis_cluster.restart_node(killed[0].port)  # back as a replica, for the next test
