@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,9 @@ class RunResult:
         return "\n".join(lines)
 
 
+_OWN_ERROR = re.compile(r"\bonceflow(?:\.\w+)+\.(\w+(?:Error|Exception)):")
+
+
 def explain_failure(name: str, exc: BaseException, log_path: str | None = None) -> str:
     """The useful part of a Spark failure, in one line: the failing task's own summary.
 
@@ -93,5 +97,6 @@ def explain_failure(name: str, exc: BaseException, log_path: str | None = None) 
     for raw in reversed(text.splitlines()):
         line = raw.strip()
         if line and ("Error" in line or "Exception" in line) and not line.startswith("at "):
+            line = _OWN_ERROR.sub(r"\1:", line)  # onceflow.x.y.FailoverError: -> FailoverError:
             return f"pipeline {name!r} failed: {line[:MAX_LINE]}{log}"
     return f"pipeline {name!r} failed: {' '.join(text.split())[:MAX_LINE]}{log}"

@@ -4,9 +4,11 @@ A real cluster of 3 masters and 3 replicas (Debian's ``redis-server`` in cluster
 on, ``appendfsync everysec``) on loopback, reached with ``redis+cluster://``. The pipeline
 (``tests/e2e_pipelines/orders.py``: a non-deterministic map, a copy of every event to Kafka, a
 count per user) runs against it; its master is SIGKILLed mid-run and a replica takes over.
-The run stops saying so (writes the old master had not passed on may be gone, so the batch
-is not committed); a second run then finishes the input. The independent count must then match the keyed state, the counts topic and the copy
-topic: nothing lost, nothing doubled.
+A task is held at a chosen point (a commit done, or a Kafka transaction committed) while
+the master dies; the run stops saying so (writes the old master had not passed on may be
+gone, so the batch is not committed), and a second run finishes the input. The independent
+count must then match the keyed state, the counts topic and the copy topic: nothing lost,
+nothing doubled.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def test_a_failover_mid_batch_loses_and_doubles_nothing(where, broker, redis_clu
     assert killed, "the pause point was never reached:\n" + first.output[-3000:]
     failover = redis_cluster.wait_failover()
     errors = [line for line in first.output.splitlines() if line.startswith("error")]
-    print(f"[redis-cluster] failover in {failover.seconds:.1f} s; the run said {errors}")
+    print(f"[redis-cluster] run stopped, {failover.seconds:.1f} s after the kill: {errors}")
     assert first.returncode != 0, "a failover mid-batch must not let the batch commit"
     assert len(errors) == 1 and "failed over during micro-batch" in errors[0], first.output[-3000:]
     t0 = time.monotonic()
