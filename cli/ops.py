@@ -65,39 +65,50 @@ def _targets(client: Any, args: argparse.Namespace) -> list[str]:
 
 def _gc_pass(args: argparse.Namespace, metrics: Any = None) -> int:
     from onceflow.kernel.keyspace import Keyspace
-    from onceflow.operations.gc import collect
+    from onceflow.operations.gc import GcError, collect
 
     names = _targets(_redis(args), args)
     if not names:
         print(json.dumps({"event": "onceflow.gc", "namespaces": 0}), flush=True)
+    failed = []
     for name in names:
         client = _redis(args, name)
-        result = collect(
-            client,
-            name,
-            dry_run=args.dry_run,
-            horizon=args.horizon,
-            scan_count=args.scan_count,
-            delete_batch=args.delete_batch,
-        )
+        try:
+            result = collect(
+                client,
+                name,
+                dry_run=args.dry_run,
+                horizon=args.horizon,
+                scan_count=args.scan_count,
+                delete_batch=args.delete_batch,
+            )
+        except GcError as exc:
+            if not args.all:
+                raise
+            # one odd namespace must not stop the others' collection: said, and counted
+            failed.append(name)
+            line = {"event": "onceflow.gc.skipped", "namespace": name, "error": str(exc)}
+            print(json.dumps(line), file=sys.stderr, flush=True)
+            continue
         print(result.log_line(), flush=True)
         if metrics is not None:
             metrics.passed(result, client.hgetall(Keyspace(name).gc))
-    return 0
+    return 1 if failed else 0
 
 
 def _observed_pass(args: argparse.Namespace, metrics: Any) -> int:
     """A pass over every namespace asked for, its metrics written (``--metrics-file``)."""
     ok = False
+    code = 1
     try:
-        _gc_pass(args, metrics)
-        ok = True
+        code = _gc_pass(args, metrics)
+        ok = code == 0
     finally:
         if metrics is not None:
             metrics.run_ended(ok)
             if args.metrics_file:
                 metrics.write(args.metrics_file)
-    return 0
+    return code
 
 
 def _gc_metrics(args: argparse.Namespace) -> Any:

@@ -187,6 +187,12 @@ def collect(
     t0 = time.monotonic()
     ks = Keyspace(namespace)
     meta = read_meta(client, ks)
+    if not meta.get("bucket_ms", "").isdigit():
+        msg = (
+            f"namespace {namespace!r} has incomplete settings ({ks.meta} has no bucket_ms): "
+            "it was not written by an Onceflow run; GC leaves it alone"
+        )
+        raise GcError(msg)
     bucket_ms = int(meta["bucket_ms"])
     acked = acknowledged(client, ks)
     params = read_batch_params(client, ks, acked) if acked >= 0 else None

@@ -13,6 +13,9 @@ nothing doubled.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -106,3 +109,34 @@ def test_a_failover_mid_batch_loses_and_doubles_nothing(where, broker, redis_clu
     assert second.returncode == 0
     verify(scn, redis_client(RedisSettings(cluster_url(redis_cluster)), scn.name))
     redis_cluster.restart_node(killed[0].port)  # back as a replica, for the next test
+
+
+def onceflow(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onceflow", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_status_and_gc_find_every_pipeline_of_the_cluster(broker, redis_cluster, tmp_path):
+    """Operator commands on a cluster: namespaces on several masters, each read on its own."""
+    url = cluster_url(redis_cluster)
+    scn = make_scenario(broker, url, tmp_path)
+    run_pipeline(PIPELINE, scn.args, env=scn.env).check()
+    other = "elsewhere"  # hashes to another master than most names: found all the same
+    redis_client(RedisSettings(url), other).hset(Keyspace(other).meta, "parallelism", 2)
+    listed = onceflow("status", "--all", "--json", "--redis-url", url)
+    assert listed.returncode == 0, listed.stderr
+    names = {s["namespace"] for s in json.loads(listed.stdout)}
+    assert {scn.name, other} <= names
+    gc = onceflow("gc", "--all", "--redis-url", url)
+    passes = [json.loads(line) for line in gc.stdout.splitlines() if line.startswith("{")]
+    assert scn.name in {p.get("namespace") for p in passes}, gc.stdout + gc.stderr
+    # the namespace no run wrote is skipped, said, and fails the pass (cron sees it)
+    skipped = [json.loads(line) for line in gc.stderr.splitlines() if "skipped" in line]
+    assert [s["namespace"] for s in skipped] == [other], gc.stderr
+    assert gc.returncode == 1
+    verify(scn, redis_client(RedisSettings(url), scn.name))  # GC took nothing that matters
