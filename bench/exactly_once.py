@@ -12,8 +12,13 @@ per 1,000 records, Redis lookups per 1,000 new IDs next to the Bloom filters' co
 false-positive rate, Bloom filter memory, and Redis bytes per stored ID.
 
     python bench/exactly_once.py [--records 200000] [--batch 50000] [--repeat 2]
+        [--redis-cluster] [--spark-cluster]
 
-Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
+Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones. ``--redis-cluster``
+starts a local Redis Cluster (3 masters, 3 replicas) instead of one Redis and prints, per
+node, keys, memory and commands served during the runs. ``--spark-cluster`` also runs every
+mode on a local Spark standalone cluster of two workers (one core each), beside ``--master``
+on the same machine.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.runtime.session import spark_session
+from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 
@@ -112,13 +118,47 @@ def redis_footprint(client: Any, namespace: str) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def services() -> Any:
+def services(redis_cluster: bool) -> Any:
     with contextlib.ExitStack() as stack:
-        redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
+        cluster = None
+        if redis_cluster:
+            cluster = LocalRedisCluster().start()
+            stack.callback(cluster.stop)
+            seeds = ",".join(f"127.0.0.1:{port}" for port in cluster.ports)
+            redis_url = f"redis+cluster://{seeds}"
+        else:
+            redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
         bootstrap = (
             os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap
         )
-        yield redis_url, bootstrap
+        yield redis_url, bootstrap, cluster
+
+
+def node_commands(cluster: LocalRedisCluster) -> dict[int, int]:
+    """Commands each running node has served so far."""
+    return {
+        port: int(cluster.node_client(port).info("stats")["total_commands_processed"])
+        for port in cluster.running_ports()
+    }
+
+
+def print_nodes(cluster: LocalRedisCluster, before: dict[int, int], namespaces: set[str]) -> None:
+    """Keys, memory and commands per node: where the pipelines' state went."""
+    from onceflow.kernel.slots import namespace_slot
+
+    homes = {}
+    for name in namespaces:
+        homes.setdefault(cluster.slot_owner(namespace_slot(name)).port, []).append(name)
+    after = node_commands(cluster)
+    print()
+    print(f"{'Redis node':<12} {'role':<8} {'keys':>8} {'used MB':>8} {'commands':>10}  namespaces")
+    for stats in cluster.node_stats():
+        served = after.get(stats.port, 0) - before.get(stats.port, 0)
+        names = len(homes.get(stats.port, []))
+        print(
+            f"{stats.port:<12} {stats.role:<8} {stats.keys:>8,} "
+            f"{stats.used_memory / 1e6:>8.1f} {served:>10,}  {names}"
+        )
 
 
 def child(args: argparse.Namespace) -> None:
@@ -142,34 +182,61 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
+    parser.add_argument("--redis-cluster", action="store_true")
+    parser.add_argument("--spark-cluster", action="store_true")
     args = parser.parse_args()
     if args.child:
         child(args)
         return
-    with services() as (redis_url, bootstrap):
-        kafka = KafkaSettings.from_env(bootstrap)
-        topic = f"bench-{uuid.uuid4().hex[:6]}"
-        rng = random.Random(1)
-        t0 = time.perf_counter()
-        records = (
-            (None, json.dumps({"user": f"u{rng.randrange(1000)}", "n": i}).encode(), None)
-            for i in range(args.records)
-        )
-        produce(kafka, topic, records, partitions=2)
-        print(f"produced {args.records:,} records in {time.perf_counter() - t0:.1f} s")
-        env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
-        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-        for i in range(args.repeat):
-            for mode in MODES:
-                r = spawn(mode, topic, args, env)
-                runs[mode].append(r)
-                print(
-                    f"  run {i + 1} {mode:<24} {r['seconds']:6.1f} s  "
-                    f"{r['rate']:>8,.0f} rec/s overall  {r['steady']:>8,.0f} rec/s steady "
-                    f"({r['batches']} batches, p50 {r['p50_s']:.2f} s, p99 {r['p99_s']:.2f} s)",
-                    flush=True,
-                )
-        report(runs, args.records, redis_client(RedisSettings(redis_url)), DedupConfig())
+    with contextlib.ExitStack() as stack:
+        masters = [args.master]
+        if args.spark_cluster:
+            spark_cluster = stack.enter_context(LocalSparkCluster(workers=2, cores=1))
+            masters.append(spark_cluster.master_url)
+        redis_url, bootstrap, cluster = stack.enter_context(services(args.redis_cluster))
+        for master in masters:
+            bench_on(args, master, redis_url, bootstrap, cluster)
+
+
+def bench_on(
+    args: argparse.Namespace,
+    master: str,
+    redis_url: str,
+    bootstrap: str,
+    cluster: LocalRedisCluster | None,
+) -> None:
+    """Every mode ``--repeat`` times on one Spark master; the report."""
+    args = argparse.Namespace(**{**vars(args), "master": master})
+    print(f"\n=== Spark master {master}, Redis {redis_url.rsplit('@', maxsplit=1)[-1]}")
+    before = node_commands(cluster) if cluster is not None else {}
+    kafka = KafkaSettings.from_env(bootstrap)
+    topic = f"bench-{uuid.uuid4().hex[:6]}"
+    rng = random.Random(1)
+    t0 = time.perf_counter()
+    records = (
+        (None, json.dumps({"user": f"u{rng.randrange(1000)}", "n": i}).encode(), None)
+        for i in range(args.records)
+    )
+    produce(kafka, topic, records, partitions=2)
+    print(f"produced {args.records:,} records in {time.perf_counter() - t0:.1f} s")
+    env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    # a local standalone cluster shares this machine's disk: checkpoints under /tmp are shared
+    env["ONCEFLOW_SHARED_DIRS"] = tempfile.gettempdir()
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    for i in range(args.repeat):
+        for mode in MODES:
+            r = spawn(mode, topic, args, env)
+            runs[mode].append(r)
+            print(
+                f"  run {i + 1} {mode:<24} {r['seconds']:6.1f} s  "
+                f"{r['rate']:>8,.0f} rec/s overall  {r['steady']:>8,.0f} rec/s steady "
+                f"({r['batches']} batches, p50 {r['p50_s']:.2f} s, p99 {r['p99_s']:.2f} s)",
+                flush=True,
+            )
+    last = runs["exactly-once"][-1]["name"]
+    report(runs, args.records, redis_client(RedisSettings(redis_url), last), DedupConfig())
+    if cluster is not None:
+        print_nodes(cluster, before, {r["name"] for rs in runs.values() for r in rs})
 
 
 def spawn(guarantee: str, topic: str, args: argparse.Namespace, env: dict[str, str]) -> Any:

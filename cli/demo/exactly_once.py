@@ -159,8 +159,8 @@ def _report(
     redis_url: str,
 ) -> int:
     expected = Counter(e["user"] for e in events)
-    client = redis_client(RedisSettings(redis_url))
     ks = Keyspace(env["DEMO_PIPELINE"])
+    client = redis_client(RedisSettings(redis_url), ks.namespace)
     state: dict[str, int] = {}
     for partition in range(2):
         for k, v in client.hgetall(ks.state("count", partition)).items():
