@@ -1,0 +1,203 @@
+"""Where the Python time goes: a sampled profile of both modes of the keyed-count benchmark.
+
+Runs ``bench/exactly_once.py``'s child (one warm-up query, one measured query, in a fresh
+Spark JVM) once per mode under ``py-spy record --subprocesses`` (``pip install py-spy``), so
+every Python process of the run is sampled: the driver and Spark's Python workers. Each
+sample is put in the category of the innermost frame that names one (Kafka consume, Kafka
+produce, Redis calls, Bloom filters, ID derivation, encoding, Arrow, user code and combines,
+Spark's worker plumbing); the table shows CPU seconds per category and process kind, both
+modes side by side. Time Python spends waiting (for Redis replies, Kafka, the JVM) is not
+CPU and is not counted: the benchmark's round trips per 1,000 records say what Redis costs.
+
+    python bench/profile.py [--records 100000] [--batch 25000] [--rate 50]
+
+Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+from onceflow.connectors.kafka.topics import produce
+from onceflow.kernel.settings import KafkaSettings
+
+BENCH = Path(__file__).with_name("exactly_once.py")
+MODES = ("at-least-once", "exactly-once")
+# (category, pattern on "function (file:line)"), tried from the innermost frame outwards.
+CATEGORIES = [
+    (
+        "Kafka consume + decode",
+        r"kafka/consumer|kafka/record|kafka/protocol|connectors/kafka/(worker|datasource|source)\.py",
+    ),
+    ("Kafka produce", r"kafka/producer|connectors/kafka/sink\.py"),
+    (
+        "Redis calls (client side, incl. Lua args)",
+        r"/redis/|dedup/(commit|admission|delivery|trust|session)\.py|backup/store\.py",
+    ),
+    ("Bloom filters", r"pybloom|dedup/bloom\.py|dedup/addressing\.py"),
+    ("ID derivation", r"kernel/ids\.py"),
+    ("encode/decode values", r"kernel/codec\.py|msgpack|json/"),
+    ("Arrow <-> Python", r"pyarrow|runtime/task\.py.*(to_arrow|rows|_rows)|pandas"),
+    (
+        "user functions, combines, windows",
+        r"runtime/(body|combine_fn|windowing)\.py|e2e_pipelines|exactly_once\.py.*<lambda>",
+    ),
+    ("Spark Python worker plumbing", r"pyspark/"),
+    ("Onceflow task loop", r"runtime/|dedup/|kernel/"),
+]
+_COMPILED = [(name, re.compile(p)) for name, p in CATEGORIES]
+
+
+def classify(frames: list[str]) -> str:
+    """The category of a stack (frames outermost first)."""
+    for frame in reversed(frames):
+        for name, pattern in _COMPILED:
+            if pattern.search(frame):
+                return name
+    return "other (interpreter start, imports ...)"
+
+
+def process_kind(frames: list[str]) -> str:
+    """``worker`` for Spark's Python workers, else ``driver``."""
+    head = " ".join(frames[:3])
+    return (
+        "worker"
+        if "pyspark/daemon" in head or "pyspark/worker" in head or "daemon.py" in head
+        else "driver"
+    )
+
+
+def parse_raw(path: Path, rate: int) -> dict[tuple[str, str], float]:
+    """CPU seconds per (process kind, category) from py-spy's raw (collapsed) output."""
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        seconds[(process_kind(frames), classify(frames))] += int(count) / rate
+    return seconds
+
+
+def profile_mode(
+    mode: str, topic: str, args: argparse.Namespace, env: dict[str, str]
+) -> tuple[dict, dict]:
+    out = Path(tempfile.mkdtemp(prefix="onceflow-profile-")) / f"{mode}.txt"
+    cmd = [
+        shutil.which("py-spy") or "py-spy",
+        "record",
+        "--subprocesses",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "--rate",
+        str(args.rate),
+        "--output",
+        str(out),
+        "--",
+        sys.executable,
+        str(BENCH),
+        "--child",
+        mode,
+        "--topic",
+        topic,
+        "--records",
+        str(args.records),
+        "--batch",
+        str(args.batch),
+        "--master",
+        args.master,
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=1800)
+    result = next(
+        (json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")),
+        None,
+    )
+    if result is None or not out.exists():
+        msg = (
+            f"profiled run of {mode} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
+        raise RuntimeError(msg)
+    return parse_raw(out, args.rate), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=25_000)
+    parser.add_argument("--rate", type=int, default=50, help="samples per second per process")
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+    if shutil.which("py-spy") is None:
+        sys.exit("py-spy is not installed: pip install py-spy")
+    sys.path.insert(0, str(BENCH.parent))
+    from exactly_once import services  # the benchmark's own service start-up
+
+    with services(False) as (redis_url, bootstrap, _):
+        kafka = KafkaSettings.from_env(bootstrap)
+        topic = f"profile-{uuid.uuid4().hex[:6]}"
+        rng = random.Random(1)
+        produce(
+            kafka,
+            topic,
+            (
+                (None, json.dumps({"user": f"u{rng.randrange(1000)}", "n": i}).encode(), None)
+                for i in range(args.records)
+            ),
+            partitions=2,
+        )
+        env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+        profiles, results = {}, {}
+        for mode in MODES:
+            t0 = time.perf_counter()
+            profiles[mode], results[mode] = profile_mode(mode, topic, args, env)
+            print(
+                f"profiled {mode} in {time.perf_counter() - t0:.0f} s "
+                f"(measured query {results[mode]['rate']:,.0f} rec/s under the profiler)",
+                flush=True,
+            )
+    report(profiles, results, args.records)
+
+
+def report(profiles: dict, results: dict, records: int) -> None:
+    """CPU seconds per category, both modes side by side, per 100k records of one query."""
+    # the child runs the query twice (warm-up + measured): per query = half
+    scale = 100_000 / records / 2
+    keys = sorted(
+        {k for p in profiles.values() for k in p},
+        key=lambda k: (k[0], -profiles[MODES[1]].get(k, 0)),
+    )
+    print()
+    print("CPU seconds per 100k records (one query), sampled by py-spy")
+    print(f"{'process':<8} {'category':<44} " + " ".join(f"{m:>15}" for m in MODES))
+    for kind, cat in keys:
+        row = [profiles[m].get((kind, cat), 0.0) * scale for m in MODES]
+        if max(row) < 0.05:
+            continue
+        print(f"{kind:<8} {cat:<44} " + " ".join(f"{v:>15.2f}" for v in row))
+    for kind in ("driver", "worker"):
+        totals = [sum(v for (k, _), v in profiles[m].items() if k == kind) * scale for m in MODES]
+        print(f"{kind:<8} {'total':<44} " + " ".join(f"{v:>15.2f}" for v in totals))
+    batches = [results[m]["batches"] for m in MODES]
+    p50 = [results[m]["p50_s"] for m in MODES]
+    print(
+        f"{'':<8} {'micro-batches / p50 batch seconds':<44} "
+        + " ".join(f"{b:>9} / {p:.2f}" for b, p in zip(batches, p50, strict=False))
+    )
+
+
+if __name__ == "__main__":
+    main()
