@@ -9,7 +9,7 @@ Spark's worker plumbing); the table shows CPU seconds per category and process k
 modes side by side. Time Python spends waiting (for Redis replies, Kafka, the JVM) is not
 CPU and is not counted: the benchmark's round trips per 1,000 records say what Redis costs.
 
-    python bench/profile.py [--records 100000] [--batch 25000] [--rate 50]
+    python bench/profile_workers.py [--records 100000] [--batch 25000] [--rate 50]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 """
