@@ -54,14 +54,21 @@ CATEGORIES = [
         "user functions, combines, windows",
         r"runtime/(body|combine_fn|windowing)\.py|e2e_pipelines|exactly_once\.py.*<lambda>",
     ),
+    ("imports (Python processes starting)", r"<frozen (zipimport|importlib)"),
     ("Spark Python worker plumbing", r"pyspark/"),
     ("Onceflow task loop", r"runtime/|dedup/|kernel/"),
 ]
 _COMPILED = [(name, re.compile(p)) for name, p in CATEGORIES]
 
 
+IDLE = "idle (the worker daemon waiting for work)"
+
+
 def classify(frames: list[str]) -> str:
     """The category of a stack (frames outermost first)."""
+    code = [f for f in frames if not f.startswith("process ")]
+    if code and code[-1].startswith("manager (daemon.py"):
+        return IDLE  # select() in pyspark.daemon's loop: sampled although it sleeps
     for frame in reversed(frames):
         for name, pattern in _COMPILED:
             if pattern.search(frame):
@@ -70,13 +77,10 @@ def classify(frames: list[str]) -> str:
 
 
 def process_kind(frames: list[str]) -> str:
-    """``worker`` for Spark's Python workers, else ``driver``."""
-    head = " ".join(frames[:3])
-    return (
-        "worker"
-        if "pyspark/daemon" in head or "pyspark/worker" in head or "daemon.py" in head
-        else "driver"
-    )
+    """``worker`` for Spark's Python workers (forked by ``pyspark.daemon``), else ``driver``."""
+    processes = [f for f in frames if f.startswith("process ")]
+    last = processes[-1] if processes else ""
+    return "worker" if "pyspark.daemon" in last or "pyspark/daemon" in last else "driver"
 
 
 def parse_raw(path: Path, rate: int) -> dict[tuple[str, str], float]:
@@ -184,12 +188,17 @@ def report(profiles: dict, results: dict, records: int) -> None:
     print("CPU seconds per 100k records (one query), sampled by py-spy")
     print(f"{'process':<8} {'category':<44} " + " ".join(f"{m:>15}" for m in MODES))
     for kind, cat in keys:
+        if cat == IDLE:
+            continue
         row = [profiles[m].get((kind, cat), 0.0) * scale for m in MODES]
         if max(row) < 0.05:
             continue
         print(f"{kind:<8} {cat:<44} " + " ".join(f"{v:>15.2f}" for v in row))
     for kind in ("driver", "worker"):
-        totals = [sum(v for (k, _), v in profiles[m].items() if k == kind) * scale for m in MODES]
+        totals = [
+            sum(v for (k, c), v in profiles[m].items() if k == kind and c != IDLE) * scale
+            for m in MODES
+        ]
         print(f"{kind:<8} {'total':<44} " + " ".join(f"{v:>15.2f}" for v in totals))
     batches = [results[m]["batches"] for m in MODES]
     p50 = [results[m]["p50_s"] for m in MODES]
