@@ -1,4 +1,4 @@
-"""The :mod:`.clients` interface over confluent-kafka (librdkafka): ``client="confluent"``.
+"""The :mod:`.interface` over confluent-kafka (librdkafka): ``client="confluent"``.
 
 Imported only when a source or sink asks for this client, on the worker that creates one.
 
@@ -14,14 +14,14 @@ own dotted names, passed as they are. Nothing here prints a setting's value.
 * librdkafka reports a record batch the broker refused (for instance one record in it with a
   timestamp the topic does not accept) as the same error on *every* record of the batch,
   where kafka-python names the culprit (KIP-467). Such errors are marked
-  :attr:`~.clients.Delivery.poison` all the same; the sink's writer then sends each record on
+  :attr:`~.interface.Delivery.poison` all the same; the sink's writer then sends each record on
   its own to find the culprits (``connectors/kafka/sink.py``).
 * ``produce`` raises ``BufferError`` when its local queue is full: the producer serves
   deliveries until there is room (or gives up after :data:`QUEUE_FULL_S`).
 * A consumer needs a ``group.id`` even when it only assigns partitions; the reader never
   joins the group nor commits to it.
 * A partition read past its log start raises nothing by itself; ``auto.offset.reset=error``
-  makes it an error event, raised as :class:`~.clients.OffsetOutOfRange`.
+  makes it an error event, raised as :class:`~.interface.OffsetOutOfRange`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaError as E  # noqa: N814 - error codes read as E.CODE
+from confluent_kafka import Producer as LibProducer
+
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka.clients import (
+from onceflow.connectors.kafka.interface import (
     NOTHING,
     READ_BATCH,
     Delivery,
@@ -100,6 +104,10 @@ READER_GROUP = "onceflow-reader"  # required by librdkafka; never joined (assign
 # partition, reads far past the end of a micro-batch's range).
 READER_QUEUE_KBYTES = 16 * 1024
 READER_QUEUE_MESSAGES = 4 * READ_BATCH
+# A reader reads ranges known to be there: waiting at a partition's end for more is useless,
+# and a fetch waiting there holds up the next partition's first fetch (librdkafka's default,
+# 500 ms, cost every task half a second).
+READER_FETCH_WAIT_MS = 10
 LIST_TIMEOUT_S = 30.0
 TXN_TIMEOUT_S = 60.0
 TXN_ATTEMPTS = 3
@@ -107,8 +115,6 @@ QUEUE_FULL_S = 120.0
 
 
 def _codes() -> tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]:
-    from confluent_kafka import KafkaError as E  # noqa: N814
-
     poison = frozenset(
         {
             E.MSG_SIZE_TOO_LARGE,
@@ -119,17 +125,17 @@ def _codes() -> tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[
             E.INVALID_TIMESTAMP,  # further from the broker's clock than it accepts
         }
     )
-    out_of_range = frozenset({E._AUTO_OFFSET_RESET, E.OFFSET_OUT_OF_RANGE})  # noqa: SLF001
+    out_of_range = frozenset({E._AUTO_OFFSET_RESET, E.OFFSET_OUT_OF_RANGE})
     denied = frozenset(
         {
             E.TOPIC_AUTHORIZATION_FAILED,
             E.CLUSTER_AUTHORIZATION_FAILED,
             E.SASL_AUTHENTICATION_FAILED,
-            E._AUTHENTICATION,  # noqa: SLF001
+            E._AUTHENTICATION,
             E.UNKNOWN_TOPIC_OR_PART,
         }
     )
-    fenced = frozenset({E._FENCED, E.PRODUCER_FENCED, E.INVALID_PRODUCER_EPOCH})  # noqa: SLF001
+    fenced = frozenset({E._FENCED, E.PRODUCER_FENCED, E.INVALID_PRODUCER_EPOCH})
     return poison, out_of_range, denied, fenced
 
 
@@ -177,12 +183,15 @@ def _translate(
 
 
 class ConfluentReader:
-    """:class:`~.clients.PartitionReader` over a confluent-kafka ``Consumer``."""
+    """:class:`~.interface.PartitionReader` over a confluent-kafka ``Consumer``."""
 
     def __init__(self, settings: KafkaSettings) -> None:
-        from confluent_kafka import Consumer
-
-        config = librdkafka_config(settings, {}, CONSUMER_NAMES, "KafkaSource")
+        config: dict[str, Any] = {
+            "fetch.wait.max.ms": READER_FETCH_WAIT_MS,
+            "queued.max.messages.kbytes": READER_QUEUE_KBYTES,
+            "queued.min.messages": READER_QUEUE_MESSAGES,
+        }
+        config.update(librdkafka_config(settings, {}, CONSUMER_NAMES, "KafkaSource"))
         config.update(
             {
                 "group.id": READER_GROUP,
@@ -190,8 +199,6 @@ class ConfluentReader:
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "error",  # out of range raises: never jump over records
                 "isolation.level": "read_committed",  # never aborted or open transactions
-                "queued.max.messages.kbytes": READER_QUEUE_KBYTES,
-                "queued.min.messages": READER_QUEUE_MESSAGES,
                 "logger": LOG,
             }
         )
@@ -200,24 +207,28 @@ class ConfluentReader:
 
     def log_start(self, topic: str, partition: int) -> int:
         """The first offset still in the partition's log."""
-        from confluent_kafka import TopicPartition
-
         tp = TopicPartition(topic, partition)
         low, _ = self.consumer.get_watermark_offsets(tp, timeout=LIST_TIMEOUT_S, cached=False)
         return int(low)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Read this partition (and only it) from ``offset`` on."""
-        from confluent_kafka import TopicPartition
-
         self.tp = TopicPartition(topic, partition)
         self.consumer.assign([TopicPartition(topic, partition, offset)])
 
     def poll(self, timeout_s: float) -> Fetched:
-        """The next records of the partition."""
-        messages = self.consumer.consume(READ_BATCH, timeout_s)
+        """The next records of the partition, as soon as there are any.
+
+        ``consume(n, timeout)`` waits for ``n`` messages or the timeout: at the end of a
+        range that would cost the whole timeout. So it takes what is queued, or waits for
+        one message and then takes what is queued.
+        """
+        messages = self.consumer.consume(READ_BATCH, 0)
         if not messages:
-            return NOTHING
+            first = self.consumer.poll(timeout_s)
+            if first is None:
+                return NOTHING
+            messages = [first, *self.consumer.consume(READ_BATCH - 1, 0)]
         good = [m for m in messages if m.error() is None]
         if len(good) < len(messages):
             for m in messages:
@@ -249,6 +260,10 @@ class ConfluentReader:
         (tp,) = self.consumer.position([self.tp])
         return int(tp.offset) if tp.offset >= 0 else None
 
+    def release(self) -> None:
+        """Stop fetching until the next :meth:`seek` (a shared reader sits idle between tasks)."""
+        self.consumer.unassign()
+
     def close(self) -> None:
         """Release the client."""
         self.consumer.close()
@@ -258,7 +273,7 @@ class ConfluentReader:
 
 
 class ConfluentDelivery:
-    """:class:`~.clients.Delivery` of one produced record, set by its delivery callback."""
+    """:class:`~.interface.Delivery` of one produced record, set by its delivery callback."""
 
     __slots__ = ("done", "error", "message")
 
@@ -292,15 +307,13 @@ class ConfluentDelivery:
 
 
 class ConfluentProducer:
-    """:class:`~.clients.Producer` over a confluent-kafka ``Producer``."""
+    """:class:`~.interface.Producer` over a confluent-kafka ``Producer``."""
 
     def __init__(self, settings: KafkaSettings, options: dict[str, Any]) -> None:
-        from confluent_kafka import Producer
-
         config = librdkafka_config(settings, options, PRODUCER_NAMES, "KafkaSink")
         config.update({"error_cb": self._on_error, "logger": LOG})
         self.fatal: str | None = None
-        self.producer = Producer(config)
+        self.producer = LibProducer(config)
 
     def _on_error(self, error: Any) -> None:
         if error.fatal():
@@ -317,8 +330,6 @@ class ConfluentProducer:
         timestamp_ms: int | None,
     ) -> Delivery:
         """Queue a record."""
-        from confluent_kafka import KafkaException
-
         delivery = ConfluentDelivery()
         wire: Any = headers or None  # (str, bytes) pairs, as confluent-kafka takes them
         deadline = 0.0
@@ -359,8 +370,6 @@ class ConfluentProducer:
 
     def begin(self) -> None:
         """Begin a transaction."""
-        from confluent_kafka import KafkaException
-
         try:
             self.producer.begin_transaction()
         except KafkaException as exc:
@@ -380,8 +389,6 @@ class ConfluentProducer:
 
     def _retrying(self, call: Any) -> None:
         """Call a transaction method again while librdkafka says the error is retriable."""
-        from confluent_kafka import KafkaException
-
         for attempt in range(TXN_ATTEMPTS):
             try:
                 call(TXN_TIMEOUT_S)

@@ -91,6 +91,7 @@ def read_range(
                     f"{STALL_SECONDS} s; were records deleted (retention) or is the broker down?"
                 )
                 raise ConnectorError(msg)
+    reader.release()
 
 
 def _rows(topic: str, part: int, fetched: Fetched, first: int, last: int) -> pa.RecordBatch:
