@@ -10,14 +10,16 @@ bytes each (two partitions), ``--repeat`` times, clients alternating, each measu
   workers use (produce with the sink's settings, acks=all and linger 5 ms, a delivery per
   record; consume ``read_committed`` into column batches, partition by partition).
 
-Part 2, the exactly-once pipeline of ``bench/exactly_once.py`` (Kafka to Kafka keyed count,
-transactional sink) with ``KafkaSource(client=...)`` and ``KafkaSink(client=...)`` both set to
-each client, on the same input topic, each run in a fresh process (a new Spark JVM) after one
-unmeasured warm-up query, clients alternating, ``--repeat`` times. Prints records/s overall
-and steady (without the first micro-batch), with the spread, and the ratio of the clients.
+Part 2, exactly-once pipelines with ``KafkaSource(client=...)`` and ``KafkaSink(client=...)``
+both set to each client, transactional sink, on the same input topic: ``count``, the keyed
+count of ``bench/exactly_once.py`` (reads every record, writes ~1,000 counts a batch), and
+``copy`` (reads every record and writes it again). Each run in a fresh process (a new Spark
+JVM) after one unmeasured warm-up query, clients alternating, ``--repeat`` times. Prints
+records/s overall and steady (without the first micro-batch), with the spread, and the
+ratio of the clients.
 
     python bench/kafka_clients.py [--records 100000] [--batch 25000] [--repeat 2]
-        [--value-bytes 100] [--no-pipeline]
+        [--value-bytes 100] [--shapes count,copy] [--no-pipeline]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts a local Redis and Apache Kafka.
 """
@@ -53,6 +55,10 @@ from onceflow.runtime.session import spark_session
 PARTITIONS = 2
 SINK_PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024}
 CHILD_TIMEOUT_S = 1800
+SHAPES = {
+    "count": "keyed count (every record read, ~1,000 counts written per batch)",
+    "copy": "copy (every record read and written again)",
+}
 
 # -- part 1: the clients alone ------------------------------------------------------------------
 
@@ -210,13 +216,15 @@ def _cell(rates: list[float]) -> str:
 # -- part 2: the exactly-once pipeline with each client ------------------------------------------
 
 
-def build(name: str, topic: str, client: str, batch: int) -> Pipeline:
+def build(name: str, topic: str, client: str, batch: int, shape: str) -> Pipeline:
+    """``count``: a keyed count (few records out); ``copy``: every record out again."""
     p = Pipeline(name)
+    events = p.read("events", KafkaSource(topic, client=client, max_records_per_batch=batch))
+    if shape == "copy":
+        events.write("copy", KafkaSink(f"{name}-out", client=client))
+        return p
     (
-        p.read(
-            "events", KafkaSource(topic, codec="json", client=client, max_records_per_batch=batch)
-        )
-        .key_by("by-user", lambda e: e["user"])
+        events.key_by("by-user", lambda e: e["user"])
         .count_per_key("count")
         .write("counts", KafkaSink(f"{name}-out", client=client))
     )
@@ -226,7 +234,7 @@ def build(name: str, topic: str, client: str, batch: int) -> Pipeline:
 def run_once(spark: Any, args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     name = f"bench-{args.child[:2]}-{uuid.uuid4().hex[:6]}"
     started = time.perf_counter()
-    result = build(name, args.topic, args.child, args.batch).run(
+    result = build(name, args.topic, args.child, args.batch, args.shape).run(
         session=spark,
         redis_url=os.environ["REDIS_URL"],
         available_now=True,
@@ -254,9 +262,12 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(run_once(spark, args, workdir)))
 
 
-def spawn(client: str, topic: str, args: argparse.Namespace, env: dict[str, str]) -> Any:
-    cmd = [sys.executable, __file__, "--child", client, "--topic", topic, "--records",
-           str(args.records), "--batch", str(args.batch), "--master", args.master]  # fmt: skip
+def spawn(
+    client: str, shape: str, topic: str, args: argparse.Namespace, env: dict[str, str]
+) -> Any:
+    cmd = [sys.executable, __file__, "--child", client, "--shape", shape, "--topic", topic,
+           "--records", str(args.records), "--batch", str(args.batch),
+           "--master", args.master]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                          timeout=CHILD_TIMEOUT_S)  # fmt: skip
     for line in out.stdout.splitlines():
@@ -276,16 +287,22 @@ def pipeline_bench(args: argparse.Namespace, redis_url: str, bootstrap: str) -> 
     )
     produce(kafka, topic, records, partitions=PARTITIONS)
     env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in WORKER_CLIENTS}
-    for i in range(args.repeat):
-        for client in WORKER_CLIENTS:
-            r = spawn(client, topic, args, env)
-            runs[client].append(r)
-            print(f"  run {i + 1} {client:<10} {r['seconds']:6.1f} s {r['rate']:>8,.0f} rec/s "
-                  f"overall {r['steady']:>8,.0f} rec/s steady ({r['batches']} batches)",
-                  flush=True)  # fmt: skip
+    for shape in args.shapes.split(","):
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in WORKER_CLIENTS}
+        for i in range(args.repeat):
+            for client in WORKER_CLIENTS:
+                r = spawn(client, shape, topic, args, env)
+                runs[client].append(r)
+                print(f"  run {i + 1} {shape:<6} {client:<10} {r['seconds']:6.1f} s "
+                      f"{r['rate']:>8,.0f} rec/s overall {r['steady']:>8,.0f} rec/s steady "
+                      f"({r['batches']} batches)", flush=True)  # fmt: skip
+        report(shape, runs, args)
+
+
+def report(shape: str, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
+    what = SHAPES[shape]
     print()
-    print(f"exactly-once keyed count, {args.records:,} records, batches of {args.batch:,}, "
+    print(f"exactly-once {what}, {args.records:,} records, batches of {args.batch:,}, "
           f"transactional sink; median of {args.repeat} (spread)")  # fmt: skip
     print(f"{'client (source and sink)':<26} {'overall rec/s':>26} {'steady rec/s':>26}")
     for client, rs in runs.items():
@@ -295,6 +312,7 @@ def pipeline_bench(args: argparse.Namespace, redis_url: str, bootstrap: str) -> 
     overall = statistics.median(r["rate"] for r in cf) / statistics.median(r["rate"] for r in py)
     steady = statistics.median(r["steady"] for r in cf) / statistics.median(r["steady"] for r in py)
     print(f"{'confluent / python':<26} {overall:>25.2f}x {steady:>25.2f}x")
+    print()
 
 
 def main() -> None:
@@ -305,6 +323,8 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--no-pipeline", action="store_true", help="part 1 only")
+    parser.add_argument("--shapes", default="count,copy", help="pipelines: count, copy")
+    parser.add_argument("--shape", default="count", help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=WORKER_CLIENTS, help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -104,6 +104,10 @@ READER_GROUP = "onceflow-reader"  # required by librdkafka; never joined (assign
 # partition, reads far past the end of a micro-batch's range).
 READER_QUEUE_KBYTES = 16 * 1024
 READER_QUEUE_MESSAGES = 4 * READ_BATCH
+# How long the fetcher pauses once that much is queued. librdkafka's default, 1 s, left the
+# reader idle after every READER_QUEUE_MESSAGES records (measured: 47k records/s instead of
+# ~300k reading 50k records of one partition).
+READER_QUEUE_BACKOFF_MS = 10
 # A reader reads ranges known to be there: waiting at a partition's end for more is useless,
 # and a fetch waiting there holds up the next partition's first fetch (librdkafka's default,
 # 500 ms, cost every task half a second).
@@ -190,6 +194,7 @@ class ConfluentReader:
             "fetch.wait.max.ms": READER_FETCH_WAIT_MS,
             "queued.max.messages.kbytes": READER_QUEUE_KBYTES,
             "queued.min.messages": READER_QUEUE_MESSAGES,
+            "fetch.queue.backoff.ms": READER_QUEUE_BACKOFF_MS,
         }
         config.update(librdkafka_config(settings, {}, CONSUMER_NAMES, "KafkaSource"))
         config.update(
