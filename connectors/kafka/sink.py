@@ -482,6 +482,8 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         """Send each record in a request of its own, until the broker refuses one.
 
         The refused one is then the only refusal :meth:`prepare` finds: certainly poison.
+        One the broker took is no longer a suspect: the next transaction sends it with the
+        others, so each suspect goes alone once (and each culprit costs one transaction).
         """
         rejected: list[Rejected] = []
         for rec in records:
@@ -491,8 +493,12 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
             rejected += super().write([rec])
             self.producer.flush(FLUSH_TIMEOUT_S)
             sent = self.sent[-1][1] if self.sent and self.sent[-1][0] is rec else None
-            if sent is not None and sent.failure is not None:
+            if sent is None or not sent.done:
+                continue
+            if sent.failure is not None:
                 self.failed = ConnectorError(sent.failure)
+            else:
+                self.suspects.discard(id(rec))
         return rejected
 
     def prepare(self) -> str:
