@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.backup.store import acknowledge
 from onceflow.connectors.files import JsonLinesSink
 from onceflow.connectors.kafka import KafkaDeadLetterSink, KafkaSource
+from onceflow.connectors.kafka.clients import CONFLUENT_CLIENT, PYTHON_CLIENT
 from onceflow.connectors.kafka.offsets import flat_offsets, split_tp
 from onceflow.connectors.kafka.spark_source import session_conf
 from onceflow.dedup.batch import fix_batch_params
@@ -554,6 +555,7 @@ def _dead_letters(job: Job, output_dir: str) -> Any:
                 f"{job.pipeline}.dead-letters",
                 bootstrap_servers=connector.settings.bootstrap_servers,
                 connection=connector.settings.options,
+                client=CONFLUENT_CLIENT if connector.client == CONFLUENT_CLIENT else PYTHON_CLIENT,
             )
     return JsonLinesSink(os.path.join(output_dir, job.pipeline, "dead-letters"))
 

@@ -1,9 +1,11 @@
-"""Kafka in and out, with kafka-python, for Spark Structured Streaming.
+"""Kafka in and out, with kafka-python or confluent-kafka, for Spark Structured Streaming.
 
 :mod:`~.source` the source users configure and its decoding; :mod:`~.sink` the sink;
 :mod:`~.datasource` the Spark data source on the driver; :mod:`~.worker` reading on the
-workers; :mod:`~.offsets` offset arithmetic; :mod:`~.clients` shared clients and topic
-administration; :mod:`~.topics` producing and reading whole topics outside Spark.
+workers; :mod:`~.offsets` offset arithmetic; :mod:`~.clients` the workers' clients (the
+:mod:`~.interface` both libraries implement, :mod:`~.kafka_python` and :mod:`~.confluent`)
+and topic administration; :mod:`~.spark_source` Spark's own connector; :mod:`~.topics`
+producing and reading whole topics outside Spark.
 """
 
 from __future__ import annotations

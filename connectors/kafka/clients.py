@@ -1,4 +1,25 @@
-"""Kafka clients shared per process, and topic administration."""
+"""The Kafka clients the workers use, behind one small interface; topic administration.
+
+Two libraries can read and write for the source's workers and the sink: kafka-python
+(``client="python"``, the default) and confluent-kafka (``client="confluent"``, librdkafka in
+C, installed with ``pip install 'onceflow[fast]'``; see :mod:`.confluent`). The source's and
+sink's code is written once against what both expose (:mod:`.interface`, implemented in
+:mod:`.kafka_python` and :mod:`.confluent`; this module creates and shares them):
+
+* :class:`PartitionReader`: read one partition from an offset, ``read_committed``, as column
+  batches (:class:`Fetched`), with the log start and the read position (which moves past
+  transaction markers and aborted records even when no record comes back);
+* :class:`Producer`: send a record with headers and a timestamp (a :class:`Delivery` says
+  later whether the broker took it, and whether a refusal is for good: :attr:`~Delivery.poison`),
+  flush, and Kafka transactions (init, begin, commit, abort).
+
+The driver side (planning offsets, creating topics, consumer-group commits) always uses
+kafka-python: it is not on the per-record path. Connection settings are
+:class:`~onceflow.kernel.settings.KafkaSettings`, in kafka-python's option names, resolved on
+the driver and pickled to the workers; :mod:`.confluent` maps them to librdkafka's names on
+the worker, when it creates a client. Clients are created lazily on the workers, never in a
+connector's ``__init__``.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +27,103 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from onceflow.connectors.kafka.interface import (
+    CONFLUENT_CLIENT,
+    FAST_EXTRA,
+    NOTHING,
+    PYTHON_CLIENT,
+    READ_BATCH,
+    WORKER_CLIENTS,
+    Delivery,
+    Fetched,
+    Headers,
+    OffsetOutOfRange,
+    PartitionReader,
+    Producer,
+    ProducerFenced,
+    RecordRefused,
+    check_client,
+    require_confluent,
+)
+from onceflow.connectors.kafka.kafka_python import PythonProducer, PythonReader
 from onceflow.kernel.settings import KafkaSettings
 
-_clients: dict[tuple[str, str], Any] = {}
-_clients_lock = threading.Lock()
+__all__ = [
+    "CONFLUENT_CLIENT",
+    "FAST_EXTRA",
+    "NOTHING",
+    "PYTHON_CLIENT",
+    "READ_BATCH",
+    "WORKER_CLIENTS",
+    "Delivery",
+    "Fetched",
+    "Headers",
+    "OffsetOutOfRange",
+    "PartitionReader",
+    "Producer",
+    "ProducerFenced",
+    "RecordRefused",
+    "check_client",
+    "ensure_topics",
+    "new_producer",
+    "new_reader",
+    "require_confluent",
+    "shared_producer",
+    "shared_reader",
+]
 
 
-def shared_client(kind: str, settings: KafkaSettings, **extra: Any) -> Any:
-    """A cached producer/consumer for these settings in this process (a new one costs ~0.1 s)."""
-    key = (
-        kind,
-        repr((settings.bootstrap_servers, sorted(settings.options.items()), sorted(extra.items()))),
-    )
-    with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            from kafka import KafkaConsumer, KafkaProducer
+def new_producer(client: str, settings: KafkaSettings, config: dict[str, Any]) -> Producer:
+    """A producer of ``client`` with these settings; ``config`` in kafka-python's names.
 
-            config = {**settings.client_config(), **extra}
-            if kind == "producer":
-                client = KafkaProducer(**config)
-            else:
-                client = KafkaConsumer(**config)
-            _clients[key] = client
-    return client
+    For confluent-kafka, ``config`` may also hold librdkafka properties (dotted names).
+    """
+    if client == CONFLUENT_CLIENT:
+        from onceflow.connectors.kafka.confluent import ConfluentProducer
 
+        return ConfluentProducer(settings, config)
+    return PythonProducer(settings, config)
+
+
+def new_reader(client: str, settings: KafkaSettings) -> PartitionReader:
+    """A partition reader of ``client`` with these settings."""
+    if client == CONFLUENT_CLIENT:
+        from onceflow.connectors.kafka.confluent import ConfluentReader
+
+        return ConfluentReader(settings)
+    return PythonReader(settings)
+
+
+_shared: dict[tuple[str, str, str], Any] = {}
+_shared_lock = threading.Lock()
+
+
+def _settings_key(settings: KafkaSettings, config: dict[str, Any]) -> str:
+    items = (settings.bootstrap_servers, sorted(settings.options.items()), sorted(config.items()))
+    return repr(items)
+
+
+def shared_reader(client: str, settings: KafkaSettings) -> PartitionReader:
+    """This process's reader for ``client`` and settings (a new client costs ~0.1 s)."""
+    key = ("reader", client, _settings_key(settings, {}))
+    with _shared_lock:
+        reader = _shared.get(key)
+        if reader is None:
+            reader = _shared[key] = new_reader(client, settings)
+    return reader
+
+
+def shared_producer(client: str, settings: KafkaSettings, config: dict[str, Any]) -> Producer:
+    """This process's plain producer for ``client``, settings and ``config``."""
+    key = ("producer", client, _settings_key(settings, config))
+    with _shared_lock:
+        producer = _shared.get(key)
+        if producer is None:
+            producer = _shared[key] = new_producer(client, settings, config)
+    return producer
+
+
+# -- topics -----------------------------------------------------------------------------------
 
 # Let the cluster choose the replication factor (its default.replication.factor): a fixed 1
 # would make acks=all meaningless on a cluster with replicas.

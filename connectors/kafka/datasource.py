@@ -4,8 +4,9 @@ Offsets are ``{"topic:partition": offset}`` dictionaries kept in Spark's checkpo
 canonical order (:func:`~.offsets.canonical`): Spark compares serialized offsets to decide
 whether there is anything new. Each micro-batch reads one offset range per partition, a cap
 bounds the records per batch, and ``availableNow`` stops at the high-water marks seen when
-the query started. The reading itself runs on the workers (:mod:`~.worker`). This module
-imports PySpark; :class:`~.source.KafkaSource` imports it only when a stream starts.
+the query started. The reading itself runs on the workers (:mod:`~.worker`), with the
+source's client; the driver side here always uses kafka-python. This module imports PySpark;
+:class:`~.source.KafkaSource` imports it only when a stream starts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.clients import PYTHON_CLIENT
 from onceflow.connectors.kafka.offsets import (
     TICK,
     canonical,
@@ -149,6 +151,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.group_id: str | None = config.get("group_id")
         self.max_records: int | None = config.get("max_records_per_batch")
         self.on_data_loss: str = config.get("on_data_loss", "fail")
+        self.client: str = config.get("client", PYTHON_CLIENT)  # the workers' reader
         self.tick_file: str | None = config.get("tick_file")
         self.ticks_seen = 0
         self.target: dict[str, int] | None = None
@@ -267,4 +270,4 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Records ``[lo, hi)`` of one topic-partition, as Arrow batches (on a worker)."""
         topic, part, lo, hi = partition.value
-        return read_range(self.settings, topic, part, lo, hi, self.on_data_loss)
+        return read_range(self.settings, topic, part, lo, hi, self.on_data_loss, self.client)

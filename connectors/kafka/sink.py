@@ -18,6 +18,7 @@ status`` as a possible copy and by ``onceflow audit`` in the topic.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import time
@@ -33,7 +34,18 @@ from onceflow.connectors.base import (
     TransactionalWriter,
 )
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka.clients import ensure_topics, shared_client
+from onceflow.connectors.kafka.clients import (
+    PYTHON_CLIENT,
+    Delivery,
+    Producer,
+    ProducerFenced,
+    RecordRefused,
+    check_client,
+    ensure_topics,
+    new_producer,
+    new_reader,
+    shared_producer,
+)
 from onceflow.kernel import ids
 from onceflow.kernel.codec import value_codec
 from onceflow.kernel.errors import CodecError
@@ -56,17 +68,6 @@ DELIVERY_LOG_CONFIG = {"cleanup.policy": "compact"}
 MARKER_WAIT_S = 60  # how long a recovering task waits to learn a marker's fate
 # Record batch framing and per-record headers Kafka adds around key, value and headers.
 RECORD_OVERHEAD_BYTES = 512
-# Errors after which the same record would be refused again: dead-letter it, do not retry.
-POISON_ERRORS = frozenset(
-    {
-        "MessageSizeTooLargeError",
-        "RecordTooLargeError",
-        "InvalidRecordError",
-        "CorruptRecordError",
-        "RecordListTooLargeError",
-        "InvalidTimestampError",  # further from the broker's clock than it accepts
-    }
-)
 
 
 def _key_bytes(key: Any) -> bytes | None:
@@ -84,7 +85,10 @@ class KafkaSink(SinkConnector):
     ``read_committed`` readers exactly once (see the module docstring); False writes plainly
     (a crash may leave a copy with the same ID). ``transaction_prefix`` names the
     transactional ids (default ``onceflow.<pipeline>``: give two deployments of one pipeline
-    on one Kafka different prefixes). ``options`` go to the producer.
+    on one Kafka different prefixes). ``options`` go to the producer. ``client`` picks the
+    producer's library: ``"python"`` (kafka-python, the default) or ``"confluent"``
+    (confluent-kafka, ``pip install 'onceflow[fast]'``; ``options`` may then also use
+    librdkafka's dotted names).
     """
 
     def __init__(
@@ -100,7 +104,10 @@ class KafkaSink(SinkConnector):
         transaction_prefix: str | None = None,
         connection: dict[str, Any] | None = None,
         options: dict[str, Any] | None = None,
+        client: str = PYTHON_CLIENT,
     ) -> None:
+        check_client(client, type(self).__name__)
+        self.client = client
         self.transactional = transactional
         self.transaction_prefix = transaction_prefix
         self.log_topic: str | None = None
@@ -267,45 +274,44 @@ class _KafkaWriter(SinkWriter):
 
     def __init__(self, sink: KafkaSink, task: TaskInfo) -> None:
         self.sink = sink
-        self.producer: Any = shared_client(
-            "producer", sink.settings, **{**sink.producer_config(), **sink.user_options}
+        self.producer: Producer = shared_producer(
+            sink.client, sink.settings, {**sink.producer_config(), **sink.user_options}
         )
         self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
-        self.sent: list[tuple[Record, Any]] = []
+        self.sent: list[tuple[Record, Delivery]] = []
 
     def write(self, records: Sequence[Record]) -> list[Rejected]:
-        from kafka.errors import MessageSizeTooLargeError
-
-        send = self.producer.send
-        topic = self.sink.topic
         rejected: list[Rejected] = []
         for rec in records:
             try:
-                key, value, headers = self.sink.record(rec, self.limit)
-            except CodecError as exc:
-                rejected.append((rec, f"cannot write to Kafka topic {topic!r}: {exc}"))
-                continue
-            size = _size(key, value, headers)
-            if size > self.limit:
-                rejected.append((rec, _too_big(topic, size, self.sink.max_request_size)))
-                continue
-            try:
-                future = send(
-                    topic,
-                    value=value,
-                    key=key,
-                    headers=headers or None,
-                    timestamp_ms=self.sink.timestamp_of(rec),
-                )
-            except MessageSizeTooLargeError as exc:
-                rejected.append((rec, f"Kafka topic {topic!r} refused the record: {exc}"))
-                continue
+                self._send(rec)
+            except RecordRefused as exc:
+                rejected.append((rec, str(exc)))
             except Exception as exc:
                 if not self._stop_sending(exc):
                     raise
                 break
-            self.sent.append((rec, future))
         return rejected
+
+    def _send(self, rec: Record) -> None:
+        """Encode and queue one record; :class:`RecordRefused` if it can never be written."""
+        topic = self.sink.topic
+        try:
+            key, value, headers = self.sink.record(rec, self.limit)
+        except CodecError as exc:
+            msg = f"cannot write to Kafka topic {topic!r}: {exc}"
+            raise RecordRefused(msg) from exc
+        size = _size(key, value, headers)
+        if size > self.limit:
+            raise RecordRefused(_too_big(topic, size, self.sink.max_request_size))
+        try:
+            delivery = self.producer.send(
+                topic, key, value, headers or None, self.sink.timestamp_of(rec)
+            )
+        except RecordRefused as exc:
+            msg = f"Kafka topic {topic!r} refused the record: {exc}"
+            raise RecordRefused(msg) from exc
+        self.sent.append((rec, delivery))
 
     def _stop_sending(self, exc: Exception) -> bool:
         """Whether a failed send ends this write quietly (to be settled later); here never."""
@@ -316,38 +322,60 @@ class _KafkaWriter(SinkWriter):
         """Return once the broker acknowledged everything written.
 
         Records the broker refuses for good (too large for it, invalid) come back as
-        rejected; any other failure raises, so the task is retried.
+        rejected; any other failure raises, so the task is retried. When the broker refused
+        a record batch, the records that failed with it are sent again one at a time: the
+        ones it refuses alone are the culprits (see :meth:`_culprits`).
         """
         if not self.sent:
             return []
-        self.producer.flush(timeout=FLUSH_TIMEOUT_S)
-        return self._settle()
+        self.producer.flush(FLUSH_TIMEOUT_S)
+        refused, failed = self._outcomes()
+        if not refused:
+            self._raise_if_failed(failed)
+            return []
+        certain, again = _culprits(refused, failed)
+        return certain + self._one_at_a_time(again)
 
-    def _settle(self, lenient: bool = False) -> list[Rejected]:
-        """Sort flushed sends into acknowledged and refused; raise on any other failure.
-
-        ``lenient`` (a transaction about to be aborted and redone): when some records were
-        refused, other failures (sends the broker aborted with them) do not raise.
-        """
+    def _outcomes(self) -> tuple[list[Rejected], list[tuple[Record, str]]]:
+        """Flushed sends the broker refused for good, and those that failed otherwise."""
         sent, self.sent = self.sent, []
-        rejected: list[Rejected] = []
-        failed: list[Any] = []
-        for rec, future in sent:
-            if future.is_done and not future.failed():
+        refused: list[Rejected] = []
+        failed: list[tuple[Record, str]] = []
+        for rec, delivery in sent:
+            if not delivery.done:
+                failed.append((rec, "no acknowledgement"))
                 continue
-            error = future.exception if future.is_done else None
-            if error is not None and type(error).__name__ in POISON_ERRORS:
-                rejected.append(
-                    (rec, f"Kafka topic {self.sink.topic!r} refused the record: {error}")
-                )
+            failure = delivery.failure
+            if failure is None:
+                continue
+            if delivery.poison:
+                reason = f"Kafka topic {self.sink.topic!r} refused the record: {failure}"
+                refused.append((rec, reason))
             else:
-                failed.append(error or "no acknowledgement")
-        if failed and not (lenient and rejected):
+                failed.append((rec, failure))
+        return refused, failed
+
+    def _raise_if_failed(self, failed: list[tuple[Record, str]]) -> None:
+        if failed:
             msg = (
                 f"Kafka did not accept {len(failed)} record(s) for {self.sink.topic!r}: "
-                f"{failed[0]}; is the broker up and the topic writable?"
+                f"{failed[0][1]}; is the broker up and the topic writable?"
             )
             raise ConnectorError(msg)
+
+    def _one_at_a_time(self, records: list[Record]) -> list[Rejected]:
+        """Send each record in a request of its own; return those the broker refuses."""
+        rejected: list[Rejected] = []
+        for rec in records:
+            try:
+                self._send(rec)
+            except RecordRefused as exc:
+                rejected.append((rec, str(exc)))
+                continue
+            self.producer.flush(FLUSH_TIMEOUT_S)
+            refused, failed = self._outcomes()
+            self._raise_if_failed(failed)
+            rejected += refused
         return rejected
 
     def close(self) -> None:
@@ -360,17 +388,31 @@ class _KafkaWriter(SinkWriter):
     def abort(self) -> None:
         """Wait for what is in flight (so nothing of this attempt lands after it ended)."""
         try:
-            self.producer.flush(timeout=FLUSH_TIMEOUT_S)
+            self.producer.flush(FLUSH_TIMEOUT_S)
         finally:
             self.sent = []
 
 
+def _culprits(
+    refused: list[Rejected], failed: list[tuple[Record, str]]
+) -> tuple[list[Rejected], list[Record]]:
+    """Records refused for certain, and those to send again on their own to find out.
+
+    kafka-python names the record that made the broker refuse a batch and fails the rest of
+    the batch with another error (KIP-467); librdkafka gives every record of the batch the
+    refusal. So one refused record is the culprit, while several may be one culprit and its
+    batch; records that failed otherwise beside a refusal went down with its batch.
+    """
+    if len(refused) == 1:
+        return refused, [rec for rec, _ in failed]
+    return [], [rec for rec, _ in refused] + [rec for rec, _ in failed]
+
+
 # Transactional producers, one per transactional id, kept for the life of the worker process.
-_TXN_PRODUCERS: dict[str, Any] = {}
-_FENCED = frozenset({"ProducerFencedError", "InvalidProducerEpochError", "IllegalStateError"})
+_TXN_PRODUCERS: dict[str, Producer] = {}
 
 
-def _txn_producer(sink: KafkaSink, tid: str, fresh: bool = False) -> Any:
+def _txn_producer(sink: KafkaSink, tid: str, fresh: bool = False) -> Producer:
     """The worker's producer for a transactional id.
 
     ``fresh`` registers it again with Kafka, which fences every older producer of that id and
@@ -382,11 +424,9 @@ def _txn_producer(sink: KafkaSink, tid: str, fresh: bool = False) -> Any:
         return producer
     if producer is not None:
         with contextlib.suppress(Exception):
-            producer.close(timeout=1)
-    from kafka import KafkaProducer
-
-    config = {**sink.settings.client_config(), **sink.producer_config(tid), **sink.user_options}
-    producer = KafkaProducer(**config)
+            producer.close(timeout_s=1)
+    config = {**sink.producer_config(tid), **sink.user_options}
+    producer = new_producer(sink.client, sink.settings, config)
     producer.init_transactions()
     _TXN_PRODUCERS[tid] = producer
     return producer
@@ -410,6 +450,8 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         # the first send refused synchronously in this transaction: after a record fails, a
         # transactional producer refuses every later send until the transaction is aborted
         self.failed: Exception | None = None
+        # records (by id()) of a batch the broker refused, to send on their own next time
+        self.suspects: set[int] = set()
 
     def _stop_sending(self, exc: Exception) -> bool:
         self.failed = exc
@@ -419,58 +461,102 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         if self.open_txn:
             return
         try:
-            self.producer.begin_transaction()
-        except Exception as exc:
-            if type(exc).__name__ not in _FENCED:
-                raise
+            self.producer.begin()
+        except ProducerFenced:
             # another process re-registered this id since (an older task's producer, left
             # behind when its task moved): register again; this task owns the partition
             self.producer = _txn_producer(self.sink, self.tid, fresh=True)
-            self.producer.begin_transaction()
+            self.producer.begin()
         self.open_txn = True
 
     def write(self, records: Sequence[Record]) -> list[Rejected]:
         self._begin()
         if self.failed is not None:
             return []  # settled by prepare(), which aborts, and the transaction is redone
-        return super().write(records)
+        if not self.suspects:
+            return super().write(records)
+        rejected = super().write([r for r in records if id(r) not in self.suspects])
+        return rejected + self._write_alone([r for r in records if id(r) in self.suspects])
+
+    def _write_alone(self, records: list[Record]) -> list[Rejected]:
+        """Send each record in a request of its own, until the broker refuses one.
+
+        The refused one is then the only refusal :meth:`prepare` finds: certainly poison.
+        One the broker took is no longer a suspect: the next transaction sends it with the
+        others, so each suspect goes alone once (and each culprit costs one transaction).
+        """
+        rejected: list[Rejected] = []
+        for rec in records:
+            if self.failed is not None:
+                break
+            self.producer.flush(FLUSH_TIMEOUT_S)
+            rejected += super().write([rec])
+            self.producer.flush(FLUSH_TIMEOUT_S)
+            sent = self.sent[-1][1] if self.sent and self.sent[-1][0] is rec else None
+            if sent is None or not sent.done:
+                continue
+            if sent.failure is not None:
+                self.failed = ConnectorError(sent.failure)
+            else:
+                self.suspects.discard(id(rec))
+        return rejected
 
     def prepare(self) -> str:
-        """Send the marker, flush, and return ``log topic|partition|offset|delivery id``."""
+        """Send the marker, flush, and return ``log topic|partition|offset|delivery id``.
+
+        Records the broker refused abort the transaction (:class:`PoisonInTransaction`): when
+        it is not certain which of them are poison, none is named and they are sent on their
+        own in the next transaction (:meth:`_write_alone`).
+        """
         assert self.sink.log_topic is not None
         self._begin()
         delivery = (
             f"{self.task.batch}.{self.task.partition}.{self.task.attempt_id}.{self.deliveries}"
         )
         self.deliveries += 1
-        marker = None
+        marker: Delivery | None = None
         if self.failed is None:
             try:
                 marker = self.producer.send(
-                    self.sink.log_topic, key=self.tid.encode(), value=delivery.encode()
+                    self.sink.log_topic, self.tid.encode(), delivery.encode(), None, None
                 )
             except Exception as exc:  # noqa: BLE001 - a record failed before: settled below
                 self.failed = exc
-        self.producer.flush(timeout=FLUSH_TIMEOUT_S)
-        rejected = self._settle(lenient=True)
-        failed, self.failed = self.failed, None
-        if rejected:
+        self.producer.flush(FLUSH_TIMEOUT_S)
+        refused, failed = self._outcomes()
+        stopped, self.failed = self.failed, None
+        if refused:
+            self._abort_and_renew()
+            if len(refused) == 1:  # certain (see _culprits); the rest is sent again
+                raise PoisonInTransaction(refused)
+            self.suspects.update(id(rec) for rec, _ in refused)
+            raise PoisonInTransaction([])
+        if stopped is not None or failed or marker is None or marker.failure or not marker.done:
             self.abort()
-            raise PoisonInTransaction(rejected)
-        if failed is not None or marker is None:
-            self.abort()
-            msg = f"Kafka refused a send to {self.sink.topic!r} in a transaction: {failed}"
+            why = stopped or (failed[0][1] if failed else "the delivery marker was not written")
+            msg = f"Kafka refused a send to {self.sink.topic!r} in a transaction: {why}"
             raise ConnectorError(msg)
-        meta = marker.get(timeout=FLUSH_TIMEOUT_S)
-        return f"{meta.topic}|{meta.partition}|{meta.offset}|{delivery}"
+        self.suspects.clear()
+        topic, partition, offset = marker.where()
+        return f"{topic}|{partition}|{offset}|{delivery}"
+
+    def _abort_and_renew(self) -> None:
+        """Abort, then register the id afresh.
+
+        After the broker refused a record, neither client's producer is fit for the next
+        transaction (measured: kafka-python's is left in the middle of an epoch bump,
+        librdkafka's sequence numbers skip and its next commit fails).
+        """
+        self.abort()
+        self.producer = _txn_producer(self.sink, self.tid, fresh=True)
 
     def commit(self) -> None:
-        self.producer.commit_transaction()
+        self.producer.commit()
         self.open_txn = False
 
     def committed(self, marker: str) -> bool:
         """Read the marker (older producers of this id were fenced when this writer opened)."""
-        return marker_committed(self.sink.settings, marker)
+        return marker_committed(self.sink.settings, marker, self.sink.client)
 
     def flush(self) -> list[Rejected]:
         """Transactional records are settled by :meth:`prepare`; nothing to do here."""
@@ -484,44 +570,35 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
             self.sent = []
             self.failed = None
             try:
-                self.producer.abort_transaction()
+                self.producer.abort()
             except Exception:  # noqa: BLE001 - a fenced or broken producer: start afresh
                 self.producer = _txn_producer(self.sink, self.tid, fresh=True)
             self.open_txn = False
 
 
-def marker_committed(settings: KafkaSettings, marker: str) -> bool:
+def marker_committed(settings: KafkaSettings, marker: str, client: str = PYTHON_CLIENT) -> bool:
     """Whether the delivery marker ``topic|partition|offset|delivery`` was committed.
 
     A ``read_committed`` reader at the marker's offset gets the marker if its transaction
     committed, and skips past it if it was aborted. Call only once the transaction is over
     (a producer of the same transactional id was registered since).
     """
-    from kafka import KafkaConsumer, TopicPartition
-
     topic, partition, offset_text, delivery = marker.split("|", 3)
     offset = int(offset_text)
-    tp = TopicPartition(topic, int(partition))
-    consumer = KafkaConsumer(
-        **settings.client_config(),
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        group_id=None,
-    )
+    reader = new_reader(client, settings)
     try:
-        consumer.assign([tp])
-        consumer.seek(tp, offset)
+        reader.seek(topic, int(partition), offset)
         deadline = time.monotonic() + MARKER_WAIT_S
         while time.monotonic() < deadline:
-            for rec in consumer.poll(timeout_ms=500).get(tp, []):
-                if rec.offset == offset:
-                    return bool(rec.value == delivery.encode())
-                if rec.offset > offset:
-                    return False
-            if consumer.position(tp) > offset:
+            fetched = reader.poll(0.5)
+            at = bisect.bisect_left(fetched.offsets, offset)
+            if at < len(fetched):
+                return fetched.offsets[at] == offset and fetched.values[at] == delivery.encode()
+            position = reader.position()
+            if position is not None and position > offset:
                 return False
     finally:
-        consumer.close()
+        reader.close()
     msg = (
         f"could not learn within {MARKER_WAIT_S} s whether Kafka committed the delivery "
         f"marked at {topic}:{partition}@{offset}; is the broker up?"

@@ -1,7 +1,9 @@
 """The Kafka source users configure, and how its raw records become records.
 
 By default the source is a Python data source (``pyspark.sql.datasource``; ``client="spark"``
-reads through Spark's own Kafka connector instead, see :mod:`.spark_source`): offsets are
+reads through Spark's own Kafka connector instead, see :mod:`.spark_source`). Its workers read
+with kafka-python, or with confluent-kafka (librdkafka) when ``client="confluent"`` (``pip
+install 'onceflow[fast]'``; see :mod:`.clients`); offsets are
 ``{"topic:partition": offset}``
 dictionaries kept in Spark's checkpoint, each micro-batch reads one offset range per
 partition, a cap bounds the records per batch, and ``availableNow`` stops at the high-water
@@ -83,8 +85,9 @@ class KafkaSource(SourceConnector):
             msg = f"on_data_loss must be 'fail' or 'report', got {on_data_loss!r}"
             raise ConnectorError(msg)
         self.on_data_loss = on_data_loss
-        # "python": the Python data source (default); "spark": Spark's own Kafka connector,
-        # whose jars the session must load at start (see .spark_source).
+        # "python": the Python data source, reading with kafka-python (default); "confluent":
+        # the same data source reading with confluent-kafka; "spark": Spark's own Kafka
+        # connector, whose jars the session must load at start (see .spark_source).
         check_client(client, group_id)
         self.client = client
         self._bootstrap = bootstrap_servers
@@ -184,6 +187,7 @@ class KafkaSource(SourceConnector):
             "max_records_per_batch": self.max_records_per_batch,
             "on_data_loss": self.on_data_loss,
             "tick_file": self.tick_file,
+            "client": self.client,
         }
         return session.readStream.format(FORMAT).option("config", json.dumps(config)).load()
 

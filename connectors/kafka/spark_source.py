@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.clients import check_client as check_worker_client
 from onceflow.connectors.kafka.worker import RAW_COLUMNS
 from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.settings import KafkaSettings
@@ -84,7 +85,6 @@ from onceflow.kernel.settings import KafkaSettings
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-CLIENTS = ("python", "spark")
 SPARK_CLIENT = "spark"
 FORMAT = "kafka"
 JARS_CONF = "spark.jars"
@@ -308,9 +308,7 @@ class KafkaRead(Protocol):
 
 def check_client(client: str, group_id: str | None) -> None:
     """Refuse an unknown client, and settings the Spark client cannot honour."""
-    if client not in CLIENTS:
-        msg = f"client must be 'python' or 'spark', got {client!r}"
-        raise ConnectorError(msg)
+    check_worker_client(client, "KafkaSource", others=(SPARK_CLIENT,))
     if client == SPARK_CLIENT and group_id:
         msg = (
             f"KafkaSource(client='spark') cannot use group_id={group_id!r}: Spark's connector "

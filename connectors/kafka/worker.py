@@ -1,11 +1,13 @@
 """Kafka as a Spark Python data source, on the workers: reading one offset range.
 
-A worker reads ``[lo, hi)`` of one topic-partition with a consumer shared by the Python
-worker process (a new one costs ~0.1 s) and yields Arrow batches of raw rows.
+A worker reads ``[lo, hi)`` of one topic-partition with a reader shared by the Python worker
+process (a new one costs ~0.1 s), of either client (:mod:`.clients`), and yields Arrow
+batches of raw rows.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -13,7 +15,12 @@ from typing import TYPE_CHECKING
 import msgpack
 
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka.clients import shared_client
+from onceflow.connectors.kafka.clients import (
+    PYTHON_CLIENT,
+    Fetched,
+    OffsetOutOfRange,
+    shared_reader,
+)
 from onceflow.kernel.ids import GAP_HEADER
 from onceflow.kernel.settings import KafkaSettings
 
@@ -24,8 +31,7 @@ RAW_SCHEMA = (
     "topic string, partition int, offset long, ts long, key binary, value binary, headers binary"
 )
 RAW_COLUMNS = ("topic", "partition", "offset", "ts", "key", "value", "headers")
-MAX_POLL_RECORDS = 5000
-POLL_MS = 500
+POLL_S = 0.5
 STALL_SECONDS = 60
 
 
@@ -39,73 +45,72 @@ def read_range(
     lo: int,
     hi: int,
     on_data_loss: str = "fail",
+    client: str = PYTHON_CLIENT,
 ) -> Iterator[pa.RecordBatch]:
-    """Records ``[lo, hi)`` of one topic-partition, as Arrow batches.
+    """Records ``[lo, hi)`` of one topic-partition, as Arrow batches, read with ``client``.
 
     Records of the range that are gone (deleted by retention or ``delete_records`` before
     they were read) are never skipped silently: with ``on_data_loss="fail"`` the task stops
     with an error saying which; with ``"report"`` one marker row (header ``onceflow-gap``)
-    stands for them, and reading goes on from the log start.
+    stands for them, and reading goes on from the log start. A record is yielded once even
+    if the client hands it over twice (only offsets at or past the read position count).
     """
-    import pyarrow as pa
-    from kafka import TopicPartition
-    from kafka.errors import OffsetOutOfRangeError
-
-    tp = TopicPartition(topic, part)
-    consumer = shared_client(
-        "reader",
-        settings,
-        enable_auto_commit=False,
-        max_poll_records=MAX_POLL_RECORDS,
-        group_id=None,
-        auto_offset_reset="none",  # out of range raises: never jump over records
-        isolation_level="read_committed",  # never records of aborted or open transactions
-    )
-    consumer.assign([tp])
+    reader = shared_reader(client, settings)
     position = lo
-    start = consumer.beginning_offsets([tp])[tp]
+    start = reader.log_start(topic, part)
     if start > position:
         yield _gap(topic, part, position, min(start, hi), hi, on_data_loss)
         position = min(start, hi)
     if position < hi:
-        consumer.seek(tp, position)
+        reader.seek(topic, part, position)
     idle_since = time.monotonic()
     while position < hi:
         try:
-            batch = consumer.poll(timeout_ms=POLL_MS).get(tp, [])
-        except OffsetOutOfRangeError:
-            start = consumer.beginning_offsets([tp])[tp]
+            fetched = reader.poll(POLL_S)
+        except OffsetOutOfRange as exc:
+            start = reader.log_start(topic, part)
             if start <= position:
-                raise
+                msg = f"reading {topic}:{part} at offset {position} (log start {start}): {exc}"
+                raise ConnectorError(msg) from exc
             yield _gap(topic, part, position, min(start, hi), hi, on_data_loss)
             position = min(start, hi)
             if position < hi:
-                consumer.seek(tp, position)
+                reader.seek(topic, part, position)
             continue
-        rows = [r for r in batch if lo <= r.offset < hi]
-        if rows:
+        first = bisect.bisect_left(fetched.offsets, position)
+        last = bisect.bisect_left(fetched.offsets, hi)
+        if last > first:
             idle_since = time.monotonic()
-            position = rows[-1].offset + 1
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array([topic] * len(rows), pa.string()),
-                    pa.array([part] * len(rows), pa.int32()),
-                    pa.array([r.offset for r in rows], pa.int64()),
-                    pa.array([r.timestamp for r in rows], pa.int64()),
-                    pa.array([r.key for r in rows], pa.binary()),
-                    pa.array([r.value for r in rows], pa.binary()),
-                    pa.array([pack_headers(r.headers) for r in rows], pa.binary()),
-                ],
-                names=list(RAW_COLUMNS),
-            )
+            position = fetched.offsets[last - 1] + 1
+            yield _rows(topic, part, fetched, first, last)
         else:
-            position = max(position, consumer.position(tp))
+            position = max(position, reader.position() or position)
             if time.monotonic() - idle_since > STALL_SECONDS:
                 msg = (
                     f"reading {topic}:{part} offsets {lo}..{hi} stalled at {position} for "
                     f"{STALL_SECONDS} s; were records deleted (retention) or is the broker down?"
                 )
                 raise ConnectorError(msg)
+    reader.release()
+
+
+def _rows(topic: str, part: int, fetched: Fetched, first: int, last: int) -> pa.RecordBatch:
+    """Records ``first:last`` of a poll as an Arrow batch of raw rows."""
+    import pyarrow as pa
+
+    n = last - first
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([topic] * n, pa.string()),
+            pa.array([part] * n, pa.int32()),
+            pa.array(fetched.offsets[first:last], pa.int64()),
+            pa.array(fetched.timestamps[first:last], pa.int64()),
+            pa.array(fetched.keys[first:last], pa.binary()),
+            pa.array(fetched.values[first:last], pa.binary()),
+            pa.array([pack_headers(h) for h in fetched.headers[first:last]], pa.binary()),
+        ],
+        names=list(RAW_COLUMNS),
+    )
 
 
 def _gap(

@@ -3,7 +3,8 @@
 Caps per micro-batch, availableNow, where a new query starts (earliest/latest/committed),
 keys/values/headers exposed through the envelope, undecodable records to the dead-letter
 topic with their reason and origin, and IDs carried in headers from one Onceflow pipeline to
-the next (a downstream pipeline drops upstream re-sends of the same ID).
+the next (a downstream pipeline drops upstream re-sends of the same ID). Each runs with both
+clients the workers can read and write with (kafka-python, confluent-kafka).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from onceflow.kernel.settings import KafkaSettings
 from onceflow.pipeline import Pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark]
+CLIENTS = pytest.mark.parametrize("client", ["python", "confluent"])
 
 
 def _run(p, spark, redis_server, tmp_path, **kw):
@@ -35,8 +37,9 @@ def _run(p, spark, redis_server, tmp_path, **kw):
     )
 
 
+@CLIENTS
 def test_capped_batches_dead_letters_and_ids_across_pipelines(
-    spark, broker, redis_server, tmp_path, topic_name
+    client, spark, broker, redis_server, tmp_path, topic_name
 ):
     settings = KafkaSettings(broker.bootstrap)
     src, mid, out = topic_name("src"), topic_name("mid"), topic_name("out")
@@ -45,9 +48,9 @@ def test_capped_batches_dead_letters_and_ids_across_pipelines(
     produce(settings, src, [(None, v, None) for v in good[:250] + bad + good[250:]], partitions=2)
 
     up = Pipeline(topic_name("up"))
-    up.read("numbers", KafkaSource(src, bootstrap_servers=broker.bootstrap)).map(
+    up.read("numbers", KafkaSource(src, bootstrap_servers=broker.bootstrap, client=client)).map(
         "double", lambda e: {"n": e["n"], "twice": 2 * e["n"]}
-    ).write("mid", KafkaSink(mid, bootstrap_servers=broker.bootstrap))
+    ).write("mid", KafkaSink(mid, bootstrap_servers=broker.bootstrap, client=client))
     result = _run(up, spark, redis_server, tmp_path, max_records_per_batch=100)
     assert result.records_in == 500 and result.counters["numbers/undecodable"] == 3
     assert result.batches >= 5, "the cap of 100 records per micro-batch was not applied"
@@ -68,10 +71,12 @@ def test_capped_batches_dead_letters_and_ids_across_pipelines(
     produce(settings, mid, [(r.key, r.value, list(r.headers.items())) for r in written[:40]])
 
     down = Pipeline(topic_name("down"))
-    down.read("twice", KafkaSource(mid, envelope=True, bootstrap_servers=broker.bootstrap)).map(
+    down.read(
+        "twice", KafkaSource(mid, envelope=True, bootstrap_servers=broker.bootstrap, client=client)
+    ).map(
         "unwrap",
         lambda e: {**e["value"], "from": e["topic"], "had_id": "onceflow-id" in e["headers"]},
-    ).write("out", KafkaSink(out, bootstrap_servers=broker.bootstrap))
+    ).write("out", KafkaSink(out, bootstrap_servers=broker.bootstrap, client=client))
     result = _run(down, spark, redis_server, tmp_path)
     assert result.records_in == 540
     final = read_topic(settings, out)
@@ -82,16 +87,17 @@ def test_capped_batches_dead_letters_and_ids_across_pipelines(
     assert int(stats[b"duplicates"]) == 40
 
 
-def test_where_a_new_query_starts(spark, broker, redis_server, tmp_path, topic_name):
+@CLIENTS
+def test_where_a_new_query_starts(client, spark, broker, redis_server, tmp_path, topic_name):
     settings = KafkaSettings(broker.bootstrap)
     src = topic_name("start")
     produce(settings, src, [(None, json.dumps({"n": i}).encode(), None) for i in range(50)])
 
     def pipeline(name, **source):
         p = Pipeline(name)
-        p.read("in", KafkaSource(src, bootstrap_servers=broker.bootstrap, **source)).write(
-            "out", KafkaSink(f"{name}-out", bootstrap_servers=broker.bootstrap)
-        )
+        p.read(
+            "in", KafkaSource(src, bootstrap_servers=broker.bootstrap, client=client, **source)
+        ).write("out", KafkaSink(f"{name}-out", bootstrap_servers=broker.bootstrap, client=client))
         return p
 
     latest = pipeline(topic_name("latest"), starting_offsets="latest")

@@ -1,6 +1,8 @@
 """What only a real Apache Kafka can show: records deleted below the read position, partitions
-added while a pipeline runs, and a compacted topic (tansu has neither delete_records nor
-create_partitions). Each runs ``tests/e2e_pipelines/totals.py`` and checks it independently."""
+added while a pipeline runs, a compacted topic (tansu has neither delete_records nor
+create_partitions), and records the broker refuses to write (a topic's timestamp bounds).
+Each runs ``tests/e2e_pipelines/totals.py`` with both Kafka clients (kafka-python,
+confluent-kafka) and checks it independently."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from tests.exactly_once.real_input import PIPELINE, Send, event, new_run, stats,
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 COMPACTION_WAIT_S = 120
 COMPACTION_SETTLE_S = 5
+HOUR_MS = 3_600_000
+CLIENTS = pytest.mark.parametrize("client", ["python", "confluent"])
 
 
 def _delete_below(bootstrap: str, topic: str, partition: int, offset: int) -> None:
@@ -28,11 +32,19 @@ def _delete_below(bootstrap: str, topic: str, partition: int, offset: int) -> No
         admin.close()
 
 
+@CLIENTS
 @pytest.mark.parametrize("mode", ["fail", "report"])
 def test_records_deleted_below_the_read_position_are_never_skipped_silently(
-    mode, kafka_broker, redis_server, tmp_path
+    mode, client, kafka_broker, redis_server, tmp_path
 ):
-    run = new_run(kafka_broker, redis_server.url, tmp_path, partitions=1, TOTALS_ON_DATA_LOSS=mode)
+    run = new_run(
+        kafka_broker,
+        redis_server.url,
+        tmp_path,
+        partitions=1,
+        TOTALS_ON_DATA_LOSS=mode,
+        TOTALS_CLIENT=client,
+    )
     run.cap = 100
     first = [event(run, f"u{i % 4}", 1) for i in range(100)]
     gone = [{"event_id": f"gone-{i}", "user": "u0", "amount": 1} for i in range(100)]
@@ -55,10 +67,11 @@ def test_records_deleted_below_the_read_position_are_never_skipped_silently(
     assert stats(redis_server.client(), run)["data_loss"] == 100
 
 
+@CLIENTS
 def test_partitions_added_while_the_pipeline_runs_are_read_from_their_start(
-    kafka_broker, redis_server, tmp_path
+    client, kafka_broker, redis_server, tmp_path
 ):
-    run = new_run(kafka_broker, redis_server.url, tmp_path, partitions=2)
+    run = new_run(kafka_broker, redis_server.url, tmp_path, partitions=2, TOTALS_CLIENT=client)
     run.produce([Send(event(run, f"u{i % 3}", 1), i % 2) for i in range(400)])
     run_pipeline(PIPELINE, run.args(), env=run.env).check()
     admin = KafkaAdminClient(bootstrap_servers=run.bootstrap)
@@ -71,10 +84,11 @@ def test_partitions_added_while_the_pipeline_runs_are_read_from_their_start(
     assert len(lanes) == 4, f"every partition reports its event time: {lanes}"
 
 
+@CLIENTS
 def test_a_compacted_topic_with_holes_in_its_offsets_is_read_to_its_end(
-    kafka_broker, redis_server, tmp_path
+    client, kafka_broker, redis_server, tmp_path
 ):
-    run = new_run(kafka_broker, redis_server.url, tmp_path, partitions=1)
+    run = new_run(kafka_broker, redis_server.url, tmp_path, partitions=1, TOTALS_CLIENT=client)
     admin = KafkaAdminClient(bootstrap_servers=run.bootstrap)
     config = {
         "cleanup.policy": "compact",
@@ -102,6 +116,30 @@ def test_a_compacted_topic_with_holes_in_its_offsets_is_read_to_its_end(
     run_pipeline(PIPELINE, run.args(), env=run.env, timeout=300).check()
     assert _read(run.bootstrap, run.topics["in"]) == survivors, "compaction went on meanwhile"
     verify(run, redis_server.client())
+
+
+@CLIENTS
+@pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
+def test_records_the_broker_refuses_go_to_dead_letters_and_the_rest_is_written_once(
+    client, transactional, kafka_broker, redis_server, tmp_path
+):
+    """The copy topic refuses records stamped over an hour ago; three such sit among 600."""
+    env = {"TOTALS_CLIENT": client, "TOTALS_PLAIN_SINK": "0" if transactional else "1"}
+    run = new_run(kafka_broker, redis_server.url, tmp_path, **env)
+    admin = KafkaAdminClient(bootstrap_servers=run.bootstrap)
+    config = {"message.timestamp.before.max.ms": str(HOUR_MS)}
+    admin.create_topics([NewTopic(run.topics["copy"], 2, 1, topic_configs=config)])
+    admin.close()
+    now = int(time.time() * 1000)
+    sends = [Send(event(run, f"u{i % 5}", 1), i % 2, timestamp_ms=now + i) for i in range(600)]
+    for at in (100, 301, 302):  # two of them next to each other: one record batch
+        old = event(run, "u1", 7)
+        run.events.discard(old["event_id"])  # its copy cannot be written: it is a dead letter
+        run.poison[old["event_id"]] = "refused the record"
+        sends.insert(at, Send(old, at % 2, timestamp_ms=now - 2 * HOUR_MS))
+    run.produce(sends)
+    run_pipeline(PIPELINE, run.args(), env=run.env).check()
+    verify(run, redis_server.client())  # the totals still count them: only the copy refused
 
 
 def _read(bootstrap: str, topic: str) -> list[tuple[int, dict]]:

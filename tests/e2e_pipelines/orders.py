@@ -8,7 +8,8 @@ Topics and the pipeline name come from the environment so each test has its own;
 ``ORDERS_HORIZON`` / ``ORDERS_BUCKET`` (e.g. ``5m`` / ``1m``) shorten the dedup horizon for
 the GC tests; ``ORDERS_OUT_OF_ORDER`` (e.g. ``2m``) is how far behind its partition's newest
 event a record may arrive on time; ``ORDERS_SLOW_MS`` makes the map take that long per record
-(micro-batches long enough to signal a run in the middle of one).
+(micro-batches long enough to signal a run in the middle of one); ``ORDERS_CLIENT``
+(``python`` or ``confluent``) picks the Kafka client of the source and the sinks.
 """
 
 import os
@@ -26,6 +27,7 @@ if os.environ.get("ORDERS_HORIZON"):
 transactional = os.environ.get("ORDERS_PLAIN_SINK") != "1"
 event_time = EventTime.of(out_of_orderness=os.environ.get("ORDERS_OUT_OF_ORDER", "0"))
 slow_s = float(os.environ.get("ORDERS_SLOW_MS", "0")) / 1000
+client = os.environ.get("ORDERS_CLIENT", "python")
 
 
 def enrich(e):
@@ -37,11 +39,21 @@ def enrich(e):
 pipeline = Pipeline(os.environ["ORDERS_PIPELINE"], dedup=dedup, event_time=event_time)
 enriched = pipeline.read(
     "events",
-    KafkaSource(os.environ["ORDERS_IN"], id=lambda e: e["event_id"], timestamp=lambda e: e["ts"]),
+    KafkaSource(
+        os.environ["ORDERS_IN"],
+        id=lambda e: e["event_id"],
+        timestamp=lambda e: e["ts"],
+        client=client,
+    ),
 ).map("enrich", enrich)
-enriched.write("copy", KafkaSink(os.environ["ORDERS_COPY"], transactional=transactional))
+enriched.write(
+    "copy", KafkaSink(os.environ["ORDERS_COPY"], transactional=transactional, client=client)
+)
 (
     enriched.key_by("by-user", lambda e: e["user"])
     .count_per_key("count")
-    .write("counts", KafkaSink(os.environ["ORDERS_COUNTS"], transactional=transactional))
+    .write(
+        "counts",
+        KafkaSink(os.environ["ORDERS_COUNTS"], transactional=transactional, client=client),
+    )
 )

@@ -6,7 +6,9 @@ is set; event time from the ts field when TOTALS_TS_FIELD is set, else the Kafka
   -> copy (Kafka sink; TOTALS_COPY_MAX_BYTES caps the producer's request size)
   -> by-user -> amount -> total (sum, keyed state in Redis) -> totals (Kafka sink)
 
-Topics, the pipeline name and ``on_error`` (TOTALS_ON_ERROR) come from the environment.
+Topics, the pipeline name and ``on_error`` (TOTALS_ON_ERROR) come from the environment;
+TOTALS_CLIENT (``python`` or ``confluent``) picks the Kafka client of the source and the sinks,
+TOTALS_PLAIN_SINK=1 writes the copy without Kafka transactions.
 """
 
 import os
@@ -22,7 +24,8 @@ def enrich(e):
     return e
 
 
-source_options = {}
+client = os.environ.get("TOTALS_CLIENT", "python")
+source_options = {"client": client}
 if os.environ.get("TOTALS_ID_FIELD"):
     source_options["id"] = lambda e: e["event_id"]
 if os.environ.get("TOTALS_TS_FIELD"):
@@ -32,6 +35,7 @@ if os.environ.get("TOTALS_ON_DATA_LOSS"):
 copy_options = {}
 if os.environ.get("TOTALS_COPY_MAX_BYTES"):
     copy_options["max_request_size"] = int(os.environ["TOTALS_COPY_MAX_BYTES"])
+copy_transactional = os.environ.get("TOTALS_PLAIN_SINK") != "1"
 dedup = (
     DedupConfig.of(horizon=os.environ["TOTALS_HORIZON"]) if "TOTALS_HORIZON" in os.environ else None
 )
@@ -44,10 +48,18 @@ pipeline = Pipeline(
 enriched = pipeline.read("events", KafkaSource(os.environ["TOTALS_IN"], **source_options)).map(
     "enrich", enrich
 )
-enriched.write("copy", KafkaSink(os.environ["TOTALS_COPY"], options=copy_options))
+enriched.write(
+    "copy",
+    KafkaSink(
+        os.environ["TOTALS_COPY"],
+        options=copy_options,
+        client=client,
+        transactional=copy_transactional,
+    ),
+)
 (
     enriched.key_by("by-user", lambda e: e["user"])
     .map_values("amount", lambda e: e["amount"])
     .combine_per_key("total", "sum")
-    .write("totals", KafkaSink(os.environ["TOTALS_OUT"]))
+    .write("totals", KafkaSink(os.environ["TOTALS_OUT"], client=client))
 )

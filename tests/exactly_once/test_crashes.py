@@ -102,6 +102,36 @@ def test_kill_9_then_resume_is_exact(crash, broker, redis_server, tmp_path):
         assert len(seen_by_all) > len(seen_committed), "the aborted records were never written"
 
 
+CONFLUENT_KILLS = [
+    # the pending delivery's transaction never committed: the marker must say "aborted"
+    Crash("after_sink_write", stage="events", batch=1),
+    # it committed, the records were not marked delivered: the marker must say "committed"
+    Crash("after_sink_commit", stage="count", batch=2),
+]
+
+
+@pytest.mark.parametrize("crash", CONFLUENT_KILLS, ids=lambda c: c.env())
+def test_kill_9_then_resume_is_exact_with_the_confluent_client(
+    crash, broker, redis_server, tmp_path
+):
+    """confluent-kafka reads the input and writes both sinks, in the killed run and after.
+
+    The resumed task asks the delivery marker whether the killed attempt's transaction
+    committed (read with confluent-kafka): a wrong "committed" loses that task's records, a
+    wrong "aborted" writes them twice; the independent count catches either.
+    """
+    scn = make_scenario(broker, redis_server.url, tmp_path)
+    scn.extra_env["ORDERS_CLIENT"] = "confluent"
+    first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
+    assert first.crashed and second.returncode == 0, second.output[-3000:]
+    verify(scn, redis_server.client())
+    if crash.point == "after_sink_write" and broker.real_kafka:
+        topic = scn.topics["copy"]
+        seen_by_all = read_topic(KafkaSettings(scn.bootstrap), topic, committed=False)
+        seen_committed = read_topic(KafkaSettings(scn.bootstrap), topic)
+        assert len(seen_by_all) > len(seen_committed), "the aborted records were never written"
+
+
 def test_redis_killed_and_restarted_from_its_aof(broker, redis_factory, tmp_path):
     """Runs with appendfsync everysec; a Redis that never fsyncs is refused (next test)."""
     redis = redis_factory(appendfsync="everysec")

@@ -1,0 +1,411 @@
+"""The :mod:`.interface` over confluent-kafka (librdkafka): ``client="confluent"``.
+
+Imported only when a source or sink asks for this client, on the worker that creates one.
+
+**Settings.** :class:`~onceflow.kernel.settings.KafkaSettings` hold kafka-python's option names
+(the driver reads offsets and creates topics with kafka-python); :func:`librdkafka_config`
+maps them to librdkafka's (``sasl_plain_password`` -> ``sasl.password``, ``ssl_cafile`` ->
+``ssl.ca.location`` ...). An option without an equivalent is refused, naming the option and
+never its value, rather than dropped; a sink's producer ``options`` may also use librdkafka's
+own dotted names, passed as they are. Nothing here prints a setting's value.
+
+**Differences that matter, handled here:**
+
+* librdkafka reports a record batch the broker refused (for instance one record in it with a
+  timestamp the topic does not accept) as the same error on *every* record of the batch,
+  where kafka-python names the culprit (KIP-467). Such errors are marked
+  :attr:`~.interface.Delivery.poison` all the same; the sink's writer then sends each record on
+  its own to find the culprits (``connectors/kafka/sink.py``).
+* ``produce`` raises ``BufferError`` when its local queue is full: the producer serves
+  deliveries until there is room (or gives up after :data:`QUEUE_FULL_S`).
+* A consumer needs a ``group.id`` even when it only assigns partitions; the reader never
+  joins the group nor commits to it.
+* A partition read past its log start raises nothing by itself; ``auto.offset.reset=error``
+  makes it an error event, raised as :class:`~.interface.OffsetOutOfRange`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaError as E  # noqa: N814 - error codes read as E.CODE
+from confluent_kafka import Producer as LibProducer
+
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.interface import (
+    NOTHING,
+    READ_BATCH,
+    Delivery,
+    Fetched,
+    Headers,
+    OffsetOutOfRange,
+    ProducerFenced,
+    RecordRefused,
+)
+from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.settings import KafkaSettings
+
+LOG = logging.getLogger("onceflow.kafka.librdkafka")
+
+# kafka-python connection option -> librdkafka property (every client).
+CONNECTION_NAMES: Mapping[str, str] = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "sasl_kerberos_service_name": "sasl.kerberos.service.name",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+    "ssl_password": "ssl.key.password",
+    "ssl_crlfile": "ssl.crl.location",
+    "ssl_ciphers": "ssl.cipher.suites",
+    "client_id": "client.id",
+    "connections_max_idle_ms": "connections.max.idle.ms",
+    "reconnect_backoff_ms": "reconnect.backoff.ms",
+    "reconnect_backoff_max_ms": "reconnect.backoff.max.ms",
+    "metadata_max_age_ms": "metadata.max.age.ms",
+    "retry_backoff_ms": "retry.backoff.ms",
+}
+# kafka-python consumer options -> librdkafka (the reader; group options are harmless there).
+CONSUMER_NAMES: Mapping[str, str] = {
+    "session_timeout_ms": "session.timeout.ms",
+    "heartbeat_interval_ms": "heartbeat.interval.ms",
+    "fetch_max_bytes": "fetch.max.bytes",
+    "max_partition_fetch_bytes": "max.partition.fetch.bytes",
+    "fetch_max_wait_ms": "fetch.wait.max.ms",
+    "fetch_min_bytes": "fetch.min.bytes",
+    "request_timeout_ms": "socket.timeout.ms",
+}
+# kafka-python producer options -> librdkafka.
+PRODUCER_NAMES: Mapping[str, str] = {
+    "acks": "acks",
+    "linger_ms": "linger.ms",
+    "batch_size": "batch.size",
+    "retries": "retries",
+    "max_request_size": "message.max.bytes",
+    "enable_idempotence": "enable.idempotence",
+    "max_in_flight_requests_per_connection": "max.in.flight.requests.per.connection",
+    "transactional_id": "transactional.id",
+    "transaction_timeout_ms": "transaction.timeout.ms",
+    "compression_type": "compression.type",
+    "delivery_timeout_ms": "delivery.timeout.ms",
+    "request_timeout_ms": "request.timeout.ms",
+}
+# kafka-python options that only steer kafka-python itself (librdkafka negotiates versions).
+PYTHON_ONLY = frozenset({"api_version", "api_version_auto_timeout_ms"})
+
+READER_GROUP = "onceflow-reader"  # required by librdkafka; never joined (assign only)
+# How much a reader fetches ahead of what it was asked for (librdkafka's default, 64 MiB a
+# partition, reads far past the end of a micro-batch's range).
+READER_QUEUE_KBYTES = 16 * 1024
+READER_QUEUE_MESSAGES = 4 * READ_BATCH
+# How long the fetcher pauses once that much is queued. librdkafka's default, 1 s, left the
+# reader idle after every READER_QUEUE_MESSAGES records (measured: 47k records/s instead of
+# ~300k reading 50k records of one partition).
+READER_QUEUE_BACKOFF_MS = 10
+# A reader reads ranges known to be there: waiting at a partition's end for more is useless,
+# and a fetch waiting there holds up the next partition's first fetch (librdkafka's default,
+# 500 ms, cost every task half a second).
+READER_FETCH_WAIT_MS = 10
+LIST_TIMEOUT_S = 30.0
+TXN_TIMEOUT_S = 60.0
+TXN_ATTEMPTS = 3
+QUEUE_FULL_S = 120.0
+
+
+def _codes() -> tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]:
+    poison = frozenset(
+        {
+            E.MSG_SIZE_TOO_LARGE,
+            E.INVALID_MSG,  # corrupt record
+            E.INVALID_MSG_SIZE,
+            E.INVALID_RECORD,
+            E.RECORD_LIST_TOO_LARGE,
+            E.INVALID_TIMESTAMP,  # further from the broker's clock than it accepts
+        }
+    )
+    out_of_range = frozenset({E._AUTO_OFFSET_RESET, E.OFFSET_OUT_OF_RANGE})
+    denied = frozenset(
+        {
+            E.TOPIC_AUTHORIZATION_FAILED,
+            E.CLUSTER_AUTHORIZATION_FAILED,
+            E.SASL_AUTHENTICATION_FAILED,
+            E._AUTHENTICATION,
+            E.UNKNOWN_TOPIC_OR_PART,
+        }
+    )
+    fenced = frozenset({E._FENCED, E.PRODUCER_FENCED, E.INVALID_PRODUCER_EPOCH})
+    return poison, out_of_range, denied, fenced
+
+
+POISON_CODES, OUT_OF_RANGE_CODES, DENIED_CODES, FENCED_CODES = _codes()
+
+
+def librdkafka_config(
+    settings: KafkaSettings, options: Mapping[str, Any], names: Mapping[str, str], who: str
+) -> dict[str, Any]:
+    """Settings and ``options`` (kafka-python names, or librdkafka's dotted ones) for librdkafka.
+
+    Connection settings must have an equivalent (they are kafka-python's, the driver uses
+    them); ``options`` may also name librdkafka properties directly. Refusals name the
+    option, never its value.
+    """
+    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
+    config.update(_translate(settings.options, CONNECTION_NAMES, who, dotted=False))
+    config.update(_translate(options, {**CONNECTION_NAMES, **names}, who, dotted=True))
+    return config
+
+
+def _translate(
+    options: Mapping[str, Any], names: Mapping[str, str], who: str, dotted: bool
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in names:
+            out[names[key]] = value
+        elif key == "ssl_check_hostname":
+            out["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
+        elif dotted and "." in key:
+            out[key] = value
+        elif key not in PYTHON_ONLY:
+            known = ", ".join(sorted({*names, "ssl_check_hostname"}))
+            msg = (
+                f"{who}(client='confluent') has no librdkafka equivalent for the option {key!r} "
+                f"(it translates {known}); remove it, give a producer option its librdkafka "
+                "name, or use client='python'"
+            )
+            raise ConfigError(msg)
+    return out
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+class ConfluentReader:
+    """:class:`~.interface.PartitionReader` over a confluent-kafka ``Consumer``."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        config: dict[str, Any] = {
+            "fetch.wait.max.ms": READER_FETCH_WAIT_MS,
+            "queued.max.messages.kbytes": READER_QUEUE_KBYTES,
+            "queued.min.messages": READER_QUEUE_MESSAGES,
+            "fetch.queue.backoff.ms": READER_QUEUE_BACKOFF_MS,
+        }
+        config.update(librdkafka_config(settings, {}, CONSUMER_NAMES, "KafkaSource"))
+        config.update(
+            {
+                "group.id": READER_GROUP,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "error",  # out of range raises: never jump over records
+                "isolation.level": "read_committed",  # never aborted or open transactions
+                "logger": LOG,
+            }
+        )
+        self.consumer = Consumer(config)
+        self.tp: Any = None
+
+    def log_start(self, topic: str, partition: int) -> int:
+        """The first offset still in the partition's log."""
+        tp = TopicPartition(topic, partition)
+        low, _ = self.consumer.get_watermark_offsets(tp, timeout=LIST_TIMEOUT_S, cached=False)
+        return int(low)
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Read this partition (and only it) from ``offset`` on."""
+        self.tp = TopicPartition(topic, partition)
+        self.consumer.assign([TopicPartition(topic, partition, offset)])
+
+    def poll(self, timeout_s: float) -> Fetched:
+        """The next records of the partition, as soon as there are any.
+
+        ``consume(n, timeout)`` waits for ``n`` messages or the timeout: at the end of a
+        range that would cost the whole timeout. So it takes what is queued, or waits for
+        one message and then takes what is queued.
+        """
+        messages = self.consumer.consume(READ_BATCH, 0)
+        if not messages:
+            first = self.consumer.poll(timeout_s)
+            if first is None:
+                return NOTHING
+            messages = [first, *self.consumer.consume(READ_BATCH - 1, 0)]
+        good = [m for m in messages if m.error() is None]
+        if len(good) < len(messages):
+            for m in messages:
+                self._error(m.error())
+        return Fetched(
+            [m.offset() for m in good],  # type: ignore[misc]
+            [m.timestamp()[1] for m in good],
+            [m.key() for m in good],
+            [m.value() for m in good],
+            [m.headers() for m in good],  # type: ignore[misc]
+        )
+
+    def _error(self, error: Any) -> None:
+        """Raise for an error event that will not go away; librdkafka retries the others."""
+        if error is None:
+            return
+        code = error.code()
+        where = f"{self.tp.topic}:{self.tp.partition}" if self.tp is not None else "Kafka"
+        if code in OUT_OF_RANGE_CODES:
+            msg = f"{where}: {error.str()}"
+            raise OffsetOutOfRange(msg)
+        if error.fatal() or code in DENIED_CODES:
+            msg = f"reading {where} failed: {error.name()}: {error.str()}"
+            raise ConnectorError(msg)
+        LOG.warning("reading %s: %s", where, error.str())
+
+    def position(self) -> int | None:
+        """The offset the next read starts at, if known."""
+        (tp,) = self.consumer.position([self.tp])
+        return int(tp.offset) if tp.offset >= 0 else None
+
+    def release(self) -> None:
+        """Stop fetching until the next :meth:`seek` (a shared reader sits idle between tasks)."""
+        self.consumer.unassign()
+
+    def close(self) -> None:
+        """Release the client."""
+        self.consumer.close()
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+class ConfluentDelivery:
+    """:class:`~.interface.Delivery` of one produced record, set by its delivery callback."""
+
+    __slots__ = ("done", "error", "message")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: Any = None
+        self.message: Any = None
+
+    def set(self, error: Any, message: Any) -> None:
+        """The delivery callback."""
+        self.done = True
+        self.error = error
+        self.message = message
+
+    @property
+    def failure(self) -> str | None:
+        """Why the record was not written; None when acknowledged or not done."""
+        if self.error is None:
+            return None
+        return f"{self.error.name()}: {self.error.str()}"
+
+    @property
+    def poison(self) -> bool:
+        """Whether the broker refused the record for good."""
+        return self.error is not None and self.error.code() in POISON_CODES
+
+    def where(self) -> tuple[str, int, int]:
+        """Topic, partition and offset of the acknowledged record."""
+        m = self.message
+        return str(m.topic()), int(m.partition()), int(m.offset())
+
+
+class ConfluentProducer:
+    """:class:`~.interface.Producer` over a confluent-kafka ``Producer``."""
+
+    def __init__(self, settings: KafkaSettings, options: dict[str, Any]) -> None:
+        config = librdkafka_config(settings, options, PRODUCER_NAMES, "KafkaSink")
+        config.update({"error_cb": self._on_error, "logger": LOG})
+        self.fatal: str | None = None
+        self.producer = LibProducer(config)
+
+    def _on_error(self, error: Any) -> None:
+        if error.fatal():
+            self.fatal = f"{error.name()}: {error.str()}"
+        else:
+            LOG.warning("Kafka producer: %s", error.str())
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None,
+        timestamp_ms: int | None,
+    ) -> Delivery:
+        """Queue a record."""
+        delivery = ConfluentDelivery()
+        wire: Any = headers or None  # (str, bytes) pairs, as confluent-kafka takes them
+        deadline = 0.0
+        while True:
+            try:
+                self.producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    on_delivery=delivery.set,
+                    timestamp=timestamp_ms or 0,
+                    headers=wire,
+                )
+                return delivery
+            except BufferError:  # the local queue is full: serve deliveries until there is room
+                deadline = deadline or time.monotonic() + QUEUE_FULL_S
+                if time.monotonic() > deadline:
+                    msg = (
+                        f"Kafka took no record for {topic!r} in {QUEUE_FULL_S:.0f} s (the "
+                        "producer's queue stayed full); is the broker up?"
+                    )
+                    raise ConnectorError(msg) from None
+                self.producer.poll(0.05)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() in POISON_CODES:
+                    msg = f"{error.name()}: {error.str()}"
+                    raise RecordRefused(msg) from None
+                raise
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until every queued record is acknowledged or failed."""
+        self.producer.flush(timeout_s)
+
+    def init_transactions(self) -> None:
+        """Register the transactional id (fences older producers of it)."""
+        self._retrying(self.producer.init_transactions)
+
+    def begin(self) -> None:
+        """Begin a transaction."""
+        try:
+            self.producer.begin_transaction()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.fatal() or error.code() in FENCED_CODES:
+                msg = f"{error.name()}: {error.str()}"
+                raise ProducerFenced(msg) from exc
+            raise
+
+    def commit(self) -> None:
+        """Commit the open transaction."""
+        self._retrying(self.producer.commit_transaction)
+
+    def abort(self) -> None:
+        """Abort the open transaction."""
+        self._retrying(self.producer.abort_transaction)
+
+    def _retrying(self, call: Any) -> None:
+        """Call a transaction method again while librdkafka says the error is retriable."""
+        for attempt in range(TXN_ATTEMPTS):
+            try:
+                call(TXN_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not error.retriable() or attempt == TXN_ATTEMPTS - 1:
+                    raise
+
+    def close(self, timeout_s: float) -> None:
+        """Release the client."""
+        self.producer.flush(timeout_s)
+        close = getattr(self.producer, "close", None)  # confluent-kafka 2.11 and later
+        if close is not None:
+            close()

@@ -1,0 +1,275 @@
+"""Both Kafka clients behind one interface: kafka-python and confluent-kafka (``client=``).
+
+Settings map to librdkafka's names without ever showing a secret; a missing confluent-kafka
+is one clear line. Against a real broker, with each client: records round-trip with keys,
+headers and timestamps, read ``read_committed`` from any offset; the transactional sink
+writer keeps aborted transactions invisible, answers whether a delivery marker committed,
+is fenced by a newer writer of the same partition, and sends records the broker refuses to
+the dead letters (only those: the rest of their record batch is written).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+
+import pytest
+
+from onceflow.connectors.base import PoisonInTransaction, TaskInfo
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.connectors.kafka.clients import (
+    CONFLUENT_CLIENT,
+    WORKER_CLIENTS,
+    ensure_topics,
+    new_producer,
+    new_reader,
+)
+from onceflow.connectors.kafka.confluent import CONSUMER_NAMES, PRODUCER_NAMES, librdkafka_config
+from onceflow.connectors.kafka.sink import _TXN_PRODUCERS
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.records import Record
+from onceflow.kernel.settings import KafkaSettings
+
+SECRET = "s3cr3t-pa55"
+HOUR_MS = 3_600_000
+# a topic refusing records stamped more than an hour ago: the broker's own poison
+OLD_REFUSED = {"message.timestamp.before.max.ms": str(HOUR_MS)}
+
+
+def test_settings_map_to_librdkafka_names():
+    settings = KafkaSettings(
+        "k1:9093,k2:9093",
+        {
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": "onceflow",
+            "sasl_plain_password": SECRET,
+            "ssl_cafile": "/etc/ca.pem",
+            "ssl_check_hostname": False,
+            "api_version": (3, 0, 0),  # kafka-python's own: librdkafka negotiates
+        },
+    )
+    consumer = librdkafka_config(settings, {}, CONSUMER_NAMES, "KafkaSource")
+    assert consumer == {
+        "bootstrap.servers": "k1:9093,k2:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "onceflow",
+        "sasl.password": SECRET,
+        "ssl.ca.location": "/etc/ca.pem",
+        "ssl.endpoint.identification.algorithm": "none",
+    }
+    options = {"max_request_size": 20_000, "linger_ms": 5, "compression.codec": "lz4"}
+    producer = librdkafka_config(settings, options, PRODUCER_NAMES, "KafkaSink")
+    assert producer["message.max.bytes"] == 20_000 and producer["linger.ms"] == 5
+    assert producer["compression.codec"] == "lz4", "librdkafka's own names pass as they are"
+
+
+def test_an_option_without_a_librdkafka_name_is_refused_without_its_value():
+    settings = KafkaSettings("k:9092", {"sasl_oauth_token_provider": SECRET})
+    with pytest.raises(ConfigError, match="'sasl_oauth_token_provider'") as refused:
+        librdkafka_config(settings, {}, CONSUMER_NAMES, "KafkaSource")
+    assert SECRET not in str(refused.value)
+    dotted = KafkaSettings("k:9092", {"sasl.password": SECRET})  # the driver uses kafka-python
+    with pytest.raises(ConfigError, match="'sasl.password'") as refused:
+        librdkafka_config(dotted, {}, CONSUMER_NAMES, "KafkaSource")
+    assert SECRET not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: KafkaSource("t", client="confluent"),
+        lambda: KafkaSink("t", client="confluent", create_topic=False),
+    ],
+    ids=["source", "sink"],
+)
+def test_a_missing_confluent_kafka_is_one_line_saying_what_to_install(make, monkeypatch):
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # as if not installed
+    with pytest.raises(ConfigError) as missing:
+        make()
+    message = str(missing.value)
+    assert "pip install 'onceflow[fast]'" in message and "\n" not in message
+
+
+def test_an_unknown_client_is_refused_naming_the_choices():
+    with pytest.raises(ConnectorError, match="'python', 'confluent', 'spark'"):
+        KafkaSource("t", client="rust")
+    with pytest.raises(ConnectorError, match="'python', 'confluent', got 'spark'"):
+        KafkaSink("t", client="spark")
+
+
+# -- against a broker, with each client ---------------------------------------------------------
+
+CLIENTS = pytest.mark.parametrize("client", WORKER_CLIENTS)
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_records_round_trip_with_keys_headers_and_timestamps(client, broker, topic_name):
+    settings = KafkaSettings(broker.bootstrap)
+    topic = topic_name("rt")
+    ensure_topics(settings, [topic], 1)
+    producer = new_producer(client, settings, {"acks": "all", "linger_ms": 5})
+    stamp = _now() - 60_000
+    sent = [
+        producer.send(
+            topic, f"k{i}".encode(), f"v{i}".encode(), [("id", str(i).encode())], stamp + i
+        )
+        for i in range(300)
+    ]
+    producer.send(topic, b"k300", None, None, None)  # a tombstone without headers
+    producer.flush(60)
+    assert all(d.done and d.failure is None for d in sent)
+    assert [d.where() for d in sent[:2]] == [(topic, 0, 0), (topic, 0, 1)]
+
+    reader = new_reader(client, settings)
+    try:
+        assert reader.log_start(topic, 0) == 0
+        reader.seek(topic, 0, 100)
+        got = {}
+        deadline = time.monotonic() + 30
+        while len(got) < 201 and time.monotonic() < deadline:
+            f = reader.poll(0.5)
+            rows = zip(f.keys, f.values, f.headers, f.timestamps, strict=True)
+            got.update(zip(f.offsets, rows, strict=True))
+        assert sorted(got) == list(range(100, 301)), "read from offset 100 to the end, once"
+        assert got[150] == (b"k150", b"v150", [("id", b"150")], stamp + 150)
+        assert got[300][:2] == (b"k300", None) and not got[300][2]
+        assert reader.position() == 301
+    finally:
+        reader.close()
+
+
+def _sink(client: str, bootstrap: str, topic: str, pipeline: str, **kw) -> KafkaSink:
+    sink = KafkaSink(topic, bootstrap_servers=bootstrap, client=client, **kw)
+    sink.prepare(pipeline, streaming=True)
+    return sink
+
+
+def _task(pipeline: str, batch: int, attempt_id: int) -> TaskInfo:
+    return TaskInfo(pipeline, "out", batch, 0, 0, exactly_once=True, attempt_id=attempt_id)
+
+
+def _records(n: int, ts: int, old: frozenset[int] = frozenset()) -> list[Record]:
+    return [
+        Record(uuid.uuid4().bytes, ts - 2 * HOUR_MS if i in old else ts, {"i": i}) for i in range(n)
+    ]
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_a_transaction_is_invisible_until_committed_and_its_marker_says_which(
+    client, kafka_broker, topic_name
+):
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("txn"), topic_name("p")
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
+
+    aborted = sink.open(_task(pipeline, 1, 1))
+    assert aborted.write(_records(40, _now())) == []
+    gone = aborted.prepare()
+    aborted.abort()
+    done = sink.open(_task(pipeline, 1, 2))  # a new attempt: fences the first one's id
+    assert done.committed(gone) is False
+    assert done.write(_records(25, _now())) == []
+    kept = done.prepare()
+    assert read_topic(settings, topic) == [], "nothing is visible before the commit"
+    done.commit()
+    done.close()
+
+    committed = read_topic(settings, topic)
+    assert len(committed) == 25, "read_committed sees the committed transaction only"
+    assert all(len(r.headers["onceflow-id"]) == 16 for r in committed)
+    assert len(read_topic(settings, topic, committed=False)) == 40 + 25, "aborted, not absent"
+    assert sink.open(_task(pipeline, 2, 3)).committed(kept) is True
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_a_newer_writer_of_the_same_partition_fences_the_older(client, kafka_broker, topic_name):
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("fence"), topic_name("p")
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
+    zombie = sink.open(_task(pipeline, 1, 1))
+    zombie.write(_records(10, _now()))
+    marker = zombie.prepare()
+    _TXN_PRODUCERS.clear()  # the owner runs in another process: the zombie's producer lives on
+    owner = sink.open(_task(pipeline, 1, 2))  # e.g. Spark re-ran the task elsewhere
+    with pytest.raises(Exception):  # noqa: B017 - each client names fencing its own way
+        zombie.commit()
+    assert owner.committed(marker) is False
+    owner.write(_records(10, _now()))
+    owner.prepare()
+    owner.commit()
+    assert len(read_topic(settings, topic)) == 10
+
+
+def _deliver(writer, records: list[Record]) -> list[tuple[Record, str]]:
+    """What the runtime does with a transactional writer (runtime/task.py)."""
+    rejected: list[tuple[Record, str]] = []
+    while True:
+        rejected += writer.write(records)
+        try:
+            writer.prepare()
+            break
+        except PoisonInTransaction as poison:
+            rejected += poison.rejected
+            bad = {id(rec) for rec, _ in poison.rejected}
+            records = [r for r in records if id(r) not in bad]
+    writer.commit()
+    return rejected
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
+@CLIENTS
+def test_only_the_records_the_broker_refuses_are_rejected(
+    client, transactional, kafka_broker, topic_name
+):
+    """Two records stamped too long ago sit in one record batch with 148 good ones."""
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("refuse"), topic_name("p")
+    ensure_topics(settings, [topic], 1, OLD_REFUSED)
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline, transactional=transactional)
+    writer = sink.open(_task(pipeline, 1, 1))
+    records = _records(150, _now(), old=frozenset({40, 111}))
+    if transactional:
+        rejected = _deliver(writer, records)
+    else:
+        rejected = writer.write(records) + writer.flush()
+    writer.close()
+
+    assert sorted(rec.elem["i"] for rec, _ in rejected) == [40, 111]
+    assert all("refused the record" in why for _, why in rejected)
+    written = [r.headers["onceflow-id"] for r in read_topic(settings, topic)]
+    assert sorted(written) == sorted(r.id for r in records if r.elem["i"] not in (40, 111))
+
+
+@pytest.mark.kafka
+def test_the_confluent_reader_raises_out_of_range_instead_of_jumping(broker, topic_name):
+    from onceflow.connectors.kafka.clients import OffsetOutOfRange
+
+    settings = KafkaSettings(broker.bootstrap)
+    topic = topic_name("oor")
+    ensure_topics(settings, [topic], 1)
+    producer = new_producer(CONFLUENT_CLIENT, settings, {})
+    for i in range(5):
+        producer.send(topic, None, b"%d" % i, None, None)
+    producer.flush(30)
+    reader = new_reader(CONFLUENT_CLIENT, settings)
+    try:
+        reader.seek(topic, 0, 1000)
+        with pytest.raises(OffsetOutOfRange):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                assert len(reader.poll(0.5)) == 0
+    finally:
+        reader.close()
