@@ -239,9 +239,9 @@ def bench_on(
         print_nodes(cluster, before, {r["name"] for rs in runs.values() for r in rs})
 
 
-def spawn(guarantee: str, topic: str, args: argparse.Namespace, env: dict[str, str]) -> Any:
-    """Run one measured query in a fresh process; return its result."""
-    cmd = [
+def child_command(guarantee: str, topic: str, args: argparse.Namespace) -> list[str]:
+    """The command of one measured run in a fresh process (``bench/profile_workers.py`` too)."""
+    return [
         sys.executable,
         __file__,
         "--child",
@@ -255,6 +255,11 @@ def spawn(guarantee: str, topic: str, args: argparse.Namespace, env: dict[str, s
         "--master",
         args.master,
     ]
+
+
+def spawn(guarantee: str, topic: str, args: argparse.Namespace, env: dict[str, str]) -> Any:
+    """Run one measured query in a fresh process; return its result."""
+    cmd = child_command(guarantee, topic, args)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=900)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -98,6 +98,8 @@ def parse_raw(path: Path, rate: int) -> dict[tuple[str, str], float]:
 def profile_mode(
     mode: str, topic: str, args: argparse.Namespace, env: dict[str, str]
 ) -> tuple[dict, dict]:
+    from exactly_once import child_command  # bench/ is on sys.path (see main)
+
     out = Path(tempfile.mkdtemp(prefix="onceflow-profile-")) / f"{mode}.txt"
     cmd = [
         shutil.which("py-spy") or "py-spy",
@@ -111,18 +113,7 @@ def profile_mode(
         "--output",
         str(out),
         "--",
-        sys.executable,
-        str(BENCH),
-        "--child",
-        mode,
-        "--topic",
-        topic,
-        "--records",
-        str(args.records),
-        "--batch",
-        str(args.batch),
-        "--master",
-        args.master,
+        *child_command(mode, topic, args),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=1800)
     result = next(
