@@ -21,7 +21,11 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 COMPACTION_WAIT_S = 120
 COMPACTION_SETTLE_S = 5
 HOUR_MS = 3_600_000
-CLIENTS = pytest.mark.parametrize("client", ["python", "confluent"])
+# confluent-kafka's variants run with --long: tests/connectors/test_kafka_clients.py and the
+# confluent crash test keep that client in the default suite.
+CLIENTS = pytest.mark.parametrize(
+    "client", ["python", pytest.param("confluent", marks=pytest.mark.long)]
+)
 
 
 def _delete_below(bootstrap: str, topic: str, partition: int, offset: int) -> None:
@@ -33,7 +37,7 @@ def _delete_below(bootstrap: str, topic: str, partition: int, offset: int) -> No
 
 
 @CLIENTS
-@pytest.mark.parametrize("mode", ["fail", "report"])
+@pytest.mark.parametrize("mode", [pytest.param("fail", marks=pytest.mark.long), "report"])
 def test_records_deleted_below_the_read_position_are_never_skipped_silently(
     mode, client, kafka_broker, redis_server, tmp_path
 ):

@@ -132,6 +132,7 @@ def spec(name: str, sources: list[tuple[str, str]], out: str, redis_url: str, tm
     }
 
 
+@pytest.mark.long  # the kill test below reads every record once with this client too
 def test_spark_client_reads_every_record_once_with_headers_and_resumes_after_a_restart(
     connector_jars, kafka_broker, redis_server, topic_name, tmp_path
 ):

@@ -174,6 +174,7 @@ def test_full_run_in_containers_is_exact(services, tmp_path):
     verify(scn, services.client())
 
 
+@pytest.mark.long  # the local suite bounces Redis and kills runs; this one is the container twin
 def test_broker_container_stopped_and_started_mid_run(services, tmp_path):
     scn = _scenario(services, tmp_path)
 
@@ -191,6 +192,7 @@ def test_broker_container_stopped_and_started_mid_run(services, tmp_path):
     verify(scn, services.client())
 
 
+@pytest.mark.long
 def test_redis_container_paused_and_resumed_mid_run(services, tmp_path):
     scn = _scenario(services, tmp_path)
 

@@ -68,7 +68,10 @@ def _batches(run, log: str) -> list[str]:
     return sorted(n for n in names if n.isdigit())
 
 
-@pytest.mark.parametrize("partitions", [1, 4, 12])
+@pytest.mark.parametrize(
+    "partitions",
+    [pytest.param(1, marks=pytest.mark.long), pytest.param(4, marks=pytest.mark.long), 12],
+)
 def test_available_now_stops_at_the_high_water_mark_fresh_and_after_a_restart(
     partitions, broker, redis_server, tmp_path
 ):
