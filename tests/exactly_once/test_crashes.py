@@ -88,7 +88,8 @@ def _long(crash: Crash) -> object:
 
 
 KILLS = [
-    Crash("after_commit", stage="events", batch=1, partition=0),  # driver killed mid-batch
+    # the driver killed mid-batch: the torture test's random kills land there too
+    _long(Crash("after_commit", stage="events", batch=1, partition=0)),
     _long(Crash("after_commit", stage="count", batch=2)),  # mid-batch, after the exchange
     Crash("batch_end", batch=1),  # after every sink write, before Spark's commit
     Crash("after_sink_write", stage="count", batch=1),  # in a transaction, not committed
