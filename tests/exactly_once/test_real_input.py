@@ -182,7 +182,7 @@ def test_a_record_too_big_for_the_sink_goes_to_dead_letters(broker, redis_server
     verify(run, redis_server.client())
 
 
-@pytest.mark.long  # a related refusal (another checkpoint folder): tests/runtime/test_checkpoint_location.py
+@pytest.mark.long  # a related refusal runs by default: tests/runtime/test_checkpoint_location.py
 def test_a_fresh_checkpoint_over_an_old_namespace_is_refused_until_reset(
     broker, redis_server, tmp_path
 ):
