@@ -5,7 +5,8 @@ of the run: driver, JVM, Python workers) at random moments, several times; then 
 finishes. The input holds what production sends: IDs as 16-byte and text headers and in the
 body, copies re-sent seconds later and hours later (new Kafka timestamps, which are the event
 times here), and poison records (undecodable payloads, an empty ID header, records the user's
-function rejects). An independent checker (``tests.exactly_once.real_input.verify``) then
+function rejects, an event stamped days ahead by a producer with a wrong clock). An
+independent checker (``tests.exactly_once.real_input.verify``) then
 reads keyed state, each user's last total, the copy topic and the dead letters: every event
 exactly once, every poison record a dead letter with its reason.
 
@@ -79,7 +80,7 @@ class Torture:
         return Send(e, partition, headers, ts)
 
     def _poison(self) -> Send:
-        kind = self.rng.randrange(3)
+        kind = self.rng.randrange(4)
         marker = f"poison-{uuid.uuid4().hex[:10]}"
         ts = self.base_ts + len(self.sent) * 10
         partition = self.rng.randrange(PARTITIONS)
@@ -90,9 +91,15 @@ class Torture:
             self.run.poison[marker] = "header is empty"
             body = {"event_id": marker, "user": "u0", "amount": 100}
             return Send(body, partition, [("onceflow-id", b"")], ts)
-        self.run.poison[marker] = "asked to blow up"
-        body = {"event_id": marker, "user": "u0", "amount": 100, "blow_up": True}
-        return Send(body, partition, None, ts)
+        body = {"event_id": marker, "user": "u0", "amount": 100}
+        if kind == 2:
+            self.run.poison[marker] = "asked to blow up"
+            return Send({**body, "blow_up": True}, partition, None, ts)
+        # a producer whose clock is 3 days ahead stamps the event time it sends (the Kafka
+        # timestamp stays the broker-accepted one)
+        self.run.poison[marker] = "further ahead of the clock"
+        ahead = str(int(time.time() * 1000) + 72 * HOUR).encode()
+        return Send(body, partition, [("onceflow-ts", ahead)], ts)
 
     def attempt(self, kill_after: float | None, echo: Any = None) -> Outcome:
         outcome = run_pipeline(
@@ -118,8 +125,11 @@ def torture(
     max_kill_s: float = 30.0,
     cap: int | None = None,
     echo: Any = None,
+    client: str = "python",
 ) -> Torture:
     """Waves of input and ``kills`` random kills, then a final run to the end; not checked.
+
+    ``client`` is the Kafka client of the pipeline's source and sinks (``TOTALS_CLIENT``).
 
     ``cap`` (records per micro-batch, a third of a wave by default): smaller makes each run
     last longer, so a kill lands mid-run more often.
@@ -132,7 +142,7 @@ def torture(
         redis_url,
         workdir,
         PARTITIONS,
-        extra_env={"TOTALS_ID_FIELD": "1"},
+        extra_env={"TOTALS_ID_FIELD": "1", "TOTALS_CLIENT": client},
         cap=cap or wave // 3,
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
