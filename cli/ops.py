@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from onceflow.kernel.errors import ConfigError, ServiceError
-from onceflow.kernel.settings import KafkaSettings, RedisSettings
+from onceflow.kernel.settings import KafkaSettings, RedisSettings, new_redis_client
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -24,23 +24,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _redis(args: argparse.Namespace, namespace: str | None = None) -> Any:
     """A client; on a Redis Cluster, of the master serving ``namespace`` (None: the cluster)."""
-    import redis
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
-    from onceflow.kernel.slots import namespace_client
-
     settings = RedisSettings.from_env(args.redis_url)
     # An operator command fails fast (a few seconds) instead of riding out outages.
-    options: dict[str, Any] = {
-        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=3),
-        "socket_connect_timeout": 5,
-        "socket_timeout": 60,
-    }
-    if settings.cluster:
-        client = namespace_client(settings.url, settings.options, namespace, options)
-    else:
-        client = redis.Redis.from_url(settings.url, **options, **settings.options)
+    client = new_redis_client(
+        settings,
+        namespace,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=3),
+        socket_connect_timeout=5,
+        socket_timeout=60,
+    )
     try:
         client.ping()
     except Exception as exc:

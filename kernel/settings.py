@@ -83,12 +83,9 @@ def redis_client(settings: RedisSettings, namespace: str | None = None) -> Any:
     serving the namespace's slot (:mod:`onceflow.kernel.slots`); without a namespace it is
     redis-py's cluster client, for what spans namespaces (finding every pipeline).
     """
-    from onceflow.kernel.slots import is_cluster_url, namespace_client
-
-    cluster = is_cluster_url(settings.url)
     key = (
         settings.url,
-        namespace if cluster else None,
+        namespace if settings.cluster else None,
         tuple(sorted((k, repr(v)) for k, v in settings.options.items())),
     )
     client = _clients.get(key)
@@ -101,26 +98,38 @@ def redis_client(settings: RedisSettings, namespace: str | None = None) -> Any:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            if cluster and namespace is None:
-                client = namespace_client(settings.url, settings.options, None)
-            else:
-                retrying: dict[str, Any] = {
-                    "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25),
-                    "retry_on_error": [
-                        redis.exceptions.ConnectionError,
-                        redis.exceptions.TimeoutError,
-                        redis.exceptions.BusyLoadingError,
-                    ],
-                    "socket_timeout": 30,
-                    "socket_connect_timeout": 5,
-                    "health_check_interval": 15,
-                }
-                if cluster:
-                    client = namespace_client(settings.url, settings.options, namespace, retrying)
-                else:
-                    client = redis.Redis.from_url(settings.url, **retrying, **settings.options)
+            client = new_redis_client(
+                settings,
+                namespace,
+                retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25),
+                retry_on_error=[
+                    redis.exceptions.ConnectionError,
+                    redis.exceptions.TimeoutError,
+                    redis.exceptions.BusyLoadingError,
+                ],
+                socket_timeout=30,
+                socket_connect_timeout=5,
+                health_check_interval=15,
+            )
             _clients[key] = client
     return client
+
+
+def new_redis_client(
+    settings: RedisSettings, namespace: str | None = None, **client_options: Any
+) -> Any:
+    """A new client with ``client_options`` (retries, timeouts) beside the settings' own.
+
+    On a Redis Cluster it talks to the master serving ``namespace``'s slot; without a
+    namespace it is redis-py's cluster client (see :mod:`onceflow.kernel.slots`).
+    """
+    import redis
+
+    from onceflow.kernel.slots import namespace_client
+
+    if settings.cluster:
+        return namespace_client(settings.url, settings.options, namespace, client_options)
+    return redis.Redis.from_url(settings.url, **client_options, **settings.options)
 
 
 # Eviction policies that may delete keys without a TTL: Onceflow's state has none, so only

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from onceflow.kernel.errors import ConfigError, ServiceError
+from onceflow.kernel.errors import ServiceError
 
 CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
 # Replies of a node that no longer serves the slot (or not yet): reconnect and ask again.
@@ -179,9 +179,5 @@ def namespace_client(
     slot = namespace_slot(namespace)
     client = redis.Redis.from_url(node_url(url), **{**(client_options or {}), **options})
     pool = client.connection_pool
-    base = pool.connection_class
-    if not isinstance(base, type):  # pragma: no cover - redis-py always gives a class
-        msg = "unexpected redis-py connection pool"
-        raise ConfigError(msg)
-    pool.connection_class = slot_connection_class(base, locator, slot)
+    pool.connection_class = slot_connection_class(pool.connection_class, locator, slot)
     return client

@@ -48,7 +48,7 @@ from urllib.parse import unquote, urlsplit
 
 from onceflow.graph_optimizer.draw import render, to_dot
 from onceflow.kernel.keyspace import Kind
-from onceflow.kernel.settings import RedisSettings
+from onceflow.kernel.settings import RedisSettings, new_redis_client
 from onceflow.operations.status import Status, status
 
 if TYPE_CHECKING:
@@ -217,20 +217,16 @@ def redis_connector(
     settings = RedisSettings.from_env(redis_url)
 
     def connect() -> Any:
-        import redis
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
 
-        from onceflow.kernel.slots import namespace_client
-
-        options: dict[str, Any] = {
-            "retry": Retry(ExponentialBackoff(cap=0.5, base=0.1), retries=REDIS_RETRIES),
-            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
-            "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
-        }
-        if settings.cluster:
-            return namespace_client(settings.url, settings.options, namespace, options)
-        return redis.Redis.from_url(settings.url, **options, **settings.options)
+        return new_redis_client(
+            settings,
+            namespace,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.1), retries=REDIS_RETRIES),
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        )
 
     return connect, redis_label(settings.url), _secrets(settings.url, settings.options)
 

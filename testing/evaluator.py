@@ -34,15 +34,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from onceflow.backup.format import TaskBackup
 from onceflow.dedup.admission import Admission
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.delivery import PendingDelivery
 from onceflow.dedup.state import EVENT, PROCESSING
 from onceflow.kernel import codec
 from onceflow.kernel.eventtime import EventTime, watermark
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.runtime.errors import RunError
+from onceflow.runtime.guard import NoGuard
 from onceflow.runtime.result import RunResult, explain_failure
 from onceflow.runtime.task import ROW_COLUMNS, TaskRun, to_arrow
 from onceflow.testing.errors import TestingError
@@ -127,8 +126,12 @@ class BatchClock:
     limit_ms: int  # newest event time admitted
 
 
-class MemoryGuard:
-    """The exactly-once guard's hooks for one task, kept in a :class:`MemoryStore`."""
+class MemoryGuard(NoGuard):
+    """The exactly-once guard's hooks for one task, kept in a :class:`MemoryStore`.
+
+    Nothing fails in process, so nothing is replayed or left pending: opening a task and the
+    delivery hooks are :class:`~onceflow.runtime.guard.NoGuard`'s.
+    """
 
     mode = Guarantee.EXACTLY_ONCE
 
@@ -145,10 +148,6 @@ class MemoryGuard:
         self.watermark: int | None = clock.watermark
         self.batch_time_ms: int | None = clock.time_ms
         self.counts: dict[str, int] = {}
-
-    def open(self) -> TaskBackup:
-        """No attempt ran before."""
-        return TaskBackup()
 
     def admit(self, rows: list[InRow]) -> Admission:
         """Late, ahead, copies, fresh: the rules of :mod:`onceflow.dedup.admission`."""
@@ -195,23 +194,6 @@ class MemoryGuard:
     def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
         """Write the end-of-task state changes (windows fired and closed)."""
         self.store.write(self.partition, changes)
-
-    def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
-        """Nothing was delivered before."""
-        return outputs
-
-    def delivered(self, target: int, outputs: list[Output]) -> None:
-        """Nothing to mark."""
-
-    def pending(self, target: int) -> PendingDelivery | None:
-        """No delivery is left pending."""
-        return None
-
-    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
-        """Nothing to remember."""
-
-    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
-        """Nothing was left pending."""
 
     def note(self, name: str, n: int) -> None:
         """Counted with the task's counters."""
