@@ -34,11 +34,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.runtime.session import spark_session
 from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
@@ -107,14 +109,23 @@ def run_once(
     }
 
 
-def redis_footprint(client: Any, namespace: str) -> tuple[int, int]:
-    """(bytes, IDs) of the seen-ID shards of a namespace."""
-    ks = Keyspace(namespace)
+def seen_keys(client: Any, namespace: str, connect: Connect) -> Iterator[tuple[Any, bytes]]:
+    """``(client, key)`` of every seen-ID shard of a namespace, in its tag and its scopes."""
+    for ks in read_scopes(client, Keyspace(namespace)).keyspaces():
+        tagged = connect(ks.tag)
+        for key in tagged.scan_iter(match=ks.seen_pattern(), count=1000):
+            yield tagged, key
+
+
+def redis_footprint(client: Any, namespace: str, connect: Connect) -> tuple[int, int, int]:
+    """(bytes, IDs, generations) of the seen-ID shards of a namespace."""
     total_bytes = total_ids = 0
-    for key in client.scan_iter(match=ks.seen_pattern(), count=1000):
-        total_bytes += client.memory_usage(key, samples=0) or 0
-        total_ids += client.hlen(key)
-    return total_bytes, total_ids
+    generations = set()
+    for tagged, key in seen_keys(client, namespace, connect):
+        total_bytes += tagged.memory_usage(key, samples=0) or 0
+        total_ids += tagged.hlen(key)
+        generations.add(key.rsplit(b":", 2)[1])
+    return total_bytes, total_ids, len(generations)
 
 
 @contextlib.contextmanager
@@ -142,22 +153,29 @@ def node_commands(cluster: LocalRedisCluster) -> dict[int, int]:
     }
 
 
-def print_nodes(cluster: LocalRedisCluster, before: dict[int, int], namespaces: set[str]) -> None:
-    """Keys, memory and commands per node: where the pipelines' state went."""
+def print_nodes(
+    cluster: LocalRedisCluster, before: dict[int, int], namespaces: set[str], connect: Connect
+) -> None:
+    """Keys, memory and commands per node: where the pipelines' state went.
+
+    ``tags`` counts the hash tags a master serves: each namespace's own, and its partition
+    scopes (the exchange stages' partitions, see onceflow.kernel.scopes).
+    """
     from onceflow.kernel.slots import namespace_slot
 
-    homes = {}
+    homes: dict[int, int] = {}
     for name in namespaces:
-        homes.setdefault(cluster.slot_owner(namespace_slot(name)).port, []).append(name)
+        for ks in read_scopes(connect(name), Keyspace(name)).keyspaces():
+            port = cluster.slot_owner(namespace_slot(ks.tag)).port
+            homes[port] = homes.get(port, 0) + 1
     after = node_commands(cluster)
     print()
-    print(f"{'Redis node':<12} {'role':<8} {'keys':>8} {'used MB':>8} {'commands':>10}  namespaces")
+    print(f"{'Redis node':<12} {'role':<8} {'keys':>8} {'used MB':>8} {'commands':>10}  tags")
     for stats in cluster.node_stats():
         served = after.get(stats.port, 0) - before.get(stats.port, 0)
-        names = len(homes.get(stats.port, []))
         print(
             f"{stats.port:<12} {stats.role:<8} {stats.keys:>8,} "
-            f"{stats.used_memory / 1e6:>8.1f} {served:>10,}  {names}"
+            f"{stats.used_memory / 1e6:>8.1f} {served:>10,}  {homes.get(stats.port, 0)}"
         )
 
 
@@ -234,9 +252,14 @@ def bench_on(
                 flush=True,
             )
     last = runs["exactly-once"][-1]["name"]
-    report(runs, args.records, redis_client(RedisSettings(redis_url), last), DedupConfig())
+    settings = RedisSettings(redis_url)
+
+    def connect(tag: str) -> Any:
+        return redis_client(settings, tag)
+
+    report(runs, args.records, connect(last), connect, DedupConfig())
     if cluster is not None:
-        print_nodes(cluster, before, {r["name"] for rs in runs.values() for r in rs})
+        print_nodes(cluster, before, {r["name"] for rs in runs.values() for r in rs}, connect)
 
 
 def child_command(guarantee: str, topic: str, args: argparse.Namespace) -> list[str]:
@@ -269,7 +292,11 @@ def spawn(guarantee: str, topic: str, args: argparse.Namespace, env: dict[str, s
 
 
 def report(
-    runs: dict[str, list[dict[str, Any]]], records: int, client: Any, config: DedupConfig
+    runs: dict[str, list[dict[str, Any]]],
+    records: int,
+    client: Any,
+    connect: Connect,
+    config: DedupConfig,
 ) -> None:
     med = {
         g: (statistics.median(r["rate"] for r in rs), statistics.median(r["steady"] for r in rs))
@@ -303,16 +330,7 @@ def report(
     maybes = sum(v for k, v in c.items() if k.endswith("/bloom_maybe"))
     new_ids = records + sum(v for k, v in c.items() if k.startswith("count/") and k.endswith("/in"))
     new_ids += sum(v for k, v in c.items() if k.endswith("/out/counts"))
-    seen_bytes, seen_ids = redis_footprint(client, last["name"])
-    generations = (
-        len(
-            {
-                k.rsplit(b":", 1)[0]
-                for k in client.scan_iter(match=Keyspace(last["name"]).seen_pattern(), count=1000)
-            }
-        )
-        * 1
-    )
+    seen_bytes, seen_ids, generations = redis_footprint(client, last["name"], connect)
     filter_bytes = int(
         -config.bloom_capacity
         * __import__("math").log(config.bloom_error)

@@ -31,6 +31,7 @@ from typing import Any
 from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import collect
 from onceflow.runtime.session import spark_session
@@ -114,9 +115,10 @@ def run_mode(
                 time.sleep(0.05)
         seconds = time.perf_counter() - started
         kinds: dict[str, int] = {}
-        for key in client.scan_iter(match=f"{Keyspace(name).root}:*", count=1000):
-            kind = key.decode().split(":")[2]
-            kinds[kind] = kinds.get(kind, 0) + 1
+        for tag in read_scopes(client, Keyspace(name)).keyspaces():
+            for key in client.scan_iter(match=tag.pattern(), count=1000):
+                kind = key.decode()[len(tag.root) + 1 :].split(":")[0]
+                kinds[kind] = kinds.get(kind, 0) + 1
         print(
             f"  {'with' if gc else 'without'} GC: {result.records_in:,} records in "
             f"{result.batches} batches, {seconds:.0f} s; keys by kind at the end: "

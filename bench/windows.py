@@ -37,6 +37,7 @@ from typing import Any
 
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.operations.gc import GcError, collect
 from onceflow.testing.kafka import LocalKafka
@@ -87,10 +88,12 @@ class Run:
 
 
 def _mb(client: Any, ks: Keyspace, kinds: tuple[Kind, ...]) -> float:
+    """MB of these kinds of keys in the namespace's tag and its partition scopes (one Redis)."""
     total = 0
-    for kind in kinds:
-        for key in client.scan_iter(match=ks.pattern(kind), count=1000):
-            total += client.memory_usage(key, samples=0) or 0
+    for tag in read_scopes(client, ks).keyspaces():
+        for kind in kinds:
+            for key in client.scan_iter(match=tag.pattern(kind), count=1000):
+                total += client.memory_usage(key, samples=0) or 0
     return total / 1e6
 
 

@@ -47,6 +47,20 @@ def _redis(args: argparse.Namespace, namespace: str | None = None) -> Any:
     return client
 
 
+def _tags(args: argparse.Namespace) -> Any:
+    """Clients of partition scopes by hash tag on a Redis Cluster; None on one Redis."""
+    if not RedisSettings.from_env(args.redis_url).cluster:
+        return None
+    clients: dict[str, Any] = {}
+
+    def connect(tag: str) -> Any:
+        if tag not in clients:
+            clients[tag] = _redis(args, tag)
+        return clients[tag]
+
+    return connect
+
+
 def _targets(client: Any, args: argparse.Namespace) -> list[str]:
     from onceflow.operations.gc import namespaces
 
@@ -76,6 +90,7 @@ def _gc_pass(args: argparse.Namespace, metrics: Any = None) -> int:
                 horizon=args.horizon,
                 scan_count=args.scan_count,
                 delete_batch=args.delete_batch,
+                connect=_tags(args),
             )
         except GcError as exc:
             if not args.all:
@@ -166,7 +181,8 @@ def cmd_reset(args: argparse.Namespace) -> int:
     from onceflow.operations.reset import reset
 
     client = _redis(args, args.namespace)
-    preview = reset(client, args.namespace, args.checkpoint, dry_run=True)
+    tags = _tags(args)
+    preview = reset(client, args.namespace, args.checkpoint, dry_run=True, connect=tags)
     where = f" and the checkpoint {args.checkpoint}" if args.checkpoint else ""
     print(f"namespace {args.namespace!r}: {preview.keys:,} Redis keys{where}")
     if args.dry_run:
@@ -177,7 +193,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
             "pass --yes to do it"
         )
         raise ConfigError(msg)
-    done = reset(client, args.namespace, args.checkpoint)
+    done = reset(client, args.namespace, args.checkpoint, connect=tags)
     print(
         f"deleted {done.keys:,} keys" + (" and the checkpoint" if done.checkpoint_deleted else "")
     )
@@ -188,7 +204,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Text or JSON view of one or all namespaces."""
     from onceflow.operations.status import status, status_json
 
-    statuses = [status(_redis(args, name), name) for name in _targets(_redis(args), args)]
+    statuses = [
+        status(_redis(args, name), name, connect=_tags(args))
+        for name in _targets(_redis(args), args)
+    ]
     if args.json:
         print(status_json(statuses))
     elif not statuses:

@@ -6,7 +6,8 @@ asynchronous). If Spark committed the batch and Redis then lost its last writes 
 crash, a failover to a replica that lagged), the batch's seen-marks and state would be gone
 while Spark would never replay it: silent loss or duplicates. So at the end of every batch
 the driver writes a marker and waits, on that same connection, until Redis says every write
-before it is durable:
+before it is durable (on a Redis Cluster, on every master holding one of the pipeline's
+partition scopes, see :mod:`onceflow.kernel.scopes`):
 
 * ``WAITAOF 1 0`` (Redis 7.2 and later): fsynced to the local AOF. With ``appendfsync
   always`` every write already is; on an older Redis with ``everysec`` this cannot be asked,
@@ -20,7 +21,7 @@ restart replays the batch): a clear stop, never a silent loss.
 A failover (the master dies and a replica takes over, on Redis Cluster or under Sentinel) may
 lose the writes the old master had not yet passed on, while the clients carry on with the new
 master. ``WAIT`` on the new master cannot tell. So when replicas are required the driver
-notes the master's replication ID when a batch starts (:func:`replication_id`) and again with
+notes each master's replication ID when a batch starts (:func:`replication_id`) and again with
 the end-of-batch wait: a promoted replica has a new one. If it changed, the batch is not
 committed and the run stops saying so; the restart replays the batch, redoing whatever was
 lost (committed parts are recognised and skipped). A sink's delivery is also held until
@@ -30,6 +31,7 @@ failover never forgets a delivery that became visible.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,16 +52,30 @@ class Durability:
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     auto: bool = False  # replicas: one if the master has any when a batch starts, else none
 
-    def for_batch(self, client: Any) -> BatchDurability:
-        """What a starting batch waits for, and the master's replication ID now."""
+    def for_batch(self, targets: Sequence[tuple[str, Any]]) -> BatchDurability:
+        """What a starting batch waits for, per hash tag, and each tag's master's ID now.
+
+        ``targets`` pairs each hash tag the batch writes (the namespace's first, then its
+        partition scopes) with its client; tags sharing a client share a master. In the
+        automatic setting each master is waited on for one replica if it has one now (after
+        a failover the promoted master has none until the old node returns).
+        """
         if not self.auto and not self.replicas:
-            return BatchDurability(0, None)
-        info = client.info("replication")
-        replicas = self.replicas
-        if self.auto:
-            replicas = 1 if int(info.get("connected_slaves", 0)) > 0 else 0
-        started_on = str(info.get("master_replid", "")) if replicas else None
-        return BatchDurability(replicas, started_on)
+            return BatchDurability({}, None)
+        infos: dict[int, Any] = {}
+        replicas: dict[str, int] = {}
+        started_on: dict[str, str] = {}
+        for tag, client in targets:
+            if id(client) not in infos:
+                infos[id(client)] = client.info("replication")
+            info = infos[id(client)]
+            wanted = self.replicas
+            if self.auto:
+                wanted = 1 if int(info.get("connected_slaves", 0)) > 0 else 0
+            replicas[tag] = wanted
+            if wanted:
+                started_on[tag] = str(info.get("master_replid", ""))
+        return BatchDurability(replicas, started_on or None)
 
     def describe(self) -> str:
         """One line for the run's start."""
@@ -79,8 +95,12 @@ class BatchDurability:
     (:func:`wait_durable`, and tasks check it when they open: :func:`check_master`).
     """
 
-    replicas: int
-    started_on: str | None
+    replicas: Mapping[str, int]  # hash tag -> replicas its master's writes must reach
+    started_on: Mapping[str, str] | None  # hash tag -> its master's replication ID
+
+    def replicas_of(self, tag: str) -> int:
+        """Replicas to wait for on the master of ``tag``."""
+        return self.replicas.get(tag, 0)
 
 
 def _version(client: Any) -> tuple[int, ...]:
@@ -146,24 +166,40 @@ def check_master(client: Any, batch: int, started_on: str | None) -> None:
 
 
 def wait_durable(
-    client: Any,
-    ks: Keyspace,
+    targets: Sequence[tuple[Keyspace, Any]],
     batch: int,
     durability: Durability,
     this_batch: BatchDurability | None = None,
 ) -> None:
     """Block until every write so far is durable as ``durability`` asks; raise if it is not.
 
+    ``targets`` pairs a keyspace with its client, one per client (see
+    :func:`onceflow.kernel.scopes.distinct`): each master the batch wrote to is waited on.
     ``this_batch`` (from :meth:`Durability.for_batch` when the batch started) says how many
-    replicas to wait for and the master's replication ID then: if the master now has
-    another, it failed over during the batch (see the module docstring).
+    replicas to wait for and each master's replication ID then: if a master now has another,
+    it failed over during the batch (see the module docstring).
     """
-    replicas = durability.replicas if this_batch is None else this_batch.replicas
-    started_on = None if this_batch is None else this_batch.started_on
-    if not durability.waitaof and not replicas:
-        return
+    masters = None if this_batch is None else this_batch.started_on
+    for ks, client in targets:
+        replicas = durability.replicas if this_batch is None else this_batch.replicas_of(ks.tag)
+        if durability.waitaof or replicas:
+            _wait_one(client, ks, batch, durability, replicas, masters)
+
+
+def _wait_one(
+    client: Any,
+    ks: Keyspace,
+    batch: int,
+    durability: Durability,
+    replicas: int,
+    masters: Mapping[str, str] | None,
+) -> None:
+    started_on = None if masters is None else masters.get(ks.tag)
     pipe = client.pipeline(transaction=False)  # one connection: the marker and the waits
-    pipe.hset(ks.batch(batch), MARK_FIELD, "1")
+    if ks.scope is None:
+        pipe.hset(ks.batch(batch), MARK_FIELD, "1")
+    else:  # a partition scope keeps no batch hashes: its clock notes the last batch waited on
+        pipe.hset(ks.clock, MARK_FIELD, str(batch))
     if durability.waitaof:
         pipe.execute_command("WAITAOF", 1, 0, durability.timeout_ms)
     if replicas:

@@ -36,8 +36,8 @@ from onceflow.dedup.delivery import PendingDelivery, mark_delivered, receiver_na
 from onceflow.dedup.durability import BatchDurability, check_master
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
-from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
+from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.scripts import scripts_for
 from onceflow.kernel.settings import RedisSettings, redis_client
 
@@ -54,9 +54,12 @@ class ExactlyOnceGuards:
     epoch: int
     config: DedupConfig
     params: BatchParams | None = None
-    wait_replicas: int = 0  # replicas a sink's pending delivery must reach before it is visible
+    # per hash tag: replicas a sink's pending delivery must reach before it is visible
+    wait_replicas: Mapping[str, int] | None = None
     wait_timeout_ms: int = 10_000
-    master: str | None = None  # the Redis master's replication ID when the batch started
+    # the replication ID of each hash tag's master when the batch started (None: not checked)
+    masters: Mapping[str, str] | None = None
+    scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
 
     def for_batch(
         self, params: BatchParams, durability: BatchDurability | None = None
@@ -68,7 +71,7 @@ class ExactlyOnceGuards:
             self,
             params=params,
             wait_replicas=durability.replicas,
-            master=durability.started_on,
+            masters=durability.started_on,
         )
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:
@@ -85,12 +88,13 @@ class ExactlyOnceGuard:
     mode = Guarantee.EXACTLY_ONCE
 
     def __init__(self, factory: ExactlyOnceGuards, task: TaskRef, params: BatchParams) -> None:
-        client = redis_client(factory.redis, factory.namespace)
-        ks = Keyspace(factory.namespace)
+        scopes = Scopes(factory.namespace, factory.scoped)
+        ks = scopes.keyspace(task.stage, task.partition)
+        client = redis_client(factory.redis, ks.tag)
         self.config = factory.config
-        self.replicas = factory.wait_replicas
+        self.replicas = (factory.wait_replicas or {}).get(ks.tag, 0)
         self.wait_timeout_ms = factory.wait_timeout_ms
-        self.master = factory.master
+        self.master = None if factory.masters is None else factory.masters.get(ks.tag)
         self.chunk_size = factory.config.chunk_size
         self.params = params
         self.limit_ms: int | None = params.limit_ms
@@ -112,9 +116,9 @@ class ExactlyOnceGuard:
             limit_ms=params.limit_ms,
         )
         self.addressing = Addressing(ks, factory.config)
-        self.stage = trust.Receiver(factory.namespace, task.stage, self.config)
+        self.stage = trust.Receiver(ks.tag, task.stage, self.config)
         self.sinks = {
-            index: trust.Receiver(factory.namespace, receiver_name(name), self.config)
+            index: trust.Receiver(ks.tag, receiver_name(name), self.config)
             for index, name in task.sinks
         }
         self.admitted: set[bytes] = set()
@@ -132,7 +136,7 @@ class ExactlyOnceGuard:
         s.token = f"{s.epoch}:{self.attempt_id}"
         check_master(s.client, s.batch, self.master)  # a failover since the batch began: stop
         pipe = s.client.pipeline(transaction=False)
-        s.scripts.claim(keys=s.fence_keys(), args=s.fence_args(), client=pipe)
+        s.scripts.claim(keys=s.fence_keys(), args=s.claim_args(), client=pipe)
         pipe.hgetall(ks.backup(s.stage, s.batch, s.partition))
         for r in self.receivers:
             pipe.get(ks.filter_seq(r.name))

@@ -1,13 +1,15 @@
 """When a receiver's Bloom filters may be trusted, and how they are made trustworthy.
 
 A receiver's filters cover the IDs committed by *all* its partitions (a copy of a record
-may arrive in any partition), and live as long as the Python worker (Spark reuses workers
-across tasks). ``seq`` counts the commits the filters cover; Redis counts every commit to the
-receiver. At the start of a task the two are compared: equal, the filters are trusted;
-behind, they are caught up from the journal of commits since the last snapshot; new,
-restarted or too far behind, they are loaded from the snapshot and the journal, or, when the
-journal does not reach back far enough, rebuilt from the seen-IDs themselves. Until then every
-answer is "maybe" (a filter never says "not seen" for IDs it has not covered).
+may arrive in any partition), or by one partition when the receiver keeps its state per
+partition scope (:mod:`onceflow.kernel.scopes`), and live as long as the Python worker
+(Spark reuses workers across tasks). ``seq`` counts the commits the filters cover; Redis
+counts every commit to the receiver. At the start of a task the two are compared: equal, the
+filters are trusted; behind, they are caught up from the journal of commits since the last
+snapshot; new, restarted or too far behind, they are loaded from the snapshot and the
+journal, or, when the journal does not reach back far enough, rebuilt from the seen-IDs
+themselves. Until then every answer is "maybe" (a filter never says "not seen" for IDs it
+has not covered).
 
 Commits made by other partitions *during* a task are not in its filters; they belong to the
 same micro-batch and so to the same generation, where the commit's check-and-set catches a
@@ -41,9 +43,9 @@ def _new_filters(config: DedupConfig) -> ReceiverFilters:
 class Receiver:
     """One receiver of a task: its filters and what Redis said about them."""
 
-    def __init__(self, namespace: str, name: str, config: DedupConfig) -> None:
+    def __init__(self, tag: str, name: str, config: DedupConfig) -> None:
         self.name = name
-        self.cache_key = (namespace, name)
+        self.cache_key = (tag, name)
         filters = _FILTERS.get(self.cache_key)
         if filters is None:
             filters = _new_filters(config)

@@ -1,9 +1,15 @@
 """Every Redis key Onceflow writes: built here, parsed here, nowhere else.
 
-Keys look like ``of:{<namespace>}:<kind>:...``. The braces are a Redis Cluster hash tag: all
-keys of a pipeline live in one slot, so the Lua scripts that touch several of them at once
+Keys look like ``of:{<namespace>}:<kind>:...``. The braces are a Redis Cluster hash tag: the
+keys inside one tag live in one slot, so the Lua scripts that touch several of them at once
 (seen-marks, backup, state, fencing) work on a cluster too. The namespace defaults to the
 pipeline name; give two deployments of one pipeline different namespaces to keep them apart.
+
+A stage that follows a key exchange keeps each partition's keys under a tag of their own,
+``of:{<namespace>:<scope>}:...`` (a *partition scope*, see :mod:`onceflow.kernel.scopes`), so
+a pipeline's state spreads over a cluster's masters. Inside a scope the key names are the same
+as in the namespace's own tag; ``epoch`` there is the newest driver epoch whose task claimed
+the partition, and ``gens`` the generations the partition committed into.
 
 Time is cut into buckets of ``bucket_ms``. A micro-batch marks the IDs it commits as seen in
 its *generation*: the bucket of the pipeline's dedup time when the batch started (fixed in the
@@ -22,6 +28,8 @@ from onceflow.kernel.errors import ConfigError
 
 PREFIX = "of"
 SCAN_ALL = "*"
+# Characters a namespace or a scope cannot hold: hash-tag braces, separators, glob characters.
+_NOT_IN_NAMES = "{}\n\r :*?[]"
 
 
 class Kind(enum.Enum):
@@ -103,19 +111,39 @@ class Keyspace:
     """Key names of one pipeline namespace."""
 
     namespace: str
+    scope: str | None = None  # a partition scope (its own hash tag), or the namespace's tag
 
     def __post_init__(self) -> None:
-        if not self.namespace or any(c in self.namespace for c in "{}\n\r :*?[]"):
+        if not self.namespace or any(c in self.namespace for c in _NOT_IN_NAMES):
             msg = (
                 f"namespace {self.namespace!r} is not valid: use letters, digits, '.', '_' or "
                 "'-' (no braces, spaces, ':' or glob characters)"
             )
             raise ConfigError(msg)
+        if self.scope is not None and (
+            not self.scope or any(c in self.scope for c in _NOT_IN_NAMES)
+        ):
+            msg = f"partition scope {self.scope!r} is not valid; this is an Onceflow bug"
+            raise ConfigError(msg)
+
+    @property
+    def tag(self) -> str:
+        """The hash tag of these keys: the namespace, or ``<namespace>:<scope>``."""
+        return self.namespace if self.scope is None else f"{self.namespace}:{self.scope}"
 
     @property
     def root(self) -> str:
-        """Prefix of every key of the namespace."""
-        return f"{PREFIX}:{{{self.namespace}}}"
+        """Prefix of every key of the namespace (or of the partition scope)."""
+        return f"{PREFIX}:{{{self.tag}}}"
+
+    @property
+    def namespace_root(self) -> Keyspace:
+        """The keys in the namespace's own tag (the pipeline-wide ones)."""
+        return self if self.scope is None else Keyspace(self.namespace)
+
+    def scoped(self, scope: str) -> Keyspace:
+        """The keys of one partition scope of this namespace."""
+        return Keyspace(self.namespace, scope)
 
     def pattern(self, kind: Kind | None = None) -> str:
         """A SCAN pattern for the namespace's keys of one kind (or all)."""

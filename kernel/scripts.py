@@ -34,12 +34,19 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {'fenced', 'task'} end
 """
 
-# A task attempt claims its stage partition, unless a newer attempt already has.
-# KEYS: 1 epoch, 2 task token. ARGV: 1 epoch, 2 this attempt's token
+# A task attempt claims its stage partition, unless a newer attempt already has. In a
+# partition scope (ARGV[3] '1') the epoch key is the scope's copy of the driver epoch: the
+# first task of a newer driver raises it, and a task of an older driver is fenced.
+# KEYS: 1 epoch, 2 task token. ARGV: 1 epoch, 2 this attempt's token, 3 '1' in a scope
 CLAIM = (
     _PARSE_TOKEN
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
+local epoch = redis.call('GET', KEYS[1])
+if ARGV[3] == '1' and (not epoch or tonumber(epoch) < tonumber(ARGV[1])) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  epoch = ARGV[1]
+end
+if epoch ~= ARGV[1] then return {'fenced', 'driver'} end
 local cur = redis.call('GET', KEYS[2])
 if cur then
   local ce, ca = token_pair(cur)
@@ -301,6 +308,19 @@ return 0
 """
 
 
+# The driver folds partition scopes' generations into the namespace's (see kernel.scopes).
+# KEYS: 1 generations. ARGV: g x (generation, newest event time). Returns how many rose.
+RAISE_GENERATIONS = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  if tonumber(ARGV[i + 1]) > tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1') then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    n = n + 1
+  end
+end
+return n
+"""
+
 # The at-least-once baseline raises source lanes' event-time marks (what the watermark is
 # computed from) without anything else. KEYS: 1 lanes, 2 lane activity.
 # ARGV: l x (lane, newest event time, batch time)
@@ -346,6 +366,7 @@ class Scripts:
         self.ack = register(ACK)
         self.forget_generation = register(FORGET_GENERATION)
         self.raise_lanes = register(RAISE_LANES)
+        self.raise_generations = register(RAISE_GENERATIONS)
         self.expire_state = register(EXPIRE_STATE)
 
 

@@ -132,6 +132,14 @@ def locator_for(url: str, options: dict[str, Any]) -> SlotLocator:
         return found
 
 
+def _moved_errors() -> tuple[type[Exception], ...]:
+    """redis-py's exceptions for replies saying another node serves the slot (or none yet)."""
+    import redis
+
+    e = redis.exceptions
+    return (e.AskError, e.TryAgainError, e.ClusterDownError)  # MovedError is an AskError
+
+
 def slot_connection_class(base: type, locator: SlotLocator, slot: int) -> type:
     """A connection class that connects to whichever master serves ``slot`` at connect time."""
     import redis
@@ -150,9 +158,11 @@ def slot_connection_class(base: type, locator: SlotLocator, slot: int) -> type:
                 msg = f"the node is no longer the slot's master: {exc}"
                 raise redis.exceptions.ConnectionError(msg) from exc
             except redis.exceptions.ResponseError as exc:
-                if str(exc).startswith(_MOVED_PREFIXES):
+                # the parser turns MOVED/ASK/TRYAGAIN/CLUSTERDOWN into their own classes and
+                # drops the word; inside a script's error reply the word stays in the text
+                if isinstance(exc, _moved_errors()) or str(exc).startswith(_MOVED_PREFIXES):
                     self.disconnect()
-                    msg = f"slot {slot} moved: {exc}"
+                    msg = f"slot {slot} moved: {type(exc).__name__} {exc}"
                     raise redis.exceptions.ConnectionError(msg) from exc
                 raise
 

@@ -1,6 +1,8 @@
 """Garbage collection of a pipeline namespace's exactly-once state (``onceflow gc``).
 
-What grows without end, and when it stops mattering:
+What grows without end, and when it stops mattering (stages kept per partition scope, see
+:mod:`onceflow.kernel.scopes`, are collected the same way, a scope at a time, each scope
+forgetting its own generations):
 
 * seen-ID generations (``seen:<receiver>:<generation>:<shard>``): once the newest event time
   committed into the generation is older than the horizon, measured back from the watermark
@@ -39,6 +41,7 @@ from onceflow.dedup.trust import GENERATION_FIELD
 from onceflow.kernel.durations import DAY_MS, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import META_PATTERN, Keyspace, Kind, ParsedKey, namespace_of_meta
+from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.kernel.scripts import scripts_for
 
 # Buckets of event time a generation is kept past the horizon, in case a clock is a little behind.
@@ -182,8 +185,15 @@ def collect(
     horizon: str | int | None = None,
     scan_count: int = DEFAULT_SCAN_COUNT,
     delete_batch: int = DEFAULT_DELETE_BATCH,
+    connect: Connect | None = None,
 ) -> GcPass:
-    """One GC pass over one namespace (see the module docstring)."""
+    """One GC pass over one namespace (see the module docstring).
+
+    The namespace's own tag and each partition scope (:mod:`onceflow.kernel.scopes`) are
+    collected alike, by the same acknowledged batch, threshold and limit; a scope forgets its
+    own generations. ``connect`` gives a scope's client (on a Redis Cluster); without it
+    ``client`` serves every tag.
+    """
     t0 = time.monotonic()
     ks = Keyspace(namespace)
     meta = read_meta(client, ks)
@@ -204,17 +214,25 @@ def collect(
     garbage = _forget_generations(client, ks, threshold, limit, dry_run)
     result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, threshold, garbage)
     expired_by = params.time_ms if params is not None else None
-    for keys in scan_steps(client, ks.pattern(), scan_count):
-        result.scanned += len(keys)
-        victims, snapshots, expiries = _classify(ks, keys, garbage, acked)
-        for kind, found in victims.items():
-            for start in range(0, len(found), delete_batch):
-                _remove(client, found[start : start + delete_batch], kind, result, dry_run)
-        if snapshots and garbage:
-            _trim_snapshots(client, snapshots, garbage, result, dry_run)
-        if expired_by is not None:
-            for parsed in expiries:
-                _expire_state(client, ks, parsed, expired_by, delete_batch, result, dry_run)
+    forgotten = set(garbage.forgotten)
+    for tag in read_scopes(client, ks).keyspaces():
+        tagged = client if connect is None or tag.scope is None else connect(tag.tag)
+        tag_garbage = garbage
+        if tag.scope is not None:
+            tag_garbage = _forget_generations(tagged, tag, threshold, limit, dry_run)
+            forgotten |= tag_garbage.forgotten
+        for keys in scan_steps(tagged, tag.pattern(), scan_count):
+            result.scanned += len(keys)
+            victims, snapshots, expiries = _classify(tag, keys, tag_garbage, acked)
+            for kind, found in victims.items():
+                for start in range(0, len(found), delete_batch):
+                    _remove(tagged, found[start : start + delete_batch], kind, result, dry_run)
+            if snapshots and tag_garbage:
+                _trim_snapshots(tagged, snapshots, tag_garbage, result, dry_run)
+            if expired_by is not None:
+                for parsed in expiries:
+                    _expire_state(tagged, tag, parsed, expired_by, delete_batch, result, dry_run)
+    result.garbage = Garbage(frozenset(forgotten), garbage.below)
     result.seconds = time.monotonic() - t0
     if not dry_run:
         _record(client, ks, result)

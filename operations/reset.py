@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.operations.gc import DEFAULT_DELETE_BATCH, DEFAULT_SCAN_COUNT, scan_steps
 
 
@@ -35,15 +36,23 @@ def reset(
     dry_run: bool = False,
     scan_count: int = DEFAULT_SCAN_COUNT,
     delete_batch: int = DEFAULT_DELETE_BATCH,
+    connect: Connect | None = None,
 ) -> ResetReport:
-    """Delete every key of ``namespace`` and the local ``checkpoint`` folder."""
-    ks = Keyspace(namespace)
+    """Delete every key of ``namespace`` and the local ``checkpoint`` folder.
+
+    The partition scopes go first and the namespace's own tag (its meta, which names the
+    scopes) last, so a reset that stops halfway can be run again. ``connect`` gives a
+    scope's client (on a Redis Cluster); without it ``client`` serves every tag.
+    """
+    home = Keyspace(namespace)
     keys = 0
-    for step in scan_steps(client, ks.pattern(), scan_count):
-        keys += len(step)
-        if not dry_run:
-            for start in range(0, len(step), delete_batch):
-                client.unlink(*step[start : start + delete_batch])
+    for ks in [*read_scopes(client, home).partition_keyspaces(), home]:
+        scoped = client if connect is None or ks.scope is None else connect(ks.tag)
+        for step in scan_steps(scoped, ks.pattern(), scan_count):
+            keys += len(step)
+            if not dry_run:
+                for start in range(0, len(step), delete_batch):
+                    scoped.unlink(*step[start : start + delete_batch])
     deleted = False
     if checkpoint:
         parsed = urlparse(checkpoint)

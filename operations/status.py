@@ -4,6 +4,8 @@ Per receiver (a stage, or ``<sink>/delivered``): records in, committed and sent 
 dropped, late records, Bloom "maybe" answers and the Redis lookups they caused; per namespace:
 the driver epoch, the last acknowledged micro-batch, backups still pending, the Redis memory
 the namespace uses (SCAN + MEMORY USAGE, in bounded steps), the GC horizon and its last pass.
+Receivers and state kept per partition scope (:mod:`onceflow.kernel.scopes`) are summed over
+their partitions.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import lanes_of
 from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
 
 # Counters shown per receiver, in this order (others follow, sorted).
@@ -135,35 +138,24 @@ def _size(n: int) -> str:
     return str(n)
 
 
-def status(client: Any, namespace: str, scan_count: int = DEFAULT_SCAN_COUNT) -> Status:
-    """Read a namespace's state (read-only): one SCAN pass, in bounded steps."""
+def status(
+    client: Any,
+    namespace: str,
+    scan_count: int = DEFAULT_SCAN_COUNT,
+    connect: Connect | None = None,
+) -> Status:
+    """Read a namespace's state (read-only): one SCAN pass per hash tag, in bounded steps.
+
+    ``connect`` gives the client of a partition scope's hash tag (on a Redis Cluster each
+    may live on another master); without it every tag is read through ``client``.
+    """
     ks = Keyspace(namespace)
     meta = read_meta(client, ks)
     acked = acknowledged(client, ks)
-    pending = garbage = keys = memory = 0
-    by_kind: dict[str, int] = {}
-    receivers: dict[str, dict[str, int]] = {}
-    state: dict[str, dict[str, int]] = {}
-    for step in scan_steps(client, ks.pattern(), scan_count):
-        pipe = client.pipeline(transaction=False)
-        for key in step:
-            pipe.memory_usage(key)
-        for key, size in zip(step, pipe.execute(), strict=True):
-            parsed = ks.parse(key)
-            kind = parsed.kind.value if parsed is not None else "other"
-            by_kind[kind] = by_kind.get(kind, 0) + int(size or 0)
-            memory += int(size or 0)
-            garbage_backup = is_garbage(parsed, acked)
-            if garbage_backup is True:
-                garbage += 1
-            elif garbage_backup is False:
-                pending += 1
-            elif parsed is not None and parsed.kind is Kind.STATS and parsed.name is not None:
-                stats = client.hgetall(key)
-                receivers[parsed.name] = {k.decode(): int(v) for k, v in stats.items()}
-            elif parsed is not None and parsed.kind in _STATE_KINDS and parsed.name is not None:
-                _count_state(client, key, parsed.kind, state.setdefault(parsed.name, {}))
-        keys += len(step)
+    found = _Found()
+    for scope in read_scopes(client, ks).keyspaces():
+        scoped = client if connect is None or scope.scope is None else connect(scope.tag)
+        _scan(scoped, scope, acked, scan_count, found)
     return Status(
         namespace=namespace,
         epoch=int(client.get(ks.epoch) or 0),
@@ -172,19 +164,57 @@ def status(client: Any, namespace: str, scan_count: int = DEFAULT_SCAN_COUNT) ->
         dedup_time_ms=int(client.hget(ks.clock, "dedup_time") or 0),
         horizon_ms=int(meta.get("horizon_ms", 0)),
         generations={k.decode(): int(v) for k, v in sorted(client.hgetall(ks.generations).items())},
-        backups_pending=pending,
-        backups_garbage=garbage,
-        memory_bytes=memory,
-        keys=keys,
-        memory_by_kind=by_kind,
-        receivers=receivers,
-        state=state,
+        backups_pending=found.pending,
+        backups_garbage=found.garbage,
+        memory_bytes=found.memory,
+        keys=found.keys,
+        memory_by_kind=found.by_kind,
+        receivers=found.receivers,
+        state=found.state,
         gc={k.decode(): v.decode() for k, v in client.hgetall(ks.gc).items()},
         lanes={
             lane: {"event_time_ms": newest, "active_ms": seen}
             for lane, (newest, seen) in sorted(lanes_of(client, ks).items())
         },
     )
+
+
+@dataclass
+class _Found:
+    """What the SCAN passes over a namespace's hash tags add up to."""
+
+    pending: int = 0
+    garbage: int = 0
+    keys: int = 0
+    memory: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+    receivers: dict[str, dict[str, int]] = field(default_factory=dict)
+    state: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _scan(client: Any, ks: Keyspace, acked: int, scan_count: int, found: _Found) -> None:
+    """Add one hash tag's keys (the namespace's, or a partition scope's) to ``found``."""
+    for step in scan_steps(client, ks.pattern(), scan_count):
+        pipe = client.pipeline(transaction=False)
+        for key in step:
+            pipe.memory_usage(key)
+        for key, size in zip(step, pipe.execute(), strict=True):
+            parsed = ks.parse(key)
+            kind = parsed.kind.value if parsed is not None else "other"
+            found.by_kind[kind] = found.by_kind.get(kind, 0) + int(size or 0)
+            found.memory += int(size or 0)
+            garbage_backup = is_garbage(parsed, acked)
+            if garbage_backup is True:
+                found.garbage += 1
+            elif garbage_backup is False:
+                found.pending += 1
+            elif parsed is not None and parsed.kind is Kind.STATS and parsed.name is not None:
+                row = found.receivers.setdefault(parsed.name, {})
+                for k, v in client.hgetall(key).items():
+                    row[k.decode()] = row.get(k.decode(), 0) + int(v)
+            elif parsed is not None and parsed.kind in _STATE_KINDS and parsed.name is not None:
+                _count_state(client, key, parsed.kind, found.state.setdefault(parsed.name, {}))
+        found.keys += len(step)
 
 
 _STATE_KINDS = frozenset({Kind.STATE, Kind.EVENT_TIMERS, Kind.EXPIRY})

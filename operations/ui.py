@@ -48,6 +48,7 @@ from urllib.parse import unquote, urlsplit
 
 from onceflow.graph_optimizer.draw import render, to_dot
 from onceflow.kernel.keyspace import Kind
+from onceflow.kernel.scopes import Connect
 from onceflow.kernel.settings import RedisSettings, new_redis_client
 from onceflow.operations.status import Status, status
 
@@ -231,6 +232,32 @@ def redis_connector(
     return connect, redis_label(settings.url), _secrets(settings.url, settings.options)
 
 
+def tag_connector(redis_url: str | None) -> Connect | None:
+    """Clients of a Redis Cluster's partition scopes by hash tag (None: one Redis serves all)."""
+    settings = RedisSettings.from_env(redis_url)
+    if not settings.cluster:
+        return None
+    clients: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def connect(tag: str) -> Any:
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+
+        with lock:
+            if tag not in clients:
+                clients[tag] = new_redis_client(
+                    settings,
+                    tag,
+                    retry=Retry(ExponentialBackoff(cap=0.5, base=0.1), retries=REDIS_RETRIES),
+                    socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+                    socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+                )
+            return clients[tag]
+
+    return connect
+
+
 class StatusSource:
     """A namespace's ``Status``, read at most once per ``max_age`` however many ask."""
 
@@ -240,9 +267,11 @@ class StatusSource:
         connect: Callable[[], Any],
         secrets: Iterable[str] = (),
         max_age: float = STATUS_MAX_AGE_S,
+        tags: Connect | None = None,
     ) -> None:
         self.namespace = namespace
         self._connect = connect
+        self._tags = tags  # partition scopes' clients on a Redis Cluster
         self._secrets = [s for s in secrets if s]
         self._max_age = max_age
         self._client: Any = None
@@ -257,7 +286,7 @@ class StatusSource:
                 return self._last[1]
             if self._client is None:
                 self._client = self._connect()
-            found = status(self._client, self.namespace)
+            found = status(self._client, self.namespace, connect=self._tags)
             self._last = (time.monotonic(), found)
             return found
 
@@ -369,12 +398,14 @@ def serve(
     given, makes the Redis client instead. ``plan_svg`` is the drawing (``plan_svg`` or
     ``pipeline_svg``). ``port=0`` picks a free port. Stop it with ``server.stop()``.
     """
+    tags = None
     if connect is None:
         connect, label, secrets = redis_connector(redis_url, namespace)
+        tags = tag_connector(redis_url)
     else:
         label = redis_label(redis_url) if redis_url else "(a client made by the caller)"
         secrets = _secrets(redis_url, {}) if redis_url else []
-    source = StatusSource(namespace, connect, secrets)
+    source = StatusSource(namespace, connect, secrets, tags=tags)
     page = page_html(namespace, plan_svg, label)
     server = UiServer((host, port), page, plan_svg, source).start()
     return server, server.url

@@ -18,8 +18,8 @@ from onceflow.dedup.admission import Admission
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import PendingDelivery
 from onceflow.dedup.state import due_timers, read_state, write_state
-from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
+from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.scripts import scripts_for
 from onceflow.kernel.settings import RedisSettings, redis_client
 
@@ -197,6 +197,7 @@ class AtLeastOnceGuards:
     namespace: str
     config: DedupConfig
     params: Any = None
+    scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
 
     def for_batch(self, params: Any) -> AtLeastOnceGuards:
         """The factory for the tasks of one micro-batch."""
@@ -204,7 +205,7 @@ class AtLeastOnceGuards:
 
     def __call__(self, task: TaskRef) -> Guard:
         """A guard for one task."""
-        return AtLeastOnceGuard(self, task.partition)
+        return AtLeastOnceGuard(self, task)
 
 
 class AtLeastOnceGuard(NoGuard):
@@ -212,11 +213,11 @@ class AtLeastOnceGuard(NoGuard):
 
     mode = Guarantee.AT_LEAST_ONCE
 
-    def __init__(self, factory: AtLeastOnceGuards, partition: int) -> None:
+    def __init__(self, factory: AtLeastOnceGuards, task: TaskRef) -> None:
         self.chunk_size = max(factory.config.chunk_size, AT_LEAST_ONCE_MIN_CHUNK)
-        self.ks = Keyspace(factory.namespace)
-        self.client = redis_client(factory.redis, factory.namespace)
-        self.partition = partition
+        self.ks = Scopes(factory.namespace, factory.scoped).keyspace(task.stage, task.partition)
+        self.client = redis_client(factory.redis, self.ks.tag)
+        self.partition = task.partition
         self.round_trips = 0
         params = factory.params
         if params is not None:

@@ -22,11 +22,11 @@ from typing import Any
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import PLAN_FIELD
 from onceflow.runtime.checkpoint import IDENTITY_FILE, Checkpoint
 from onceflow.runtime.errors import PlanChangedError
 from onceflow.runtime.spec import Job
 
-PLAN_FIELD = "plan"
 PLAN_FINGERPRINT_FIELD = "plan_fingerprint"
 IDENTITY_FIELD = "identity"
 CHECKPOINT_FIELD = "checkpoint"  # where the run that owns the namespace keeps its checkpoint

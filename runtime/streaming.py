@@ -46,6 +46,7 @@ from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee
+from onceflow.kernel.scopes import Connect, Scopes, distinct, merge_generations, pin_scopes
 from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
 from onceflow.runtime.bounded import all_sinks
 from onceflow.runtime.checkpoint import Checkpoint
@@ -113,6 +114,14 @@ class StreamingRun:
     stop_after: int | None = None
     exporter: Any = None  # a RunExporter when metrics are served
     checkpoint: Checkpoint | None = None
+    scopes: Scopes | None = None  # stage partitions with a hash tag of their own
+    connect: Connect | None = None  # the client of a hash tag
+
+    def targets(self) -> list[tuple[Keyspace, Any]]:
+        """Every hash tag of the pipeline with its client, the namespace's first."""
+        keyspaces = self.scopes.keyspaces() if self.scopes is not None else [self.keyspace]
+        connect = self.connect or (lambda _tag: self.client)
+        return [(ks, connect(ks.tag)) for ks in keyspaces]
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         """One micro-batch: acknowledge the previous ones, then run the job.
@@ -137,8 +146,9 @@ class StreamingRun:
         )
         self.watermark = params.watermark
         this_batch = None
+        targets = self.targets()
         if self.durability is not None:
-            this_batch = self.durability.for_batch(self.client)
+            this_batch = self.durability.for_batch([(ks.tag, c) for ks, c in targets])
             guards = self.guards.for_batch(params, this_batch)
         else:
             guards = self.guards.for_batch(params)
@@ -158,8 +168,10 @@ class StreamingRun:
             metrics=self.metrics,
         )
         compiled.run()
+        if self.mode is Guarantee.EXACTLY_ONCE and self.scopes is not None and self.connect:
+            merge_generations(self.client, self.scopes, self.connect)
         if self.durability is not None:
-            wait_durable(self.client, self.keyspace, batch_id, self.durability, this_batch)
+            wait_durable(distinct(targets), batch_id, self.durability, this_batch)
         driver_crashpoint("batch_end", batch_id)
         if self.ticker is not None:
             self.ticker.after_batch(self.trigger_ms)
@@ -343,8 +355,11 @@ def _run(
     keyspace = Keyspace(opts.namespace or job.pipeline)
     client = redis_client(redis, keyspace.namespace)
     check_durable(client, opts.allow_non_durable_redis)
+    new = not client.hexists(keyspace.meta, "parallelism")
     pin_settings(client, keyspace, opts.parallelism, config)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change)
+    exchanges = [s.name for s in job.stages if s.exchange]
+    scopes = pin_scopes(client, keyspace, exchanges, opts.parallelism, new)
     spark = session or spark_session(
         opts.master,
         app_name=job.pipeline,
@@ -361,7 +376,7 @@ def _run(
     pin_checkpoint(client, keyspace, cp)
     job, dead, sinks = _prepare_connectors(job, opts)
     check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
-    state = _new_run(job, spark, mode, redis, client, keyspace, config, opts)
+    state = _new_run(job, spark, mode, redis, client, keyspace, config, opts, scopes)
     state.ticker = _ticker(state, opts)
     state.stop, state.stop_after, state.checkpoint = stop, opts.stop_after_batches, cp
     state.exporter = _exporter(state, opts)
@@ -461,6 +476,7 @@ def _new_run(
     keyspace: Keyspace,
     config: DedupConfig,
     opts: StreamOptions,
+    scopes: Scopes,
 ) -> StreamingRun:
     """A new driver epoch (fencing older drivers), its guards and durability waits."""
     durability = None
@@ -468,15 +484,20 @@ def _new_run(
         epoch = int(client.incr(keyspace.epoch))
         durability = plan_durability(client, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS)
         guards: Any = ExactlyOnceGuards(
-            redis, keyspace.namespace, epoch, config, wait_timeout_ms=durability.timeout_ms
+            redis,
+            keyspace.namespace,
+            epoch,
+            config,
+            wait_timeout_ms=durability.timeout_ms,
+            scoped=scopes.stages,
         )
         warning = cannot_fsync_warning(client)
         if warning and opts.progress:
             print(f"[{job.pipeline}] note: {warning}", file=sys.stderr, flush=True)
     else:  # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
         epoch = int(client.incr(keyspace.epoch))
-        guards = AtLeastOnceGuards(redis, keyspace.namespace, config)
-    return StreamingRun(
+        guards = AtLeastOnceGuards(redis, keyspace.namespace, config, scoped=scopes.stages)
+    run = StreamingRun(
         job,
         spark,
         mode,
@@ -490,6 +511,9 @@ def _new_run(
         config,
         durability,
     )
+    run.scopes = scopes
+    run.connect = lambda tag: redis_client(redis, tag)
+    return run
 
 
 def _ticker(state: StreamingRun, opts: StreamOptions) -> Ticker | None:
@@ -502,6 +526,8 @@ def _ticker(state: StreamingRun, opts: StreamOptions) -> Ticker | None:
     ticker = Ticker(
         state.client,
         state.keyspace,
+        state.scopes or Scopes(state.keyspace.namespace),
+        state.connect or (lambda _tag: state.client),
         state.job,
         state.parallelism,
         os.path.abspath(os.path.join(opts.output_dir, state.job.pipeline, "onceflow-tick")),

@@ -20,6 +20,7 @@ from onceflow.dedup.batch import lanes_of, redis_time_ms
 from onceflow.dedup.state import EVENT, PROCESSING
 from onceflow.kernel.eventtime import EventTime, watermark
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import Connect, Scopes
 
 if TYPE_CHECKING:
     from onceflow.runtime.spec import Job
@@ -32,6 +33,8 @@ class Ticker:
         self,
         client: Any,
         ks: Keyspace,
+        scopes: Scopes,
+        connect: Connect,
         job: Job,
         parallelism: int,
         path: str,
@@ -39,8 +42,12 @@ class Ticker:
     ) -> None:
         self.client = client
         self.ks = ks
+        self.scopes = scopes
+        self.connect = connect
         self.event_time = job.event_time or EventTime()
-        self.nodes = [op.name for _, op in job.stateful_ops() if op.windowing is not None]
+        self.nodes = [
+            (spec.name, op.name) for spec, op in job.stateful_ops() if op.windowing is not None
+        ]
         self.parallelism = parallelism
         self.path = path
         self.processing_time = processing_time  # False: available-now runs end on their own
@@ -77,12 +84,17 @@ class Ticker:
         return due
 
     def _earliest(self) -> tuple[float | None, float | None]:
-        pipe = self.client.pipeline(transaction=False)
-        for node in self.nodes:
+        pipes: dict[int, Any] = {}  # one pipeline per client (per master on a cluster)
+        for stage, node in self.nodes:
             for p in range(self.parallelism):
-                pipe.zrange(self.ks.timers(EVENT, node, p), 0, 0, withscores=True)
-                pipe.zrange(self.ks.timers(PROCESSING, node, p), 0, 0, withscores=True)
-        replies = pipe.execute()
+                ks = self.scopes.keyspace(stage, p)
+                client = self.connect(ks.tag)
+                pipe = pipes.get(id(client))
+                if pipe is None:
+                    pipe = pipes[id(client)] = client.pipeline(transaction=False)
+                pipe.zrange(ks.timers(EVENT, node, p), 0, 0, withscores=True)
+                pipe.zrange(ks.timers(PROCESSING, node, p), 0, 0, withscores=True)
+        replies = [r for pipe in pipes.values() for r in pipe.execute()]
         event = [r[0][1] for r in replies[0::2] if r]
         processing = [r[0][1] for r in replies[1::2] if r]
         return min(event, default=None), min(processing, default=None)

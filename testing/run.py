@@ -234,7 +234,13 @@ def _forget(redis_url: str, namespace: str) -> None:
     from onceflow.kernel.settings import RedisSettings, redis_client
     from onceflow.operations.reset import reset
 
-    reset(redis_client(RedisSettings.from_env(redis_url), namespace), namespace, None)
+    settings = RedisSettings.from_env(redis_url)
+    reset(
+        redis_client(settings, namespace),
+        namespace,
+        None,
+        connect=lambda tag: redis_client(settings, tag),  # partition scopes on a cluster
+    )
 
 
 def _clock_file(folder: str, redis_url: str, namespace: str) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import node_state
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.operations.audit import audit
 from onceflow.testing.harness import Crash, compare_counts, crash_and_resume
@@ -161,10 +162,10 @@ def _report(
     expected = Counter(e["user"] for e in events)
     ks = Keyspace(env["DEMO_PIPELINE"])
     client = redis_client(RedisSettings(redis_url), ks.namespace)
-    state: dict[str, int] = {}
-    for partition in range(2):
-        for k, v in client.hgetall(ks.state("count", partition)).items():
-            state[codec.decode(k)] = codec.decode(v)
+    state: dict[str, int] = {
+        codec.decode(k): codec.decode(v)
+        for k, v in node_state(client, ks.namespace, "count").items()
+    }
     outputs = read_topic(kafka, env["DEMO_COUNTS"])
     latest: dict[str, int] = {}
     for rec in outputs:

@@ -23,6 +23,7 @@ from onceflow.connectors.kafka.sink import ERROR_HEADER
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import node_state
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import compare_counts
 
@@ -121,14 +122,14 @@ def event(run: Run, user: str, amount: int, **more: Any) -> dict[str, Any]:
     return e
 
 
-def verify(run: Run, client: Any) -> dict[str, int]:
-    """Compare everything the pipeline did with the independent count; return facts."""
+def verify(run: Run, client: Any, connect: Any = None) -> dict[str, int]:
+    """Compare everything the pipeline did with the independent count; return facts.
+
+    ``connect`` gives the clients of partition scopes on a Redis Cluster.
+    """
     settings = KafkaSettings(run.bootstrap)
-    ks = Keyspace(run.name)
-    state: dict[str, int] = {}
-    for partition in range(2):
-        for k, v in client.hgetall(ks.state("total", partition)).items():
-            state[codec.decode(k)] = codec.decode(v)
+    stored = node_state(client, run.name, "total", connect)
+    state: dict[str, int] = {codec.decode(k): codec.decode(v) for k, v in stored.items()}
     report = compare_counts(run.expected, state)
     assert report.ok, f"keyed state: {report}"
     last: dict[str, tuple[int, int]] = {}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel import codec
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import node_state
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import compare_counts
 
@@ -177,7 +177,7 @@ def expected_emissions(scn):
     return emissions
 
 
-def verify(scn, redis_client, *, copies_in=()):
+def verify(scn, redis_client, *, copies_in=(), connect=None):
     """Check keyed state, every emission of the counts topic and the copy topic.
 
     ``copies_in`` names the topics ("copy", "counts") where sink copies are legitimate (a
@@ -185,11 +185,8 @@ def verify(scn, redis_client, *, copies_in=()):
     """
     settings = KafkaSettings(scn.bootstrap)
     # 1. keyed state in Redis: one count per unique event, per user
-    state = {}
-    ks = Keyspace(scn.name)
-    for partition in range(2):
-        for k, v in redis_client.hgetall(ks.state("count", partition)).items():
-            state[codec.decode(k)] = codec.decode(v)
+    stored = node_state(redis_client, scn.name, "count", connect)
+    state = {codec.decode(k): codec.decode(v) for k, v in stored.items()}
     report = compare_counts(scn.expected, state)
     assert report.ok, f"keyed state: {report}"
     copies = {}

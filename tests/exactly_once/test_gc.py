@@ -25,9 +25,11 @@ import pytest
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.dedup.batch import BatchParams
 from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scopes import SCOPED_FIELD, read_scopes
 from onceflow.kernel.scripts import COMMIT, scripts_for
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import GcError, collect
+from onceflow.operations.reset import reset
 from onceflow.operations.status import status
 from onceflow.testing.harness import Crash, crash_and_resume
 from tests.exactly_once.scenario import BASE_TS, PIPELINE, Scenario, produce_sends, verify
@@ -172,6 +174,42 @@ def test_a_commit_raises_its_generation_and_a_stale_forget_is_refused(redis_serv
     assert forget(keys=[ks.generations], args=[49, 6_000]) == 0
     assert forget(keys=[ks.generations], args=[49, 7_001]) == 1
     assert client.hget(ks.generations, 49) is None
+
+
+def _fake_scopes(client, ks, stage="agg", parallelism=2):
+    """Partition scopes of ``stage`` beside the fake namespace, with the same kinds of keys."""
+    client.hset(ks.meta, SCOPED_FIELD, json.dumps([stage]))
+    scopes = read_scopes(client, ks)
+    for p, scope in enumerate(scopes.partition_keyspaces()):
+        for bucket in range(80, 101):
+            client.hset(scope.generations, bucket, bucket * MINUTE + MINUTE // 2)
+            client.hset(scope.seen(stage, bucket, 0), f"id{bucket}-{p}", "0.0")
+        for batch in range(0, 9):
+            client.hset(scope.backup(stage, batch, p), mapping={"c0": b"x" * 10, "done": "1"})
+        client.hset(scope.stats(stage), mapping={"in": 10 + p, "duplicates": 1})
+        client.hset(scope.state("count", p), f"user{p}", 1)
+    return scopes
+
+
+def test_gc_status_and_reset_cover_every_partition_scope(redis_server, tmp_path):
+    client = redis_server.client()
+    ks = _fake_namespace(client, f"gc-scopes-{uuid.uuid4().hex[:6]}")
+    scopes = _fake_scopes(client, ks)
+    seen = status(client, ks.namespace)
+    assert seen.receivers["agg"] == {"in": 21, "duplicates": 2}, "summed over partitions"
+    assert seen.state["count"]["keys"] == 2
+    assert seen.backups_pending == 3 + 2 * 3 and seen.backups_garbage == 6 + 2 * 6
+    done = collect(client, ks.namespace)
+    assert done.removed["seen_ids"].keys == 9 * 4 + 2 * 9
+    assert done.removed["backups"].keys == 6 + 2 * 6
+    for p, scope in enumerate(scopes.partition_keyspaces()):
+        left = {int(k.rsplit(":", 2)[1]) for k in _keys(client, scope, Kind.SEEN)}
+        assert left == set(range(89, 101)), f"partition {p}"
+        assert _generations(client, scope) == set(range(89, 101))
+        assert client.hget(scope.state("count", p), f"user{p}") == b"1", "state is not garbage"
+    gone = reset(client, ks.namespace, None)
+    assert gone.keys > 0
+    assert not list(client.scan_iter(match=f"of:{{{ks.namespace}*")), "reset left keys behind"
 
 
 def _cli(*args, env=None):

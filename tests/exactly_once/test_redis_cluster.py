@@ -3,12 +3,13 @@
 A real cluster of 3 masters and 3 replicas (Debian's ``redis-server`` in cluster mode, AOF
 on, ``appendfsync everysec``) on loopback, reached with ``redis+cluster://``. The pipeline
 (``tests/e2e_pipelines/orders.py``: a non-deterministic map, a copy of every event to Kafka, a
-count per user) runs against it; its master is SIGKILLed mid-run and a replica takes over.
-A task is held at a chosen point (a commit done, or a Kafka transaction committed) while
-the master dies; the run stops saying so (writes the old master had not passed on may be
-gone, so the batch is not committed), and a second run finishes the input. The independent
-count must then match the keyed state, the counts topic and the copy topic: nothing lost,
-nothing doubled.
+count per user) runs against it. Its source stage lives in the namespace's slot, each
+partition of the keyed count in a slot of its own (a partition scope), so its state spreads
+over the masters. A task is held at a chosen point (a commit done, or a Kafka transaction
+committed) while the master of that task's slot is SIGKILLed and a replica takes over; the
+run stops saying so (writes the old master had not passed on may be gone, so the batch is not
+committed), and a second run finishes the input. The independent count must then match the
+keyed state, the counts topic and the copy topic: nothing lost, nothing doubled.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.testing import LocalRedisCluster
@@ -78,29 +81,57 @@ def test_namespaces_spread_over_masters_and_a_client_follows_its_slot(redis_clus
     redis_cluster.restart_node()  # the old master comes back as a replica
 
 
+def tag_clients(url: str) -> Any:
+    """Clients by hash tag (the namespace's, or a partition scope's) on the cluster."""
+    settings = RedisSettings(url)
+    return lambda tag: redis_client(settings, tag)
+
+
+def show_spread(cluster: LocalRedisCluster, url: str, namespace: str) -> set[int]:
+    """Print which master serves each of the pipeline's hash tags; check its keys are there."""
+    connect = tag_clients(url)
+    masters = set()
+    for ks in read_scopes(connect(namespace), Keyspace(namespace)).keyspaces():
+        owner = cluster.slot_owner(namespace_slot(ks.tag)).port
+        held = list(cluster.node_client(owner).scan_iter(match=ks.pattern(), count=1000))
+        assert held, f"no key of {ks.tag} on {owner}, the master of its slot"
+        print(f"[redis-cluster] {ks.tag}: {len(held)} keys on master {owner}")
+        masters.add(owner)
+    return masters
+
+
 @pytest.mark.parametrize(
     "where",
     [
-        Crash("after_commit", stage="events", batch=1, partition=0, mode="pause"),
+        # a task of the keyed stage, in its partition scope, paused after a commit: the
+        # master of that scope's slot dies
+        Crash("after_commit", stage="count", batch=2, partition=1, mode="pause"),
+        pytest.param(  # a source-stage task: the namespace's own master dies
+            Crash("after_commit", stage="events", batch=1, partition=0, mode="pause"),
+            marks=pytest.mark.long,
+        ),
         pytest.param(  # the delivery's replica wait is what keeps this one exact
             Crash("after_sink_commit", stage="count", batch=2, partition=1, mode="pause"),
             marks=pytest.mark.long,
         ),
     ],
-    ids=["after-a-commit", "after-a-kafka-commit"],
+    ids=["scope-after-a-commit", "namespace-after-a-commit", "scope-after-a-kafka-commit"],
 )
 def test_a_failover_mid_batch_loses_and_doubles_nothing(where, broker, redis_cluster, tmp_path):
-    """The master dies while a task waits at ``where``: the run stops, a rerun completes."""
-    scn = make_scenario(broker, cluster_url(redis_cluster), tmp_path)
+    """The master of the paused task's hash tag dies: the run stops, a rerun completes."""
+    url = cluster_url(redis_cluster)
+    scn = make_scenario(broker, url, tmp_path)
+    connect = tag_clients(url)
     killed = []
 
-    def kill_the_pipelines_master():
-        killed.append(redis_cluster.kill_master(master_index(redis_cluster, scn.name)))
+    def kill_the_tasks_master():
+        scopes = read_scopes(connect(scn.name), Keyspace(scn.name))
+        tag = scopes.keyspace(where.stage, where.partition).tag
+        assert (tag != scn.name) == (where.stage == "count"), "the keyed stage is scoped"
+        killed.append(redis_cluster.kill_master(master_index(redis_cluster, tag)))
         killed.append(time.monotonic())
 
-    first = run_pipeline(
-        PIPELINE, scn.args, env=scn.env, crash=where, fault=kill_the_pipelines_master
-    )
+    first = run_pipeline(PIPELINE, scn.args, env=scn.env, crash=where, fault=kill_the_tasks_master)
     assert killed, "the pause point was never reached:\n" + first.output[-3000:]
     failover = redis_cluster.wait_failover()
     errors = [line for line in first.output.splitlines() if line.startswith("error")]
@@ -120,9 +151,10 @@ def test_a_failover_mid_batch_loses_and_doubles_nothing(where, broker, redis_clu
         f"{committed[0] - killed[1]:.1f} s (the rerun itself: {second.seconds:.1f} s)"
     )
     assert second.returncode == 0
-    verify(scn, redis_client(RedisSettings(cluster_url(redis_cluster)), scn.name))
+    verify(scn, connect(scn.name), connect=connect)
+    show_spread(redis_cluster, url, scn.name)
     redis_cluster.restart_node(killed[0].port)  # back as a replica, for the next test
-    operator_commands_find_the_pipeline(cluster_url(redis_cluster), scn)
+    operator_commands_find_the_pipeline(url, scn)
 
 
 def onceflow(*args: str) -> subprocess.CompletedProcess[str]:
@@ -150,4 +182,5 @@ def operator_commands_find_the_pipeline(url: str, scn) -> None:
     skipped = [json.loads(line) for line in gc.stderr.splitlines() if "skipped" in line]
     assert [s["namespace"] for s in skipped] == [other], gc.stderr
     assert gc.returncode == 1
-    verify(scn, redis_client(RedisSettings(url), scn.name))  # GC took nothing that matters
+    connect = tag_clients(url)
+    verify(scn, connect(scn.name), connect=connect)  # GC took nothing that matters

@@ -20,6 +20,7 @@ import pytest
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.scripts import scripts_for
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import collect
@@ -35,16 +36,17 @@ TTL_S = 4
 def _state(client, ks):
     """Every (state hash, expiry set) pair of the namespace, decoded: user -> count."""
     counts, expiries = {}, {}
-    for key in client.scan_iter(match=ks.pattern(), count=1000):
-        parsed = ks.parse(key)
-        if parsed is None:
-            continue
-        if parsed.kind is Kind.STATE:
-            for k, v in client.hgetall(key).items():
-                counts[codec.decode(k)] = codec.decode(v)[0]
-        elif parsed.kind is Kind.EXPIRY:
-            for k, at in client.zrange(key, 0, -1, withscores=True):
-                expiries[codec.decode(k)] = int(at)
+    for tag in read_scopes(client, ks).keyspaces():
+        for key in client.scan_iter(match=tag.pattern(), count=1000):
+            parsed = tag.parse(key)
+            if parsed is None:
+                continue
+            if parsed.kind is Kind.STATE:
+                for k, v in client.hgetall(key).items():
+                    counts[codec.decode(k)] = codec.decode(v)[0]
+            elif parsed.kind is Kind.EXPIRY:
+                for k, at in client.zrange(key, 0, -1, withscores=True):
+                    expiries[codec.decode(k)] = int(at)
     return counts, expiries
 
 

@@ -53,7 +53,8 @@ def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, 
         max_kill_s=18.0,
         client=client,
     )
-    facts = check(t, redis_client(RedisSettings(url), t.run.name))
+    settings = RedisSettings(url)
+    facts = check(t, redis_client(settings, t.run.name), lambda tag: redis_client(settings, tag))
     assert t.kills >= 2, f"the run ended before it could be killed: {facts}"
     assert facts["duplicates_dropped"] > 0 and facts["poison"] > 0
     reasons = set(t.run.poison.values())

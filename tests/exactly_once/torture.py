@@ -155,9 +155,9 @@ def torture(
     return t
 
 
-def check(t: Torture, client: Any) -> dict[str, int]:
-    """The independent check; returns facts for a report."""
-    facts = verify(t.run, client)
+def check(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
+    """The independent check; returns facts for a report (``connect``: scopes' clients)."""
+    facts = verify(t.run, client, connect)
     facts.update(
         kills=t.kills,
         events=len(t.run.events),
