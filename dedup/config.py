@@ -39,7 +39,8 @@ class DedupConfig:
     a successor in the same generation.
     ``shards``: seen-IDs of a generation are spread over this many small Redis hashes, which
     Redis keeps in its compact listpack encoding (~20 bytes per ID instead of ~110 for a key
-    each).
+    each). A receiver kept per partition scope (a keyed stage) shares them out: each
+    partition has ``shards // parallelism`` (:meth:`scope_shards`).
     ``chunk_size``: records per atomic commit. Larger chunks amortize per-call work (2,500 ran
     ~10% faster than 1,000; more gained nothing) but a call holds Redis longer (~10 ms).
     ``snapshot_every``: commits between Bloom snapshots (filters that moved replay the journal
@@ -53,6 +54,10 @@ class DedupConfig:
     shards: int = 1024
     chunk_size: int = 2500
     snapshot_every: int = 32
+
+    def scope_shards(self, parallelism: int) -> int:
+        """Shards per generation of one partition scope: as dense as an unscoped receiver's."""
+        return max(1, self.shards // max(1, parallelism))
 
     def __post_init__(self) -> None:
         problems = []

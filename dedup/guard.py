@@ -60,6 +60,7 @@ class ExactlyOnceGuards:
     # the replication ID of each hash tag's master when the batch started (None: not checked)
     masters: Mapping[str, str] | None = None
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
+    parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
 
     def for_batch(
         self, params: BatchParams, durability: BatchDurability | None = None
@@ -115,7 +116,10 @@ class ExactlyOnceGuard:
             live=params.live,
             limit_ms=params.limit_ms,
         )
-        self.addressing = Addressing(ks, factory.config)
+        shards = factory.config.shards
+        if ks.scope is not None:
+            shards = factory.config.scope_shards(factory.parallelism)
+        self.addressing = Addressing(ks, replace(factory.config, shards=shards))
         self.stage = trust.Receiver(ks.tag, task.stage, self.config)
         self.sinks = {
             index: trust.Receiver(ks.tag, receiver_name(name), self.config)

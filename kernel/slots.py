@@ -1,14 +1,14 @@
-"""Redis Cluster: a pipeline's keys live in one hash slot, reached on the master serving it.
+"""Redis Cluster: each hash tag's keys live in one slot, reached on the master serving it.
 
-Every key of a namespace carries the hash tag ``{<namespace>}`` (see
-:mod:`onceflow.kernel.keyspace`), so the Lua scripts that commit a chunk's seen-marks,
-backup and state in one step touch one slot. A URL ``redis+cluster://host:port`` (or
-``rediss+cluster://`` for TLS) says the server is a Redis Cluster: redis-py's cluster client
-finds the master that serves the namespace's slot, and the namespace's client is a plain
-client whose connections go to that master. Name several seed nodes, comma-separated
-(``redis+cluster://:pw@10.0.0.1:6379,10.0.0.2:6379``), so that a run can start while one of
-them is down. Every new connection asks again, so after a
-failover (the master dies, its replica takes over) the client's retries reconnect to the
+Every key of a namespace carries the hash tag ``{<namespace>}``, or ``{<namespace>:<scope>}``
+for a partition scope (see :mod:`onceflow.kernel.keyspace`), so the Lua scripts that commit a
+chunk's seen-marks, backup and state in one step touch one slot. A URL
+``redis+cluster://host:port`` (or ``rediss+cluster://`` for TLS) says the server is a Redis
+Cluster: redis-py's cluster client finds the master that serves a tag's slot, and the tag's
+client is a plain client whose connections go to that master. Name several seed nodes,
+comma-separated (``redis+cluster://:pw@10.0.0.1:6379,10.0.0.2:6379``), so that a run can
+start while one of them is down. Every new connection asks again, so after a failover (the
+master dies, its replica takes over) the client's retries reconnect to the
 new master; a reply that says the slot moved (``MOVED``, ``ASK``, ``CLUSTERDOWN``,
 ``TRYAGAIN``, or ``READONLY`` from a demoted master) drops the connection and is retried
 the same way. Commands and scripts are never split across nodes.
@@ -17,7 +17,8 @@ What a failover may lose, and how a run makes that a clear stop rather than a si
 is in :mod:`onceflow.dedup.durability`.
 
 Different namespaces hash to different slots, so several pipelines spread over the masters;
-one pipeline's state lives on one master (and its replicas).
+within a pipeline, each partition of a keyed stage has a hash tag of its own (a partition
+scope, :mod:`onceflow.kernel.scopes`) and a client like a namespace's.
 """
 
 from __future__ import annotations

@@ -490,6 +490,7 @@ def _new_run(
             config,
             wait_timeout_ms=durability.timeout_ms,
             scoped=scopes.stages,
+            parallelism=opts.parallelism,
         )
         warning = cannot_fsync_warning(client)
         if warning and opts.progress:

@@ -44,6 +44,7 @@ class ScopedHarness(Harness):
             epoch,
             self.guards.config,
             scoped=frozenset({self.spec.name}),
+            parallelism=4,
         )
         self.scopes = Scopes(self.name, frozenset({self.spec.name}), 2)
 
@@ -72,6 +73,8 @@ def test_a_scoped_partition_keeps_every_key_it_writes_in_its_own_slot(redis_serv
     assert int(h.client.get(scope.epoch)) == 1, "the claim copies the driver epoch"
     assert h.client.hget(scope.generations, 4) is not None
     assert not h.client.exists(home.generations), "the namespace's are raised by the driver"
+    shards = {scope.parse(k).shard for k in written if scope.parse(k) and scope.parse(k).shard}
+    assert len(shards) > 100 and max(shards) < 1024 // 4, "4 partitions share the 1024 shards"
 
 
 def test_a_copy_in_a_scoped_partition_is_a_duplicate_after_the_worker_restarts(redis_server):
