@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from onceflow.dedup.errors import DedupConfigError
@@ -39,8 +39,8 @@ class DedupConfig:
     a successor in the same generation.
     ``shards``: seen-IDs of a generation are spread over this many small Redis hashes, which
     Redis keeps in its compact listpack encoding (~20 bytes per ID instead of ~110 for a key
-    each). A receiver kept per partition scope (a keyed stage) shares them out: each
-    partition has ``shards // parallelism`` (:meth:`scope_shards`).
+    each). A receiver kept per partition scope (a keyed stage) shares them and the Bloom
+    capacity out: each partition has ``1 / parallelism`` of both (:meth:`for_scope`).
     ``chunk_size``: records per atomic commit. Larger chunks amortize per-call work (2,500 ran
     ~10% faster than 1,000; more gained nothing) but a call holds Redis longer (~10 ms).
     ``snapshot_every``: commits between Bloom snapshots (filters that moved replay the journal
@@ -55,9 +55,18 @@ class DedupConfig:
     chunk_size: int = 2500
     snapshot_every: int = 32
 
-    def scope_shards(self, parallelism: int) -> int:
-        """Shards per generation of one partition scope: as dense as an unscoped receiver's."""
-        return max(1, self.shards // max(1, parallelism))
+    def for_scope(self, parallelism: int) -> DedupConfig:
+        """The settings of one partition scope: its share of the shards and filter capacity.
+
+        A receiver kept per partition sees ``1 / parallelism`` of the IDs, so its seen-ID
+        hashes stay as dense as an unscoped receiver's and its Bloom filters as full.
+        """
+        share = max(1, parallelism)
+        return replace(
+            self,
+            shards=max(1, self.shards // share),
+            bloom_capacity=max(MIN_BLOOM_CAPACITY, self.bloom_capacity // share),
+        )
 
     def __post_init__(self) -> None:
         problems = []

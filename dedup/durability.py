@@ -32,7 +32,7 @@ failover never forgets a delivery that became visible.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.kernel.errors import ServiceError
@@ -53,18 +53,19 @@ class Durability:
     auto: bool = False  # replicas: one if the master has any when a batch starts, else none
 
     def for_batch(self, targets: Sequence[tuple[str, Any]]) -> BatchDurability:
-        """What a starting batch waits for, per hash tag, and each tag's master's ID now.
+        """What a starting batch waits for, per hash tag, and each tag's master now.
 
         ``targets`` pairs each hash tag the batch writes (the namespace's first, then its
-        partition scopes) with its client; tags sharing a client share a master. In the
+        partition scopes) with its client. Each tag's master is identified by its replication
+        ID (one INFO per client), so the end of the batch waits once per master. In the
         automatic setting each master is waited on for one replica if it has one now (after
         a failover the promoted master has none until the old node returns).
         """
-        if not self.auto and not self.replicas:
+        if not self.waitaof and not self.auto and not self.replicas:
             return BatchDurability({}, None)
         infos: dict[int, Any] = {}
         replicas: dict[str, int] = {}
-        started_on: dict[str, str] = {}
+        masters: dict[str, str] = {}
         for tag, client in targets:
             if id(client) not in infos:
                 infos[id(client)] = client.info("replication")
@@ -73,9 +74,9 @@ class Durability:
             if self.auto:
                 wanted = 1 if int(info.get("connected_slaves", 0)) > 0 else 0
             replicas[tag] = wanted
-            if wanted:
-                started_on[tag] = str(info.get("master_replid", ""))
-        return BatchDurability(replicas, started_on or None)
+            masters[tag] = str(info.get("master_replid", ""))
+        checked = {tag: replid for tag, replid in masters.items() if replicas[tag]}
+        return BatchDurability(replicas, checked or None, masters)
 
     def describe(self) -> str:
         """One line for the run's start."""
@@ -84,6 +85,8 @@ class Durability:
             parts.append("the AOF fsync (WAITAOF)")
         if self.replicas:
             parts.append(f"{self.replicas} replica(s) (WAIT)")
+        elif self.auto:
+            parts.append("one replica on each master that has one (WAIT)")
         return " and ".join(parts) if parts else "nothing more than Redis's reply"
 
 
@@ -96,7 +99,8 @@ class BatchDurability:
     """
 
     replicas: Mapping[str, int]  # hash tag -> replicas its master's writes must reach
-    started_on: Mapping[str, str] | None  # hash tag -> its master's replication ID
+    started_on: Mapping[str, str] | None  # hash tag -> its master's replication ID (checked)
+    masters: Mapping[str, str] = field(default_factory=dict)  # every tag -> its master's ID
 
     def replicas_of(self, tag: str) -> int:
         """Replicas to wait for on the master of ``tag``."""
@@ -108,36 +112,42 @@ def _version(client: Any) -> tuple[int, ...]:
     return tuple(int(p) for p in raw.split(".")[:2] if p.isdigit())
 
 
-def plan_durability(client: Any, replicas: int | None, timeout_ms: int) -> Durability:
-    """What to wait for: the local fsync when it can be asked, and replicas.
+def plan_durability(clients: Sequence[Any], replicas: int | None, timeout_ms: int) -> Durability:
+    """What to wait for: the local fsync when any master needs it asked, and replicas.
 
-    ``replicas`` None means: one, if the server has any replica connected now.
+    ``clients`` reach every master the pipeline writes to. ``replicas`` None means: one, on
+    each master that has a replica connected when a batch starts.
     """
+    waitaof = any(_needs_waitaof(c) for c in clients)
+    if replicas is None:
+        return Durability(waitaof, 0, timeout_ms, auto=True)
+    return Durability(waitaof, replicas, timeout_ms)
+
+
+def _needs_waitaof(client: Any) -> bool:
+    """Whether a master's AOF is on without ``appendfsync always`` and it can confirm fsyncs."""
     info = client.info("persistence")
     try:
         fsync = str(client.config_get("appendfsync").get("appendfsync"))
     except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG
         fsync = "unknown"
     waitaof = bool(info.get("aof_enabled")) and fsync != "always"
-    waitaof = waitaof and _version(client) >= WAITAOF_VERSION
-    if replicas is None:
-        connected = int(client.info("replication").get("connected_slaves", 0))
-        return Durability(waitaof, 1 if connected > 0 else 0, timeout_ms, auto=True)
-    return Durability(waitaof, replicas, timeout_ms)
+    return waitaof and _version(client) >= WAITAOF_VERSION
 
 
-def cannot_fsync_warning(client: Any) -> str | None:
+def cannot_fsync_warning(clients: Sequence[Any]) -> str | None:
     """A warning when per-batch fsync cannot be confirmed (older Redis with everysec)."""
-    try:
-        fsync = str(client.config_get("appendfsync").get("appendfsync"))
-    except Exception:  # noqa: BLE001
-        return None
-    if fsync == "everysec" and _version(client) < WAITAOF_VERSION:
-        return (
-            "Redis before 7.2 cannot confirm that a batch's writes were fsynced (WAITAOF); "
-            "with appendfsync everysec a host crash may roll back up to a second of commits. "
-            "Use appendfsync always, or Redis 7.2+, for that guarantee"
-        )
+    for client in clients:
+        try:
+            fsync = str(client.config_get("appendfsync").get("appendfsync"))
+        except Exception:  # noqa: BLE001
+            continue
+        if fsync == "everysec" and _version(client) < WAITAOF_VERSION:
+            return (
+                "Redis before 7.2 cannot confirm that a batch's writes were fsynced (WAITAOF); "
+                "with appendfsync everysec a host crash may roll back up to a second of "
+                "commits. Use appendfsync always, or Redis 7.2+, for that guarantee"
+            )
     return None
 
 
@@ -173,15 +183,23 @@ def wait_durable(
 ) -> None:
     """Block until every write so far is durable as ``durability`` asks; raise if it is not.
 
-    ``targets`` pairs a keyspace with its client, one per client (see
-    :func:`onceflow.kernel.scopes.distinct`): each master the batch wrote to is waited on.
+    ``targets`` pairs a keyspace with its client: tags whose master was the same when the
+    batch started (``this_batch.masters``) share one marker and wait (Redis replicates and
+    fsyncs in order, so a marker written after the batch's tasks finished covers them all).
     ``this_batch`` (from :meth:`Durability.for_batch` when the batch started) says how many
     replicas to wait for and each master's replication ID then: if a master now has another,
     it failed over during the batch (see the module docstring).
     """
     masters = None if this_batch is None else this_batch.started_on
+    groups: dict[str, list[tuple[Keyspace, Any]]] = {}  # master -> its tags
     for ks, client in targets:
-        replicas = durability.replicas if this_batch is None else this_batch.replicas_of(ks.tag)
+        master = this_batch.masters.get(ks.tag) if this_batch is not None else None
+        groups.setdefault(master or f"client-{id(client)}", []).append((ks, client))
+    for group in groups.values():  # one marker and wait per master: it covers all its writes
+        ks, client = group[0]
+        replicas = durability.replicas
+        if this_batch is not None:
+            replicas = max(this_batch.replicas_of(k.tag) for k, _ in group)
         if durability.waitaof or replicas:
             _wait_one(client, ks, batch, durability, replicas, masters)
 

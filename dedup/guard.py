@@ -92,7 +92,10 @@ class ExactlyOnceGuard:
         scopes = Scopes(factory.namespace, factory.scoped)
         ks = scopes.keyspace(task.stage, task.partition)
         client = redis_client(factory.redis, ks.tag)
-        self.config = factory.config
+        config = factory.config
+        if ks.scope is not None:  # one partition's share of the shards and Bloom capacity
+            config = config.for_scope(factory.parallelism)
+        self.config = config
         self.replicas = (factory.wait_replicas or {}).get(ks.tag, 0)
         self.wait_timeout_ms = factory.wait_timeout_ms
         self.master = None if factory.masters is None else factory.masters.get(ks.tag)
@@ -106,7 +109,7 @@ class ExactlyOnceGuard:
             client,
             scripts_for(client),
             ks,
-            factory.config,
+            config,
             str(factory.epoch),
             task.stage,
             task.batch,
@@ -116,10 +119,7 @@ class ExactlyOnceGuard:
             live=params.live,
             limit_ms=params.limit_ms,
         )
-        shards = factory.config.shards
-        if ks.scope is not None:
-            shards = factory.config.scope_shards(factory.parallelism)
-        self.addressing = Addressing(ks, replace(factory.config, shards=shards))
+        self.addressing = Addressing(ks, config)
         self.stage = trust.Receiver(ks.tag, task.stage, self.config)
         self.sinks = {
             index: trust.Receiver(ks.tag, receiver_name(name), self.config)
@@ -140,7 +140,7 @@ class ExactlyOnceGuard:
         s.token = f"{s.epoch}:{self.attempt_id}"
         check_master(s.client, s.batch, self.master)  # a failover since the batch began: stop
         pipe = s.client.pipeline(transaction=False)
-        s.scripts.claim(keys=s.fence_keys(), args=s.claim_args(), client=pipe)
+        s.scripts.claim(keys=s.fence_keys(), args=s.fence_args(), client=pipe)
         pipe.hgetall(ks.backup(s.stage, s.batch, s.partition))
         for r in self.receivers:
             pipe.get(ks.filter_seq(r.name))

@@ -57,10 +57,6 @@ class TaskSession:
         """The driver epoch and this task's token: first ARGV of every fenced script."""
         return [self.epoch, self.token]
 
-    def claim_args(self) -> list[Any]:
-        """The claim's ARGV: in a partition scope it also raises the scope's epoch copy."""
-        return [*self.fence_args(), "1" if self.ks.scope is not None else "0"]
-
     def count(self, name: str, n: int = 1) -> None:
         """Add to a counter, both for the run's metrics and for Redis."""
         if n:

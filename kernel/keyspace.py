@@ -8,8 +8,8 @@ pipeline name; give two deployments of one pipeline different namespaces to keep
 A stage that follows a key exchange keeps each partition's keys under a tag of their own,
 ``of:{<namespace>:<scope>}:...`` (a *partition scope*, see :mod:`onceflow.kernel.scopes`), so
 a pipeline's state spreads over a cluster's masters. Inside a scope the key names are the same
-as in the namespace's own tag; ``epoch`` there is the newest driver epoch whose task claimed
-the partition, and ``gens`` the generations the partition committed into.
+as in the namespace's own tag; ``epoch`` there is a copy of the driver epoch (each driver
+sets it when it starts), and ``gens`` the generations the partition committed into.
 
 Time is cut into buckets of ``bucket_ms``. A micro-batch marks the IDs it commits as seen in
 its *generation*: the bucket of the pipeline's dedup time when the batch started (fixed in the
@@ -135,15 +135,6 @@ class Keyspace:
     def root(self) -> str:
         """Prefix of every key of the namespace (or of the partition scope)."""
         return f"{PREFIX}:{{{self.tag}}}"
-
-    @property
-    def namespace_root(self) -> Keyspace:
-        """The keys in the namespace's own tag (the pipeline-wide ones)."""
-        return self if self.scope is None else Keyspace(self.namespace)
-
-    def scoped(self, scope: str) -> Keyspace:
-        """The keys of one partition scope of this namespace."""
-        return Keyspace(self.namespace, scope)
 
     def pattern(self, kind: Kind | None = None) -> str:
         """A SCAN pattern for the namespace's keys of one kind (or all)."""

@@ -6,10 +6,10 @@ pipeline, and a retried producer replays the same outputs (same IDs, same keys) 
 backup. Each such partition therefore keeps *all* its state under a hash tag of its own,
 ``of:{<namespace>:<scope>}``: its task token, seen-IDs, Bloom journal and snapshot, counters,
 backups, keyed state and timers, the sinks it writes, the generations it committed into, and
-a copy of the driver epoch (raised by the first task of a newer driver that claims the
-partition, fencing the older driver's tasks from then on). Every Lua call of such a task
-touches that one slot, and on a Redis Cluster the partitions of a pipeline spread over the
-masters.
+a copy of the driver epoch (set by each driver when it starts, before its first batch, so a
+scope fences an older driver's tasks at once, as the namespace's epoch does). Every Lua call
+of such a task touches that one slot, and on a Redis Cluster the partitions of a pipeline
+spread over the masters.
 
 Source stages (and stages reading them without an exchange) stay in the namespace's own tag:
 copies of an input record may arrive in any of their partitions (an upstream producer's
@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scripts import scripts_for
 
@@ -82,25 +83,71 @@ def read_scopes(client: Any, ks: Keyspace) -> Scopes:
     return Scopes(ks.namespace, stages, int(parallelism or 0))
 
 
+def stored_stages(client: Any, ks: Keyspace) -> frozenset[str]:
+    """The stages of the plan stored with a namespace (none for a new one)."""
+    raw = client.hget(ks.meta, PLAN_FIELD)
+    return frozenset(json.loads(raw).get("stages", {})) if raw else frozenset()
+
+
 def pin_scopes(
-    client: Any, ks: Keyspace, exchange_stages: Iterable[str], parallelism: int, new: bool
+    client: Any,
+    ks: Keyspace,
+    exchange_stages: Iterable[str],
+    stages: Iterable[str],
+    previous: frozenset[str],
+    parallelism: int,
+    new: bool,
 ) -> Scopes:
     """Fix the scoped stages of a new namespace; keep an existing namespace's.
 
-    An existing namespace with scopes takes on exchange stages a changed plan added (their
-    state starts in scopes); one without scopes (made before them) keeps every key in its tag.
+    ``stages`` are the plan's, ``previous`` those of the plan stored before this run (they
+    differ after ``--accept-plan-change``). A stage new to the plan that follows an exchange
+    is scoped. A stage whose place changed (it follows an exchange now and did not, or the
+    other way round) is refused: its state would be in the wrong tag, and its copies no
+    longer all reach one partition. A namespace made before scopes existed keeps every key in
+    its own tag.
     """
-    wanted = set(exchange_stages)
+    wanted, present = set(exchange_stages), set(stages)
     if new:
         client.hsetnx(ks.meta, SCOPED_FIELD, json.dumps(sorted(wanted)))
     raw = client.hget(ks.meta, SCOPED_FIELD)
     if raw is None:
         return Scopes(ks.namespace, frozenset(), parallelism)
-    stages = frozenset(json.loads(raw))
-    if not wanted <= stages:
-        stages = stages | wanted
-        client.hset(ks.meta, SCOPED_FIELD, json.dumps(sorted(stages)))
-    return Scopes(ks.namespace, stages, parallelism)
+    stored = frozenset(json.loads(raw))
+    moved = sorted((stored & present) - wanted) + sorted((wanted - stored) & previous)
+    if moved:
+        msg = (
+            f"stage(s) {', '.join(map(repr, moved))} of namespace {ks.namespace!r} now "
+            "follow a key exchange and did not before, or the other way round: their stored "
+            "state is laid out for the old place. Keep the old plan, or start over with "
+            f"onceflow reset --namespace {ks.namespace} (or a new namespace)"
+        )
+        raise ConfigError(msg)
+    if not wanted <= stored:  # exchange stages new to the plan
+        stored = stored | wanted
+        client.hset(ks.meta, SCOPED_FIELD, json.dumps(sorted(stored)))
+    return Scopes(ks.namespace, stored, parallelism)
+
+
+def tag_client(client: Any, ks: Keyspace, connect: Connect | None) -> Any:
+    """The client of ``ks``'s hash tag: ``client`` for the namespace's, else ``connect``'s.
+
+    Without ``connect`` one Redis serves every tag; on a Redis Cluster that would read a
+    partition scope on the namespace's master and find nothing, so it is refused.
+    """
+    if ks.scope is None:
+        return client
+    if connect is not None:
+        return connect(ks.tag)
+    from onceflow.kernel.slots import serves_one_slot
+
+    if serves_one_slot(client):
+        msg = (
+            f"{ks.tag!r} is a partition scope of a Redis Cluster: pass connect= (the client "
+            "of each hash tag) to read it; this is an Onceflow bug"
+        )
+        raise ConfigError(msg)
+    return client
 
 
 def node_keyspaces(client: Any, namespace: str, node: str) -> list[Keyspace]:
@@ -122,8 +169,7 @@ def node_state(
     """Every partition's stored state of a stateful node: encoded key -> encoded value."""
     out: dict[bytes, bytes] = {}
     for p, ks in enumerate(node_keyspaces(client, namespace, node)):
-        scoped = client if connect is None or ks.scope is None else connect(ks.tag)
-        out.update(scoped.hgetall(ks.state(node, p)))
+        out.update(tag_client(client, ks, connect).hgetall(ks.state(node, p)))
     return out
 
 
@@ -136,6 +182,26 @@ def distinct(targets: Iterable[tuple[Keyspace, Any]]) -> list[tuple[Keyspace, An
             seen.add(id(client))
             out.append((ks, client))
     return out
+
+
+def raise_epochs(scopes: Scopes, epoch: int, connect: Connect) -> None:
+    """Copy a starting driver's epoch into every partition scope (see ``RAISE_EPOCH``).
+
+    Raises :class:`~onceflow.kernel.errors.ConfigError` when a scope holds a newer epoch than
+    the namespace's: state left by another run (a reset that did not finish, or a namespace
+    whose pipeline-wide keys were deleted by hand), which this run must not mix with its own.
+    """
+    for ks in scopes.partition_keyspaces():
+        client = connect(ks.tag)
+        now = int(scripts_for(client).raise_epoch(keys=[ks.epoch], args=[epoch]))
+        if now > epoch:
+            msg = (
+                f"partition scope {ks.tag!r} holds driver epoch {now}, newer than namespace "
+                f"{scopes.namespace!r}'s ({epoch}): it is state left by another run. Start "
+                f"over with onceflow reset --namespace {scopes.namespace}, or use another "
+                "namespace"
+            )
+            raise ConfigError(msg)
 
 
 def merge_generations(client: Any, scopes: Scopes, connect: Connect) -> int:

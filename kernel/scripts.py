@@ -34,19 +34,13 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {'fenced', 'task'} end
 """
 
-# A task attempt claims its stage partition, unless a newer attempt already has. In a
-# partition scope (ARGV[3] '1') the epoch key is the scope's copy of the driver epoch: the
-# first task of a newer driver raises it, and a task of an older driver is fenced.
-# KEYS: 1 epoch, 2 task token. ARGV: 1 epoch, 2 this attempt's token, 3 '1' in a scope
+# A task attempt claims its stage partition, unless a newer attempt already has. (In a
+# partition scope the epoch key is the scope's copy of the driver epoch, see RAISE_EPOCH.)
+# KEYS: 1 epoch, 2 task token. ARGV: 1 epoch, 2 this attempt's token
 CLAIM = (
     _PARSE_TOKEN
     + """
-local epoch = redis.call('GET', KEYS[1])
-if ARGV[3] == '1' and (not epoch or tonumber(epoch) < tonumber(ARGV[1])) then
-  redis.call('SET', KEYS[1], ARGV[1])
-  epoch = ARGV[1]
-end
-if epoch ~= ARGV[1] then return {'fenced', 'driver'} end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
 local cur = redis.call('GET', KEYS[2])
 if cur then
   local ce, ca = token_pair(cur)
@@ -308,6 +302,17 @@ return 0
 """
 
 
+# A starting driver copies its epoch into each partition scope (never lowering it), before
+# any of its tasks runs: from then on the scope fences every older driver's tasks, and a
+# task of a driver that never did (a leftover of an earlier run) finds no copy and is fenced.
+# KEYS: 1 the scope's epoch copy. ARGV: 1 epoch. Returns the copy now.
+RAISE_EPOCH = """
+local cur = redis.call('GET', KEYS[1])
+if cur and tonumber(cur) > tonumber(ARGV[1]) then return cur end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""
+
 # The driver folds partition scopes' generations into the namespace's (see kernel.scopes).
 # KEYS: 1 generations. ARGV: g x (generation, newest event time). Returns how many rose.
 RAISE_GENERATIONS = """
@@ -367,6 +372,7 @@ class Scripts:
         self.forget_generation = register(FORGET_GENERATION)
         self.raise_lanes = register(RAISE_LANES)
         self.raise_generations = register(RAISE_GENERATIONS)
+        self.raise_epoch = register(RAISE_EPOCH)
         self.expire_state = register(EXPIRE_STATE)
 
 

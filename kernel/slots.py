@@ -168,7 +168,14 @@ def slot_connection_class(base: type, locator: SlotLocator, slot: int) -> type:
                 raise
 
     SlotOwnerConnection.__name__ = f"SlotOwner{base.__name__}"
+    SlotOwnerConnection.slot = slot
     return SlotOwnerConnection
+
+
+def serves_one_slot(client: Any) -> bool:
+    """Whether ``client`` talks to the master of one slot of a cluster (a tag's client)."""
+    pool = getattr(client, "connection_pool", None)
+    return hasattr(getattr(pool, "connection_class", None), "slot")
 
 
 def namespace_client(

@@ -41,7 +41,7 @@ from onceflow.dedup.trust import GENERATION_FIELD
 from onceflow.kernel.durations import DAY_MS, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import META_PATTERN, Keyspace, Kind, ParsedKey, namespace_of_meta
-from onceflow.kernel.scopes import Connect, read_scopes
+from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.kernel.scripts import scripts_for
 
 # Buckets of event time a generation is kept past the horizon, in case a clock is a little behind.
@@ -216,7 +216,7 @@ def collect(
     expired_by = params.time_ms if params is not None else None
     forgotten = set(garbage.forgotten)
     for tag in read_scopes(client, ks).keyspaces():
-        tagged = client if connect is None or tag.scope is None else connect(tag.tag)
+        tagged = tag_client(client, tag, connect)
         tag_garbage = garbage
         if tag.scope is not None:
             tag_garbage = _forget_generations(tagged, tag, threshold, limit, dry_run)

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.scopes import Connect, read_scopes
+from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_DELETE_BATCH, DEFAULT_SCAN_COUNT, scan_steps
 
 
@@ -47,7 +47,7 @@ def reset(
     home = Keyspace(namespace)
     keys = 0
     for ks in [*read_scopes(client, home).partition_keyspaces(), home]:
-        scoped = client if connect is None or ks.scope is None else connect(ks.tag)
+        scoped = tag_client(client, ks, connect)
         for step in scan_steps(scoped, ks.pattern(), scan_count):
             keys += len(step)
             if not dry_run:

@@ -18,7 +18,7 @@ from typing import Any
 from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import lanes_of
 from onceflow.kernel.keyspace import Keyspace, Kind
-from onceflow.kernel.scopes import Connect, read_scopes
+from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
 
 # Counters shown per receiver, in this order (others follow, sorted).
@@ -154,8 +154,7 @@ def status(
     acked = acknowledged(client, ks)
     found = _Found()
     for scope in read_scopes(client, ks).keyspaces():
-        scoped = client if connect is None or scope.scope is None else connect(scope.tag)
-        _scan(scoped, scope, acked, scan_count, found)
+        _scan(tag_client(client, scope, connect), scope, acked, scan_count, found)
     return Status(
         namespace=namespace,
         epoch=int(client.get(ks.epoch) or 0),

@@ -46,7 +46,15 @@ from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee
-from onceflow.kernel.scopes import Connect, Scopes, distinct, merge_generations, pin_scopes
+from onceflow.kernel.scopes import (
+    Connect,
+    Scopes,
+    distinct,
+    merge_generations,
+    pin_scopes,
+    raise_epochs,
+    stored_stages,
+)
 from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
 from onceflow.runtime.bounded import all_sinks
 from onceflow.runtime.checkpoint import Checkpoint
@@ -87,6 +95,37 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 log = logging.getLogger(__name__)
 
 
+class Phases:
+    """Where a step's time went: seconds per named phase, and Spark jobs and stages."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.last = time.monotonic() if start is None else start
+        self.seconds: dict[str, float] = {}
+        self.jobs = self.stages = 0
+
+    def mark(self, name: str) -> None:
+        """The phase ``name`` ended now."""
+        now = time.monotonic()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def count_jobs(self, spark: Any, group: str) -> None:
+        """Spark jobs and stages of a job group (monitoring only: never fails a batch)."""
+        try:
+            tracker = spark.sparkContext.statusTracker()
+            jobs = tracker.getJobIdsForGroup(group)
+            self.jobs = len(jobs)
+            infos = [tracker.getJobInfo(j) for j in jobs]
+            self.stages = sum(len(i.stageIds) for i in infos if i is not None)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("no job count for %s: %s", group, exc)
+
+    def describe(self) -> str:
+        """``plan 0.05 s, spark 0.61 s, ...; 1 Spark job(s), 3 stage(s)``."""
+        parts = ", ".join(f"{k} {v:.3f} s" for k, v in self.seconds.items())
+        return f"{parts}; {self.jobs} Spark job(s), {self.stages} stage(s)"
+
+
 @dataclass
 class StreamingRun:
     """The state of one streaming run, shared with the ``foreachBatch`` callback."""
@@ -114,6 +153,7 @@ class StreamingRun:
     stop_after: int | None = None
     exporter: Any = None  # a RunExporter when metrics are served
     checkpoint: Checkpoint | None = None
+    startup: dict[str, float] = field(default_factory=dict)  # start-up step -> seconds
     scopes: Scopes | None = None  # stage partitions with a hash tag of their own
     connect: Connect | None = None  # the client of a hash tag
 
@@ -133,6 +173,9 @@ class StreamingRun:
         if self.stop.requested:
             log.info("batch %d not started (%s): the next run plans it", batch_id, self.stop.reason)
             raise StopRequested
+        phases = Phases()
+        if self.batches == 0:
+            self._first_batch()
         self._check_epoch()
         if batch_id > 0 and self.mode is Guarantee.EXACTLY_ONCE:
             acknowledge(self.client, self.keyspace, batch_id - 1)
@@ -152,6 +195,7 @@ class StreamingRun:
             guards = self.guards.for_batch(params, this_batch)
         else:
             guards = self.guards.for_batch(params)
+        phases.mark("params")
         before = dict(self.metrics.value)
         t0 = time.monotonic()
         frames = {
@@ -167,27 +211,49 @@ class StreamingRun:
             parallelism=self.parallelism,
             metrics=self.metrics,
         )
+        phases.mark("plan")
+        group = f"onceflow-batch-{batch_id}"
+        self.spark.sparkContext.setJobGroup(group, f"{self.job.pipeline} micro-batch {batch_id}")
         compiled.run()
+        phases.mark("spark")
+        phases.count_jobs(self.spark, group)
         if self.mode is Guarantee.EXACTLY_ONCE and self.scopes is not None and self.connect:
             merge_generations(self.client, self.scopes, self.connect)
         if self.durability is not None:
             wait_durable(distinct(targets), batch_id, self.durability, this_batch)
+        phases.mark("durable")
         driver_crashpoint("batch_end", batch_id)
         if self.ticker is not None:
             self.ticker.after_batch(self.trigger_ms)
-        seconds = time.monotonic() - t0
+        phases.mark("ticks")
+        self._done(batch_id, time.monotonic() - t0, before, params, phases)
+
+    def _done(
+        self, batch_id: int, seconds: float, before: dict[str, int], params: Any, phases: Phases
+    ) -> None:
+        """A batch committed: history, log, metrics, progress, and a stop after N batches."""
         self.batches += 1
         self.last_batch = batch_id
         delta = _delta(before, self.metrics.value)
         records = sum(delta.get(f"{s}/in", 0) for s in self.job.source_stages)
         self.history.append((batch_id, records, seconds))
         log.info("batch %d: %d records in %.2f s; counters %s", batch_id, records, seconds, delta)
+        log.info("batch %d phases: %s", batch_id, phases.describe())
         if self.exporter is not None:
             self._observe(batch_id, records, seconds, params)
         if self.progress:
             self._report(batch_id, records, delta, seconds)
         if self.stop_after is not None and self.batches >= self.stop_after:
             self.stop.request(f"stop after {self.stop_after} micro-batch(es)")
+
+    def _first_batch(self) -> None:
+        """Say once how long the run took to reach its first micro-batch, and where."""
+        took = time.monotonic() - self.started
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.startup.items())
+        line = f"first micro-batch starts {took:.1f} s after the run began ({parts})"
+        log.info(line)
+        if self.progress:
+            _say(self.job.pipeline, line)
 
     def _observe(self, batch_id: int, records: int, seconds: float, params: Any) -> None:
         """Feed the metrics endpoint; monitoring never fails a batch."""
@@ -347,6 +413,8 @@ def _say(pipeline: str, line: str) -> None:
 def _run(
     job: Job, session: SparkSession | None, opts: StreamOptions, handlers: SignalHandlers
 ) -> RunResult:
+    began = time.monotonic()
+    steps = Phases(began)
     stop = handlers.stop
     mode = opts.mode
     _check_sources(job)
@@ -354,12 +422,17 @@ def _run(
     redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
     keyspace = Keyspace(opts.namespace or job.pipeline)
     client = redis_client(redis, keyspace.namespace)
-    check_durable(client, opts.allow_non_durable_redis)
     new = not client.hexists(keyspace.meta, "parallelism")
+    previous = stored_stages(client, keyspace)  # before a changed plan replaces them
     pin_settings(client, keyspace, opts.parallelism, config)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change)
     exchanges = [s.name for s in job.stages if s.exchange]
-    scopes = pin_scopes(client, keyspace, exchanges, opts.parallelism, new)
+    stages = [s.name for s in job.stages]
+    scopes = pin_scopes(client, keyspace, exchanges, stages, previous, opts.parallelism, new)
+    masters = _masters(scopes, redis)
+    for master in masters:  # every master the pipeline writes to
+        check_durable(master, opts.allow_non_durable_redis)
+    steps.mark("Redis")
     spark = session or spark_session(
         opts.master,
         app_name=job.pipeline,
@@ -369,6 +442,7 @@ def _run(
         extra_conf=_session_conf(job, opts.spark_conf),
     )
     handlers.install()  # over PySpark's SIGINT handler, set when its context started
+    steps.mark("Spark session")
     adopt(spark)
     if opts.code_dir is not None:
         ship_code(spark, opts.code_dir)
@@ -376,13 +450,17 @@ def _run(
     pin_checkpoint(client, keyspace, cp)
     job, dead, sinks = _prepare_connectors(job, opts)
     check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
-    state = _new_run(job, spark, mode, redis, client, keyspace, config, opts, scopes)
+    state = _new_run(job, spark, mode, redis, client, keyspace, config, opts, scopes, masters)
     state.ticker = _ticker(state, opts)
     state.stop, state.stop_after, state.checkpoint = stop, opts.stop_after_batches, cp
     state.exporter = _exporter(state, opts)
+    steps.mark("checkpoint and connectors")
+    state.started = began
     try:
         if not stop.requested:
             query = _start_query(state, cp.location, opts.available_now, opts.trigger_seconds)
+            steps.mark("query start")
+            state.startup = steps.seconds
             _await(query, state, opts.timeout_seconds)
         _finish(state, cp, sinks)
         if state.exporter is not None:
@@ -407,6 +485,12 @@ def _run(
             "stopped_by": stop.reason,
         },
     )
+
+
+def _masters(scopes: Scopes, redis: RedisSettings) -> list[Any]:
+    """Every master the pipeline writes to, as one client each (per tag on a cluster)."""
+    pairs = [(ks, redis_client(redis, ks.tag)) for ks in scopes.keyspaces()]
+    return [client for _, client in distinct(pairs)]
 
 
 def _linger(stop: StopRequest, seconds: float | None) -> None:
@@ -477,12 +561,15 @@ def _new_run(
     config: DedupConfig,
     opts: StreamOptions,
     scopes: Scopes,
+    masters: list[Any],
 ) -> StreamingRun:
     """A new driver epoch (fencing older drivers), its guards and durability waits."""
     durability = None
+    connect: Connect = lambda tag: redis_client(redis, tag)  # noqa: E731
     if mode is Guarantee.EXACTLY_ONCE:
         epoch = int(client.incr(keyspace.epoch))
-        durability = plan_durability(client, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS)
+        raise_epochs(scopes, epoch, connect)  # fences older drivers' tasks in every scope
+        durability = plan_durability(masters, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS)
         guards: Any = ExactlyOnceGuards(
             redis,
             keyspace.namespace,
@@ -492,7 +579,7 @@ def _new_run(
             scoped=scopes.stages,
             parallelism=opts.parallelism,
         )
-        warning = cannot_fsync_warning(client)
+        warning = cannot_fsync_warning(masters)
         if warning and opts.progress:
             print(f"[{job.pipeline}] note: {warning}", file=sys.stderr, flush=True)
     else:  # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
@@ -513,7 +600,7 @@ def _new_run(
         durability,
     )
     run.scopes = scopes
-    run.connect = lambda tag: redis_client(redis, tag)
+    run.connect = connect
     return run
 
 
@@ -537,7 +624,7 @@ def _ticker(state: StreamingRun, opts: StreamOptions) -> Ticker | None:
     if not ticker.needed or not sources:
         return None
     sources[0].tick_file = ticker.path
-    state.trigger_ms = round((opts.trigger_seconds or DEFAULT_TRIGGER_SECONDS) * 1000)
+    state.trigger_ms = round(_trigger_seconds(opts.trigger_seconds) * 1000)
     return ticker
 
 
@@ -607,9 +694,19 @@ def _start_query(
     if available_now:
         writer = writer.trigger(availableNow=True)
     else:
-        seconds = trigger_seconds or DEFAULT_TRIGGER_SECONDS
+        seconds = _trigger_seconds(trigger_seconds)
         writer = writer.trigger(processingTime=f"{seconds} seconds")
     return writer.start()
+
+
+def _trigger_seconds(given: float | None) -> float:
+    """The micro-batch interval: ``given`` (0: each batch starts as soon as the last ends)."""
+    if given is None:
+        return DEFAULT_TRIGGER_SECONDS
+    if given < 0:
+        msg = f"trigger_seconds must be 0 or more, got {given}"
+        raise ConfigError(msg)
+    return given
 
 
 def _await(query: Any, state: StreamingRun, timeout: float | None) -> None:

@@ -161,11 +161,10 @@ def _report(
 ) -> int:
     expected = Counter(e["user"] for e in events)
     ks = Keyspace(env["DEMO_PIPELINE"])
-    client = redis_client(RedisSettings(redis_url), ks.namespace)
-    state: dict[str, int] = {
-        codec.decode(k): codec.decode(v)
-        for k, v in node_state(client, ks.namespace, "count").items()
-    }
+    settings = RedisSettings(redis_url)
+    client = redis_client(settings, ks.namespace)
+    stored = node_state(client, ks.namespace, "count", lambda tag: redis_client(settings, tag))
+    state: dict[str, int] = {codec.decode(k): codec.decode(v) for k, v in stored.items()}
     outputs = read_topic(kafka, env["DEMO_COUNTS"])
     latest: dict[str, int] = {}
     for rec in outputs:

@@ -16,6 +16,7 @@ from onceflow.dedup.batch import live_generations
 from onceflow.dedup.errors import FencedError
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel import codec
+from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import (
@@ -24,6 +25,7 @@ from onceflow.kernel.scopes import (
     merge_generations,
     node_state,
     pin_scopes,
+    raise_epochs,
     read_scopes,
 )
 from onceflow.kernel.settings import RedisSettings
@@ -46,7 +48,8 @@ class ScopedHarness(Harness):
             scoped=frozenset({self.spec.name}),
             parallelism=4,
         )
-        self.scopes = Scopes(self.name, frozenset({self.spec.name}), 2)
+        self.scopes = Scopes(self.name, frozenset({self.spec.name}), 4)
+        raise_epochs(self.scopes, epoch, lambda _tag: self.client)  # as a starting driver does
 
 
 def _slot(key):
@@ -66,11 +69,14 @@ def test_a_scoped_partition_keeps_every_key_it_writes_in_its_own_slot(redis_serv
     scope = h.scopes.keyspace(h.spec.name, 1)
     written = list(h.client.scan_iter(match=f"of:{{{h.name}*"))
     home = Keyspace(h.name)
-    assert {k.decode() for k in written if _slot(k) != _slot(scope.root)} == {home.epoch}
+    others = {home.epoch} | {
+        ks.epoch for ks in h.scopes.partition_keyspaces() if ks.tag != scope.tag
+    }  # the driver's epoch copies
+    assert {k.decode() for k in written if _slot(k) != _slot(scope.root)} == others
     assert len(written) >= 8, written  # token, epoch copy, seen, journal, seq, stats, backup, state
     assert _slot(scope.root) != _slot(h.scopes.keyspace(h.spec.name, 0).root)
     assert _slot(scope.root) != _slot(home.root)
-    assert int(h.client.get(scope.epoch)) == 1, "the claim copies the driver epoch"
+    assert int(h.client.get(scope.epoch)) == 1, "the driver copied its epoch"
     assert h.client.hget(scope.generations, 4) is not None
     assert not h.client.exists(home.generations), "the namespace's are raised by the driver"
     shards = {scope.parse(k).shard for k in written if scope.parse(k) and scope.parse(k).shard}
@@ -87,20 +93,42 @@ def test_a_copy_in_a_scoped_partition_is_a_duplicate_after_the_worker_restarts(r
     assert g.session.counters.get("bloom_journal_entries") == 1, "the scope's own journal"
 
 
-def test_an_older_drivers_task_is_fenced_once_a_newer_driver_claims_the_scope(redis_server):
+def test_an_older_drivers_tasks_are_fenced_in_every_scope_as_soon_as_a_newer_one_starts(
+    redis_server,
+):
     old = ScopedHarness(redis_server, epoch=1)
     zombie = old.task(partition=0, batch=5)
-    new = ScopedHarness(redis_server, epoch=2, name=old.name)
-    live = new.task(partition=0, batch=5, attempt_id=1)  # Spark's ids restart with a driver
+    ScopedHarness(redis_server, epoch=2, name=old.name)  # a newer driver starts: no task yet
     rows = _rows(10, 4)
     with pytest.raises(FencedError, match="newer driver"):
         zombie.commit(0, zombie.admit(rows).fresh, [], {}, {})
-    late = old.guards.for_batch(old.params(5))(TaskRef(old.spec.name, 5, 0, 0, (), 99))
+    late = old.guards.for_batch(old.params(5))(TaskRef(old.spec.name, 5, 3, 0, (), 99))
     with pytest.raises(FencedError, match="newer driver"):
-        late.open()
+        late.open()  # partition 3: no task of the newer driver has touched it
+    new = ScopedHarness(redis_server, epoch=2, name=old.name)
+    live = new.task(partition=0, batch=5, attempt_id=1)  # Spark's ids restart with a driver
     assert live.commit(0, live.admit(rows).fresh, [], {}, {}) == set(), "the live one goes on"
-    scope = new.scopes.keyspace(new.spec.name, 0)
-    assert int(new.client.get(scope.epoch)) == 2
+
+
+def test_a_leftover_task_cannot_claim_a_scope_no_driver_set_up(redis_server):
+    """After a reset the epoch starts again at 1: an old run's task (epoch 5) is refused."""
+    h = ScopedHarness(redis_server, epoch=1)
+    h.client.delete(h.scopes.keyspace(h.spec.name, 2).epoch)  # as a reset leaves it
+    stale = ExactlyOnceGuards(
+        RedisSettings(redis_server.url),
+        h.name,
+        5,
+        h.guards.config,
+        scoped=frozenset({h.spec.name}),
+        parallelism=4,
+    )
+    task = stale.for_batch(h.params(0))(TaskRef(h.spec.name, 0, 2, 0, (), 1))
+    with pytest.raises(FencedError, match="newer driver"):
+        task.open()
+    assert h.client.get(h.scopes.keyspace(h.spec.name, 2).epoch) is None, "nothing was set"
+    h.client.set(h.scopes.keyspace(h.spec.name, 1).epoch, 7)  # state of another run
+    with pytest.raises(ConfigError, match="onceflow reset"):
+        raise_epochs(h.scopes, 1, lambda _tag: h.client)
 
 
 def test_the_driver_folds_scope_generations_into_the_namespaces(redis_server):
@@ -115,16 +143,24 @@ def test_the_driver_folds_scope_generations_into_the_namespaces(redis_server):
     assert merge_generations(h.client, h.scopes, connect) == 0, "a replayed merge changes nothing"
 
 
-def test_scopes_are_fixed_for_new_namespaces_only(redis_server):
+def test_scopes_are_fixed_for_new_namespaces_and_a_stage_cannot_change_place(redis_server):
     client = redis_server.client()
     fresh = Keyspace(f"scopes-{uuid.uuid4().hex[:6]}")
-    assert pin_scopes(client, fresh, ["count"], 2, new=True).stages == {"count"}
+    stages = ["events", "count"]
+    assert pin_scopes(client, fresh, ["count"], stages, frozenset(), 2, True).stages == {"count"}
     assert read_scopes(client, fresh).stages == {"count"}
-    grown = pin_scopes(client, fresh, ["count", "windows"], 2, new=False)
+    before = frozenset(stages)
+    grown = pin_scopes(client, fresh, ["count", "windows"], [*stages, "windows"], before, 2, False)
     assert grown.stages == {"count", "windows"}, "a changed plan's new exchange stage is scoped"
+    with pytest.raises(ConfigError, match="follow a key exchange"):  # events is a keyed stage now
+        pin_scopes(client, fresh, ["count", "events"], stages, before, 2, False)
+    with pytest.raises(ConfigError, match="'count'"):  # count no longer follows an exchange
+        pin_scopes(client, fresh, [], stages, before, 2, False)
+    gone = pin_scopes(client, fresh, ["windows"], ["events", "windows"], before, 2, False)
+    assert "count" in gone.stages, "a removed stage's scopes stay known (for GC and reset)"
     older = Keyspace(f"scopes-old-{uuid.uuid4().hex[:6]}")
     client.hset(older.meta, "parallelism", 2)  # made by an Onceflow without scopes
-    assert pin_scopes(client, older, ["count"], 2, new=False).stages == frozenset()
+    assert pin_scopes(client, older, ["count"], stages, before, 2, False).stages == frozenset()
     assert client.hget(older.meta, SCOPED_FIELD) is None
 
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.scopes import read_scopes
+from onceflow.kernel.scopes import node_state, read_scopes
 from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.testing import LocalRedisCluster
@@ -152,6 +153,8 @@ def test_a_failover_mid_batch_loses_and_doubles_nothing(where, broker, redis_clu
     )
     assert second.returncode == 0
     verify(scn, connect(scn.name), connect=connect)
+    with pytest.raises(ConfigError, match="partition scope"):  # never a silent empty read
+        node_state(connect(scn.name), scn.name, "count")
     show_spread(redis_cluster, url, scn.name)
     redis_cluster.restart_node(killed[0].port)  # back as a replica, for the next test
     operator_commands_find_the_pipeline(url, scn)

@@ -1,0 +1,363 @@
+"""End-to-end latency and recovery time, measured from outside, both guarantees in one run.
+
+The README's pipeline (``examples/orders.py``: paid orders copied to a topic, revenue per
+customer) runs as a streaming query with the trigger as fast as possible
+(``--trigger-seconds 0``). A producer sends orders at a steady ``--rate`` (1,000/s), each
+stamped with the wall-clock time it was sent (its event time); a ``read_committed`` consumer
+reads the paid-orders topic as a downstream user would, and a record's latency is its arrival
+time minus its send time (the ``onceflow-ts`` header carries the event time through). For
+each guarantee, alternating, ``--repeat`` times: p50/p90/p99 over ``--seconds`` after a
+``--warmup``, and the driver's own account of where a micro-batch's time goes (from the run's
+log: batch parameters, planning the DataFrames, the Spark job, the durability wait; Spark jobs
+and stages per batch).
+
+Recovery (``--recovery``): mid-stream, every process of the run (driver, JVM, Python workers)
+is killed with SIGKILL and the same command starts again at once; printed is the time from
+the restart to its first committed micro-batch, with the start-up steps the run reports
+(interpreter and imports, Redis, Spark session, checkpoint and connectors, query start, the
+first batch's planning) and the restarted run's latency while it catches up.
+
+    python bench/latency.py [--rate 1000] [--seconds 30] [--warmup 10] [--repeat 2]
+        [--recovery]
+
+Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from exactly_once import services
+
+from onceflow.connectors.kafka.clients import ensure_topics
+from onceflow.kernel import ids
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.testing.harness import kill_session
+
+GUARANTEES = ("at-least-once", "exactly-once")
+PIPELINE = """
+import os
+
+from onceflow import KafkaSink, KafkaSource, Pipeline
+
+pipeline = Pipeline(os.environ["LATENCY_NAME"])
+orders = pipeline.read(
+    "orders",
+    KafkaSource(os.environ["LATENCY_IN"], id=lambda o: o["order_id"], timestamp=lambda o: o["ts"]),
+)
+orders.filter("paid", lambda o: o["status"] == "paid").write(
+    "paid-out", KafkaSink(os.environ["LATENCY_PAID"])
+)
+(
+    orders.key_by("by-customer", lambda o: o["customer"])
+    .map_values("amount", lambda o: o["amount"])
+    .combine_per_key("revenue", "sum")
+    .write("revenue-out", KafkaSink(os.environ["LATENCY_REVENUE"]))
+)
+"""
+_PHASES = re.compile(r"batch (\d+) phases: (.*); (\d+) Spark job\(s\), (\d+) stage\(s\)")
+_FIRST = re.compile(r"first micro-batch starts ([\d.]+) s after the run began \((.*)\)")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+class Run:
+    """One ``onceflow run`` child in a session of its own, its output lines timestamped."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[tuple[float, str]] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip()))
+
+    def first(self, pattern: str, timeout: float = 180.0) -> tuple[float, str]:
+        """The first output line containing ``pattern``, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for at, line in list(self.lines):
+                if pattern in line:
+                    return at, line
+            if self.proc.poll() is not None:
+                time.sleep(0.2)
+                tail = "\n".join(line for _, line in self.lines[-30:])
+                msg = f"the run ended ({self.proc.returncode}) before {pattern!r}:\n{tail}"
+                raise RuntimeError(msg)
+            time.sleep(0.02)
+        raise RuntimeError(f"no {pattern!r} within {timeout} s")
+
+    def kill(self) -> None:
+        """SIGKILL every process of the run (driver, JVM, Python workers)."""
+        kill_session(self.proc.pid)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM: the batch under way finishes, then the run ends."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class Measured:
+    """One guarantee's run."""
+
+    guarantee: str
+    latencies: list[float] = field(default_factory=list)  # ms, measured window
+    recovering: list[float] = field(default_factory=list)  # ms, sent after the kill
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    jobs: list[int] = field(default_factory=list)
+    stages: list[int] = field(default_factory=list)
+    batches: int = 0
+    recovery_s: float | None = None
+    startup: str = ""
+    imports_s: float | None = None
+
+
+class Traffic:
+    """A producer at a steady rate, and a read_committed consumer timing what comes out."""
+
+    def __init__(self, settings: KafkaSettings, topic_in: str, topic_out: str, rate: int) -> None:
+        from kafka import KafkaConsumer, KafkaProducer
+
+        self.topic_in, self.rate = topic_in, rate
+        self.producer = KafkaProducer(**settings.client_config(), acks="all", linger_ms=1)
+        self.consumer = KafkaConsumer(
+            topic_out,
+            **settings.client_config(),
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=20,
+        )
+        self.arrivals: list[tuple[float, float]] = []  # (send time s, latency ms)
+        self.sending = threading.Event()
+        self.done = threading.Event()
+        self.sent = 0
+        self.threads = [
+            threading.Thread(target=self._produce, daemon=True),
+            threading.Thread(target=self._consume, daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _produce(self) -> None:
+        self.sending.wait()
+        step = 1.0 / self.rate
+        next_at = time.time()
+        while not self.done.is_set():
+            now = time.time()
+            if now < next_at:
+                time.sleep(next_at - now)
+            order = {
+                "order_id": uuid.uuid4().hex,
+                "customer": f"c{self.sent % 500}",
+                "status": "paid",
+                "amount": 1,
+                "ts": int(time.time() * 1000),
+            }
+            self.producer.send(self.topic_in, key=order["customer"].encode(), value=_json(order))
+            self.sent += 1
+            next_at += step
+        self.producer.flush(30)
+
+    def _consume(self) -> None:
+        while not self.done.is_set():
+            for records in self.consumer.poll(timeout_ms=100).values():
+                now = time.time() * 1000
+                for rec in records:
+                    ts = dict(rec.headers or []).get(ids.TS_HEADER)
+                    if ts is not None:
+                        sent = ids.parse_ts_header(ts)
+                        self.arrivals.append((sent / 1000, now - sent))
+
+    def between(self, start: float, end: float) -> list[float]:
+        """Latencies (ms) of records sent between two wall-clock times."""
+        return [lat for sent, lat in self.arrivals if start <= sent < end]
+
+    def close(self) -> None:
+        self.done.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        self.producer.close()
+        self.consumer.close()
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def measure(
+    guarantee: str, args: argparse.Namespace, redis_url: str, bootstrap: str, work: str
+) -> Measured:
+    name = f"lat-{guarantee[:5]}-{uuid.uuid4().hex[:6]}"
+    topics = {k: f"{name}-{k}" for k in ("in", "paid", "revenue")}
+    settings = KafkaSettings(bootstrap)
+    ensure_topics(settings, list(topics.values()), 2)
+    path = os.path.join(work, "orders_latency.py")
+    with open(path, "w") as fh:
+        fh.write(PIPELINE)
+    out = os.path.join(work, name)
+    env = {
+        **os.environ,
+        "LATENCY_NAME": name,
+        "LATENCY_IN": topics["in"],
+        "LATENCY_PAID": topics["paid"],
+        "LATENCY_REVENUE": topics["revenue"],
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "REDIS_URL": redis_url,
+    }
+    cmd = [sys.executable, "-m", "onceflow", "run", path, "--guarantee", guarantee]
+    cmd += ["--trigger-seconds", "0", "--output-dir", out]
+    result = Measured(guarantee)
+    traffic = Traffic(settings, topics["in"], topics["paid"], args.rate)
+    run = Run(cmd, env)
+    try:
+        run.first("first micro-batch starts")
+        traffic.sending.set()
+        t0 = time.time()
+        time.sleep(args.warmup + args.seconds)
+        result.latencies = traffic.between(t0 + args.warmup, t0 + args.warmup + args.seconds)
+        if args.recovery:
+            run.kill()
+            killed = time.time()
+            run = Run(cmd, env)
+            at, _ = run.first("] batch ")
+            result.recovery_s = at - run.started
+            _, line = run.first("first micro-batch starts")
+            found = _FIRST.search(line)
+            if found:
+                result.startup = f"run began -> first batch {found.group(1)} s ({found.group(2)})"
+                result.imports_s = (at - run.started) - float(found.group(1))
+            time.sleep(args.after_kill)
+            result.recovering = traffic.between(killed, killed + args.after_kill)
+    finally:
+        traffic.close()
+        run.stop()
+    _read_phases(out, result)
+    return result
+
+
+def _read_phases(out: str, result: Measured) -> None:
+    """Per-batch phases from the runs' logs (batches that read records)."""
+    for log_path in glob.glob(os.path.join(out, "logs", "*.log")):
+        with open(log_path, errors="replace") as fh:
+            for line in fh:
+                found = _PHASES.search(line)
+                if not found:
+                    continue
+                result.batches += 1
+                for part in found.group(2).split(", "):
+                    phase, seconds, _ = part.rsplit(" ", 2)
+                    result.phases.setdefault(phase, []).append(float(seconds))
+                result.jobs.append(int(found.group(3)))
+                result.stages.append(int(found.group(4)))
+
+
+def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
+    print()
+    print(f"End-to-end latency at {args.rate:,} orders/s, paid-orders topic (read_committed), ms")
+    print(f"{'guarantee':<15} {'p50':>7} {'p90':>7} {'p99':>7}   {'p50 per run':<22} records")
+    for g, measured in runs.items():
+        lat = [x for m in measured for x in m.latencies]
+        if not lat:
+            print(f"{g:<15} no records came out")
+            continue
+        per_run = ", ".join(f"{percentile(m.latencies, 0.5):.0f}" for m in measured if m.latencies)
+        print(
+            f"{g:<15} {percentile(lat, 0.5):>7.0f} {percentile(lat, 0.9):>7.0f} "
+            f"{percentile(lat, 0.99):>7.0f}   {per_run:<22} {len(lat):,}"
+        )
+    print()
+    print("Where a micro-batch's time goes (driver's log, median s per batch)")
+    for g, measured in runs.items():
+        phases: dict[str, list[float]] = {}
+        for m in measured:
+            for k, v in m.phases.items():
+                phases.setdefault(k, []).extend(v)
+        jobs = [j for m in measured for j in m.jobs]
+        stages = [s for m in measured for s in m.stages]
+        batches = sum(m.batches for m in measured)
+        text = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in phases.items())
+        print(
+            f"  {g:<15} {text}; Spark jobs per batch {statistics.median(jobs or [0]):.0f}, "
+            f"stages {statistics.median(stages or [0]):.0f} ({batches} batches)"
+        )
+    if not args.recovery:
+        return
+    print()
+    print("Recovery: kill -9 of every process mid-stream, restart -> first committed batch")
+    for g, measured in runs.items():
+        times = [m.recovery_s for m in measured if m.recovery_s is not None]
+        for m in measured:
+            after = m.recovering
+            tail = (
+                f"; latency of orders sent in the {args.after_kill:.0f} s after the kill: "
+                f"p50 {percentile(after, 0.5) / 1000:.1f} s, max {max(after) / 1000:.1f} s"
+                if after
+                else ""
+            )
+            imports = f"interpreter and imports {m.imports_s:.1f} s, " if m.imports_s else ""
+            print(f"  {g:<15} {m.recovery_s:.1f} s: {imports}{m.startup}{tail}")
+        if times:
+            spread = f"{min(times):.1f}..{max(times):.1f}"
+            print(f"  {g:<15} median {statistics.median(times):.1f} s ({spread})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--recovery", action="store_true")
+    parser.add_argument("--after-kill", type=float, default=30.0)
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="onceflow-bench-latency-")
+    runs: dict[str, list[Measured]] = {g: [] for g in GUARANTEES}
+    with services(False) as (redis_url, bootstrap, _):
+        for i in range(args.repeat):
+            for g in GUARANTEES:
+                m = measure(g, args, redis_url, bootstrap, work)
+                runs[g].append(m)
+                p50 = percentile(m.latencies, 0.5) if m.latencies else float("nan")
+                rec = f", recovery {m.recovery_s:.1f} s" if m.recovery_s is not None else ""
+                print(
+                    f"  run {i + 1} {g:<15} p50 {p50:.0f} ms ({m.batches} batches){rec}", flush=True
+                )
+    report(runs, args)
+
+
+if __name__ == "__main__":
+    main()
