@@ -422,6 +422,7 @@ def _run(
     redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
     keyspace = Keyspace(opts.namespace or job.pipeline)
     client = redis_client(redis, keyspace.namespace)
+    check_durable(client, opts.allow_non_durable_redis)  # before anything is written
     new = not client.hexists(keyspace.meta, "parallelism")
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
     pin_settings(client, keyspace, opts.parallelism, config)
@@ -430,7 +431,7 @@ def _run(
     stages = [s.name for s in job.stages]
     scopes = pin_scopes(client, keyspace, exchanges, stages, previous, opts.parallelism, new)
     masters = _masters(scopes, redis)
-    for master in masters:  # every master the pipeline writes to
+    for master in masters[1:]:  # the partition scopes' masters, before anything goes there
         check_durable(master, opts.allow_non_durable_redis)
     steps.mark("Redis")
     spark = session or spark_session(
