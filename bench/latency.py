@@ -47,7 +47,12 @@ from onceflow.kernel import ids
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import kill_session
 
-GUARANTEES = ("at-least-once", "exactly-once")
+# mode -> (guarantee, transactional Kafka sinks)
+MODES = {
+    "at-least-once": ("at-least-once", False),
+    "exactly-once/plain-sink": ("exactly-once", False),
+    "exactly-once": ("exactly-once", True),
+}
 PIPELINE = """
 import os
 
@@ -58,14 +63,15 @@ orders = pipeline.read(
     "orders",
     KafkaSource(os.environ["LATENCY_IN"], id=lambda o: o["order_id"], timestamp=lambda o: o["ts"]),
 )
+txn = os.environ["LATENCY_TRANSACTIONAL"] == "1"
 orders.filter("paid", lambda o: o["status"] == "paid").write(
-    "paid-out", KafkaSink(os.environ["LATENCY_PAID"])
+    "paid-out", KafkaSink(os.environ["LATENCY_PAID"], transactional=txn)
 )
 (
     orders.key_by("by-customer", lambda o: o["customer"])
     .map_values("amount", lambda o: o["amount"])
     .combine_per_key("revenue", "sum")
-    .write("revenue-out", KafkaSink(os.environ["LATENCY_REVENUE"]))
+    .write("revenue-out", KafkaSink(os.environ["LATENCY_REVENUE"], transactional=txn))
 )
 """
 _PHASES = re.compile(r"batch (\d+) phases: (.*); (\d+) Spark job\(s\), (\d+) stage\(s\)")
@@ -142,7 +148,7 @@ class Measured:
     batches: int = 0
     recovery_s: float | None = None
     startup: str = ""
-    imports_s: float | None = None
+    imports_s: float | None = None  # process start to the run's beginning (imports, CLI)
 
 
 class Traffic:
@@ -197,9 +203,8 @@ class Traffic:
             for records in self.consumer.poll(timeout_ms=100).values():
                 now = time.time() * 1000
                 for rec in records:
-                    ts = dict(rec.headers or []).get(ids.TS_HEADER)
-                    if ts is not None:
-                        sent = ids.parse_ts_header(ts)
+                    sent = _sent_ms(rec)
+                    if sent is not None:
                         self.arrivals.append((sent / 1000, now - sent))
 
     def between(self, start: float, end: float) -> list[float]:
@@ -214,13 +219,25 @@ class Traffic:
         self.consumer.close()
 
 
+def _sent_ms(rec: Any) -> int | None:
+    """When an order was sent: its ``onceflow-ts`` header (exactly-once), else its ``ts``."""
+    ts = dict(rec.headers or []).get(ids.TS_HEADER)
+    if ts is not None:
+        return ids.parse_ts_header(ts)
+    try:
+        return int(json.loads(rec.value)["ts"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _json(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
 def measure(
-    guarantee: str, args: argparse.Namespace, redis_url: str, bootstrap: str, work: str
+    mode: str, args: argparse.Namespace, redis_url: str, bootstrap: str, work: str
 ) -> Measured:
+    guarantee, transactional = MODES[mode]
     name = f"lat-{guarantee[:5]}-{uuid.uuid4().hex[:6]}"
     topics = {k: f"{name}-{k}" for k in ("in", "paid", "revenue")}
     settings = KafkaSettings(bootstrap)
@@ -235,12 +252,13 @@ def measure(
         "LATENCY_IN": topics["in"],
         "LATENCY_PAID": topics["paid"],
         "LATENCY_REVENUE": topics["revenue"],
+        "LATENCY_TRANSACTIONAL": "1" if transactional else "0",
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "REDIS_URL": redis_url,
     }
     cmd = [sys.executable, "-m", "onceflow", "run", path, "--guarantee", guarantee]
-    cmd += ["--trigger-seconds", "0", "--output-dir", out]
-    result = Measured(guarantee)
+    cmd += ["--trigger-seconds", "0", "--output-dir", out, "--log-level", "info"]
+    result = Measured(mode)
     traffic = Traffic(settings, topics["in"], topics["paid"], args.rate)
     run = Run(cmd, env)
     try:
@@ -255,11 +273,14 @@ def measure(
             run = Run(cmd, env)
             at, _ = run.first("] batch ")
             result.recovery_s = at - run.started
-            _, line = run.first("first micro-batch starts")
+            began, line = run.first("first micro-batch starts")
             found = _FIRST.search(line)
             if found:
-                result.startup = f"run began -> first batch {found.group(1)} s ({found.group(2)})"
-                result.imports_s = (at - run.started) - float(found.group(1))
+                result.imports_s = (began - run.started) - float(found.group(1))
+                result.startup = (
+                    f"run began -> first batch starts {found.group(1)} s ({found.group(2)}), "
+                    f"first batch {at - began:.1f} s"
+                )
             time.sleep(args.after_kill)
             result.recovering = traffic.between(killed, killed + args.after_kill)
     finally:
@@ -343,12 +364,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--recovery", action="store_true")
     parser.add_argument("--after-kill", type=float, default=30.0)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="onceflow-bench-latency-")
-    runs: dict[str, list[Measured]] = {g: [] for g in GUARANTEES}
+    modes = args.modes.split(",")
+    runs: dict[str, list[Measured]] = {m: [] for m in modes}
     with services(False) as (redis_url, bootstrap, _):
         for i in range(args.repeat):
-            for g in GUARANTEES:
+            for g in modes:
                 m = measure(g, args, redis_url, bootstrap, work)
                 runs[g].append(m)
                 p50 = percentile(m.latencies, 0.5) if m.latencies else float("nan")
