@@ -1,4 +1,14 @@
-"""Exactly-once against at-least-once: one Kafka-to-Kafka keyed count, both ways, one run.
+"""Exactly-once against at-least-once on Kafka-to-Kafka workloads, both ways, in one run.
+
+Workloads (``--workloads``, all by default), on the same input topic of bids
+``{user, auction, price, ts}``:
+
+* ``keyed-count``: ``key_by(user) -> count_per_key`` (the headline number);
+* ``stateless``: Nexmark q1/q2 shape, ``map`` (price to euros) -> ``filter`` (one auction in
+  five) -> sink: no keyed state, one dedup boundary (the sink);
+* ``sliding-window``: Nexmark q5 shape, ``key_by(auction) -> window(Sliding 10 s / 2 s) ->
+  count``: each bid lands in 5 windows, final panes are emitted as the watermark passes;
+* ``fan-out``: one source into two sinks, a stateless copy and a keyed count.
 
 The baseline is the same pipeline with ``guarantee="at-least-once"``: keyed state in Redis,
 but no record IDs, no backup and no dedup. A third mode, ``exactly-once/plain-sink``, is
@@ -7,11 +17,15 @@ default) is the difference between the last two. Both read the same topic from t
 fresh checkpoint and namespace, alternating, ``--repeat`` times, each in a fresh process (a new
 Spark JVM: successive queries in one JVM slow down, for both modes alike) that first runs one
 unmeasured warm-up query. Prints records/s (whole run, and steady state without the first
-micro-batch of the query) and their ratio, micro-batch latency (p50/p99), Redis round trips
-per 1,000 records, Redis lookups per 1,000 new IDs next to the Bloom filters' configured
-false-positive rate, Bloom filter memory, and Redis bytes per stored ID.
+micro-batch of the query) and their ratio, micro-batch latency (p50/p99), peak resident
+memory of the driver (Python), the Spark JVM and the Python workers (the largest sum at any
+moment) in local mode, Redis round trips per 1,000 records, Redis lookups per 1,000 new IDs
+next to the Bloom filters' configured false-positive rate, Bloom filter memory, Redis bytes
+per stored ID, and the Redis memory a run left per dedup boundary (seen IDs and filter
+journal per receiver, backups per producing stage, keyed state per combine).
 
     python bench/exactly_once.py [--records 200000] [--batch 50000] [--repeat 2]
+        [--workloads keyed-count,stateless,sliding-window,fan-out] [--client python|confluent]
         [--redis-cluster] [--spark-cluster]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones. ``--redis-cluster``
@@ -26,20 +40,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
+from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline, Sliding
 from onceflow.connectors.kafka.topics import produce
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.runtime.session import spark_session
@@ -55,30 +71,63 @@ MODES = {
 }
 
 
-def build(name: str, topic: str, out: str, transactional: bool = True) -> Pipeline:
-    p = Pipeline(name)
-    (
-        p.read("events", KafkaSource(topic, codec="json"))
-        .key_by("by-user", lambda e: e["user"])
-        .count_per_key("count")
-        .write("counts", KafkaSink(out, transactional=transactional))
+# one bid in the input topic per 5 ms of event time (200 bids per second of event time)
+EVENT_STEP_MS = 5
+EVENT_START_MS = 1_700_000_000_000
+
+
+def build(
+    workload: str,
+    name: str,
+    topic: str,
+    out: str,
+    transactional: bool = True,
+    client: str = "python",
+) -> Pipeline:
+    """The pipeline of one workload (see the module's doc)."""
+    p = Pipeline(name, event_time=EventTime.of(out_of_orderness="1s"))
+    bids = p.read(
+        "bids", KafkaSource(topic, codec="json", timestamp=lambda b: b["ts"], client=client)
     )
+
+    def sink(topic_out: str) -> KafkaSink:
+        return KafkaSink(topic_out, transactional=transactional, client=client)
+
+    if workload in ("keyed-count", "fan-out"):
+        counts = bids.key_by("by-user", lambda b: b["user"]).count_per_key("count")
+        counts.write("counts", sink(out))
+    if workload in ("stateless", "fan-out"):
+        euros = bids.map("euros", lambda b: {**b, "price": b["price"] * 0.908}).filter(
+            "some-auctions", lambda b: b["auction"] % 5 == 0
+        )
+        euros.write("euro-bids", sink(out + "-euros"))
+    if workload == "sliding-window":
+        (
+            bids.key_by("by-auction", lambda b: b["auction"])
+            .window("window", Sliding("10s", "2s"))
+            .count_per_key("count")
+            .write("hot-auctions", sink(out))
+        )
+    if workload not in WORKLOADS:
+        raise SystemExit(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
     return p
+
+
+WORKLOADS = ("keyed-count", "stateless", "sliding-window", "fan-out")
 
 
 def run_once(
     spark: Any,
     mode: str,
-    topic: str,
-    records: int,
-    batch: int,
+    args: argparse.Namespace,
     redis_url: str,
     workdir: str,
     config: DedupConfig,
 ) -> dict[str, Any]:
     guarantee, transactional = MODES[mode]
+    records, batch = args.records, args.batch
     name = f"bench-{guarantee[:2]}-{uuid.uuid4().hex[:6]}"
-    pipeline = build(name, topic, f"{name}-out", transactional)
+    pipeline = build(args.workload, name, args.topic, f"{name}-out", transactional, args.client)
     started = time.perf_counter()
     result = pipeline.run(
         session=spark,
@@ -185,11 +234,93 @@ def child(args: argparse.Namespace) -> None:
     config = DedupConfig()
     workdir = tempfile.mkdtemp(prefix="onceflow-bench-")
     redis_url = os.environ["REDIS_URL"]
-    run_once(spark, args.child, args.topic, args.records, args.batch, redis_url, workdir, config)
-    result = run_once(
-        spark, args.child, args.topic, args.records, args.batch, redis_url, workdir, config
-    )
+    run_once(spark, args.child, args, redis_url, workdir, config)
+    with PeakRss(os.getpid()) as peak:
+        result = run_once(spark, args.child, args, redis_url, workdir, config)
+    result["rss_mb"] = peak.peaks_mb()
     print("RESULT " + json.dumps(result))
+
+
+class PeakRss:
+    """Peak memory of a process tree, sampled every 0.2 s from /proc (Linux).
+
+    Memory is the proportional set size (PSS: a page shared by n processes counts 1/n in
+    each), so PySpark's forked workers, which share their parent daemon's imported modules, are
+    not counted once per worker. Peaks of the driver (this Python process), the JVMs among its
+    descendants (Spark's, in local mode), the largest sum at one moment of the other Python
+    descendants (PySpark's daemon and workers) and their largest number. Executors of a
+    standalone cluster are not descendants: not counted.
+    """
+
+    PARTS = ("driver", "jvm", "python workers", "worker processes")
+
+    def __init__(self, root: int, interval: float = 0.2) -> None:
+        self.root = root
+        self.interval = interval
+        self.peak = dict.fromkeys(self.PARTS, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="peak-rss")
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval):
+                return
+
+    def sample(self) -> None:
+        now = dict.fromkeys(self.PARTS, 0)
+        for pid, comm, pss in self._tree():
+            if pid == self.root:
+                now["driver"] += pss
+            elif comm == "java":
+                now["jvm"] += pss
+            elif comm.startswith("python"):
+                now["python workers"] += pss
+                now["worker processes"] += 1
+        for part, value in now.items():
+            self.peak[part] = max(self.peak[part], value)
+
+    def _tree(self) -> Iterator[tuple[int, str, int]]:
+        """(pid, command name, PSS bytes) of the root and its descendants."""
+        parents: dict[int, int] = {}
+        names: dict[int, str] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            names[int(entry)] = comm
+        inside, grown = {self.root}, {self.root}
+        while grown:  # a generation of descendants at a time
+            grown = {p for p, parent in parents.items() if parent in grown} - inside
+            inside |= grown
+        for pid in inside:
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    pss = next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+            except (OSError, IndexError, ValueError, StopIteration):
+                continue  # the process ended
+            yield pid, names.get(pid, ""), pss * 1024
+
+    def peaks_mb(self) -> dict[str, float]:
+        """Peaks in MB (the process count as it is)."""
+        return {
+            part: value if part == "worker processes" else value / 1e6
+            for part, value in self.peak.items()
+        }
 
 
 def main() -> None:
@@ -198,7 +329,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)",
+    )
+    parser.add_argument(
+        "--client",
+        choices=("python", "confluent"),
+        default="python",
+        help="Kafka client of sources and sinks (confluent: pip install 'onceflow[fast]')",
+    )
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     parser.add_argument("--redis-cluster", action="store_true")
     parser.add_argument("--spark-cluster", action="store_true")
@@ -206,6 +349,9 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    unknown = set(args.workloads.split(",")) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(sorted(unknown))}")
     with contextlib.ExitStack() as stack:
         masters = [args.master]
         if args.spark_cluster:
@@ -216,6 +362,28 @@ def main() -> None:
             bench_on(args, master, redis_url, bootstrap, cluster)
 
 
+def produce_bids(kafka: KafkaSettings, topic: str, records: int) -> None:
+    """The benchmarks' input: ``records`` bids on 2 partitions, 5 ms of event time apart."""
+    rng = random.Random(1)
+    bids = (
+        (
+            None,
+            json.dumps(
+                {
+                    "user": f"u{rng.randrange(1000)}",
+                    "auction": rng.randrange(100),
+                    "price": rng.randrange(1, 10_000),
+                    "ts": EVENT_START_MS + i * EVENT_STEP_MS,
+                    "n": i,
+                }
+            ).encode(),
+            None,
+        )
+        for i in range(records)
+    )
+    produce(kafka, topic, bids, partitions=2)
+
+
 def bench_on(
     args: argparse.Namespace,
     master: str,
@@ -223,54 +391,85 @@ def bench_on(
     bootstrap: str,
     cluster: LocalRedisCluster | None,
 ) -> None:
-    """Every mode ``--repeat`` times on one Spark master; the report."""
+    """Every workload and mode ``--repeat`` times on one Spark master; the report."""
     args = argparse.Namespace(**{**vars(args), "master": master})
     print(f"\n=== Spark master {master}, Redis {redis_url.rsplit('@', maxsplit=1)[-1]}")
+    print(f"Kafka client: {args.client}")
     before = node_commands(cluster) if cluster is not None else {}
     kafka = KafkaSettings.from_env(bootstrap)
-    topic = f"bench-{uuid.uuid4().hex[:6]}"
-    rng = random.Random(1)
+    args.topic = f"bench-{uuid.uuid4().hex[:6]}"
     t0 = time.perf_counter()
-    records = (
-        (None, json.dumps({"user": f"u{rng.randrange(1000)}", "n": i}).encode(), None)
-        for i in range(args.records)
-    )
-    produce(kafka, topic, records, partitions=2)
+    produce_bids(kafka, args.topic, args.records)
     print(f"produced {args.records:,} records in {time.perf_counter() - t0:.1f} s")
     env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
     # a local standalone cluster shares this machine's disk: checkpoints under /tmp are shared
     env["ONCEFLOW_SHARED_DIRS"] = tempfile.gettempdir()
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    for i in range(args.repeat):
-        for mode in MODES:
-            r = spawn(mode, topic, args, env)
-            runs[mode].append(r)
-            print(
-                f"  run {i + 1} {mode:<24} {r['seconds']:6.1f} s  "
-                f"{r['rate']:>8,.0f} rec/s overall  {r['steady']:>8,.0f} rec/s steady "
-                f"({r['batches']} batches, p50 {r['p50_s']:.2f} s, p99 {r['p99_s']:.2f} s)",
-                flush=True,
-            )
-    last = runs["exactly-once"][-1]["name"]
     settings = RedisSettings(redis_url)
 
     def connect(tag: str) -> Any:
         return redis_client(settings, tag)
 
-    report(runs, args.records, connect(last), connect, DedupConfig())
+    summary: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    names: set[str] = set()
+    for workload in args.workloads.split(","):
+        args.workload = workload
+        print(f"\n--- workload {workload}")
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+        for i in range(args.repeat):
+            for mode in MODES:
+                r = spawn(mode, args, env)
+                runs[mode].append(r)
+                names.add(r["name"])
+                print(
+                    f"  run {i + 1} {mode:<24} {r['seconds']:6.1f} s  "
+                    f"{r['rate']:>8,.0f} rec/s overall  {r['steady']:>8,.0f} rec/s steady "
+                    f"({r['batches']} batches, p50 {r['p50_s']:.2f} s, p99 {r['p99_s']:.2f} s)",
+                    flush=True,
+                )
+        report(runs, args.records, connect, DedupConfig(), local=master.startswith("local"))
+        summary[workload] = runs
+    if len(summary) > 1:
+        print_summary(summary)
     if cluster is not None:
-        print_nodes(cluster, before, {r["name"] for rs in runs.values() for r in rs}, connect)
+        print_nodes(cluster, before, names, connect)
 
 
-def child_command(guarantee: str, topic: str, args: argparse.Namespace) -> list[str]:
+def print_summary(summary: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
+    """Every workload's medians and ratios on one table."""
+    print("\nAll workloads (median rec/s overall / steady; ratios to at-least-once)")
+    print(
+        f"{'workload':<16} {'at-least-once':>17} {'exactly-once plain':>19} "
+        f"{'exactly-once':>17} {'EO/ALO':>12} {'plain/ALO':>12}"
+    )
+    for workload, runs in summary.items():
+        med = {
+            m: (
+                statistics.median(r["rate"] for r in rs),
+                statistics.median(r["steady"] for r in rs),
+            )
+            for m, rs in runs.items()
+        }
+        alo, plain, eo = med["at-least-once"], med["exactly-once/plain-sink"], med["exactly-once"]
+        print(
+            f"{workload:<16} {alo[0]:>8,.0f}/{alo[1]:<8,.0f} {plain[0]:>9,.0f}/{plain[1]:<9,.0f} "
+            f"{eo[0]:>8,.0f}/{eo[1]:<8,.0f} {eo[0] / alo[0]:>5.0%}/{eo[1] / alo[1]:<5.0%} "
+            f"{plain[0] / alo[0]:>5.0%}/{plain[1] / alo[1]:<5.0%}"
+        )
+
+
+def child_command(guarantee: str, args: argparse.Namespace) -> list[str]:
     """The command of one measured run in a fresh process (``bench/profile_workers.py`` too)."""
     return [
         sys.executable,
         __file__,
         "--child",
         guarantee,
+        "--workload",
+        getattr(args, "workload", None) or "keyed-count",
+        "--client",
+        getattr(args, "client", None) or "python",
         "--topic",
-        topic,
+        args.topic,
         "--records",
         str(args.records),
         "--batch",
@@ -280,9 +479,9 @@ def child_command(guarantee: str, topic: str, args: argparse.Namespace) -> list[
     ]
 
 
-def spawn(guarantee: str, topic: str, args: argparse.Namespace, env: dict[str, str]) -> Any:
+def spawn(guarantee: str, args: argparse.Namespace, env: dict[str, str]) -> Any:
     """Run one measured query in a fresh process; return its result."""
-    cmd = child_command(guarantee, topic, args)
+    cmd = child_command(guarantee, args)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=900)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -294,9 +493,9 @@ def spawn(guarantee: str, topic: str, args: argparse.Namespace, env: dict[str, s
 def report(
     runs: dict[str, list[dict[str, Any]]],
     records: int,
-    client: Any,
     connect: Connect,
     config: DedupConfig,
+    local: bool,
 ) -> None:
     med = {
         g: (statistics.median(r["rate"] for r in rs), statistics.median(r["steady"] for r in rs))
@@ -318,6 +517,8 @@ def report(
         )
     print(f"{'exactly-once / at-least-once':<34} {eo[0] / alo[0]:>13.0%} {eo[1] / alo[1]:>13.0%}")
     print(f"{'transactional / plain sink':<34} {eo[0] / plain[0]:>13.0%} {eo[1] / plain[1]:>13.0%}")
+    if local:
+        print_rss(runs)
     last = runs["exactly-once"][-1]
     c = last["counters"]
     trips = sum(v for k, v in c.items() if k.endswith("/redis_round_trips"))
@@ -328,15 +529,10 @@ def report(
     )
     lookups = sum(v for k, v in c.items() if k.endswith("/redis_lookups"))
     maybes = sum(v for k, v in c.items() if k.endswith("/bloom_maybe"))
-    new_ids = records + sum(v for k, v in c.items() if k.startswith("count/") and k.endswith("/in"))
-    new_ids += sum(v for k, v in c.items() if k.endswith("/out/counts"))
+    client = connect(last["name"])
     seen_bytes, seen_ids, generations = redis_footprint(client, last["name"], connect)
-    filter_bytes = int(
-        -config.bloom_capacity
-        * __import__("math").log(config.bloom_error)
-        / (__import__("math").log(2) ** 2)
-        / 8
-    )
+    new_ids = max(seen_ids, 1)  # every new ID is stored once (no GC ran)
+    filter_bytes = int(-config.bloom_capacity * math.log(config.bloom_error) / math.log(2) ** 2 / 8)
     print()
     print(
         f"Redis round trips per 1,000 records: exactly-once {1000 * trips / records:.1f}, "
@@ -357,6 +553,73 @@ def report(
             f"Redis seen-ID store: {seen_ids:,} IDs in {seen_bytes / 1e6:.1f} MB = "
             f"{seen_bytes / seen_ids:.1f} bytes per stored ID ({config.shards} shards/bucket)"
         )
+    for mode in ("exactly-once", "at-least-once"):
+        print_boundaries(mode, runs[mode][-1]["name"], connect, records)
+
+
+def print_rss(runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Peak resident memory per mode (median of the runs' peaks)."""
+    print()
+    print(
+        f"{'peak memory (PSS), MB, median':<34} {'driver':>8} {'JVM':>8} {'Py workers':>11} "
+        f"{'(processes)':>12}"
+    )
+    for mode, rs in runs.items():
+        peaks = [r["rss_mb"] for r in rs if "rss_mb" in r]
+        if not peaks:
+            continue
+        cells = [statistics.median(p.get(part, 0) for p in peaks) for part in PeakRss.PARTS]
+        print(
+            f"{mode:<34} {cells[0]:>8,.0f} {cells[1]:>8,.0f} {cells[2]:>11,.0f} {cells[3]:>12.0f}"
+        )
+
+
+# what a key holds, for the memory per boundary
+_KIND_GROUP = {
+    Kind.SEEN: "seen IDs",
+    Kind.FILTER_JOURNAL: "filters",
+    Kind.FILTER_SNAPSHOT: "filters",
+    Kind.FILTER_SEQ: "filters",
+    Kind.STATS: "filters",
+    Kind.PENDING: "filters",
+    Kind.BACKUP: "backups",
+    Kind.STATE: "state",
+    Kind.EVENT_TIMERS: "state",
+    Kind.PROCESSING_TIMERS: "state",
+    Kind.EXPIRY: "state",
+}
+_GROUPS = ("seen IDs", "filters", "backups", "state")
+
+
+def print_boundaries(mode: str, namespace: str, connect: Connect, records: int) -> None:
+    """Redis memory a run left, by receiver (seen IDs, filters), stage (backups), combine.
+
+    Receivers are named after the stage whose input they guard (a sink's after its output);
+    backups after the stage that wrote them. The rest (batch parameters, clock, tokens ...)
+    is on the ``pipeline`` line.
+    """
+    table: dict[str, dict[str, int]] = {}
+    for ks in read_scopes(connect(namespace), Keyspace(namespace)).keyspaces():
+        tagged = connect(ks.tag)
+        for key in tagged.scan_iter(match=ks.pattern(), count=1000):
+            parsed = ks.parse(key)
+            size = tagged.memory_usage(key, samples=0) or 0
+            group = _KIND_GROUP.get(parsed.kind) if parsed else None
+            name = parsed.name if group and parsed and parsed.name else "pipeline"
+            row = table.setdefault(name, dict.fromkeys((*_GROUPS, "other"), 0))
+            row[group or "other"] += size
+    total = sum(sum(row.values()) for row in table.values())
+    print()
+    print(
+        f"Redis memory left by the last {mode} run: {total / 1e6:.1f} MB, "
+        f"{total / records:.0f} B per input record"
+    )
+    print(
+        f"  {'receiver / stage / combine':<30}" + "".join(f"{g:>10}" for g in _GROUPS) + "   other"
+    )
+    for name, row in sorted(table.items()):
+        cells = "".join(f"{row[g] / 1e6:>9.2f}M" for g in _GROUPS)
+        print(f"  {name[:30]:<30}{cells}{row['other'] / 1e6:>7.2f}M")
 
 
 if __name__ == "__main__":

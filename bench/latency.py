@@ -75,6 +75,7 @@ orders.filter("paid", lambda o: o["status"] == "paid").write(
 )
 """
 _PHASES = re.compile(r"batch (\d+) phases: (.*); (\d+) Spark job\(s\), (\d+) stage\(s\)")
+_TRIGGER = re.compile(r"batch (\d+) trigger: ([\d.]+) s \((.*)\)")
 _FIRST = re.compile(r"first micro-batch starts ([\d.]+) s after the run began \((.*)\)")
 
 
@@ -143,6 +144,7 @@ class Measured:
     latencies: list[float] = field(default_factory=list)  # ms, measured window
     recovering: list[float] = field(default_factory=list)  # ms, sent after the kill
     phases: dict[str, list[float]] = field(default_factory=dict)
+    trigger: dict[str, list[float]] = field(default_factory=dict)  # Spark's durationMs, s
     jobs: list[int] = field(default_factory=list)
     stages: list[int] = field(default_factory=list)
     batches: int = 0
@@ -295,6 +297,13 @@ def _read_phases(out: str, result: Measured) -> None:
     for log_path in glob.glob(os.path.join(out, "logs", "*.log")):
         with open(log_path, errors="replace") as fh:
             for line in fh:
+                spark = _TRIGGER.search(line)
+                if spark:
+                    result.trigger.setdefault("trigger", []).append(float(spark.group(2)))
+                    for part in filter(None, spark.group(3).split(", ")):
+                        phase, seconds, _ = part.rsplit(" ", 2)
+                        result.trigger.setdefault(phase, []).append(float(seconds))
+                    continue
                 found = _PHASES.search(line)
                 if not found:
                     continue
@@ -335,6 +344,13 @@ def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
             f"  {g:<15} {text}; Spark jobs per batch {statistics.median(jobs or [0]):.0f}, "
             f"stages {statistics.median(stages or [0]):.0f} ({batches} batches)"
         )
+        spark: dict[str, list[float]] = {}
+        for m in measured:
+            for k, v in m.trigger.items():
+                spark.setdefault(k, []).extend(v)
+        if spark:
+            text = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in spark.items())
+            print(f"  {'':<15} Spark's micro-batch: {text}")
     if not args.recovery:
         return
     print()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -30,7 +29,6 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.settings import KafkaSettings
 
 BENCH = Path(__file__).with_name("exactly_once.py")
@@ -95,9 +93,7 @@ def parse_raw(path: Path, rate: int) -> dict[tuple[str, str], float]:
     return seconds
 
 
-def profile_mode(
-    mode: str, topic: str, args: argparse.Namespace, env: dict[str, str]
-) -> tuple[dict, dict]:
+def profile_mode(mode: str, args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dict]:
     from exactly_once import child_command  # bench/ is on sys.path (see main)
 
     out = Path(tempfile.mkdtemp(prefix="onceflow-profile-")) / f"{mode}.txt"
@@ -113,7 +109,7 @@ def profile_mode(
         "--output",
         str(out),
         "--",
-        *child_command(mode, topic, args),
+        *child_command(mode, args),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=1800)
     result = next(
@@ -139,26 +135,17 @@ def main() -> None:
     if shutil.which("py-spy") is None:
         sys.exit("py-spy is not installed: pip install py-spy")
     sys.path.insert(0, str(BENCH.parent))
-    from exactly_once import services  # the benchmark's own service start-up
+    from exactly_once import produce_bids, services  # the benchmark's own input and services
 
     with services(False) as (redis_url, bootstrap, _):
         kafka = KafkaSettings.from_env(bootstrap)
-        topic = f"profile-{uuid.uuid4().hex[:6]}"
-        rng = random.Random(1)
-        produce(
-            kafka,
-            topic,
-            (
-                (None, json.dumps({"user": f"u{rng.randrange(1000)}", "n": i}).encode(), None)
-                for i in range(args.records)
-            ),
-            partitions=2,
-        )
+        args.topic = f"profile-{uuid.uuid4().hex[:6]}"
+        produce_bids(kafka, args.topic, args.records)
         env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
         profiles, results = {}, {}
         for mode in MODES:
             t0 = time.perf_counter()
-            profiles[mode], results[mode] = profile_mode(mode, topic, args, env)
+            profiles[mode], results[mode] = profile_mode(mode, args, env)
             print(
                 f"profiled {mode} in {time.perf_counter() - t0:.0f} s "
                 f"(measured query {results[mode]['rate']:,.0f} rec/s under the profiler)",

@@ -714,6 +714,7 @@ def _await(query: Any, state: StreamingRun, timeout: float | None) -> None:
     """Wait for the query to end; after a stop request, stop it between micro-batches."""
     deadline = time.monotonic() + timeout if timeout else None
     failure: Exception | None = None
+    logged = -1
     try:
         while query.isActive:
             try:
@@ -724,6 +725,7 @@ def _await(query: Any, state: StreamingRun, timeout: float | None) -> None:
             except Exception as exc:  # noqa: BLE001 - the query failed: told below in one line
                 failure = exc
                 break
+            logged = _log_triggers(query, logged)
             if deadline is not None and time.monotonic() > deadline:
                 state.stop.request(f"timeout of {timeout} s")
             if state.stop.requested and not _trigger_active(query):
@@ -741,6 +743,29 @@ def _await(query: Any, state: StreamingRun, timeout: float | None) -> None:
             msg = f"pipeline {state.job.pipeline!r} was fenced: {text[:500]}"
             raise RunError(msg)
         raise RunError(explain_failure(state.job.pipeline, Exception(text), log_file()))
+
+
+def _log_triggers(query: Any, logged: int) -> int:
+    """Log Spark's own timings of the micro-batches that ended since batch ``logged``.
+
+    ``trigger`` is the whole micro-batch; ``addBatch`` is our ``foreachBatch`` (its phases are
+    logged by the batch itself); the rest is Spark's bookkeeping around it (reading the
+    sources' latest offsets, writing the offset and commit logs). Monitoring only.
+    """
+    if not log.isEnabledFor(logging.INFO):
+        return logged
+    try:
+        progress = [p for p in query.recentProgress if p.batchId > logged]
+    except Exception as exc:  # noqa: BLE001 - the query just ended
+        log.debug("no progress to log: %s", exc)
+        return logged
+    for p in progress:
+        ms = dict(p.durationMs or {})
+        trigger = ms.pop("triggerExecution", 0)
+        parts = ", ".join(f"{k} {v / 1000:.3f} s" for k, v in sorted(ms.items()))
+        log.info("batch %d trigger: %.3f s (%s)", p.batchId, trigger / 1000, parts)
+        logged = max(logged, p.batchId)
+    return logged
 
 
 def _trigger_active(query: Any) -> bool:
