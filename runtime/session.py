@@ -46,6 +46,9 @@ _PYTHON_LEVELS = {
     "trace": logging.DEBUG,
 }
 UI_CONF = "spark.ui.enabled"
+# Python workers start from a warm daemon (see onceflow.runtime.worker_daemon).
+DAEMON_CONF = "spark.python.daemon.module"
+DAEMON_MODULE = "onceflow.runtime.worker_daemon"
 # Fast JVM start (~half the session start time).
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -103,6 +106,7 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(parallelism))
         .config("spark.default.parallelism", str(parallelism))
         .config("spark.python.worker.reuse", "true")
+        .config(DAEMON_CONF, DAEMON_MODULE)
         .config(SPECULATION, "false")
         .config("spark.driver.extraJavaOptions", _driver_java_options(path, log_level))
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
