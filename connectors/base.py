@@ -129,9 +129,38 @@ class TransactionalWriter(SinkWriter):
     Redis act as one: ``write`` (in an open transaction), ``prepare`` (everything written is
     durably held, not yet visible; returns a *marker* that can later tell whether the
     transaction committed), the runtime records the delivery as pending with that marker,
-    ``commit``; then the runtime marks the records delivered. After a crash, a new writer
-    (which first fences every older writer of the same task) answers ``committed(marker)``.
+    ``commit``; then the runtime marks the records delivered.
+
+    A writer writes under an :attr:`identity` (Kafka: a transactional id), which may outlive
+    the task: one per worker process and sink, reused from task to task, so that a task does
+    not pay for registering one. The runtime records the identity in Redis before a delivery's
+    first ``write`` (which begins a transaction) for a sink partition, and forgets it once
+    that transaction's records are marked delivered. A task that finds identities recorded for
+    its sink partition first has its writer :meth:`settle` them (end their transactions: a
+    crashed or zombie attempt's is aborted unless it committed); only then does
+    ``committed(marker)`` answer for good.
     """
+
+    @property
+    @abc.abstractmethod
+    def identity(self) -> str:
+        """What the writer's transactions are known by (recorded before one begins)."""
+
+    @abc.abstractmethod
+    def settle(self, identities: Sequence[str]) -> None:
+        """End any transaction these identities may hold open (this writer's own included).
+
+        Afterwards none of them can commit what it began before: a marker of theirs is either
+        committed or never will be.
+        """
+
+    def aborted_cleanly(self) -> bool:
+        """After :meth:`abort`: whether nothing of the transaction can still become visible.
+
+        True lets the runtime forget the identity at once (it was never prepared, and the
+        abort went through); False leaves it for the next attempt to :meth:`settle`.
+        """
+        return False
 
     @abc.abstractmethod
     def prepare(self) -> str:

@@ -13,6 +13,14 @@ In between, the sink partition keeps one *pending* delivery in Redis (:func:`pre
 * a plain sink records the IDs it is about to write; a crash before the marks means those
   may have reached the sink and will be written again: the next attempt counts them as
   ``possible_copies`` (``onceflow status`` shows them), with the same ID and value.
+
+A transactional writer's identity (a Kafka transactional id, one per worker process and sink,
+reused by its tasks) is recorded in the same hash before it begins a transaction for the
+partition (:func:`note_writer`); marking the delivery deletes the hash, and with it the
+record. An attempt that opens the partition reads both (:func:`sink_state`) and settles every
+identity it finds before it asks whether a pending delivery happened: then no transaction of
+a crashed or zombie attempt is left open (blocking ``read_committed`` readers until it times
+out), and none can still commit after the answer.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ NO_MARKER = "-"  # a plain (not transactional) delivery: it cannot tell whether 
 _YES = "1"
 
 
+WRITER_FIELD = "writer:"  # + a transactional writer's identity, in the pending hash
+
+
 @dataclass(frozen=True)
 class PendingDelivery:
     """A delivery a sink partition made (or began) and did not mark."""
@@ -44,6 +55,17 @@ class PendingDelivery:
     def transactional(self) -> bool:
         """Whether the sink can tell if it happened."""
         return self.marker != NO_MARKER
+
+
+@dataclass(frozen=True)
+class SinkState:
+    """What an earlier attempt left for a sink partition: its pending delivery, and writers.
+
+    ``writers``: identities of transactional writers that may hold a transaction open for it.
+    """
+
+    pending: PendingDelivery | None = None
+    writers: tuple[str, ...] = ()
 
 
 def receiver_name(sink: str) -> str:
@@ -85,15 +107,29 @@ def mark_delivered(
         _mark(session, rx, addressing, part, last, copies if last else 0, newest)
 
 
-def pending(session: TaskSession, rx: Receiver) -> PendingDelivery | None:
-    """The sink partition's pending delivery, if an earlier attempt left one."""
-    key = session.ks.pending(rx.name, session.partition)
-    marker, blob = session.client.hmget(key, "marker", "ids")
+def sink_state(session: TaskSession, rx: Receiver) -> SinkState:
+    """The sink partition's pending delivery and recorded writers (see the module docstring)."""
+    fields = session.client.hgetall(session.ks.pending(rx.name, session.partition))
     session.round_trip()
+    writers = tuple(
+        f.decode()[len(WRITER_FIELD) :] for f in fields if f.startswith(WRITER_FIELD.encode())
+    )
+    marker, blob = fields.get(b"marker"), fields.get(b"ids")
     if marker is None:
-        return None
+        return SinkState(None, writers)
     ids = [blob[i : i + ID_BYTES] for i in range(0, len(blob or b""), ID_BYTES)]
-    return PendingDelivery(marker.decode(), ids)
+    return SinkState(PendingDelivery(marker.decode(), ids), writers)
+
+
+def note_writer(session: TaskSession, rx: Receiver, identity: str, begins: bool = True) -> None:
+    """Record a transactional writer before it begins a transaction (``begins=False``: forget).
+
+    Forget it only when its transaction was aborted before any of it could become visible.
+    """
+    keys = [*session.fence_keys(), session.ks.pending(rx.name, session.partition)]
+    args = [*session.fence_args(), WRITER_FIELD + identity, "1" if begins else "0"]
+    session.check(session.scripts.note_writer(keys=keys, args=args))
+    session.round_trip()
 
 
 def prepare(

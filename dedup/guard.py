@@ -32,7 +32,13 @@ from onceflow.dedup.admission import Admission, admit
 from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.delivery import PendingDelivery, mark_delivered, receiver_name, undelivered
+from onceflow.dedup.delivery import (
+    PendingDelivery,
+    SinkState,
+    mark_delivered,
+    receiver_name,
+    undelivered,
+)
 from onceflow.dedup.durability import BatchDurability, check_master
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
@@ -232,9 +238,13 @@ class ExactlyOnceGuard:
         newest = max((o.ts for o in outputs), default=0)
         mark_delivered(self.session, self.sinks[target], self.addressing, ids, 0, newest)
 
-    def pending(self, target: int) -> PendingDelivery | None:
-        """A delivery of this sink partition an earlier attempt left unmarked."""
-        return delivery.pending(self.session, self.sinks[target])
+    def sink_state(self, target: int) -> SinkState:
+        """What earlier attempts left for this sink partition: a delivery, writers to settle."""
+        return delivery.sink_state(self.session, self.sinks[target])
+
+    def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
+        """Record a transactional writer before it begins (``begins=False``: forget it)."""
+        delivery.note_writer(self.session, self.sinks[target], identity, begins)
 
     def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
         """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain)."""

@@ -235,7 +235,11 @@ class Keyspace:
         return self._key(Kind.STATS, receiver)
 
     def pending(self, receiver: str, partition: int) -> str:
-        """Hash: the delivery a sink partition wrote and has not yet marked (marker, IDs)."""
+        """Hash: the delivery a sink partition wrote and has not yet marked (marker, IDs).
+
+        Also the transactional writers that may hold a transaction of it open (one field
+        each, see :mod:`onceflow.dedup.delivery`).
+        """
         return self._key(Kind.PENDING, receiver, partition)
 
     # per stage, batch and partition

@@ -221,6 +221,23 @@ return {'ok'}
 """
 )
 
+# A transactional sink writer is about to begin a transaction for a sink partition: record
+# its identity (a field of the partition's pending hash, deleted with it by MARK_DELIVERED)
+# so that a later attempt settles it if this one never finishes. ARGV[4] '0' forgets it
+# instead (its transaction was aborted before anything of it could become visible).
+# KEYS: 1 epoch, 2 task token, 3 pending. ARGV: 1 epoch, 2 token, 3 field, 4 '1' or '0'
+NOTE_WRITER = (
+    FENCE
+    + """
+if ARGV[4] == '1' then
+  redis.call('HSET', KEYS[3], ARGV[3], '1')
+else
+  redis.call('HDEL', KEYS[3], ARGV[3])
+end
+return {'ok'}
+"""
+)
+
 # Who owns each ID, in any live generation (newest first, stopping at the first hit).
 # KEYS: seen shards. ARGV: 1 n, 2 g (generations per ID), 3 ids blob, 4 index blob of n x g
 # little-endian uint16 KEYS indices (0: no such shard). Returns one owner (or false) per ID.
@@ -365,6 +382,7 @@ class Scripts:
         self.finish = register(FINISH)
         self.mark_delivered = register(MARK_DELIVERED)
         self.prepare_delivery = register(PREPARE_DELIVERY)
+        self.note_writer = register(NOTE_WRITER)
         self.lookup = register(LOOKUP)
         self.snapshot = register(SNAPSHOT)
         self.batch_params = register(BATCH_PARAMS)

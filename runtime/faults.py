@@ -25,6 +25,7 @@ TASK_POINTS = (
     "after_commit",
     "before_finish",
     "after_finish",
+    "in_sink_transaction",
     "after_sink_write",
     "after_sink_commit",
     "task_end",

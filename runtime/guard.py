@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from onceflow.backup.format import TaskBackup
 from onceflow.dedup.admission import Admission
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.delivery import PendingDelivery
+from onceflow.dedup.delivery import PendingDelivery, SinkState
 from onceflow.dedup.state import due_timers, read_state, write_state
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
@@ -79,8 +79,12 @@ class Guard(Protocol):
         """Mark sink records delivered (their write is visible) and end the pending delivery."""
         ...
 
-    def pending(self, target: int) -> PendingDelivery | None:
-        """A delivery of this sink partition an earlier attempt left unmarked."""
+    def sink_state(self, target: int) -> SinkState:
+        """What earlier attempts left for this sink partition: a delivery, writers to settle."""
+        ...
+
+    def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
+        """Record a transactional writer before it begins (``begins=False``: forget it)."""
         ...
 
     def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
@@ -162,9 +166,12 @@ class NoGuard:
     def delivered(self, target: int, outputs: list[Output]) -> None:
         """Nothing to mark."""
 
-    def pending(self, target: int) -> PendingDelivery | None:
+    def sink_state(self, target: int) -> SinkState:
         """Nothing is remembered."""
-        return None
+        return SinkState()
+
+    def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
+        """Nothing to remember."""
 
     def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
         """Nothing to remember."""

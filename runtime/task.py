@@ -19,6 +19,7 @@ exactly-once guard is :mod:`onceflow.dedup.guard`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,7 @@ class TaskRun:
         self.origins: dict[bytes, str] = {}  # source records of the current input batch
         self.body.origins = self.origins
         self.progress: dict[str, int] = {}  # lane heartbeats not yet sent with a chunk
+        self.noted: dict[int, str] = {}  # sink target -> writer identity recorded in Redis
 
     def failure_line(self, exc: BaseException) -> str:
         """One line for a person: which task failed, on which record, and why."""
@@ -406,8 +408,13 @@ class TaskRun:
         """Write, prepare, remember as pending, commit: the records become visible once."""
         records = decode_outputs(todo, target)
         rejected: list[Rejected] = []
+        self.guard.note_writer(target.index, writer.identity)  # before it begins
+        self.noted[target.index] = writer.identity
         while True:
             rejected += writer.write(records)
+            crashpoint(
+                "in_sink_transaction", self.spec.name, self.batch, self.partition, self.attempt
+            )
             try:
                 marker = writer.prepare()
                 break
@@ -419,6 +426,7 @@ class TaskRun:
         crashpoint("after_sink_write", self.spec.name, self.batch, self.partition, self.attempt)
         writer.commit()
         crashpoint("after_sink_commit", self.spec.name, self.batch, self.partition, self.attempt)
+        self.noted.pop(target.index, None)  # guard.delivered() deletes the record
         return rejected
 
     def refused_letters(self, target: TargetSpec, rejected: list[Rejected]) -> list[Output]:
@@ -451,8 +459,10 @@ class TaskRun:
     def writer(self, target: TargetSpec) -> Any:
         """The task's writer for a sink target, opened on first use.
 
-        On opening, a delivery an earlier attempt left pending is resolved first: marked if
-        it became visible, dropped (and counted as possible copies, for a plain sink) if not.
+        On opening, what earlier attempts left is dealt with first: transactional writers
+        recorded for the partition are settled (their open transactions ended), then a
+        delivery left pending is resolved: marked if it became visible, dropped (and counted
+        as possible copies, for a plain sink) if not.
         """
         writer = self.writers.get(target.index)
         if writer is None:
@@ -467,14 +477,18 @@ class TaskRun:
             )
             writer = target.connector.open(info)
             self.writers[target.index] = writer
-            left = self.guard.pending(target.index)
-            if left is not None:
+            left = self.guard.sink_state(target.index)
+            transactional = isinstance(writer, TransactionalWriter)
+            if left.writers and transactional:
+                writer.settle(left.writers)
+                self.count("writers_settled", len(left.writers))
+            if left.pending is not None:
                 happened = (
-                    writer.committed(left.marker)
-                    if left.transactional and isinstance(writer, TransactionalWriter)
+                    writer.committed(left.pending.marker)
+                    if left.pending.transactional and transactional
                     else False
                 )
-                self.guard.resolve_pending(target.index, left, happened)
+                self.guard.resolve_pending(target.index, left.pending, happened)
                 self.count("deliveries_recovered")
         return writer
 
@@ -497,17 +511,30 @@ class TaskRun:
         if self.closed:
             return
         self.closed = True
-        for writer in self.writers.values():
+        for index, writer in self.writers.items():
             if ok:
                 writer.close()
             else:
                 writer.abort()
+                self._forget_writer(index, writer)
         for name, n in self.guard.close().items():
             self.count(name, n)
         if self.body.dead_count:
             self.count("dead_letters", self.body.dead_count)
         for code, n in self.body.dead_codes.items():
             self.count(dead_letter_counter(code), n)
+
+    def _forget_writer(self, index: int, writer: Any) -> None:
+        """After a failure: forget a recorded writer whose transaction aborted cleanly.
+
+        Then the next attempt need not settle it (which would fence this process's producer,
+        that later tasks here reuse). Best effort: left recorded, it is settled instead.
+        """
+        identity = self.noted.pop(index, None)
+        if identity is None or not writer.aborted_cleanly():
+            return
+        with contextlib.suppress(Exception):
+            self.guard.note_writer(index, identity, begins=False)
 
 
 def late_reason(ts: int) -> str:

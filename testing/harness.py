@@ -36,6 +36,7 @@ POINTS = (
     "after_commit",
     "before_finish",  # end-of-task outputs (combine results, window panes) computed, not stored
     "after_finish",  # ... stored with their state changes (windows closed), not yet sent on
+    "in_sink_transaction",  # a transactional sink sent records, no marker yet
     "after_sink_write",
     "after_sink_commit",
     "task_end",

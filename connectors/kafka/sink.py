@@ -21,8 +21,11 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import os
 import time
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from onceflow.connectors.base import (
@@ -414,44 +417,77 @@ def _culprits(
     return [], [rec for rec, _ in refused] + [rec for rec, _ in failed]
 
 
-# Transactional producers, one per transactional id, kept for the life of the worker process.
-_TXN_PRODUCERS: dict[str, Producer] = {}
+# This worker process's transactional producers, one per transactional id (one per sink):
+# registered once, then reused from task to task and across sink partitions.
+_TXN_PRODUCERS: dict[str, _Registered] = {}
+_PROCESS_TOKEN: tuple[int, str] | None = None
 
 
-def _txn_producer(sink: KafkaSink, tid: str, fresh: bool = False) -> Producer:
-    """The worker's producer for a transactional id.
+def process_token() -> str:
+    """A token naming this worker process (a forked child gets a token of its own)."""
+    global _PROCESS_TOKEN  # noqa: PLW0603 - one per process, made when first asked
+    pid = os.getpid()
+    if _PROCESS_TOKEN is None or _PROCESS_TOKEN[0] != pid:
+        _PROCESS_TOKEN = (pid, uuid.uuid4().hex[:12])
+    return _PROCESS_TOKEN[1]
 
-    ``fresh`` registers it again with Kafka, which fences every older producer of that id and
-    ends its open transaction.
+
+@dataclass
+class _Registered:
+    """A registered transactional producer, and whether a transaction of it is open."""
+
+    producer: Producer
+    open: bool = False
+
+
+def _register(sink: KafkaSink, tid: str) -> _Registered:
+    """A new producer of ``tid``, registered with Kafka (kept as this process's for ``tid``).
+
+    Registering fences every older producer of ``tid`` and ends its open transaction.
     """
-    producer = _TXN_PRODUCERS.pop(tid, None)
-    if producer is not None and not fresh:
-        _TXN_PRODUCERS[tid] = producer
-        return producer
-    if producer is not None:
-        with contextlib.suppress(Exception):
-            producer.close(timeout_s=1)
-    config = {**sink.producer_config(tid), **sink.user_options}
-    producer = new_producer(sink.client, sink.settings, config)
+    _drop(tid)
+    producer = new_producer(
+        sink.client, sink.settings, {**sink.producer_config(tid), **sink.user_options}
+    )
     producer.init_transactions()
-    _TXN_PRODUCERS[tid] = producer
-    return producer
+    entry = _TXN_PRODUCERS[tid] = _Registered(producer)
+    return entry
+
+
+def _drop(tid: str) -> None:
+    """Forget (and close) this process's producer of ``tid``, if any."""
+    entry = _TXN_PRODUCERS.pop(tid, None)
+    if entry is not None:
+        with contextlib.suppress(Exception):
+            entry.producer.close(timeout_s=1)
+
+
+def _fence(sink: KafkaSink, tid: str) -> None:
+    """End whatever transaction ``tid`` holds open, wherever its producer runs."""
+    _register(sink, tid)
+    _drop(tid)
 
 
 class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
-    """Writes a task's records in Kafka transactions (see the module docstring)."""
+    """Writes a task's records in Kafka transactions (see the module docstring).
+
+    Its transactional id is this worker process's for the sink (``<prefix>.<sink>.<process
+    token>``), registered once and reused by every task of the process; the runtime records it
+    in Redis before a transaction begins, and a later attempt of the sink partition settles it
+    (:meth:`settle`) when it finds it recorded.
+    """
 
     def __init__(self, sink: KafkaSink, task: TaskInfo) -> None:
         self.sink = sink
         self.task = task
-        self.tid = f"{sink.transaction_prefix}.{task.sink}.{task.partition}"
-        # Registered afresh for every task: this fences any older producer of the id (a
-        # zombie attempt, or this process's own from an earlier batch) and ends its open
-        # transaction, so the task starts from a settled state.
-        self.producer = _txn_producer(sink, self.tid, fresh=True)
+        self.tid = f"{sink.transaction_prefix}.{task.sink}.{process_token()}"
+        # the delivery log keeps each sink partition's newest marker (compacted by key)
+        self.log_key = f"{sink.transaction_prefix}.{task.sink}.{task.partition}".encode()
         self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
         self.sent = []
-        self.open_txn = False
+        self.entry: _Registered | None = None
+        self.prepared = False  # a marker was sent in the transaction now open
+        self.clean = True  # the last abort went through
         self.deliveries = 0
         # the first send refused synchronously in this transaction: after a record fails, a
         # transactional producer refuses every later send until the transaction is aborted
@@ -459,21 +495,55 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         # records (by id()) of a batch the broker refused, to send on their own next time
         self.suspects: set[int] = set()
 
+    @property
+    def identity(self) -> str:
+        """The transactional id: this worker process's for the sink."""
+        return self.tid
+
+    @property
+    def producer(self) -> Producer:  # type: ignore[override]
+        """This process's registered producer of the id (registered when first needed)."""
+        if self.entry is None:
+            entry = _TXN_PRODUCERS.get(self.tid)
+            if entry is None:
+                entry = _register(self.sink, self.tid)
+            elif entry.open:  # an earlier task of this process left it open: end it first
+                self.entry = entry
+                self._abort_open()
+                entry = self.entry or _register(self.sink, self.tid)
+            self.entry = entry
+        return self.entry.producer
+
+    def settle(self, identities: Sequence[str]) -> None:
+        """End the transactions these ids may hold open (another process's: by fencing it)."""
+        for tid in dict.fromkeys(identities):
+            if tid != self.tid:
+                _fence(self.sink, tid)
+                continue
+            entry = _TXN_PRODUCERS.get(tid)
+            if entry is None:  # this process's producer of it is gone: register anew
+                self.entry = _register(self.sink, tid)
+            elif entry.open:
+                self.entry = entry
+                self._abort_open()
+
     def _stop_sending(self, exc: Exception) -> bool:
         self.failed = exc
         return True
 
     def _begin(self) -> None:
-        if self.open_txn:
+        producer = self.producer
+        assert self.entry is not None
+        if self.entry.open:
             return
         try:
-            self.producer.begin()
+            producer.begin()
         except ProducerFenced:
-            # another process re-registered this id since (an older task's producer, left
-            # behind when its task moved): register again; this task owns the partition
-            self.producer = _txn_producer(self.sink, self.tid, fresh=True)
-            self.producer.begin()
-        self.open_txn = True
+            # another process registered this id since (settling it after a failure of ours)
+            self.entry = _register(self.sink, self.tid)
+            self.entry.producer.begin()
+        self.entry.open = True
+        self.prepared = False
 
     def write(self, records: Sequence[Record]) -> list[Rejected]:
         self._begin()
@@ -522,9 +592,10 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         self.deliveries += 1
         marker: Delivery | None = None
         if self.failed is None:
+            self.prepared = True
             try:
                 marker = self.producer.send(
-                    self.sink.log_topic, self.tid.encode(), delivery.encode(), None, None
+                    self.sink.log_topic, self.log_key, delivery.encode(), None, None
                 )
             except Exception as exc:  # noqa: BLE001 - a record failed before: settled below
                 self.failed = exc
@@ -551,17 +622,21 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
 
         After the broker refused a record, neither client's producer is fit for the next
         transaction (measured: kafka-python's is left in the middle of an epoch bump,
-        librdkafka's sequence numbers skip and its next commit fails).
+        librdkafka's sequence numbers skip and its next commit fails). The transaction was
+        aborted with its marker unsent or refused: nothing of it can become visible.
         """
         self.abort()
-        self.producer = _txn_producer(self.sink, self.tid, fresh=True)
+        self.entry = _register(self.sink, self.tid)
+        self.prepared = False
 
     def commit(self) -> None:
-        self.producer.commit()
-        self.open_txn = False
+        assert self.entry is not None
+        self.entry.producer.commit()
+        self.entry.open = False
+        self.prepared = False
 
     def committed(self, marker: str) -> bool:
-        """Read the marker (older producers of this id were fenced when this writer opened)."""
+        """Read the marker (call once every id recorded for the partition is settled)."""
         return marker_committed(self.sink.settings, marker, self.sink.client)
 
     def flush(self) -> list[Rejected]:
@@ -572,14 +647,26 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         self.abort()
 
     def abort(self) -> None:
-        if self.open_txn:
-            self.sent = []
-            self.failed = None
-            try:
-                self.producer.abort()
-            except Exception:  # noqa: BLE001 - a fenced or broken producer: start afresh
-                self.producer = _txn_producer(self.sink, self.tid, fresh=True)
-            self.open_txn = False
+        self.sent = []
+        self.failed = None
+        if self.entry is not None and self.entry.open:
+            self._abort_open()
+
+    def _abort_open(self) -> None:
+        """Abort the open transaction; a producer that cannot is dropped (registered anew)."""
+        assert self.entry is not None
+        try:
+            self.entry.producer.abort()
+            self.entry.open = False
+            self.clean = True
+        except Exception:  # noqa: BLE001 - a fenced or broken producer: start afresh next time
+            _drop(self.tid)
+            self.entry = None
+            self.clean = False
+
+    def aborted_cleanly(self) -> bool:
+        """Whether the abort went through before any marker was sent (see the base class)."""
+        return self.clean and not self.prepared
 
 
 def marker_committed(settings: KafkaSettings, marker: str, client: str = PYTHON_CLIENT) -> bool:

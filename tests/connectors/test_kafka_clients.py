@@ -177,7 +177,9 @@ def test_a_transaction_is_invisible_until_committed_and_its_marker_says_which(
     assert aborted.write(_records(40, _now())) == []
     gone = aborted.prepare()
     aborted.abort()
-    done = sink.open(_task(pipeline, 1, 2))  # a new attempt: fences the first one's id
+    assert not aborted.aborted_cleanly(), "its marker was sent: the next attempt settles it"
+    done = sink.open(_task(pipeline, 1, 2))  # a new attempt, in the same worker process
+    done.settle([aborted.identity])
     assert done.committed(gone) is False
     assert done.write(_records(25, _now())) == []
     kept = done.prepare()
@@ -203,6 +205,7 @@ def test_a_newer_writer_of_the_same_partition_fences_the_older(client, kafka_bro
     marker = zombie.prepare()
     _TXN_PRODUCERS.clear()  # the owner runs in another process: the zombie's producer lives on
     owner = sink.open(_task(pipeline, 1, 2))  # e.g. Spark re-ran the task elsewhere
+    owner.settle([zombie.identity])  # the runtime found the zombie's id recorded in Redis
     with pytest.raises(Exception):  # noqa: B017 - each client names fencing its own way
         zombie.commit()
     assert owner.committed(marker) is False
@@ -210,6 +213,52 @@ def test_a_newer_writer_of_the_same_partition_fences_the_older(client, kafka_bro
     owner.prepare()
     owner.commit()
     assert len(read_topic(settings, topic)) == 10
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_a_worker_process_registers_its_transactional_id_once(client, kafka_broker, topic_name):
+    """Tasks of one process reuse its producer, whatever sink partition they write."""
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("reuse"), topic_name("p")
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
+    producers = []
+    for batch, partition in [(1, 0), (1, 1), (2, 0), (2, 1)]:
+        writer = sink.open(TaskInfo(pipeline, "out", batch, partition, 0, True, 10 * batch))
+        writer.write(_records(5, _now()))
+        writer.prepare()
+        writer.commit()
+        writer.close()
+        producers.append(writer.producer)
+    assert all(p is producers[0] for p in producers), "one registered producer per process"
+    assert len(read_topic(settings, topic)) == 20
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_settling_ends_a_transaction_a_killed_process_left_open(
+    client, kafka_broker, topic_name, monkeypatch
+):
+    """Readers are not held up until the transaction times out (here: ten minutes)."""
+    from onceflow.connectors.kafka import sink as sink_module
+
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("orphan"), topic_name("p")
+    slow = {"transaction_timeout_ms": 600_000}
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline, options=slow)
+    monkeypatch.setattr(sink_module, "process_token", lambda: "killed")
+    killed = sink.open(_task(pipeline, 1, 1))
+    killed.write(_records(30, _now()))
+    killed.producer.flush(30)  # its records are in the log, in a transaction left open
+    _TXN_PRODUCERS.clear()  # the process is gone (its producer is never used again)
+    monkeypatch.setattr(sink_module, "process_token", lambda: "restarted")
+    retry = sink.open(_task(pipeline, 1, 2))
+    assert retry.identity != killed.identity
+    retry.settle([killed.identity])
+    retry.write(_records(12, _now()))
+    retry.prepare()
+    retry.commit()
+    assert len(read_topic(settings, topic)) == 12, "the open transaction still blocks readers"
 
 
 def _deliver(writer, records: list[Record]) -> list[tuple[Record, str]]:

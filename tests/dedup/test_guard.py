@@ -18,6 +18,7 @@ from onceflow.connectors.kafka import KafkaSink, KafkaSource
 from onceflow.dedup import trust as trust_mod
 from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.config import DedupConfig
+from onceflow.dedup.delivery import SinkState
 from onceflow.dedup.errors import FencedError
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.keyspace import Keyspace
@@ -208,14 +209,52 @@ def test_a_delivery_left_pending_is_resolved_by_the_next_attempt(redis_server, c
     first.prepare_delivery(sink, "log|0|17|4.0.1.0", outs)  # then killed before the marks
     trust_mod._FILTERS.clear()  # the next attempt runs in another worker process
     again = h.task(partition=0, batch=4)
-    left = again.pending(sink)
+    left = again.sink_state(sink).pending
     assert left is not None and left.marker == "log|0|17|4.0.1.0" and len(left.ids) == 300
     again.resolve_pending(sink, left, committed)
-    assert again.pending(sink) is None
+    assert again.sink_state(sink).pending is None
     todo = again.undelivered(sink, outs)
     assert todo == ([] if committed else outs)
     trust_mod._FILTERS.clear()  # and a fresh worker agrees
     assert h.task(partition=0, batch=4).undelivered(sink, outs) == todo
+
+
+def test_writers_are_recorded_until_their_delivery_is_marked(redis_server):
+    """A transactional writer is recorded before it begins; marking the delivery forgets it."""
+    h = Harness(redis_server, snapshot_every=1000)
+    sink = h.spec.sinks[0][0]
+    outs = _outputs(50, 52)
+    first = h.task(partition=0, batch=5, attempt_id=30)
+    assert first.sink_state(sink).writers == ()
+    first.note_writer(sink, "onceflow.p.out.aaaa")
+    first.note_writer(sink, "onceflow.p.out.aaaa")  # the same writer, again: once
+    first.prepare_delivery(sink, "log|0|3|5.0.30.0", outs)
+    left = h.task(partition=0, batch=5, attempt_id=31).sink_state(sink)  # killed: a retry
+    assert left.writers == ("onceflow.p.out.aaaa",)
+    assert left.pending is not None and left.pending.marker == "log|0|3|5.0.30.0"
+
+    retry = h.task(partition=0, batch=5, attempt_id=32)
+    retry.sink_state(sink)
+    retry.resolve_pending(sink, left.pending, False)
+    assert retry.sink_state(sink) == SinkState(), "resolving forgets the settled writers"
+    retry.note_writer(sink, "onceflow.p.out.bbbb")
+    assert retry.sink_state(sink).writers == ("onceflow.p.out.bbbb",)
+    retry.note_writer(sink, "onceflow.p.out.bbbb", begins=False)  # aborted before a marker
+    assert retry.sink_state(sink).writers == ()
+    retry.note_writer(sink, "onceflow.p.out.bbbb")
+    retry.prepare_delivery(sink, "log|0|9|5.0.32.0", outs)
+    retry.delivered(sink, outs)
+    assert retry.sink_state(sink) == SinkState(), "a marked delivery leaves nothing to settle"
+
+
+def test_an_older_attempt_cannot_record_a_writer(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
+    sink = h.spec.sinks[0][0]
+    older = h.task(partition=1, batch=6, attempt_id=40)
+    h.task(partition=1, batch=6, attempt_id=41)  # Spark re-ran it: the newer one claimed it
+    with pytest.raises(FencedError):
+        older.note_writer(sink, "onceflow.p.out.zzzz")
+    assert h.task(partition=1, batch=6, attempt_id=42).sink_state(sink).writers == ()
 
 
 def test_a_plain_delivery_left_pending_counts_its_possible_copies(redis_server):
@@ -226,7 +265,7 @@ def test_a_plain_delivery_left_pending_counts_its_possible_copies(redis_server):
     outs = _outputs(120, 51)
     h.task(partition=1, batch=2).prepare_delivery(sink, NO_MARKER, outs)
     again = h.task(partition=1, batch=2)
-    again.resolve_pending(sink, again.pending(sink), False)
+    again.resolve_pending(sink, again.sink_state(sink).pending, False)
     assert again.undelivered(sink, outs) == outs, "a plain sink cannot tell: write again"
     stats = h.client.hgetall(Keyspace(h.name).stats("out/delivered"))
     assert int(stats[b"possible_copies"]) == 120

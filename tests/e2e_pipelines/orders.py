@@ -9,7 +9,9 @@ Topics and the pipeline name come from the environment so each test has its own;
 the GC tests; ``ORDERS_OUT_OF_ORDER`` (e.g. ``2m``) is how far behind its partition's newest
 event a record may arrive on time; ``ORDERS_SLOW_MS`` makes the map take that long per record
 (micro-batches long enough to signal a run in the middle of one); ``ORDERS_CLIENT``
-(``python`` or ``confluent``) picks the Kafka client of the source and the sinks.
+(``python`` or ``confluent``) picks the Kafka client of the source and the sinks;
+``ORDERS_TXN_TIMEOUT_MS`` sets the sinks' Kafka transaction timeout (a transaction left open
+by a killed run then holds readers up that long, unless the rerun ends it).
 """
 
 import os
@@ -28,6 +30,9 @@ transactional = os.environ.get("ORDERS_PLAIN_SINK") != "1"
 event_time = EventTime.of(out_of_orderness=os.environ.get("ORDERS_OUT_OF_ORDER", "0"))
 slow_s = float(os.environ.get("ORDERS_SLOW_MS", "0")) / 1000
 client = os.environ.get("ORDERS_CLIENT", "python")
+options = {}
+if os.environ.get("ORDERS_TXN_TIMEOUT_MS"):
+    options["transaction_timeout_ms"] = int(os.environ["ORDERS_TXN_TIMEOUT_MS"])
 
 
 def enrich(e):
@@ -47,13 +52,21 @@ enriched = pipeline.read(
     ),
 ).map("enrich", enrich)
 enriched.write(
-    "copy", KafkaSink(os.environ["ORDERS_COPY"], transactional=transactional, client=client)
+    "copy",
+    KafkaSink(
+        os.environ["ORDERS_COPY"], transactional=transactional, client=client, options=options
+    ),
 )
 (
     enriched.key_by("by-user", lambda e: e["user"])
     .count_per_key("count")
     .write(
         "counts",
-        KafkaSink(os.environ["ORDERS_COUNTS"], transactional=transactional, client=client),
+        KafkaSink(
+            os.environ["ORDERS_COUNTS"],
+            transactional=transactional,
+            client=client,
+            options=options,
+        ),
     )
 )

@@ -48,6 +48,8 @@ TASK_FAILURES = [
         marks=pytest.mark.long,
     ),
     Crash("after_sink_write", stage="events", batch=2, partition=0, mode="raise"),
+    # records sent in a transaction, no marker yet: aborted, its writer forgotten
+    Crash("in_sink_transaction", stage="count", batch=1, partition=0, mode="raise"),
     pytest.param(
         Crash("after_commit", stage="count", batch=1, partition=0, mode="raise"),
         marks=pytest.mark.long,
@@ -114,6 +116,24 @@ def test_kill_9_then_resume_is_exact(crash, broker, redis_server, tmp_path):
         seen_by_all = read_topic(KafkaSettings(scn.bootstrap), topic, committed=False)
         seen_committed = read_topic(KafkaSettings(scn.bootstrap), topic)
         assert len(seen_by_all) > len(seen_committed), "the aborted records were never written"
+
+
+@pytest.mark.parametrize("client", ["python", pytest.param("confluent", marks=pytest.mark.long)])
+def test_a_transaction_a_killed_run_left_open_is_ended_by_the_rerun(
+    client, broker, redis_server, tmp_path
+):
+    """Records sent, no marker: the rerun's writers (new processes, new transactional ids)
+    settle the killed one's id, recorded in Redis before it began. The transactions time out
+    only after ten minutes here, so a read_committed reader would otherwise stop at them."""
+    crash = Crash("in_sink_transaction", stage="events", batch=1)
+    scn = make_scenario(broker, redis_server.url, tmp_path)
+    scn.extra_env["ORDERS_TXN_TIMEOUT_MS"] = "600000"
+    scn.extra_env["ORDERS_CLIENT"] = client
+    first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
+    assert first.crashed and second.returncode == 0, second.output[-3000:]
+    verify(scn, redis_server.client())
+    settled = redis_server.client().hgetall(Keyspace(scn.name).pending("copy/delivered", 0))
+    assert not settled, "a marked delivery leaves no writer recorded"
 
 
 CONFLUENT_KILLS = [
