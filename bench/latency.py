@@ -18,7 +18,7 @@ the restart to its first committed micro-batch, with the start-up steps the run 
 first batch's planning) and the restarted run's latency while it catches up.
 
     python bench/latency.py [--rate 1000] [--seconds 30] [--warmup 10] [--repeat 2]
-        [--recovery]
+        [--recovery] [--modes at-least-once,exactly-once] [--conf spark.KEY=VALUE ...]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -154,31 +155,68 @@ class Measured:
 
 
 class Traffic:
-    """A producer at a steady rate, and a read_committed consumer timing what comes out."""
+    """A producer at a steady rate, and a read_committed consumer timing what comes out.
 
-    def __init__(self, settings: KafkaSettings, topic_in: str, topic_out: str, rate: int) -> None:
-        from kafka import KafkaConsumer, KafkaProducer
+    Both use confluent-kafka (librdkafka, in C) when it is installed: measured, kafka-python
+    sending and reading 1,000 records/s took ~45% of a core, a quarter of this 2-core
+    machine, which the pipeline under test then waits for; librdkafka takes a few percent.
+    Without it, kafka-python (``--traffic-client python`` forces it).
+    """
 
-        self.topic_in, self.rate = topic_in, rate
-        self.producer = KafkaProducer(**settings.client_config(), acks="all", linger_ms=1)
-        self.consumer = KafkaConsumer(
-            topic_out,
-            **settings.client_config(),
-            isolation_level="read_committed",
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            fetch_max_wait_ms=20,
-        )
+    def __init__(
+        self, settings: KafkaSettings, topic_in: str, topic_out: str, rate: int, client: str
+    ) -> None:
+        self.topic_in, self.rate, self.client = topic_in, rate, client
         self.arrivals: list[tuple[float, float]] = []  # (send time s, latency ms)
         self.sending = threading.Event()
         self.done = threading.Event()
         self.sent = 0
+        if client == "confluent":
+            from confluent_kafka import Consumer, Producer
+
+            servers = settings.bootstrap_servers
+            self.producer = Producer({"bootstrap.servers": servers, "acks": "all", "linger.ms": 1})
+            self.consumer = Consumer(
+                {
+                    "bootstrap.servers": servers,
+                    "group.id": f"latency-{uuid.uuid4().hex[:8]}",
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 20,
+                }
+            )
+            self.consumer.subscribe([topic_out])
+        else:
+            from kafka import KafkaConsumer, KafkaProducer
+
+            self.producer = KafkaProducer(**settings.client_config(), acks="all", linger_ms=1)
+            self.consumer = KafkaConsumer(
+                topic_out,
+                **settings.client_config(),
+                isolation_level="read_committed",
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+                fetch_max_wait_ms=20,
+            )
         self.threads = [
             threading.Thread(target=self._produce, daemon=True),
             threading.Thread(target=self._consume, daemon=True),
         ]
         for t in self.threads:
             t.start()
+
+    def _send(self, key: bytes, value: bytes) -> None:
+        if self.client == "confluent":
+            while True:
+                try:
+                    self.producer.produce(self.topic_in, key=key, value=value)
+                    break
+                except BufferError:
+                    self.producer.poll(0.01)
+            self.producer.poll(0)
+        else:
+            self.producer.send(self.topic_in, key=key, value=value)
 
     def _produce(self) -> None:
         self.sending.wait()
@@ -195,19 +233,25 @@ class Traffic:
                 "amount": 1,
                 "ts": int(time.time() * 1000),
             }
-            self.producer.send(self.topic_in, key=order["customer"].encode(), value=_json(order))
+            self._send(order["customer"].encode(), _json(order))
             self.sent += 1
             next_at += step
         self.producer.flush(30)
 
     def _consume(self) -> None:
         while not self.done.is_set():
-            for records in self.consumer.poll(timeout_ms=100).values():
+            if self.client == "confluent":
+                batch = [m for m in self.consumer.consume(1000, 0.1) if m.error() is None]
                 now = time.time() * 1000
-                for rec in records:
-                    sent = _sent_ms(rec)
-                    if sent is not None:
-                        self.arrivals.append((sent / 1000, now - sent))
+                pairs = [(m.headers(), m.value()) for m in batch]
+            else:
+                now_polled = self.consumer.poll(timeout_ms=100)
+                now = time.time() * 1000
+                pairs = [(r.headers, r.value) for rs in now_polled.values() for r in rs]
+            for headers, value in pairs:
+                sent = _sent_ms(headers, value)
+                if sent is not None:
+                    self.arrivals.append((sent / 1000, now - sent))
 
     def between(self, start: float, end: float) -> list[float]:
         """Latencies (ms) of records sent between two wall-clock times."""
@@ -217,17 +261,18 @@ class Traffic:
         self.done.set()
         for t in self.threads:
             t.join(timeout=30)
-        self.producer.close()
+        if self.client != "confluent":
+            self.producer.close()
         self.consumer.close()
 
 
-def _sent_ms(rec: Any) -> int | None:
+def _sent_ms(headers: Any, value: bytes | None) -> int | None:
     """When an order was sent: its ``onceflow-ts`` header (exactly-once), else its ``ts``."""
-    ts = dict(rec.headers or []).get(ids.TS_HEADER)
+    ts = dict(headers or []).get(ids.TS_HEADER)
     if ts is not None:
         return ids.parse_ts_header(ts)
     try:
-        return int(json.loads(rec.value)["ts"])
+        return int(json.loads(value or b"")["ts"])
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -260,8 +305,10 @@ def measure(
     }
     cmd = [sys.executable, "-m", "onceflow", "run", path, "--guarantee", guarantee]
     cmd += ["--trigger-seconds", "0", "--output-dir", out, "--log-level", "info"]
+    for setting in args.conf:
+        cmd += ["--conf", setting]
     result = Measured(mode)
-    traffic = Traffic(settings, topics["in"], topics["paid"], args.rate)
+    traffic = Traffic(settings, topics["in"], topics["paid"], args.rate, args.traffic_client)
     run = Run(cmd, env)
     try:
         run.first("first micro-batch starts")
@@ -317,7 +364,10 @@ def _read_phases(out: str, result: Measured) -> None:
 
 def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
     print()
-    print(f"End-to-end latency at {args.rate:,} orders/s, paid-orders topic (read_committed), ms")
+    print(
+        f"End-to-end latency at {args.rate:,} orders/s, paid-orders topic (read_committed), ms "
+        f"(orders sent and timed with {args.traffic_client})"
+    )
     print(f"{'guarantee':<15} {'p50':>7} {'p90':>7} {'p99':>7}   {'p50 per run':<22} records")
     for g, measured in runs.items():
         lat = [x for m in measured for x in m.latencies]
@@ -381,6 +431,19 @@ def main() -> None:
     parser.add_argument("--recovery", action="store_true")
     parser.add_argument("--after-kill", type=float, default=30.0)
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    parser.add_argument(
+        "--traffic-client",
+        choices=("confluent", "python"),
+        default="confluent" if importlib.util.find_spec("confluent_kafka") else "python",
+        help="the Kafka client sending and timing orders (default: confluent-kafka if installed)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="spark.KEY=VALUE",
+        help="a Spark setting for the runs (repeatable), to compare settings",
+    )
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="onceflow-bench-latency-")
     modes = args.modes.split(",")

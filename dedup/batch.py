@@ -87,6 +87,15 @@ class BatchParams:
             f["limit_ms"],
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """As a JSON object (the batch's guard parameters travel to tasks that way)."""
+        return {"batch": self.batch, **self.as_fields()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchParams:
+        """Back from :meth:`to_json`."""
+        return cls.from_fields(int(data["batch"]), {k: v for k, v in data.items() if k != "batch"})
+
 
 def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)

@@ -20,6 +20,7 @@ Everything a micro-batch decides with (floor, generation, time) comes from its
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -79,6 +80,29 @@ class ExactlyOnceGuards:
             params=params,
             wait_replicas=durability.replicas,
             masters=durability.started_on,
+        )
+
+    def batch_json(self) -> str:
+        """This micro-batch's part of the factory, as JSON (see :meth:`with_batch_json`)."""
+        if self.params is None:
+            msg = "no micro-batch parameters to send; this is a runner bug"
+            raise RuntimeError(msg)
+        return json.dumps(
+            {
+                "params": self.params.to_json(),
+                "replicas": dict(self.wait_replicas or {}),
+                "masters": None if self.masters is None else dict(self.masters),
+            }
+        )
+
+    def with_batch_json(self, text: str) -> ExactlyOnceGuards:
+        """The factory of the micro-batch :meth:`batch_json` described."""
+        data = json.loads(text)
+        return replace(
+            self,
+            params=BatchParams.from_json(data["params"]),
+            wait_replicas=data["replicas"],
+            masters=data["masters"],
         )
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:

@@ -9,12 +9,14 @@ the workers by a factory pickled from the driver.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from onceflow.backup.format import TaskBackup
 from onceflow.dedup.admission import Admission
+from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import PendingDelivery, SinkState
 from onceflow.dedup.state import due_timers, read_state, write_state
@@ -113,10 +115,23 @@ class GuardFactory(Protocol):
 
 
 class BatchGuards(GuardFactory, Protocol):
-    """A factory that must be told each micro-batch's parameters (exactly-once)."""
+    """A factory that must be told each micro-batch's parameters (streaming runs).
+
+    The parameters travel to the tasks as JSON in a Spark local property (see
+    :class:`onceflow.runtime.spark.StreamCompiler`), so that a stage's function, pickled
+    once per run, serves every micro-batch.
+    """
 
     def for_batch(self, params: Any) -> GuardFactory:
         """The factory for the tasks of one micro-batch."""
+        ...
+
+    def batch_json(self) -> str:
+        """This micro-batch's part of the factory, as JSON."""
+        ...
+
+    def with_batch_json(self, text: str) -> GuardFactory:
+        """The factory of the micro-batch :meth:`batch_json` described."""
         ...
 
 
@@ -209,6 +224,15 @@ class AtLeastOnceGuards:
     def for_batch(self, params: Any) -> AtLeastOnceGuards:
         """The factory for the tasks of one micro-batch."""
         return replace(self, params=params)
+
+    def batch_json(self) -> str:
+        """This micro-batch's part of the factory, as JSON (see :meth:`with_batch_json`)."""
+        return json.dumps({"params": None if self.params is None else self.params.to_json()})
+
+    def with_batch_json(self, text: str) -> AtLeastOnceGuards:
+        """The factory of the micro-batch :meth:`batch_json` described."""
+        params = json.loads(text)["params"]
+        return replace(self, params=None if params is None else BatchParams.from_json(params))
 
     def __call__(self, task: TaskRef) -> Guard:
         """A guard for one task."""

@@ -57,7 +57,7 @@ from onceflow.kernel.scopes import (
 )
 from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
 from onceflow.runtime.bounded import all_sinks
-from onceflow.runtime.checkpoint import Checkpoint
+from onceflow.runtime.checkpoint import Checkpoint, choose_manager
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.faults import driver_crashpoint
 from onceflow.runtime.guard import AtLeastOnceGuards
@@ -73,7 +73,7 @@ from onceflow.runtime.session import (
     spark_session,
 )
 from onceflow.runtime.shipping import ship_code
-from onceflow.runtime.spark import compile_batch
+from onceflow.runtime.spark import StreamCompiler
 from onceflow.runtime.spec import Job
 from onceflow.runtime.stopping import (
     STOP_MARK,
@@ -156,6 +156,7 @@ class StreamingRun:
     startup: dict[str, float] = field(default_factory=dict)  # start-up step -> seconds
     scopes: Scopes | None = None  # stage partitions with a hash tag of their own
     connect: Connect | None = None  # the client of a hash tag
+    compiler: StreamCompiler | None = None  # made at the first micro-batch
 
     def targets(self) -> list[tuple[Keyspace, Any]]:
         """Every hash tag of the pipeline with its client, the namespace's first."""
@@ -202,15 +203,11 @@ class StreamingRun:
             name: df.where(F.col("src") == i).drop("src")
             for i, (name, _) in enumerate(self.job.sources)
         }
-        compiled = compile_batch(
-            self.job,
-            self.spark,
-            frames,
-            guards,
-            batch=batch_id,
-            parallelism=self.parallelism,
-            metrics=self.metrics,
-        )
+        if self.compiler is None:
+            self.compiler = StreamCompiler(
+                self.job, self.spark, self.guards, self.parallelism, self.metrics
+            )
+        compiled = self.compiler.compile(frames, guards, batch_id)
         phases.mark("plan")
         group = f"onceflow-batch-{batch_id}"
         self.spark.sparkContext.setJobGroup(group, f"{self.job.pipeline} micro-batch {batch_id}")
@@ -447,8 +444,7 @@ def _run(
     adopt(spark)
     if opts.code_dir is not None:
         ship_code(spark, opts.code_dir)
-    cp = Checkpoint(spark, opts.checkpoint_of(job))
-    pin_checkpoint(client, keyspace, cp)
+    cp = _checkpoint(spark, client, keyspace, job, opts)
     job, dead, sinks = _prepare_connectors(job, opts)
     check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
     state = _new_run(job, spark, mode, redis, client, keyspace, config, opts, scopes, masters)
@@ -486,6 +482,16 @@ def _run(
             "stopped_by": stop.reason,
         },
     )
+
+
+def _checkpoint(
+    spark: SparkSession, client: Any, keyspace: Keyspace, job: Job, opts: StreamOptions
+) -> Checkpoint:
+    """The run's checkpoint, pinned to its namespace, with its file manager chosen."""
+    cp = Checkpoint(spark, opts.checkpoint_of(job))
+    pin_checkpoint(client, keyspace, cp)
+    choose_manager(spark, cp, opts.spark_conf or {})
+    return cp
 
 
 def _masters(scopes: Scopes, redis: RedisSettings) -> list[Any]:

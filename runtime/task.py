@@ -37,7 +37,7 @@ from onceflow.dedup.errors import FencedError
 from onceflow.kernel import codec
 from onceflow.kernel.records import DeadLetter, InRow, Output, Record, TaskRef
 from onceflow.runtime.body import StageBody, portable
-from onceflow.runtime.errors import TASK_FAILURE_MARK, TaskFailure
+from onceflow.runtime.errors import TASK_FAILURE_MARK, RuntimeFailure, TaskFailure
 from onceflow.runtime.faults import crashpoint
 from onceflow.runtime.guard import GuardFactory
 from onceflow.runtime.metrics import dead_letter_counter
@@ -54,14 +54,25 @@ ROW_SCHEMA = "id binary, ts long, key binary, value binary, port int"
 ROW_COLUMNS = ("id", "ts", "key", "value", "port")
 
 
+# Spark local property holding a streaming micro-batch's guard parameters (JSON), read by
+# stage functions made once per run (``batch=None``, see onceflow.runtime.spark.StreamCompiler).
+BATCH_PROPERTY = "onceflow.batch"
+BATCH_ID_PROPERTY = "onceflow.batch.id"
+
+
 class StageFunction:
-    """The function handed to ``mapInArrow`` for one stage and one batch."""
+    """The function handed to ``mapInArrow`` for one stage (and one batch, or every batch).
+
+    With ``batch=None`` the micro-batch and its guard parameters are read in the task from
+    Spark local properties the driver set for the batch's job (:data:`BATCH_PROPERTY`), so
+    one pickled function serves every micro-batch of a streaming run.
+    """
 
     def __init__(
         self,
         spec: StageSpec,
         guards: GuardFactory,
-        batch: int,
+        batch: int | None,
         metrics: Any = None,
         partitions: int | None = None,
     ) -> None:
@@ -87,8 +98,9 @@ class StageFunction:
             partition %= self.partitions
         attempt = ctx.attemptNumber() if ctx is not None else 0
         attempt_id = ctx.taskAttemptId() if ctx is not None else 0
-        ref = TaskRef(self.spec.name, self.batch, partition, attempt, self.spec.sinks, attempt_id)
-        task = TaskRun(self.spec, self.guards, ref)
+        batch, guards = self._batch(ctx)
+        ref = TaskRef(self.spec.name, batch, partition, attempt, self.spec.sinks, attempt_id)
+        task = TaskRun(self.spec, guards, ref)
         ok = False
         try:
             yield from task.run(batches)
@@ -101,6 +113,20 @@ class StageFunction:
             task.close(ok)
             if self.metrics is not None and ok:
                 self.metrics.add(task.counters)
+
+    def _batch(self, ctx: Any) -> tuple[int, GuardFactory]:
+        """The micro-batch and guard factory of this task (see the class docstring)."""
+        if self.batch is not None:
+            return self.batch, self.guards
+        batch = ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx is not None else None
+        text = ctx.getLocalProperty(BATCH_PROPERTY) if ctx is not None else None
+        if batch is None or text is None:
+            msg = (
+                f"stage {self.spec.name!r} ran without its micro-batch's parameters "
+                f"(Spark local property {BATCH_PROPERTY!r}); this is a runner bug"
+            )
+            raise RuntimeFailure(msg)
+        return int(batch), self.guards.with_batch_json(text)  # type: ignore[attr-defined]
 
 
 class TaskRun:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,3 +70,23 @@ def test_a_run_from_another_folder_is_refused_with_the_reason(
     assert not os.path.exists(other / "onceflow-output" / "p" / "checkpoint" / IDENTITY_FILE)
     monkeypatch.chdir(first)
     assert pin_checkpoint(client, keyspace, default_checkpoint()) == identity
+
+
+@pytest.mark.spark
+def test_a_local_checkpoint_is_written_without_forking_chmod(spark, tmp_path):
+    """FileContext forks `chmod` per file without Hadoop's native library; FileSystem less."""
+    from onceflow.runtime.checkpoint import LOCAL_MANAGER, MANAGER_CONF, choose_manager
+
+    try:
+        choose_manager(spark, Checkpoint(spark, str(tmp_path / "ckpt")), {})
+        assert spark.conf.get(MANAGER_CONF) == LOCAL_MANAGER
+        elsewhere = SimpleNamespace(local=False)  # HDFS, an object store: Spark's default
+        choose_manager(spark, elsewhere, {})  # type: ignore[arg-type]
+        assert spark.conf.get(MANAGER_CONF, None) is None, "a shared store keeps Spark's own"
+        choose_manager(spark, Checkpoint(spark, str(tmp_path / "c2")), {MANAGER_CONF: "x.Mine"})
+        assert spark.conf.get(MANAGER_CONF, None) is None, "the user's choice is left alone"
+        spark.conf.set(MANAGER_CONF, "x.SetOnTheSession")
+        choose_manager(spark, Checkpoint(spark, str(tmp_path / "c3")), {})
+        assert spark.conf.get(MANAGER_CONF) == "x.SetOnTheSession"
+    finally:
+        spark.conf.unset(MANAGER_CONF)
