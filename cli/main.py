@@ -168,6 +168,15 @@ def spark_conf(args: argparse.Namespace) -> dict[str, str]:
     return conf
 
 
+def cmd_jvm_cache(args: argparse.Namespace) -> int:
+    """Make the driver JVM's class-data archive (see onceflow.runtime.jvm_archive)."""
+    from onceflow.runtime.jvm_archive import build
+
+    path = build(args.force)
+    print(path or "no archive: Java or PySpark not found, or ONCEFLOW_JVM_ARCHIVE=0")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The quick-start demo."""
     if args.which == "wordcount":
@@ -376,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spark_args(p)
     p.add_argument("--events", type=int, default=20000, help="events to produce (exactly-once)")
     p.set_defaults(handler=cmd_demo)
+
+    p = sub.add_parser(
+        "jvm-cache",
+        help="make the Spark driver's class-data archive (runs and restarts start ~1.5 s sooner)",
+    )
+    p.add_argument("--force", action="store_true", help="make it again")
+    p.set_defaults(handler=cmd_jvm_cache)
 
     add_commands(sub)
     for command in sub.choices.values():

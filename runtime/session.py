@@ -219,10 +219,13 @@ def _check_jars(session: SparkSession, wanted: str) -> None:
 
 
 def _driver_java_options(path: str, level: str) -> str:
+    from onceflow.runtime.jvm_archive import driver_options
+
+    archive = driver_options()  # faster start (see onceflow.runtime.jvm_archive)
     return (
-        f"{FAST_JVM} -Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
+        f"{FAST_JVM} {archive} -Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
         f"-D{LOG_FILE_PROPERTY}={path} -D{LOG_LEVEL_PROPERTY}={level}"
-    )
+    ).replace("  ", " ")
 
 
 def adopt(session: SparkSession) -> None:
