@@ -19,12 +19,14 @@ the JVM, and the run starts as it would have.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +39,7 @@ _DUMP_ENV = "ONCEFLOW_JVM_ARCHIVE_DUMP"  # set in the warm-up child: where its J
 # Silence the JVM's notes about an archive it cannot use (another Java, another classpath).
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 BUILD_TIMEOUT_S = 300
+STALE_S = 14 * 24 * 3600
 MODULE = "onceflow.runtime.jvm_archive"
 
 
@@ -56,8 +59,10 @@ def _java() -> str | None:
 
 
 def archive_key() -> str | None:
-    """What the archive depends on: the Java binary, PySpark's version and jars."""
+    """What the archive depends on: the Java binary, PySpark's version, jars and home."""
     import pyspark
+
+    from onceflow.runtime.session import FAST_JVM, spark_home_without_zips
 
     java = _java()
     if java is None:
@@ -67,9 +72,9 @@ def archive_key() -> str | None:
         listing = sorted(os.listdir(jars))
     except OSError:
         return None
-    from onceflow.runtime.session import FAST_JVM
-
-    parts = [VERSION, java, str(os.stat(java).st_mtime_ns), pyspark.__version__, jars, FAST_JVM]
+    # the classpath names the jars through SPARK_HOME: the archive is only valid for it
+    home = os.environ.get("SPARK_HOME") or spark_home_without_zips() or jars
+    parts = [VERSION, java, str(os.stat(java).st_mtime_ns), pyspark.__version__, home, FAST_JVM]
     digest = hashlib.sha256("\0".join([*parts, *listing]).encode()).hexdigest()
     return digest[:16]
 
@@ -126,6 +131,7 @@ def build(force: bool = False) -> str | None:
             msg = f"the JVM class-data archive was not made (runs start without it): {tail}"
             raise JvmArchiveError(msg)
         os.replace(partial, path)
+        _forget_old(path)
         return path
     finally:
         if os.path.exists(partial):
@@ -134,6 +140,18 @@ def build(force: bool = False) -> str | None:
 
 class JvmArchiveError(OnceflowError):
     """The warm-up run that writes the archive failed."""
+
+
+def _forget_old(keep: str) -> None:
+    """Remove archives of other installs not made for two weeks (~170 MB each)."""
+    folder = os.path.dirname(keep)
+    for name in os.listdir(folder):
+        other = os.path.join(folder, name)
+        if other == keep or not name.startswith("spark-driver-") or not name.endswith(".jsa"):
+            continue
+        with contextlib.suppress(OSError):
+            if time.time() - os.stat(other).st_mtime > STALE_S:
+                os.unlink(other)
 
 
 # -- the warm-up child --------------------------------------------------------------------

@@ -52,3 +52,36 @@ def test_sockets_of_killed_runs_are_swept_and_live_ones_kept(tmp_path):
         assert sorted(os.listdir(tmp_path)) == [".live.sock", "notes.txt"]
     finally:
         live.close()
+
+
+class _WhereIsPyspark:
+    """A data source whose schema names where its planning process imported PySpark from."""
+
+    @staticmethod
+    def make() -> type:
+        from pyspark.sql.datasource import DataSource
+
+        class WhereIsPyspark(DataSource):
+            @classmethod
+            def name(cls) -> str:
+                return "onceflow_where_is_pyspark"
+
+            def schema(self) -> str:
+                import pyspark
+
+                return "from_zip int" if ".zip" in pyspark.__file__ else "installed int"
+
+        return WhereIsPyspark
+
+
+@pytest.mark.spark
+def test_spark_s_planning_processes_import_the_installed_pyspark(spark):
+    """Not pyspark.zip, which every new process would compile from source (~0.4 s each)."""
+    if os.environ.get("SPARK_HOME") != session.spark_home_without_zips():
+        pytest.skip("SPARK_HOME was set outside Onceflow: its zips are used as it says")
+    spark.dataSource.register(_WhereIsPyspark.make())
+    assert spark.read.format("onceflow_where_is_pyspark").load().columns == ["installed"]
+    home = os.environ["SPARK_HOME"]
+    assert os.path.isdir(os.path.join(home, "jars")) and not os.path.exists(
+        os.path.join(home, "python")
+    )
