@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,74 +29,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from onceflow.kernel.errors import OnceflowError
+from onceflow.runtime.jvm import DUMP_ENV, archive_path
 
-VERSION = "1"  # of the warm-up workload: a new one makes a new archive
-CACHE_ENV = "ONCEFLOW_CACHE_DIR"
-DISABLE_ENV = "ONCEFLOW_JVM_ARCHIVE"  # "0": never use or build one
-_DUMP_ENV = "ONCEFLOW_JVM_ARCHIVE_DUMP"  # set in the warm-up child: where its JVM writes one
-# Silence the JVM's notes about an archive it cannot use (another Java, another classpath).
-QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 BUILD_TIMEOUT_S = 300
 STALE_S = 14 * 24 * 3600
 MODULE = "onceflow.runtime.jvm_archive"
-
-
-def cache_dir() -> str:
-    """Where Onceflow keeps what it builds once per machine (``~/.cache/onceflow``)."""
-    base = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "onceflow",
-    )
-    return os.path.join(base, "jvm")
-
-
-def _java() -> str | None:
-    home = os.environ.get("JAVA_HOME")
-    found = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    return os.path.realpath(found) if found and os.path.exists(found) else None
-
-
-def archive_key() -> str | None:
-    """What the archive depends on: the Java binary, PySpark's version, jars and home."""
-    import pyspark
-
-    from onceflow.runtime.session import FAST_JVM, spark_home_without_zips
-
-    java = _java()
-    if java is None:
-        return None
-    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    try:
-        listing = sorted(os.listdir(jars))
-    except OSError:
-        return None
-    # the classpath names the jars through SPARK_HOME: the archive is only valid for it
-    home = os.environ.get("SPARK_HOME") or spark_home_without_zips() or jars
-    parts = [VERSION, java, str(os.stat(java).st_mtime_ns), pyspark.__version__, home, FAST_JVM]
-    digest = hashlib.sha256("\0".join([*parts, *listing]).encode()).hexdigest()
-    return digest[:16]
-
-
-def archive_path() -> str | None:
-    """The archive for this Java and PySpark (it may not exist yet); None if unknown."""
-    if os.environ.get(DISABLE_ENV) == "0":
-        return None
-    key = archive_key()
-    return None if key is None else os.path.join(cache_dir(), f"spark-driver-{key}.jsa")
-
-
-def driver_options() -> str:
-    """Java options that use the archive when it exists ('' otherwise).
-
-    In the warm-up child, the options that write it instead.
-    """
-    dump = os.environ.get(_DUMP_ENV)
-    if dump:
-        return f"-XX:ArchiveClassesAtExit={dump} {QUIET}"
-    path = archive_path()
-    if path is None or not os.path.isfile(path):
-        return ""
-    return f"-XX:SharedArchiveFile={path} {QUIET}"
 
 
 def build(force: bool = False) -> str | None:
@@ -119,7 +54,7 @@ def build(force: bool = False) -> str | None:
     try:
         done = subprocess.run(
             [sys.executable, "-m", MODULE, "--child"],
-            env={**os.environ, _DUMP_ENV: partial},
+            env={**os.environ, DUMP_ENV: partial},
             check=False,
             timeout=BUILD_TIMEOUT_S,
             stdout=subprocess.DEVNULL,

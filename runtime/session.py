@@ -24,13 +24,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING
 
 from onceflow.kernel.errors import ConfigError
+from onceflow.runtime.jvm import FAST_JVM, driver_options, spark_home_without_zips
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,8 +62,6 @@ UDS_CONF = "spark.python.unix.domain.socket.enabled"
 UDS_DIR_CONF = "spark.python.unix.domain.socket.dir"
 # A socket path holds at most 107 bytes; Spark names each socket ".<uuid>.sock" (42).
 MAX_SOCKET_DIR = 60
-# Fast JVM start (~half the session start time).
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 _log_file: str | None = None
 
@@ -145,47 +143,6 @@ def spark_session(
     return session
 
 
-def spark_home_without_zips() -> str | None:
-    """A ``SPARK_HOME`` for a pip-installed PySpark whose Python processes import it compiled.
-
-    The JVM puts ``$SPARK_HOME/python/lib/pyspark.zip`` (and py4j's zip) first on the path of
-    every Python process it starts. Modules imported from a zip are compiled from source in
-    each new process (no bytecode cache can be written into it): measured, 0.5 s instead of
-    0.1 s to start each of the processes a streaming run needs before its first micro-batch
-    (the data source lookup, creation and planning, the streaming source runner; the UDF
-    workers' daemon drops the zips itself, :mod:`onceflow.runtime.worker_daemon`). When PySpark
-    is installed as a package, the very same modules are installed beside Onceflow: this folder
-    (made once under the cache folder) links PySpark's ``bin``, ``jars``, ``sbin`` and ``conf``
-    and has no ``python/lib``, so those processes import the installed, compiled package. None
-    (keep PySpark's own) when PySpark is not a pip install; a ``SPARK_HOME`` the user set is
-    never replaced (see :func:`spark_session`).
-    """
-    import hashlib
-
-    import pyspark
-
-    from onceflow.runtime.jvm_archive import cache_dir
-
-    source = os.path.dirname(os.path.realpath(pyspark.__file__))
-    parts = ("bin", "jars", "sbin", "conf")
-    if not all(os.path.isdir(os.path.join(source, p)) for p in ("bin", "jars")):
-        return None
-    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
-    home = os.path.join(os.path.dirname(cache_dir()), f"spark-home-{pyspark.__version__}-{digest}")
-    if os.path.isdir(home):
-        return home
-    os.makedirs(os.path.dirname(home), exist_ok=True)
-    building = tempfile.mkdtemp(prefix=".spark-home-", dir=os.path.dirname(home))
-    for part in parts:
-        if os.path.isdir(os.path.join(source, part)):
-            os.symlink(os.path.join(source, part), os.path.join(building, part))
-    try:
-        os.rename(building, home)
-    except OSError:  # another process made it first
-        shutil.rmtree(building, ignore_errors=True)
-    return home
-
-
 def local_socket_conf(master: str) -> dict[str, str]:
     """Unix domain sockets between the JVM and its Python workers, for a local master."""
     if not master.startswith("local"):
@@ -265,9 +222,7 @@ def _check_jars(session: SparkSession, wanted: str) -> None:
 
 
 def _driver_java_options(path: str, level: str) -> str:
-    from onceflow.runtime.jvm_archive import driver_options
-
-    archive = driver_options()  # faster start (see onceflow.runtime.jvm_archive)
+    archive = driver_options()  # faster start (see onceflow.runtime.jvm)
     return (
         f"{FAST_JVM} {archive} -Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
         f"-D{LOG_FILE_PROPERTY}={path} -D{LOG_LEVEL_PROPERTY}={level}"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from onceflow.runtime import jvm_archive
+from onceflow.runtime import jvm, jvm_archive
 
 CHILD = """
 from onceflow.runtime.session import spark_session
@@ -20,16 +20,16 @@ spark.stop()
 
 
 def test_without_an_archive_no_option_is_added(tmp_path, monkeypatch):
-    monkeypatch.setenv(jvm_archive.CACHE_ENV, str(tmp_path))
-    assert jvm_archive.driver_options() == ""
-    monkeypatch.setenv(jvm_archive.DISABLE_ENV, "0")
-    assert jvm_archive.archive_path() is None
+    monkeypatch.setenv(jvm.CACHE_ENV, str(tmp_path))
+    assert jvm.driver_options() == ""
+    monkeypatch.setenv(jvm.DISABLE_ENV, "0")
+    assert jvm.archive_path() is None
 
 
 @pytest.mark.spark
 def test_a_driver_maps_the_archive_it_finds(tmp_path):
-    env = {**os.environ, jvm_archive.CACHE_ENV: str(tmp_path / "cache")}
-    env.pop(jvm_archive.DISABLE_ENV, None)
+    env = {**os.environ, jvm.CACHE_ENV: str(tmp_path / "cache")}
+    env.pop(jvm.DISABLE_ENV, None)
     made = subprocess.run(
         [sys.executable, "-m", jvm_archive.MODULE],
         env=env,
