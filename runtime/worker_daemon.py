@@ -22,6 +22,11 @@ it slow, and this module removes both before handing over to :func:`pyspark.daem
   imports: if any module started a thread anyway, the daemon starts again without preloading
   (``ONCEFLOW_WORKER_PRELOAD=0``), as PySpark's own would. The same variable switches it off.
 
+A worker whose JVM side hung up (its task failed or was cancelled, and the JVM closed the
+socket) used to print a ``BrokenPipeError`` traceback to the run's terminal when it flushed
+its last bytes: nobody is left to read them, so it ends quietly instead
+(:func:`quiet_when_hung_up`); the JVM's log has the task's fate.
+
 A forked worker inherits the daemon's module state. Python's ``random`` reseeds itself in a
 forked child; numpy's global generator does not, so it is reseeded here in every child (two
 workers must not draw the same "random" numbers).
@@ -36,6 +41,8 @@ import os
 import re
 import sys
 import zipfile
+from collections.abc import Callable
+from typing import Any
 
 MODULE = "onceflow.runtime.worker_daemon"  # what spark.python.daemon.module names
 PRELOAD_ENV = "ONCEFLOW_WORKER_PRELOAD"
@@ -199,14 +206,31 @@ def warm_up() -> None:
     os.register_at_fork(after_in_child=_reseed_numpy)
 
 
+def quiet_when_hung_up(worker: Callable[..., int]) -> Callable[..., int]:
+    """``worker`` (PySpark's per-connection function) ending quietly when the JVM hung up.
+
+    A broken or reset connection means the JVM closed the socket: the task is over and its
+    failure, if any, is the JVM's to report. Any other error still reaches PySpark's daemon.
+    """
+
+    def run(sock: Any, authenticated: bool) -> int:
+        try:
+            return worker(sock, authenticated)
+        except (BrokenPipeError, ConnectionResetError):
+            return 1
+
+    return run
+
+
 def main() -> None:
     """Set up the daemon process (see the module docstring), then run PySpark's daemon."""
     kept = prefer_installed(sys.path)
     drop_from_path(tuple(p for p in sys.path if p not in kept))
     warm_up()
-    from pyspark.daemon import manager
+    import pyspark.daemon
 
-    manager()
+    pyspark.daemon.worker = quiet_when_hung_up(pyspark.daemon.worker)
+    pyspark.daemon.manager()
 
 
 if __name__ == "__main__":

@@ -133,3 +133,26 @@ def test_workers_import_the_installed_pyspark_and_start_preloaded(spark):
         assert ".zip" not in row["pyspark"], "pyspark came from Spark's zip, compiled anew"
         assert row["importers"] == 0, "a zip of Spark's is left for invalidate_caches to re-read"
         assert row["preloaded"], "the worker started without the daemon's preloaded modules"
+
+
+def test_a_worker_whose_jvm_hung_up_ends_quietly_and_other_errors_still_raise():
+    import socket
+
+    def flushes_to(sock, authenticated):
+        for _ in range(1000):
+            sock.sendall(b"x" * 65536)
+        return 0
+
+    def fails(sock, authenticated):
+        raise ValueError("a real bug")
+
+    ours, jvm = socket.socketpair()
+    jvm.close()  # the JVM gave up on the task
+    try:
+        with pytest.raises(BrokenPipeError):
+            flushes_to(ours, True)
+        assert worker_daemon.quiet_when_hung_up(flushes_to)(ours, True) == 1
+        with pytest.raises(ValueError, match="a real bug"):
+            worker_daemon.quiet_when_hung_up(fails)(ours, True)
+    finally:
+        ours.close()
