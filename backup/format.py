@@ -4,6 +4,11 @@ A task's backup is a Redis hash ``bk:<stage>:<batch>:<partition>``: field ``c<n>
 encoded outputs of chunk ``n``, ``final`` those produced at the end of the task (combine
 results), and ``done`` marks a finished task. Outputs are MessagePack lists, never pickles.
 Targets below zero are a stage's partial-combine deltas: backed up, never sent.
+
+In seen-ID layout 2 (see :mod:`onceflow.kernel.keyspace`), field ``i<n>`` holds the input IDs
+chunk ``n`` committed (16 bytes each, concatenated), written in the same atomic step as
+``c<n>``: a later attempt of the task treats those inputs as replayed, since the seen-IDs no
+longer say which task committed them.
 """
 
 from __future__ import annotations
@@ -14,16 +19,23 @@ from dataclasses import dataclass, field
 import msgpack
 
 from onceflow.kernel.errors import CodecError
+from onceflow.kernel.ids import ID_BYTES
 from onceflow.kernel.records import Output
 
 DONE = "done"
 FINAL = "final"
 CHUNK_PREFIX = "c"
+INPUTS_PREFIX = "i"
 
 
 def chunk_field(chunk: int) -> str:
     """Hash field of chunk ``chunk``."""
     return f"{CHUNK_PREFIX}{chunk}"
+
+
+def inputs_field(chunk: int) -> str:
+    """Hash field of the input IDs chunk ``chunk`` committed (layout 2)."""
+    return f"{INPUTS_PREFIX}{chunk}"
 
 
 def encode_outputs(outputs: list[Output]) -> bytes:
@@ -41,17 +53,27 @@ def decode_outputs(blob: bytes) -> list[Output]:
         raise CodecError(msg) from exc
 
 
+def decode_ids(blob: bytes) -> list[bytes]:
+    """The IDs of an ``i<n>`` field."""
+    if len(blob) % ID_BYTES:
+        msg = f"a backup's input IDs ({len(blob)} bytes) are not whole {ID_BYTES}-byte IDs"
+        raise CodecError(msg)
+    return [blob[i : i + ID_BYTES] for i in range(0, len(blob), ID_BYTES)]
+
+
 @dataclass
 class TaskBackup:
     """What a task's backup hash says: what earlier attempts of the task committed.
 
-    ``outputs`` are replayed (never recomputed), ``done`` says the task finished, and
-    ``next_chunk`` is the number of the first chunk no attempt committed.
+    ``outputs`` are replayed (never recomputed), ``done`` says the task finished,
+    ``next_chunk`` is the number of the first chunk no attempt committed, and ``inputs`` the
+    IDs of the inputs earlier attempts committed (kept in seen-ID layout 2 only).
     """
 
     outputs: list[Output] = field(default_factory=list)
     done: bool = False
     next_chunk: int = 0
+    inputs: frozenset[bytes] = frozenset()
 
     @classmethod
     def parse(cls, fields: Mapping[bytes, bytes]) -> TaskBackup:
@@ -59,6 +81,7 @@ class TaskBackup:
         chunks: list[tuple[int, bytes]] = []
         final = None
         done = False
+        inputs: set[bytes] = set()
         for raw_name, blob in fields.items():
             name = raw_name.decode()
             if name == DONE:
@@ -67,6 +90,8 @@ class TaskBackup:
                 final = blob
             elif name.startswith(CHUNK_PREFIX):
                 chunks.append((int(name[1:]), blob))
+            elif name.startswith(INPUTS_PREFIX):
+                inputs.update(decode_ids(blob))
         chunks.sort()
         outputs: list[Output] = []
         for _, blob in chunks:
@@ -74,4 +99,4 @@ class TaskBackup:
         if final is not None:
             outputs.extend(decode_outputs(final))
         next_chunk = chunks[-1][0] + 1 if chunks else 0
-        return cls(outputs, done, next_chunk)
+        return cls(outputs, done, next_chunk, frozenset(inputs))

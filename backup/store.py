@@ -2,7 +2,8 @@
 
 A chunk's outputs are written by the commit script (:data:`~onceflow.kernel.scripts.COMMIT`)
 in the same atomic step that marks its inputs seen; :func:`chunk_args` prepares the two
-arguments that step takes. The end-of-task outputs and the ``done`` marker are written by
+arguments that step takes, and :func:`inputs_args` the two for the chunk's input IDs (kept in
+seen-ID layout 2). The end-of-task outputs and the ``done`` marker are written by
 :func:`finish`, with the state changes that go with them. :func:`replay` reads what earlier
 attempts committed. Backups of micro-batches Spark has committed are acknowledged
 (:func:`acknowledge`) and then are garbage (:func:`is_garbage`, used by ``onceflow gc`` and
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from onceflow.backup.format import TaskBackup, chunk_field, encode_outputs
+from onceflow.backup.format import TaskBackup, chunk_field, encode_outputs, inputs_field
 from onceflow.kernel.keyspace import Keyspace, Kind, ParsedKey
 from onceflow.kernel.records import Output
 from onceflow.kernel.scripts import scripts_for
@@ -22,6 +23,11 @@ from onceflow.kernel.scripts import scripts_for
 def chunk_args(chunk: int, outputs: list[Output]) -> tuple[str, bytes]:
     """The backup hash field and the blob of one chunk's outputs, for the commit script."""
     return chunk_field(chunk), encode_outputs(outputs)
+
+
+def inputs_args(chunk: int, rids: list[bytes]) -> tuple[str, bytes]:
+    """The backup hash field and the blob of the input IDs one chunk commits."""
+    return inputs_field(chunk), b"".join(rids)
 
 
 def replay(fields: dict[bytes, bytes]) -> TaskBackup:

@@ -1,8 +1,10 @@
 """How a chunk's IDs are addressed for a script: seen-ID shards referenced by KEYS index.
 
 A script call names every key it touches in KEYS (Redis Cluster needs that); IDs travel as
-one blob of 16-byte IDs with, per ID, the KEYS index of its shard in each generation that
-matters as blobs of little-endian uint16: thousands of IDs are then a handful of arguments.
+one blob of their seen fields (in the namespace's layout, see :mod:`onceflow.kernel.keyspace`:
+the 16-byte ID, or in layout 2 what its shard does not already say) with, per ID, the KEYS
+index of its shard in each generation that matters as blobs of little-endian uint16:
+thousands of IDs are then a handful of arguments.
 A uint16 index caps a call at :data:`MAX_SCRIPT_KEYS` keys; chunks are sized so that no call
 comes near it (:data:`onceflow.dedup.config.MAX_CHUNK`), and :class:`KeyTable` refuses to
 pass it.
@@ -17,7 +19,7 @@ import numpy as np
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import OnceflowError
 from onceflow.kernel.ids import ID_BYTES
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import OWNER_LAYOUT, Keyspace, prefix_bytes
 
 MAX_SCRIPT_KEYS = 0xFFFF  # KEYS indices travel as uint16
 _INDEX = "<u2"
@@ -52,18 +54,33 @@ class KeyTable:
         return list(self.index)
 
 
+def _prefixes(raw: np.ndarray) -> np.ndarray:
+    prefix: np.ndarray = (raw[:, 0].astype(np.int64) << 8) | raw[:, 1]
+    return prefix
+
+
 def shards_of(raw: np.ndarray, shards: int) -> np.ndarray:
     """:func:`onceflow.kernel.keyspace.shard_of` for a ``(n, 16)`` uint8 array of IDs."""
-    shard: np.ndarray = ((raw[:, 0].astype(np.int64) << 8) | raw[:, 1]) % shards
+    shard: np.ndarray = _prefixes(raw) % shards
     return shard
 
 
-class Addressing:
-    """Seen-ID shard names and KEYS indices for one task (names cached per generation)."""
+def seen_fields(raw: np.ndarray, shards: int, layout: int) -> bytes:
+    """:func:`onceflow.kernel.keyspace.seen_field` of a ``(n, 16)`` uint8 array, as one blob."""
+    if layout == OWNER_LAYOUT:
+        return raw.tobytes()
+    width = prefix_bytes(shards)
+    high = (_prefixes(raw) // shards).astype(">u2").view(np.uint8).reshape(-1, 2)
+    return np.concatenate([high[:, 2 - width :], raw[:, 2:]], axis=1).tobytes()
 
-    def __init__(self, ks: Keyspace, config: DedupConfig) -> None:
+
+class Addressing:
+    """Seen-ID shard names, fields and KEYS indices for one task (names cached per generation)."""
+
+    def __init__(self, ks: Keyspace, config: DedupConfig, layout: int) -> None:
         self.ks = ks
         self.config = config
+        self.layout = layout
         self._names: dict[tuple[str, int], list[str]] = {}
 
     def seen_key(self, receiver: str, generation: int, shard: int) -> str:
@@ -88,24 +105,29 @@ class Addressing:
         return found
 
     def address(
-        self, receiver: str, rids: list[bytes], generation: int, keys: KeyTable
+        self, receiver: str, rids: Sequence[bytes], generation: int, keys: KeyTable
     ) -> tuple[bytes, bytes]:
-        """A chunk's IDs, for marking them seen in ``generation``: the IDs and shard indices."""
+        """A chunk's IDs, for marking them seen in ``generation``: seen fields, shard indices."""
         if not rids:
             return b"", b""
-        blob = b"".join(rids)
-        raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, ID_BYTES)
-        owns = self.indices(receiver, generation, shards_of(raw, self.config.shards), keys)
-        return blob, owns.astype(_INDEX).tobytes()
+        raw = _raw(rids)
+        shards = self.config.shards
+        owns = self.indices(receiver, generation, shards_of(raw, shards), keys)
+        return seen_fields(raw, shards, self.layout), owns.astype(_INDEX).tobytes()
 
     def lookup(
         self, receiver: str, rids: Sequence[bytes], generations: Sequence[int], keys: KeyTable
     ) -> tuple[bytes, bytes]:
-        """IDs and, per ID and generation (in the given order), the shard's KEYS index."""
-        blob = b"".join(rids)
-        raw = np.frombuffer(blob, dtype=np.uint8).reshape(-1, ID_BYTES)
+        """Seen fields and, per ID and generation (in the given order), the shard's KEYS index."""
+        raw = _raw(rids)
         shards = shards_of(raw, self.config.shards)
         index = np.zeros((len(rids), len(generations)), dtype=np.int64)
         for column, generation in enumerate(generations):
             index[:, column] = self.indices(receiver, generation, shards, keys)
-        return blob, index.astype(_INDEX).tobytes()
+        return seen_fields(raw, self.config.shards, self.layout), index.astype(_INDEX).tobytes()
+
+
+def _raw(rids: Sequence[bytes]) -> np.ndarray:
+    """IDs as a ``(n, 16)`` uint8 array."""
+    raw: np.ndarray = np.frombuffer(b"".join(rids), dtype=np.uint8).reshape(-1, ID_BYTES)
+    return raw

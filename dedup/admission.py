@@ -6,9 +6,14 @@ recognised), and records further ahead of the micro-batch's time than the pipeli
 and neither moves the watermark. Copies within the chunk or the task are decided at once. For
 the rest the receiver's Bloom filters, across every live generation, say "no" (new) or
 "maybe"; only the maybes are settled by one Redis lookup per chunk, which asks every live
-generation, so a copy is recognised whatever timestamp it carries. A "maybe" whose owner is
-this very task (``batch.partition``) is a record an earlier attempt already committed: its
-effect is *replayed* (its key counts as touched), not applied again.
+generation, so a copy is recognised whatever timestamp it carries.
+
+A record an earlier attempt of this very task already committed is *replayed*: its effect
+(its key counts as touched) is not applied again. How it is recognised depends on the
+namespace's seen-ID layout (:mod:`onceflow.kernel.keyspace`): in layout 1 its seen-mark's
+owner is this task (``batch.partition``); in layout 2 its ID is among the inputs the task's
+backup says earlier attempts committed (``earlier``), decided at once, before any filter or
+lookup, and every seen-mark Redis finds is a copy.
 """
 
 from __future__ import annotations
@@ -43,18 +48,23 @@ def admit(
     addressing: Addressing,
     admitted: set[bytes],
     rows: list[InRow],
+    earlier: frozenset[bytes] = frozenset(),
 ) -> tuple[Admission, dict[str, int]]:
-    """Decide every row of a chunk; return the admission and what to count for it."""
-    decision, candidates = _triage(session, admitted, rows)
+    """Decide every row of a chunk; return the admission and what to count for it.
+
+    ``admitted``: IDs this attempt committed; ``earlier``: those earlier attempts of the task
+    committed, by its backup (layout 2; empty in layout 1).
+    """
+    decision, candidates = _triage(session, admitted, earlier, rows)
     maybes = maybe(session, rx, [rows[i][1] for i in candidates])
     asks = [i for i, m in zip(candidates, maybes, strict=True) if m]
     for i, m in zip(candidates, maybes, strict=True):
         if not m:
             decision[i] = FRESH
     if asks:
-        owners = lookup(session, addressing, rx.name, [rows[i][1] for i in asks])
-        for i, owner in zip(asks, owners, strict=True):
-            decision[i] = _settle(session, owner)
+        values = lookup(session, addressing, rx.name, [rows[i][1] for i in asks])
+        for i, value in zip(asks, values, strict=True):
+            decision[i] = _settle(session, value)
     adm = _split(rows, decision)
     counts = {
         "in": len(rows),
@@ -69,9 +79,12 @@ def admit(
 
 
 def _triage(
-    session: TaskSession, admitted: set[bytes], rows: list[InRow]
+    session: TaskSession, admitted: set[bytes], earlier: frozenset[bytes], rows: list[InRow]
 ) -> tuple[list[str], list[int]]:
-    """Late, ahead and in-task copies are decided at once; the rest are candidates."""
+    """Late, ahead, in-task copies and earlier attempts' inputs are decided at once.
+
+    The rest are candidates.
+    """
     bucket_ms = session.config.bucket_ms
     floor = session.floor
     limit = session.limit_ms
@@ -86,17 +99,20 @@ def _triage(
             decision[i] = AHEAD
         elif rid in in_chunk or rid in admitted:
             decision[i] = DUP
+        elif rid in earlier:
+            decision[i] = REPLAY
+            in_chunk.add(rid)
         else:
             in_chunk.add(rid)
             candidates.append(i)
     return decision, candidates
 
 
-def _settle(session: TaskSession, owner: bytes | None) -> str:
+def _settle(session: TaskSession, value: bytes | None) -> str:
     """What a Redis answer means: unseen, committed by an earlier attempt, or a copy."""
-    if owner is None:
+    if value is None:
         return FRESH
-    return REPLAY if owner == session.owner else DUP
+    return REPLAY if session.committed_by_earlier_attempt(value) else DUP
 
 
 def _split(rows: list[InRow], decision: list[str]) -> Admission:
@@ -126,7 +142,10 @@ def maybe(session: TaskSession, rx: Receiver, ids: Sequence[bytes]) -> list[bool
 def lookup(
     session: TaskSession, addressing: Addressing, receiver: str, ids: Sequence[bytes]
 ) -> list[bytes | None]:
-    """Owner of each ID in any live generation of the authoritative store (None: unseen).
+    """Seen value of each ID in any live generation of the authoritative store (None: unseen).
+
+    The value is the ID's owner in layout 1, :data:`~onceflow.kernel.keyspace.SEEN_MARK` in
+    layout 2.
 
     One script call per slice of IDs small enough that its KEYS (a shard per generation per
     ID at most) stay within the script's index range, and never more than
@@ -134,7 +153,7 @@ def lookup(
     """
     generations = session.live_generations
     per_call = min(MAX_CHUNK, (MAX_SCRIPT_KEYS - _LOOKUP_SPARE_KEYS) // len(generations))
-    owners: list[bytes | None] = []
+    values: list[bytes | None] = []
     for start in range(0, len(ids), per_call):
         part = ids[start : start + per_call]
         keys = KeyTable()
@@ -143,6 +162,6 @@ def lookup(
             keys=keys.keys, args=[len(part), len(generations), blob, index]
         )
         session.round_trip()
-        owners.extend(o if o else None for o in reply)
+        values.extend(v if v else None for v in reply)
     session.count("redis_lookups", len(ids))
-    return owners
+    return values

@@ -15,7 +15,10 @@ for every driver and GC), computes the pipeline watermark from the source lanes
   floor. Every one is looked up, so a copy is recognised whatever timestamp it carries, as
   long as its original's event time is within the horizon; a generation whose newest event
   is older could only hold originals of late records, and is garbage;
-* the newest event time admitted.
+* the newest event time admitted;
+* the namespace's seen-ID layout (pinned in its meta hash, see
+  :mod:`onceflow.kernel.keyspace`), so that the batch's tasks, wherever their keys live,
+  read and write seen-IDs as the namespace keeps them.
 
 :func:`fix_batch_params` stores them unless the batch already has some: a replayed batch (a
 task retry, or a driver restarted after a crash) then admits, places and dead-letters records
@@ -31,7 +34,7 @@ from typing import Any
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError
 from onceflow.kernel.eventtime import EventTime, watermark
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import LAYOUT_FIELD, NEW_LAYOUT, OWNER_LAYOUT, Keyspace
 from onceflow.kernel.scripts import scripts_for
 
 _MS_PER_S = 1000
@@ -51,6 +54,7 @@ class BatchParams:
     generation: int  # the bucket of the dedup time: where the batch's seen-IDs go
     live: tuple[int, ...]  # generations still looked up, newest first (the batch's included)
     limit_ms: int  # the newest event time admitted (the batch time plus max_ahead)
+    layout: int = NEW_LAYOUT  # the namespace's seen-ID layout
 
     @property
     def floor_ms(self) -> int:
@@ -68,11 +72,15 @@ class BatchParams:
             "generation": self.generation,
             "live": ",".join(str(g) for g in self.live),
             "limit_ms": self.limit_ms,
+            "layout": self.layout,
         }
 
     @classmethod
     def from_fields(cls, batch: int, fields: dict[str, Any]) -> BatchParams:
-        """Back from the batch's Redis hash (``HGETALL``, bytes or str)."""
+        """Back from the batch's Redis hash (``HGETALL``, bytes or str).
+
+        A batch stored without a layout was fixed by an Onceflow that knew only layout 1.
+        """
         text = {_text(k): _text(v) for k, v in fields.items()}
         f = {k: int(v) for k, v in text.items() if k != "live"}
         return cls(
@@ -85,6 +93,7 @@ class BatchParams:
             f["generation"],
             tuple(int(g) for g in text["live"].split(",") if g),
             f["limit_ms"],
+            f.get("layout", OWNER_LAYOUT),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -140,7 +149,11 @@ def fix_batch_params(
     existing = read_batch_params(client, ks, batch)
     if existing is not None:
         return existing
-    clock = {_text(k): int(_text(v)) for k, v in client.hgetall(ks.clock).items()}
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(ks.clock)
+    pipe.hget(ks.meta, LAYOUT_FIELD)
+    clock_fields, layout = pipe.execute()
+    clock = {_text(k): int(_text(v)) for k, v in clock_fields.items()}
     # batch times never go back, even if Redis's clock does (TTLs and GC rely on that)
     now = max(redis_time_ms(client), clock.get("time", 0))
     previous_wm = clock.get("watermark", 0)
@@ -160,6 +173,7 @@ def fix_batch_params(
         generation,
         live_generations(client, ks, generation, wm - config.horizon_ms),
         event_time.limit(now),
+        int(layout or OWNER_LAYOUT),  # a namespace pinned before layouts existed: layout 1
     )
     args: list[Any] = [epoch, wm, tau, now]
     for name, value in params.as_fields().items():

@@ -1,13 +1,15 @@
 """The atomic commit: a chunk's seen-marks together with its effects.
 
 One call of :data:`~onceflow.kernel.scripts.COMMIT` checks-and-marks the chunk's IDs in the
-batch's generation, writes the chunk's backup (:func:`onceflow.backup.store.chunk_args`), the
-keyed state and timers it changed, its Bloom journal entry, counters and the newest event
-time of each source lane (what the watermark is computed from), fenced by the driver epoch
-and the task token. If any ID was seen meanwhile (a copy committed by another task of the
-same batch: the batch's tasks share one generation) nothing is stored and the conflicting IDs
-come back. The commit also raises the generation's newest event time, which decides how long
-it is kept.
+batch's generation, writes the chunk's backup (:func:`onceflow.backup.store.chunk_args`; in
+seen-ID layout 2 its input IDs too, :func:`~onceflow.backup.store.inputs_args`), the keyed
+state and timers it changed, its Bloom journal entry (full IDs, whatever the layout), counters
+and the newest event time of each source lane (what the watermark is computed from), fenced
+by the driver epoch and the task token. If any ID was seen meanwhile (a copy committed by
+another task of the same batch: the batch's tasks share one generation) nothing is stored and
+the script says which of the chunk's IDs conflicted (by position, so the answer means the
+same in every layout). The commit also raises the generation's newest event time, which
+decides how long it is kept.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from onceflow.backup.store import chunk_args
+from onceflow.backup.store import chunk_args, inputs_args
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import state_args
@@ -53,7 +55,8 @@ def commit_chunk(
         ]
     )
     rids = [row[1] for row in fresh]
-    ids_blob, owns = addressing.address(stage, rids, session.generation, keys)
+    fields, owns = addressing.address(stage, rids, session.generation, keys)
+    inputs = ("", b"") if session.marks_owner or not rids else inputs_args(chunk, rids)
     lane_args: list[Any] = [len(lanes)]
     for lane, newest in lanes.items():
         lane_args += [lane, newest, batch_time_ms]
@@ -64,15 +67,16 @@ def commit_chunk(
     field, blob = chunk_args(chunk, outputs)
     args = [
         *session.fence_args(),
-        session.owner,
+        session.seen_value,
         field,
         blob,
-        journal_entry(session.generation, ids_blob),
+        journal_entry(session.generation, b"".join(rids)),
         len(fresh),
-        ids_blob,
+        fields,
         owns,
         session.generation,
         max((row[2] for row in fresh), default=0),
+        *inputs,
         *lane_args,
         *writes,
         *session.stat_args(),
@@ -81,8 +85,7 @@ def commit_chunk(
     session.round_trip()
     if reply[0] == CONFLICT:  # nothing was stored
         session.uncount({"committed": len(fresh), "out": sent})
-        flat = reply[1]
-        conflicts = {bytes(flat[i]) for i in range(0, len(flat), 2)}
+        conflicts = {rids[int(j) - 1] for j in reply[1]}
         session.count("duplicates", len(conflicts))
         return 0, conflicts
     session.pending.clear()

@@ -38,9 +38,12 @@ class DedupConfig:
     of a lookup across all live generations (each filter gets its share); a full filter gets
     a successor in the same generation.
     ``shards``: seen-IDs of a generation are spread over this many small Redis hashes, which
-    Redis keeps in its compact listpack encoding (~20 bytes per ID instead of ~110 for a key
-    each). A receiver kept per partition scope (a keyed stage) shares them and the Bloom
-    capacity out: each partition has ``1 / parallelism`` of both (:meth:`for_scope`).
+    Redis keeps in its compact listpack encoding (~21 bytes per ID in seen-ID layout 2,
+    instead of ~110 for a key each) while each holds at most ``hash-max-listpack-entries``
+    IDs; past that a hash costs ~80 bytes per ID: give a generation's IDs enough shards (see
+    ``docs/concepts/dedup.md``). A receiver kept per partition scope (a keyed stage) shares
+    them and the Bloom capacity out: each partition has ``1 / parallelism`` of both
+    (:meth:`for_scope`).
     ``chunk_size``: records per atomic commit. Larger chunks amortize per-call work (2,500 ran
     ~10% faster than 1,000; more gained nothing) but a call holds Redis longer (~10 ms).
     ``snapshot_every``: commits between Bloom snapshots (filters that moved replay the journal

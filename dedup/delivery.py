@@ -81,9 +81,9 @@ def undelivered(
     asks = [i for i, m in enumerate(maybes) if m]
     keep = [True] * len(outputs)
     if asks:
-        owners = lookup(session, addressing, rx.name, [outputs[i].id for i in asks])
-        for i, owner in zip(asks, owners, strict=True):
-            keep[i] = owner is None
+        values = lookup(session, addressing, rx.name, [outputs[i].id for i in asks])
+        for i, value in zip(asks, values, strict=True):
+            keep[i] = value is None
     return [o for o, k in zip(outputs, keep, strict=True) if k]
 
 
@@ -204,14 +204,14 @@ def _mark(
             ks.generations,
         ]
     )
-    ids_blob, owns = addressing.address(rx.name, ids, session.generation, keys)
-    journal = journal_entry(session.generation, ids_blob)
+    fields, owns = addressing.address(rx.name, ids, session.generation, keys)
+    journal = journal_entry(session.generation, b"".join(ids))
     args = [
         *session.fence_args(),
-        session.owner,
+        session.seen_value,
         journal,
         len(ids),
-        ids_blob,
+        fields,
         owns,
         _YES if end_pending else "0",
         copies,

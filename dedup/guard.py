@@ -4,9 +4,11 @@ For one stage, micro-batch and partition it composes the receiving side's steps:
 
 * ``open``: claim the stage partition for this attempt (a newer attempt fences an older one;
   an older one that starts late is refused), read the task's backup (replayed, never
-  recomputed) and make every receiver's Bloom filters trustworthy (:mod:`~.trust`);
+  recomputed; in seen-ID layout 2 it also says which inputs earlier attempts committed) and
+  make every receiver's Bloom filters trustworthy (:mod:`~.trust`);
 * ``admit``: Bloom first, Redis only for "maybe"s; late records and records too far ahead
-  of the clock are returned as such (:mod:`~.admission`);
+  of the clock are returned as such, inputs an earlier attempt committed as replayed
+  (:mod:`~.admission`);
 * ``commit``: one atomic Lua call marks the IDs seen and stores outputs and state
   (:mod:`~.commit`);
 * sinks: ``undelivered`` skips what an earlier attempt delivered, ``delivered`` marks what the
@@ -148,14 +150,16 @@ class ExactlyOnceGuard:
             generation=params.generation,
             live=params.live,
             limit_ms=params.limit_ms,
+            layout=params.layout,
         )
-        self.addressing = Addressing(ks, config)
+        self.addressing = Addressing(ks, config, params.layout)
         self.stage = trust.Receiver(ks.tag, task.stage, self.config)
         self.sinks = {
             index: trust.Receiver(ks.tag, receiver_name(name), self.config)
             for index, name in task.sinks
         }
-        self.admitted: set[bytes] = set()
+        self.admitted: set[bytes] = set()  # inputs this attempt committed
+        self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts did (layout 2)
         self._admitted_counts: dict[str, int] = {}
 
     @property
@@ -182,12 +186,14 @@ class ExactlyOnceGuard:
             r.redis_seq = int(replies[2 + 2 * n] or 0)
             r.snapshot_seq = int(replies[3 + 2 * n] or 0)
         trust.catch_up(s, self.receivers)
-        return backup.replay(replies[1])
+        replay = backup.replay(replies[1])
+        self.earlier = replay.inputs
+        return replay
 
     def admit(self, rows: list[InRow]) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`)."""
         adm, self._admitted_counts = admit(
-            self.session, self.stage, self.addressing, self.admitted, rows
+            self.session, self.stage, self.addressing, self.admitted, rows, self.earlier
         )
         return adm
 

@@ -26,6 +26,7 @@ from onceflow.dedup.bloom import ReceiverFilters
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.session import TaskSession
 from onceflow.kernel.ids import ID_BYTES
+from onceflow.kernel.keyspace import seen_id
 
 SCAN_STEP = 1000
 SNAPSHOT_OK = b"ok"
@@ -153,10 +154,10 @@ def _rebuild(session: TaskSession, r: Receiver) -> None:
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.hkeys(key)
-        for key, ids in zip(keys, pipe.execute() if keys else [], strict=True):
+        for key, fields in zip(keys, pipe.execute() if keys else [], strict=True):
             parsed = ks.parse(key)
-            if parsed is not None and parsed.generation is not None:
-                fresh.add(ids, parsed.generation)
+            if parsed is not None and parsed.generation is not None and parsed.shard is not None:
+                fresh.add(_ids_of(session, fields, parsed.shard), parsed.generation)
         session.round_trip()
         if cursor == 0:
             break
@@ -164,6 +165,14 @@ def _rebuild(session: TaskSession, r: Receiver) -> None:
     r.replace_filters(fresh)
     r.trusted = True
     session.count("bloom_rebuilds")
+
+
+def _ids_of(session: TaskSession, fields: list[bytes], shard: int) -> list[bytes]:
+    """The IDs a seen-ID shard's fields stand for (layout 2 fields are not whole IDs)."""
+    if session.marks_owner:
+        return fields
+    shards, layout = session.config.shards, session.layout
+    return [seen_id(f, shard, shards, layout) for f in fields]
 
 
 def snapshot(session: TaskSession, r: Receiver) -> None:

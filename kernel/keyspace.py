@@ -16,7 +16,22 @@ its *generation*: the bucket of the pipeline's dedup time when the batch started
 batch's parameters, ``batch:<n>``; see :mod:`onceflow.dedup.batch`). ``gens`` remembers the
 newest event time committed into each generation, which decides how long it is kept. The
 formulas of the layout live here too: which shard of a generation holds a seen ID
-(:func:`shard_of`), and which bucket is the oldest still deduplicated (:func:`floor_bucket`).
+(:func:`shard_of`), what its field in that shard is (:func:`seen_field`, and back:
+:func:`seen_id`), and which bucket is the oldest still deduplicated (:func:`floor_bucket`).
+
+Seen-ID shards come in two layouts, pinned in a namespace's meta hash (``layout``) when it is
+created; a namespace made before layouts existed has none and is layout 1:
+
+* layout 1 (:data:`OWNER_LAYOUT`): field = the 16-byte ID, value = its owner, the task that
+  committed it (``batch.partition``, longer as batch numbers grow);
+* layout 2 (:data:`COMPACT_LAYOUT`): field = the ID without what its shard already says, value
+  = :data:`SEEN_MARK`. The shard is ``prefix % shards`` (``prefix``: the ID's first two
+  bytes), so the field keeps ``prefix // shards`` (one byte from 256 shards on, two below,
+  none at 65,536) and bytes 2..15: 15 bytes at the default 1,024 shards. The encoding is
+  exact: no two IDs share a shard and a field, and the ID comes back from both (Bloom
+  filters are rebuilt from the seen-IDs). Who committed an ID is not kept: a task attempt
+  learns the inputs its earlier attempts committed from its backup (``i<chunk>`` fields, see
+  :mod:`onceflow.backup.format`).
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ import enum
 from dataclasses import dataclass
 
 from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.ids import ID_BYTES
 
 PREFIX = "of"
 SCAN_ALL = "*"
@@ -45,7 +61,7 @@ class Kind(enum.Enum):
     GENERATIONS = "gens"  # hash: generation -> the newest event time committed into it
     GC = "gc"  # hash: what GC passes did
     TOKEN = "tok"  # per stage partition: the task attempt that owns it
-    SEEN = "seen"  # hash per receiver, generation and shard: ID -> owner
+    SEEN = "seen"  # hash per receiver, generation and shard: seen IDs (see the layouts)
     FILTER_SEQ = "fseq"  # counter per receiver: commits covered by Bloom filters
     FILTER_JOURNAL = "fj"  # list per receiver: IDs of the commits since the snapshot
     FILTER_SNAPSHOT = "fsnap"  # hash per receiver: Bloom filters by generation
@@ -207,7 +223,10 @@ class Keyspace:
 
     # per receiver (a stage or a sink)
     def seen(self, receiver: str, generation: int, shard: int) -> str:
-        """Hash: ID -> owner (``batch.partition``) for one generation and shard."""
+        """Hash: the seen-IDs of one generation and shard (see the module docstring's layouts).
+
+        Layout 1: ID -> owner (``batch.partition``); layout 2: :func:`seen_field` -> ``1``.
+        """
         return self._key(Kind.SEEN, receiver, generation, shard)
 
     def seen_prefix(self, receiver: str, generation: int) -> str:
@@ -311,6 +330,62 @@ def shard_of(rid: bytes, shards: int) -> int:
     The vectorised form in :mod:`onceflow.dedup` must agree; a test checks both.
     """
     return ((rid[0] << 8) | rid[1]) % shards
+
+
+# Seen-ID layouts (see the module docstring); the meta field that pins a namespace's.
+LAYOUT_FIELD = "layout"
+OWNER_LAYOUT = 1
+COMPACT_LAYOUT = 2
+NEW_LAYOUT = COMPACT_LAYOUT  # what a namespace created now gets
+LAYOUTS = (OWNER_LAYOUT, COMPACT_LAYOUT)
+SEEN_MARK = b"1"  # layout 2's value (not empty: a lookup takes a falsy answer for "unseen")
+_PREFIX_BYTES = 2  # the first bytes of an ID, which pick its shard
+_PREFIXES = 1 << (8 * _PREFIX_BYTES)
+
+
+def prefix_bytes(shards: int) -> int:
+    """Bytes of a layout-2 field that hold ``prefix // shards``: what the shard leaves open."""
+    top = (_PREFIXES - 1) // shards
+    return 0 if top == 0 else 1 if top < 0x100 else 2
+
+
+def seen_width(layout: int, shards: int) -> int:
+    """Bytes of a seen field."""
+    if layout == OWNER_LAYOUT:
+        return ID_BYTES
+    return prefix_bytes(shards) + ID_BYTES - _PREFIX_BYTES
+
+
+def seen_field(rid: bytes, shards: int, layout: int) -> bytes:
+    """The field of a seen ID in its shard (:func:`shard_of`).
+
+    The vectorised form in :mod:`onceflow.dedup` must agree; a test checks both.
+    """
+    if layout == OWNER_LAYOUT:
+        return rid
+    high = ((rid[0] << 8) | rid[1]) // shards
+    return high.to_bytes(prefix_bytes(shards), "big") + rid[_PREFIX_BYTES:]
+
+
+def seen_id(field: bytes, shard: int, shards: int, layout: int) -> bytes:
+    """The ID a seen field of shard ``shard`` stands for (the inverse of :func:`seen_field`)."""
+    if layout == OWNER_LAYOUT:
+        return field
+    width = len(field) - ID_BYTES + _PREFIX_BYTES
+    prefix = int.from_bytes(field[:width], "big") * shards + shard
+    return prefix.to_bytes(_PREFIX_BYTES, "big") + field[width:]
+
+
+def check_layout(layout: int, namespace: str) -> int:
+    """``layout`` if this Onceflow knows it; else a :class:`ConfigError` saying what to do."""
+    if layout not in LAYOUTS:
+        msg = (
+            f"pipeline namespace {namespace!r} keeps its seen-IDs in layout {layout}, which "
+            f"this Onceflow does not know (it knows {', '.join(map(str, LAYOUTS))}): run the "
+            "Onceflow version that created it, or a newer one"
+        )
+        raise ConfigError(msg)
+    return layout
 
 
 def floor_bucket(watermark: int, horizon_ms: int, bucket_ms: int) -> int:

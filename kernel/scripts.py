@@ -9,13 +9,18 @@ has started, and a zombie that starts late cannot take the partition from a newe
 
 :data:`COMMIT` is the heart of exactly-once: in one atomic step it checks that none of the
 chunk's IDs was seen before in the batch's generation, marks them seen, stores the chunk's
-outputs (the upstream backup for the next boundary), writes keyed state, appends the IDs to
-the receiver's Bloom journal, raises the source lanes' event-time marks and bumps counters.
+outputs (the upstream backup for the next boundary) and, in seen-ID layout 2, its input IDs
+(how a later attempt of the task knows what it committed), writes keyed state, appends the IDs
+to the receiver's Bloom journal, raises the source lanes' event-time marks and bumps counters.
 If any ID was already seen it undoes its marks before returning (the script is atomic, so
-nobody sees them), returns those IDs with their owners, and the task redoes the chunk without
-them. One ``HSETNX`` per ID does the check and the mark together. It is idempotent: run twice
-(a retried call after a lost reply), the second run sees its chunk already stored and changes
-nothing.
+nobody sees them), returns the positions of those IDs in the chunk, and the task redoes the
+chunk without them. One ``HSETNX`` per ID does the check and the mark together. It is
+idempotent: run twice (a retried call after a lost reply), the second run sees its chunk
+already stored and changes nothing.
+
+Seen-IDs are fields of sharded hashes, in the namespace's layout (see
+:mod:`onceflow.kernel.keyspace`): the scripts take them as Python built them, one blob of
+``n`` fields of one width (16 bytes in layout 1, fewer in layout 2), and the value to store.
 """
 
 from __future__ import annotations
@@ -52,9 +57,18 @@ return {'ok'}
 """
 )
 
-# IDs travel as one blob of 16-byte IDs, with the KEYS index of each ID's seen-ID shard (in
-# the batch's generation) as a blob of little-endian uint16: a chunk is then a handful of
+# Seen fields travel as one blob of n fields of one width (the blob's length over n: the same
+# scripts serve every seen-ID layout), with the KEYS index of each one's seen-ID shard (in the
+# batch's generation) as a blob of little-endian uint16: a chunk is then a handful of
 # arguments instead of thousands.
+_SEEN_FIELDS = """
+local function width_of(blob, n)
+  if n > 0 then return #blob / n end
+  return 0
+end
+local function field_at(blob, w, j) return string.sub(blob, w * j - w + 1, w * j) end
+"""
+
 # Raise a generation's newest event time (never lower it). Used by COMMIT and MARK_DELIVERED.
 _RAISE_GENERATION = """
 local function raise_generation(key, generation, ts)
@@ -96,30 +110,33 @@ end
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 filter seq, 5 filter journal, 6 stats,
 #       7 generations, 8 lanes, 9 lane activity, 10.. seen shards, state hashes and timer
 #       sorted sets (by index)
-# ARGV: 1 epoch, 2 token, 3 owner, 4 chunk field, 5 outputs blob, 6 journal blob, 7 n ids,
-#       8 ids blob, 9 shard index blob, 10 generation, 11 newest event time of the IDs, then
-#       l, l x (lane, newest event time, batch time), then the state and timers (see
+# ARGV: 1 epoch, 2 token, 3 seen value (layout 1: the owner), 4 chunk field, 5 outputs blob,
+#       6 journal blob, 7 n ids, 8 seen fields blob, 9 shard index blob, 10 generation,
+#       11 newest event time of the IDs, 12 inputs field, 13 input IDs blob ('': not kept),
+#       then l, l x (lane, newest event time, batch time), then the state and timers (see
 #       _WRITE_STATE), then s, s x (stat field, increment)
+# Returns {'ok', seq} or {'conflict', positions (1-based) of the IDs already seen}.
 # The generation's newest event time is what GC keeps it by (see keyspace.generations).
 COMMIT = (
     FENCE
     + _RAISE_GENERATION
     + _WRITE_STATE
+    + _SEEN_FIELDS
     + """
 if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {'ok', '-1'} end
 local n = tonumber(ARGV[7])
 local ids, owns = ARGV[8], ARGV[9]
+local w = width_of(ids, n)
 local conflicts = {}
 local written = {}
 for j = 1, n do
-  local id = string.sub(ids, 16 * j - 15, 16 * j)
+  local id = field_at(ids, w, j)
   local own = KEYS[struct.unpack('<H', owns, 2 * j - 1)]
   if redis.call('HSETNX', own, id, ARGV[3]) == 1 then
     written[#written + 1] = own
     written[#written + 1] = id
   else
-    conflicts[#conflicts + 1] = id
-    conflicts[#conflicts + 1] = redis.call('HGET', own, id)
+    conflicts[#conflicts + 1] = j
   end
 end
 if #conflicts > 0 then
@@ -127,7 +144,7 @@ if #conflicts > 0 then
   return {'conflict', conflicts}
 end
 if n > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
-local i = 12
+local i = 14
 local l = tonumber(ARGV[i])
 i = i + 1
 for j = 1, l do
@@ -144,6 +161,7 @@ for j = 1, s do
   i = i + 2
 end
 redis.call('HSET', KEYS[3], ARGV[4], ARGV[5])
+if ARGV[13] ~= '' then redis.call('HSET', KEYS[3], ARGV[12], ARGV[13]) end
 local seq = 0
 if n > 0 then
   redis.call('RPUSH', KEYS[5], ARGV[6])
@@ -179,23 +197,25 @@ return {'ok', 'done'}
 # Marks sink records delivered and ends the sink partition's pending delivery (when asked).
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 stats, 6 pending,
 #       7 generations, 8.. seen shards
-# ARGV: 1 epoch, 2 token, 3 owner, 4 journal blob, 5 n, 6 ids blob, 7 shard index blob,
-#       8 '1' to delete the pending delivery, 9 possible copies to count, 10 generation,
-#       11 newest event time of the records
+# ARGV: 1 epoch, 2 token, 3 seen value (layout 1: the owner), 4 journal blob, 5 n, 6 seen
+#       fields blob, 7 shard index blob, 8 '1' to delete the pending delivery, 9 possible
+#       copies to count, 10 generation, 11 newest event time of the records
 # Returns {'ok', seq, how many were already marked (delivered twice)}.
 MARK_DELIVERED = (
     FENCE
     + _RAISE_GENERATION
+    + _SEEN_FIELDS
     + """
 if ARGV[8] == '1' then redis.call('DEL', KEYS[6]) end
 if tonumber(ARGV[5]) > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
 if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', KEYS[5], 'possible_copies', ARGV[9]) end
 local n = tonumber(ARGV[5])
 local ids, owns = ARGV[6], ARGV[7]
+local w = width_of(ids, n)
 local again = 0
 for j = 1, n do
   local key = KEYS[struct.unpack('<H', owns, 2 * j - 1)]
-  if redis.call('HSET', key, string.sub(ids, 16 * j - 15, 16 * j), ARGV[3]) == 0 then
+  if redis.call('HSET', key, field_at(ids, w, j), ARGV[3]) == 0 then
     again = again + 1
   end
 end
@@ -238,27 +258,32 @@ return {'ok'}
 """
 )
 
-# Who owns each ID, in any live generation (newest first, stopping at the first hit).
-# KEYS: seen shards. ARGV: 1 n, 2 g (generations per ID), 3 ids blob, 4 index blob of n x g
-# little-endian uint16 KEYS indices (0: no such shard). Returns one owner (or false) per ID.
-LOOKUP = """
+# The seen value of each ID (layout 1: its owner), in any live generation (newest first,
+# stopping at the first hit). KEYS: seen shards. ARGV: 1 n, 2 g (generations per ID), 3 seen
+# fields blob, 4 index blob of n x g little-endian uint16 KEYS indices (0: no such shard).
+# Returns one value (or false) per ID.
+LOOKUP = (
+    _SEEN_FIELDS
+    + """
 local n, g = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ids, index = ARGV[3], ARGV[4]
+local w = width_of(ids, n)
 local out = {}
 for j = 1, n do
-  local id = string.sub(ids, 16 * j - 15, 16 * j)
-  local owner = false
+  local id = field_at(ids, w, j)
+  local value = false
   for k = 1, g do
     local at = struct.unpack('<H', index, 2 * ((j - 1) * g + k) - 1)
     if at > 0 then
-      owner = redis.call('HGET', KEYS[at], id)
-      if owner then break end
+      value = redis.call('HGET', KEYS[at], id)
+      if value then break end
     end
   end
-  out[j] = owner or false
+  out[j] = value or false
 end
 return out
 """
+)
 
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 snapshot hash
 # ARGV: 1 epoch, 2 token, 3 seq covered, 4 n, n x (field, blob), then d, d x field

@@ -3,7 +3,8 @@
 Per receiver (a stage, or ``<sink>/delivered``): records in, committed and sent on, duplicates
 dropped, late records, Bloom "maybe" answers and the Redis lookups they caused; per namespace:
 the driver epoch, the last acknowledged micro-batch, backups still pending, the Redis memory
-the namespace uses (SCAN + MEMORY USAGE, in bounded steps), the GC horizon and its last pass.
+the namespace uses (SCAN + MEMORY USAGE, in bounded steps), the GC horizon and its last pass,
+and how seen-IDs are stored (the layout, see :mod:`onceflow.kernel.keyspace`).
 Receivers and state kept per partition scope (:mod:`onceflow.kernel.scopes`) are summed over
 their partitions.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import lanes_of
-from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.keyspace import LAYOUT_FIELD, OWNER_LAYOUT, Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
 
@@ -58,6 +59,7 @@ class Status:
     # per combine node: keys with state, windows waiting for the watermark (``open_windows``,
     # keys with an event timer) and the earliest such timer, state with a time-to-live
     state: dict[str, dict[str, int]] = field(default_factory=dict)
+    seen_layout: int = OWNER_LAYOUT  # how seen-IDs are stored (see kernel.keyspace)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -99,7 +101,8 @@ class Status:
         oldest = min(self.generations.values(), default=0)
         lines.append(
             f"  GC horizon {self.horizon_ms / 3_600_000:g} h, {len(self.generations)} seen-ID "
-            f"generation(s) kept (oldest newest-event {_when(oldest)}), last pass {when}"
+            f"generation(s) kept (oldest newest-event {_when(oldest)}, seen-ID layout "
+            f"{self.seen_layout}), last pass {when}"
             + (f", {self.gc.get('passes', 0)} passes" if last else "")
         )
         for node, row in sorted(self.state.items()):
@@ -170,6 +173,7 @@ def status(
         memory_by_kind=found.by_kind,
         receivers=found.receivers,
         state=found.state,
+        seen_layout=int(meta.get(LAYOUT_FIELD, OWNER_LAYOUT)),
         gc={k.decode(): v.decode() for k, v in client.hgetall(ks.gc).items()},
         lanes={
             lane: {"event_time_ms": newest, "active_ms": seen}

@@ -3,7 +3,9 @@
 Parallelism, the seen-ID bucket and shard layout, and the physical plan's layout (stages,
 boundaries, keyed state; see :mod:`onceflow.graph_optimizer.fingerprint`) are stored in the
 namespace's meta hash on the first run and compared on every start. A change is refused with
-a message that says what changed and how to proceed.
+a message that says what changed and how to proceed. The seen-ID layout (how a seen ID is
+stored, see :mod:`onceflow.kernel.keyspace`) is pinned the same way: a new namespace gets the
+newest, one that already holds state from before layouts existed keeps layout 1.
 
 The namespace and the Spark checkpoint are two halves of one pipeline's progress: Spark knows
 which input was read, Redis what it did. Both hold the same identity (:func:`pin_checkpoint`):
@@ -21,7 +23,13 @@ from typing import Any
 
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import (
+    LAYOUT_FIELD,
+    NEW_LAYOUT,
+    OWNER_LAYOUT,
+    Keyspace,
+    check_layout,
+)
 from onceflow.kernel.scopes import PLAN_FIELD
 from onceflow.runtime.checkpoint import IDENTITY_FILE, Checkpoint
 from onceflow.runtime.errors import PlanChangedError
@@ -39,7 +47,8 @@ def _decode_meta(client: Any, keyspace: Keyspace) -> dict[str, str]:
 
 
 def pin_settings(client: Any, keyspace: Keyspace, parallelism: int, config: DedupConfig) -> None:
-    """Settings that must not change while state exists (partition and bucket layout)."""
+    """Settings that must not change while state exists (partition, bucket, seen-ID layout)."""
+    pin_layout(client, keyspace)
     wanted = {
         "parallelism": str(parallelism),
         "bucket_ms": str(config.bucket_ms),
@@ -57,6 +66,20 @@ def pin_settings(client: Any, keyspace: Keyspace, parallelism: int, config: Dedu
                 f"depend on it. Keep {name}={stored.get(name)}, or start a new namespace"
             )
             raise ConfigError(msg)
+
+
+def pin_layout(client: Any, keyspace: Keyspace) -> int:
+    """The namespace's seen-ID layout: the newest for a new namespace, else the stored one.
+
+    A namespace that holds state but no layout was made before layouts existed: layout 1.
+    """
+    pipe = client.pipeline(transaction=False)
+    for name in _STATE_FIELDS:
+        pipe.hexists(keyspace.meta, name)
+    pipe.exists(keyspace.epoch)
+    has_state = any(pipe.execute())
+    client.hsetnx(keyspace.meta, LAYOUT_FIELD, OWNER_LAYOUT if has_state else NEW_LAYOUT)
+    return check_layout(int(client.hget(keyspace.meta, LAYOUT_FIELD)), keyspace.namespace)
 
 
 def pin_plan(

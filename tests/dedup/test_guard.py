@@ -21,7 +21,7 @@ from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import SinkState
 from onceflow.dedup.errors import FencedError
 from onceflow.dedup.guard import ExactlyOnceGuards
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import LAYOUTS, NEW_LAYOUT, Keyspace
 from onceflow.kernel.records import TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.pipeline import Pipeline
@@ -48,7 +48,8 @@ def _rows(n, seed):
 
 
 class Harness:
-    def __init__(self, redis_server, **config):
+    def __init__(self, redis_server, layout=NEW_LAYOUT, **config):
+        self.layout = layout
         self.name = f"trust-{uuid.uuid4().hex[:8]}"
         self.client = redis_server.client()
         self.client.incr(Keyspace(self.name).epoch)
@@ -64,7 +65,16 @@ class Harness:
         hour = 3_600_000
         live = tuple(range(generation, -1, -1))
         return BatchParams(
-            batch, TS, TS, generation * hour, 24 * hour, floor, generation, live, TS * 2
+            batch,
+            TS,
+            TS,
+            generation * hour,
+            24 * hour,
+            floor,
+            generation,
+            live,
+            TS * 2,
+            self.layout,
         )
 
     def task(self, partition=0, batch=None, generation=0, attempt_id=None):
@@ -132,8 +142,9 @@ def test_a_stale_filter_moved_between_workers_catches_up(redis_server):
     assert stale.seq > stale_seq
 
 
-def test_without_journal_or_snapshot_the_filters_are_rebuilt_from_redis(redis_server):
-    h = Harness(redis_server, snapshot_every=1000)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_without_journal_or_snapshot_the_filters_are_rebuilt_from_redis(redis_server, layout):
+    h = Harness(redis_server, layout, snapshot_every=1000)
     rows = _rows(800, 30)
     h.commit(rows)
     ks = Keyspace(h.name)
@@ -149,18 +160,20 @@ def _copies(rows, shift_ms):
     return [(i, rid, ts + shift_ms, kb, elem) for i, rid, ts, kb, elem in rows]
 
 
-def test_a_copy_with_another_timestamp_in_a_later_generation_is_a_duplicate(redis_server):
-    h = Harness(redis_server, snapshot_every=1000)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_copy_with_another_timestamp_in_a_later_generation_is_a_duplicate(redis_server, layout):
+    h = Harness(redis_server, layout, snapshot_every=1000)
     rows = _rows(500, 40)
     h.commit(rows, generation=5)
     g, adm = h.admit(_copies(rows, 2 * 3_600_000) + _rows(50, 41), generation=7)
     assert adm.duplicates == 500 and len(adm.fresh) == 50
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_copy_arriving_in_another_partition_is_a_duplicate_even_in_a_fresh_worker(
-    redis_server,
+    redis_server, layout
 ):
-    h = Harness(redis_server, snapshot_every=1000)
+    h = Harness(redis_server, layout, snapshot_every=1000)
     rows = _rows(300, 42)
     h.commit(rows, partition=0, generation=2)
     trust_mod._FILTERS.clear()  # the other partition runs in another worker process
@@ -168,8 +181,9 @@ def test_a_copy_arriving_in_another_partition_is_a_duplicate_even_in_a_fresh_wor
     assert adm.duplicates == 300 and not adm.fresh
 
 
-def test_copies_committed_concurrently_by_two_partitions_conflict(redis_server):
-    h = Harness(redis_server, snapshot_every=1000)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_copies_committed_concurrently_by_two_partitions_conflict(redis_server, layout):
+    h = Harness(redis_server, layout, snapshot_every=1000)
     rows = _rows(200, 43)
     a = h.task(partition=0, batch=9)
     b = h.task(partition=1, batch=9)
@@ -198,10 +212,11 @@ def _outputs(n, seed):
     return [Output(1, rid, TS, None, b"v") for _i, rid, _ts, _kb, _e in _rows(n, seed)]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("committed", [True, False])
-def test_a_delivery_left_pending_is_resolved_by_the_next_attempt(redis_server, committed):
+def test_a_delivery_left_pending_is_resolved_by_the_next_attempt(redis_server, committed, layout):
     """Transactional: committed -> never sent again; aborted -> sent again, no copy counted."""
-    h = Harness(redis_server, snapshot_every=1000)
+    h = Harness(redis_server, layout, snapshot_every=1000)
     sink = h.spec.sinks[0][0]
     outs = _outputs(300, 50)
     first = h.task(partition=0, batch=4)

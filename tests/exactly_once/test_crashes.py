@@ -11,13 +11,15 @@ topic, and in the copy topic (one ID per event, every copy of an ID identical).
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
 
 from onceflow.connectors.kafka.topics import read_topic
+from onceflow.dedup.config import DedupConfig
 from onceflow.kernel import codec
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import LAYOUT_FIELD, SEEN_MARK, Keyspace
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
 from tests.exactly_once.scenario import (
@@ -39,6 +41,49 @@ def test_clean_run_is_exact_and_drops_upstream_duplicates(broker, redis_server, 
     verify(scn, redis_server.client())
     stats = redis_server.client().hgetall(Keyspace(scn.name).stats("events"))
     assert int(stats[b"duplicates"]) == EVENTS * 6 // 100
+    marks = _seen_marks(redis_server.client(), Keyspace(scn.name), "events")
+    assert redis_server.client().hget(Keyspace(scn.name).meta, LAYOUT_FIELD) == b"2"
+    assert {(len(f), v) for f, v in marks} == {(15, SEEN_MARK)}, "a new namespace: layout 2"
+
+
+def _seen_marks(client, ks, receiver):
+    """(field, value) of every seen-mark of a receiver in the namespace's own tag."""
+    return {
+        (f, v)
+        for key in client.scan_iter(match=ks.seen_pattern(receiver), count=1000)
+        for f, v in client.hgetall(key).items()
+    }
+
+
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_keyed_task_killed_after_its_commit_replays_its_inputs_in_either_layout(
+    layout, broker, redis_server, tmp_path
+):
+    """The resumed count task must count the inputs its killed attempt committed as touched.
+
+    Layout 1 (a namespace an Onceflow without layouts, nor scopes, left) tells them by their
+    seen-marks' owner, layout 2 by its backup; each keeps its own seen-marks.
+    """
+    scn = make_scenario(broker, redis_server.url, tmp_path)
+    client = redis_server.client()
+    ks = Keyspace(scn.name)
+    if layout == 1:
+        config = DedupConfig()
+        client.hset(
+            ks.meta,
+            mapping={"parallelism": 2, "bucket_ms": config.bucket_ms, "shards": config.shards},
+        )
+    crash = Crash("after_commit", stage="count", batch=2)
+    first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
+    assert first.crashed and second.returncode == 0
+    verify(scn, client)
+    assert client.hget(ks.meta, LAYOUT_FIELD) == str(layout).encode()
+    marks = _seen_marks(client, ks, "events")
+    if layout == 1:
+        assert marks and {len(f) for f, _v in marks} == {16}
+        assert all(re.fullmatch(rb"\d+\.\d+", v) for _f, v in marks), "owners batch.partition"
+    else:
+        assert {(len(f), v) for f, v in marks} == {(15, SEEN_MARK)}
 
 
 TASK_FAILURES = [

@@ -1,5 +1,7 @@
-"""Every key is built and parsed in one module, and the two agree; the shard formula agrees
-with its vectorised form; the floor formula is the one GC and the receivers share."""
+"""Every key is built and parsed in one module, and the two agree; the shard and seen-field
+formulas agree with their vectorised forms, and a seen field with its shard gives its ID
+back, so no two IDs of one shard are ever confused; the floor formula is the one GC and the
+receivers share."""
 
 from __future__ import annotations
 
@@ -8,9 +10,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.dedup.addressing import shards_of
+from onceflow.dedup.addressing import seen_fields, shards_of
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import Keyspace, Kind, floor_bucket, namespace_of_meta, shard_of
+from onceflow.kernel.keyspace import (
+    COMPACT_LAYOUT,
+    LAYOUTS,
+    OWNER_LAYOUT,
+    Keyspace,
+    Kind,
+    check_layout,
+    floor_bucket,
+    namespace_of_meta,
+    seen_field,
+    seen_id,
+    seen_width,
+    shard_of,
+)
 
 NAMES = st.text(st.characters(blacklist_characters="\n\r", min_codepoint=33), min_size=1)
 
@@ -66,3 +81,53 @@ def test_the_floor_is_the_bucket_a_horizon_back():
     hour = 3_600_000
     assert floor_bucket(100 * hour + 5, 24 * hour, hour) == 76
     assert floor_bucket(5 * hour, 24 * hour, hour) == 0
+
+
+IDS = st.binary(min_size=16, max_size=16)
+
+
+@given(IDS, st.integers(1, 65536), st.sampled_from(LAYOUTS))
+def test_a_seen_field_and_its_shard_give_the_id_back(rid, shards, layout):
+    field = seen_field(rid, shards, layout)
+    assert len(field) == seen_width(layout, shards)
+    assert seen_id(field, shard_of(rid, shards), shards, layout) == rid
+
+
+@given(st.lists(IDS, min_size=1, max_size=50), st.integers(1, 65536), st.sampled_from(LAYOUTS))
+def test_the_seen_field_formula_and_its_vectorised_form_agree(ids, shards, layout):
+    raw = np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(-1, 16)
+    assert seen_fields(raw, shards, layout) == b"".join(seen_field(i, shards, layout) for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("shards", "width"), [(65536, 14), (1024, 15), (256, 15), (255, 16), (1, 16)]
+)
+def test_layout_2_drops_what_the_shard_says(shards, width):
+    assert seen_width(COMPACT_LAYOUT, shards) == width
+    assert seen_width(OWNER_LAYOUT, shards) == 16
+
+
+@pytest.mark.parametrize("shards", [1, 3, 255, 256, 1000, 1024, 4096, 65536])
+@pytest.mark.parametrize("tail", [bytes(14), bytes(range(14)), b"\xff" * 14])
+def test_ids_that_differ_only_in_the_bytes_that_pick_the_shard_are_never_confused(shards, tail):
+    """Every ID with one tail: each prefix lands in some shard, where no other has its field.
+
+    Many of them share a shard (65,536 prefixes over ``shards`` shards): a field of bytes
+    2..15 alone would confuse all of those.
+    """
+    ids = [p.to_bytes(2, "big") + tail for p in range(65536)]
+    placed = {(shard_of(i, shards), seen_field(i, shards, COMPACT_LAYOUT)) for i in ids}
+    assert len(placed) == len(ids)
+
+
+def test_little_endian_counters_keep_one_field_each_per_shard():
+    """Structured IDs (a counter written little-endian) differ in bytes 0-1 first."""
+    ids = [i.to_bytes(16, "little") for i in range(200_000)]
+    placed = {(shard_of(i, 1024), seen_field(i, 1024, COMPACT_LAYOUT)) for i in ids}
+    assert len(placed) == len(ids)
+
+
+def test_an_unknown_layout_is_refused_with_what_to_do():
+    assert check_layout(COMPACT_LAYOUT, "n") == COMPACT_LAYOUT
+    with pytest.raises(ConfigError, match="layout 3, which this Onceflow does not know"):
+        check_layout(3, "n")
