@@ -235,10 +235,44 @@ def child(args: argparse.Namespace) -> None:
     workdir = tempfile.mkdtemp(prefix="onceflow-bench-")
     redis_url = os.environ["REDIS_URL"]
     run_once(spark, args.child, args, redis_url, workdir, config)
+    before = redis_cpu(redis_url)
     with PeakRss(os.getpid()) as peak:
         result = run_once(spark, args.child, args, redis_url, workdir, config)
     result["rss_mb"] = peak.peaks_mb()
+    after = redis_cpu(redis_url)
+    if before is not None and after is not None:
+        result["redis_cpu_s"] = {k: after[k] - before[k] for k in after}
     print("RESULT " + json.dumps(result))
+
+
+def redis_cpu(redis_url: str) -> dict[str, float] | None:
+    """CPU seconds one Redis server has spent so far: in all, in scripts, in seen-marks.
+
+    ``total`` is the main thread's user + system time (INFO cpu), ``scripts`` the time inside
+    EVALSHA calls (Lua and the commands it runs), ``hsetnx`` that of the commit script's
+    seen-mark writes (INFO commandstats). None for a Redis Cluster (one server is not the
+    whole store) or when the server does not say.
+    """
+    settings = RedisSettings.from_env(redis_url)
+    if settings.cluster:
+        return None
+    client = redis_client(settings)
+    try:
+        cpu = client.info("cpu")
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    if "used_cpu_user_main_thread" not in cpu:
+        return None
+
+    def usec(command: str) -> float:
+        return float(stats.get(f"cmdstat_{command}", {}).get("usec", 0)) / 1e6
+
+    return {
+        "total": float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"]),
+        "scripts": usec("evalsha") + usec("eval"),
+        "hsetnx": usec("hsetnx"),
+    }
 
 
 class PeakRss:
@@ -519,6 +553,7 @@ def report(
     print(f"{'transactional / plain sink':<34} {eo[0] / plain[0]:>13.0%} {eo[1] / plain[1]:>13.0%}")
     if local:
         print_rss(runs)
+    print_redis_cpu(runs, records)
     last = runs["exactly-once"][-1]
     c = last["counters"]
     trips = sum(v for k, v in c.items() if k.endswith("/redis_round_trips"))
@@ -555,6 +590,29 @@ def report(
         )
     for mode in ("exactly-once", "at-least-once"):
         print_boundaries(mode, runs[mode][-1]["name"], connect, records)
+
+
+def print_redis_cpu(runs: dict[str, list[dict[str, Any]]], records: int) -> None:
+    """Redis server CPU per 100k records of the measured query (median), per mode.
+
+    Python's profile (bench/profile_workers.py) does not see it, yet on a small machine it
+    competes with Spark's workers for the same cores.
+    """
+    scale = 100_000 / records
+    rows = []
+    for mode, rs in runs.items():
+        cpus = [r["redis_cpu_s"] for r in rs if r.get("redis_cpu_s")]
+        if cpus:
+            rows.append((mode, [statistics.median(c[k] for c in cpus) * scale for k in cpus[0]]))
+    if not rows:
+        return
+    print()
+    print(
+        f"{'Redis server CPU s per 100k records':<34} {'total':>8} {'scripts':>8} "
+        f"{'of which seen-mark HSETNX':>26}"
+    )
+    for mode, (total, scripts, hsetnx) in rows:
+        print(f"{mode:<34} {total:>8.2f} {scripts:>8.2f} {hsetnx:>26.2f}")
 
 
 def print_rss(runs: dict[str, list[dict[str, Any]]]) -> None:

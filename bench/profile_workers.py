@@ -7,9 +7,13 @@ sample is put in the category of the innermost frame that names one (Kafka consu
 produce, Redis calls, Bloom filters, ID derivation, encoding, Arrow, user code and combines,
 Spark's worker plumbing); the table shows CPU seconds per category and process kind, both
 modes side by side. Time Python spends waiting (for Redis replies, Kafka, the JVM) is not
-CPU and is not counted: the benchmark's round trips per 1,000 records say what Redis costs.
+CPU and is not counted: ``bench/exactly_once.py`` prints the Redis server's own CPU per
+100k records (scripts, seen-mark writes) and its round trips per 1,000 records.
+``--functions N`` adds the N worker functions whose self time grows most from
+at-least-once to exactly-once (where to look next).
 
     python bench/profile_workers.py [--records 100000] [--batch 25000] [--rate 50]
+        [--functions 40]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 """
@@ -75,25 +79,37 @@ def classify(frames: list[str]) -> str:
 
 
 def process_kind(frames: list[str]) -> str:
-    """``worker`` for Spark's Python workers (forked by ``pyspark.daemon``), else ``driver``."""
+    """``worker`` for Spark's Python workers (forked by ``pyspark.daemon`` or Onceflow's warm
+    daemon, :mod:`onceflow.runtime.worker_daemon`), else ``driver``."""
     processes = [f for f in frames if f.startswith("process ")]
     last = processes[-1] if processes else ""
-    return "worker" if "pyspark.daemon" in last or "pyspark/daemon" in last else "driver"
+    daemons = ("pyspark.daemon", "pyspark/daemon", "worker_daemon")
+    return "worker" if any(d in last for d in daemons) else "driver"
 
 
-def parse_raw(path: Path, rate: int) -> dict[tuple[str, str], float]:
-    """CPU seconds per (process kind, category) from py-spy's raw (collapsed) output."""
+_LINE = re.compile(r":\d+\)$")
+
+
+def parse_raw(path: Path, rate: int) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+    """From py-spy's raw (collapsed) output: CPU seconds per (process kind, category), and
+    the workers' self time per function (the innermost frame, line numbers dropped)."""
     seconds: dict[tuple[str, str], float] = defaultdict(float)
+    functions: dict[str, float] = defaultdict(float)
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        seconds[(process_kind(frames), classify(frames))] += int(count) / rate
-    return seconds
+        kind, category = process_kind(frames), classify(frames)
+        seconds[(kind, category)] += int(count) / rate
+        if kind == "worker" and category != IDLE:
+            functions[_LINE.sub(")", frames[-1])] += int(count) / rate
+    return seconds, functions
 
 
-def profile_mode(mode: str, args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dict]:
+def profile_mode(
+    mode: str, args: argparse.Namespace, env: dict[str, str]
+) -> tuple[dict, dict, dict]:
     from exactly_once import child_command  # bench/ is on sys.path (see main)
 
     out = Path(tempfile.mkdtemp(prefix="onceflow-profile-")) / f"{mode}.txt"
@@ -122,7 +138,7 @@ def profile_mode(mode: str, args: argparse.Namespace, env: dict[str, str]) -> tu
             f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         )
         raise RuntimeError(msg)
-    return parse_raw(out, args.rate), result
+    return (*parse_raw(out, args.rate), result)
 
 
 def main() -> None:
@@ -131,6 +147,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=25_000)
     parser.add_argument("--rate", type=int, default=50, help="samples per second per process")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--functions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also list the N worker functions whose self time grows most from ALO to EO",
+    )
     args = parser.parse_args()
     if shutil.which("py-spy") is None:
         sys.exit("py-spy is not installed: pip install py-spy")
@@ -142,16 +165,18 @@ def main() -> None:
         args.topic = f"profile-{uuid.uuid4().hex[:6]}"
         produce_bids(kafka, args.topic, args.records)
         env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
-        profiles, results = {}, {}
+        profiles, functions, results = {}, {}, {}
         for mode in MODES:
             t0 = time.perf_counter()
-            profiles[mode], results[mode] = profile_mode(mode, args, env)
+            profiles[mode], functions[mode], results[mode] = profile_mode(mode, args, env)
             print(
                 f"profiled {mode} in {time.perf_counter() - t0:.0f} s "
                 f"(measured query {results[mode]['rate']:,.0f} rec/s under the profiler)",
                 flush=True,
             )
     report(profiles, results, args.records)
+    if args.functions:
+        report_functions(functions, args.records, args.functions)
 
 
 def report(profiles: dict, results: dict, records: int) -> None:
@@ -184,6 +209,22 @@ def report(profiles: dict, results: dict, records: int) -> None:
         f"{'':<8} {'micro-batches / p50 batch seconds':<44} "
         + " ".join(f"{b:>9} / {p:.2f}" for b, p in zip(batches, p50, strict=False))
     )
+
+
+def report_functions(functions: dict[str, dict[str, float]], records: int, top: int) -> None:
+    """The worker functions whose self time (per 100k records) grows most in exactly-once."""
+    scale = 100_000 / records / 2
+    names = {f for per_mode in functions.values() for f in per_mode}
+    growth = sorted(
+        names,
+        key=lambda f: functions[MODES[0]].get(f, 0) - functions[MODES[1]].get(f, 0),
+    )
+    print()
+    print(f"worker functions, self CPU seconds per 100k records (top {top} by growth)")
+    print(f"{'function':<90} " + " ".join(f"{m:>15}" for m in MODES))
+    for name in growth[:top]:
+        row = [functions[m].get(name, 0.0) * scale for m in MODES]
+        print(f"{name[:90]:<90} " + " ".join(f"{v:>15.3f}" for v in row))
 
 
 if __name__ == "__main__":
