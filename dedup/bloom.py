@@ -56,15 +56,24 @@ def shape(capacity: int, error_rate: float) -> tuple[int, int]:
     return slices, bits
 
 
-def positions(ids: Sequence[bytes], slices: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Byte and bit of each ID's positions in a filter of this shape (double hashing)."""
-    raw = np.frombuffer(b"".join(ids), dtype="<u8").reshape(-1, 2)
+def positions(
+    ids: Sequence[bytes] | bytes, slices: int, bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Byte and bit of each ID's positions in a filter of this shape (double hashing).
+
+    ``ids``: 16-byte IDs, or one blob of them end to end (as journal entries hold them).
+    """
+    blob = ids if isinstance(ids, bytes) else b"".join(ids)
+    raw = np.frombuffer(blob, dtype="<u8").reshape(-1, 2)
     a, b = raw[:, 0], raw[:, 1]
     h1 = _mix(a ^ _mix(b))
     h2 = _mix(b ^ _mix(a + _SALT))
     k = np.arange(slices, dtype=np.uint64)
     bps = np.uint64(bits)
-    pos = (h1[:, None] + k[None, :] * h2[:, None]) % bps + k * bps
+    pos = np.multiply.outer(h2, k)  # (h1 + k * h2) mod 2**64 mod bits, in place
+    pos += h1[:, None]
+    pos %= bps
+    pos += k * bps
     return (pos >> _S3).astype(np.intp), (pos & _S7).astype(np.uint8)
 
 
@@ -174,13 +183,13 @@ class ReceiverFilters:
             start += len(part)
         self.dirty.add(generation)
 
-    def add(self, ids: Sequence[bytes], generation: int) -> None:
-        """Add without asking (catching up from the journal)."""
+    def add(self, ids: Sequence[bytes] | bytes, generation: int) -> None:
+        """Add without asking (catching up from the journal); ``ids`` may be one blob."""
         if not ids:
             return
         chain = self._chain(generation)
         byte, bit = positions(ids, *self.shape)
-        found = np.zeros(len(ids), dtype=bool)
+        found = np.zeros(len(byte), dtype=bool)
         for f in chain:
             found |= f.test(byte, bit)
         self._put(generation, byte, bit, found)

@@ -25,6 +25,7 @@ import msgpack
 from onceflow.dedup.bloom import ReceiverFilters
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.session import TaskSession
+from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import ID_BYTES
 from onceflow.kernel.keyspace import seen_id
 
@@ -134,8 +135,10 @@ def _apply_journal(session: TaskSession, r: Receiver, entries: list[bytes], star
     """Add the IDs of commits ``start + 1 .. redis_seq`` (one journal entry each)."""
     for entry in entries:
         for generation, blob in msgpack.unpackb(entry, raw=False):
-            ids = [blob[i : i + ID_BYTES] for i in range(0, len(blob), ID_BYTES)]
-            r.filters.add(ids, int(generation))
+            if len(blob) % ID_BYTES:
+                msg = f"a Bloom journal entry of {r.name!r} holds {len(blob)} bytes of IDs"
+                raise CodecError(msg)
+            r.filters.add(bytes(blob), int(generation))
     if len(entries) == r.redis_seq - start:
         r.filters.seq = r.redis_seq
         r.trusted = True
