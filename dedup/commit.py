@@ -55,7 +55,7 @@ def commit_chunk(
         ]
     )
     rids = [row[1] for row in fresh]
-    fields, owns = addressing.address(stage, rids, session.generation, keys)
+    fields, runs, order = addressing.address_runs(stage, rids, session.generation, keys)
     inputs = ("", b"") if session.marks_owner or not rids else inputs_args(chunk, rids)
     lane_args: list[Any] = [len(lanes)]
     for lane, newest in lanes.items():
@@ -73,7 +73,7 @@ def commit_chunk(
         journal_entry(session.generation, b"".join(rids)),
         len(fresh),
         fields,
-        owns,
+        runs,
         session.generation,
         max((row[2] for row in fresh), default=0),
         *inputs,
@@ -85,7 +85,7 @@ def commit_chunk(
     session.round_trip()
     if reply[0] == CONFLICT:  # nothing was stored
         session.uncount({"committed": len(fresh), "out": sent})
-        conflicts = {rids[int(j) - 1] for j in reply[1]}
+        conflicts = {rids[order[int(j) - 1]] for j in reply[1]}  # positions in shard order
         session.count("duplicates", len(conflicts))
         return 0, conflicts
     session.pending.clear()

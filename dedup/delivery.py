@@ -204,7 +204,7 @@ def _mark(
             ks.generations,
         ]
     )
-    fields, owns = addressing.address(rx.name, ids, session.generation, keys)
+    fields, runs, _order = addressing.address_runs(rx.name, ids, session.generation, keys)
     journal = journal_entry(session.generation, b"".join(ids))
     args = [
         *session.fence_args(),
@@ -212,7 +212,7 @@ def _mark(
         journal,
         len(ids),
         fields,
-        owns,
+        runs,
         _YES if end_pending else "0",
         copies,
         session.generation,

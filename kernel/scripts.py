@@ -58,15 +58,21 @@ return {'ok'}
 )
 
 # Seen fields travel as one blob of n fields of one width (the blob's length over n: the same
-# scripts serve every seen-ID layout), with the KEYS index of each one's seen-ID shard (in the
-# batch's generation) as a blob of little-endian uint16: a chunk is then a handful of
-# arguments instead of thousands.
+# scripts serve every seen-ID layout), with their seen-ID shards' KEYS indices as a blob: a
+# little-endian uint16 per field (LOOKUP, per generation), or, where fields come grouped by
+# shard (COMMIT, MARK_DELIVERED), one run per shard (see onceflow.dedup.addressing.RUN). A
+# chunk is then a handful of arguments instead of thousands.
 _SEEN_FIELDS = """
 local function width_of(blob, n)
   if n > 0 then return #blob / n end
   return 0
 end
 local function field_at(blob, w, j) return string.sub(blob, w * j - w + 1, w * j) end
+-- Fields grouped by shard: runs of (KEYS index uint16, count uint32), 6 bytes each.
+local function run_at(runs, q)
+  local k, c = struct.unpack('<HI4', runs, 6 * q - 5)
+  return KEYS[k], c
+end
 """
 
 # Raise a generation's newest event time (never lower it). Used by COMMIT and MARK_DELIVERED.
@@ -111,11 +117,13 @@ end
 #       7 generations, 8 lanes, 9 lane activity, 10.. seen shards, state hashes and timer
 #       sorted sets (by index)
 # ARGV: 1 epoch, 2 token, 3 seen value (layout 1: the owner), 4 chunk field, 5 outputs blob,
-#       6 journal blob, 7 n ids, 8 seen fields blob, 9 shard index blob, 10 generation,
+#       6 journal blob, 7 n ids, 8 seen fields blob (grouped by shard), 9 shard runs blob
+#       (see _SEEN_FIELDS), 10 generation,
 #       11 newest event time of the IDs, 12 inputs field, 13 input IDs blob ('': not kept),
 #       then l, l x (lane, newest event time, batch time), then the state and timers (see
 #       _WRITE_STATE), then s, s x (stat field, increment)
-# Returns {'ok', seq} or {'conflict', positions (1-based) of the IDs already seen}.
+# Returns {'ok', seq} or {'conflict', positions (1-based, in the fields blob) of the IDs
+# already seen}; a conflict undoes the call's own writes.
 # The generation's newest event time is what GC keeps it by (see keyspace.generations).
 COMMIT = (
     FENCE
@@ -125,22 +133,30 @@ COMMIT = (
     + """
 if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {'ok', '-1'} end
 local n = tonumber(ARGV[7])
-local ids, owns = ARGV[8], ARGV[9]
+local ids, runs = ARGV[8], ARGV[9]
 local w = width_of(ids, n)
 local conflicts = {}
-local written = {}
-for j = 1, n do
-  local id = field_at(ids, w, j)
-  local own = KEYS[struct.unpack('<H', owns, 2 * j - 1)]
-  if redis.call('HSETNX', own, id, ARGV[3]) == 1 then
-    written[#written + 1] = own
-    written[#written + 1] = id
-  else
-    conflicts[#conflicts + 1] = j
+local j = 0
+for q = 1, #runs / 6 do
+  local own, c = run_at(runs, q)
+  for _ = 1, c do
+    j = j + 1
+    if redis.call('HSETNX', own, field_at(ids, w, j), ARGV[3]) == 0 then
+      conflicts[#conflicts + 1] = j
+    end
   end
 end
 if #conflicts > 0 then
-  for k = 1, #written, 2 do redis.call('HDEL', written[k], written[k + 1]) end
+  local seen = {}
+  for _, p in ipairs(conflicts) do seen[p] = true end
+  j = 0
+  for q = 1, #runs / 6 do
+    local own, c = run_at(runs, q)
+    for _ = 1, c do
+      j = j + 1
+      if not seen[j] then redis.call('HDEL', own, field_at(ids, w, j)) end
+    end
+  end
   return {'conflict', conflicts}
 end
 if n > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
@@ -198,7 +214,8 @@ return {'ok', 'done'}
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 stats, 6 pending,
 #       7 generations, 8.. seen shards
 # ARGV: 1 epoch, 2 token, 3 seen value (layout 1: the owner), 4 journal blob, 5 n, 6 seen
-#       fields blob, 7 shard index blob, 8 '1' to delete the pending delivery, 9 possible
+#       fields blob (grouped by shard), 7 shard runs blob (see _SEEN_FIELDS), 8 '1' to delete
+#       the pending delivery, 9 possible
 #       copies to count, 10 generation, 11 newest event time of the records
 # Returns {'ok', seq, how many were already marked (delivered twice)}.
 MARK_DELIVERED = (
@@ -210,13 +227,17 @@ if ARGV[8] == '1' then redis.call('DEL', KEYS[6]) end
 if tonumber(ARGV[5]) > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
 if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', KEYS[5], 'possible_copies', ARGV[9]) end
 local n = tonumber(ARGV[5])
-local ids, owns = ARGV[6], ARGV[7]
+local ids, runs = ARGV[6], ARGV[7]
 local w = width_of(ids, n)
 local again = 0
-for j = 1, n do
-  local key = KEYS[struct.unpack('<H', owns, 2 * j - 1)]
-  if redis.call('HSET', key, field_at(ids, w, j), ARGV[3]) == 0 then
-    again = again + 1
+local j = 0
+for q = 1, #runs / 6 do
+  local key, c = run_at(runs, q)
+  for _ = 1, c do
+    j = j + 1
+    if redis.call('HSET', key, field_at(ids, w, j), ARGV[3]) == 0 then
+      again = again + 1
+    end
   end
 end
 local seq = 0

@@ -195,6 +195,38 @@ def test_copies_committed_concurrently_by_two_partitions_conflict(redis_server, 
     assert conflicts == {r[1] for r in rows}, "the second commit of the same IDs is refused"
 
 
+def _stored_seen(h):
+    """How many seen-marks the namespace holds, read from Redis itself (HLEN of every shard)."""
+    ks = Keyspace(h.name)
+    return sum(h.client.hlen(k) for k in h.client.scan_iter(match=ks.seen_pattern(), count=1000))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_chunk_with_copies_scattered_over_many_shards_names_each_and_leaves_nothing(
+    redis_server, layout
+):
+    """Fields travel grouped by shard; conflicts must still name the right rows, and a
+    refused chunk must leave none of its marks behind (the redo writes them)."""
+    h = Harness(redis_server, layout, snapshot_every=1000)
+    rows = _rows(6_000, 44)  # thousands of shards touched, several IDs in most
+    taken = rows[::7] + rows[3::997]
+    a = h.task(partition=0, batch=9)
+    b = h.task(partition=1, batch=9)
+    fresh_b = b.admit(rows).fresh
+    assert len(fresh_b) == len(rows)
+    assert a.commit(0, a.admit(taken).fresh, [], {}, {}) == set()
+    assert _stored_seen(h) == len({r[1] for r in taken})
+    conflicts = b.commit(0, fresh_b, [], {}, {})
+    assert conflicts == {r[1] for r in taken}
+    assert _stored_seen(h) == len({r[1] for r in taken}), "the refused chunk left marks"
+    redo = [r for r in fresh_b if r[1] not in conflicts]
+    assert b.commit(0, redo, [], {}, {}) == set()
+    assert _stored_seen(h) == len(rows)
+    trust_mod._FILTERS.clear()
+    _, adm = h.admit(rows, partition=0)
+    assert adm.duplicates == len(rows) and not adm.fresh
+
+
 def test_an_older_attempt_that_starts_late_is_fenced_and_cannot_commit(redis_server):
     h = Harness(redis_server, snapshot_every=1000)
     live = h.task(partition=0, batch=3, attempt_id=20)

@@ -155,10 +155,10 @@ def test_a_commit_raises_its_generation_and_a_stale_forget_is_refused(redis_serv
         ks.lane_activity,
         ks.seen("s", 49, 0),
     ]
-    index = len(keys).to_bytes(2, "little")
+    run = len(keys).to_bytes(2, "little") + (1).to_bytes(4, "little")  # one field, last key
 
     def commit(chunk, rid, newest):
-        args = [1, "1:7", b"0.0", chunk, b"", b"", 1, rid, index, 49, newest, "", b"", 0, 0, 0, 0]
+        args = [1, "1:7", b"0.0", chunk, b"", b"", 1, rid, run, 49, newest, "", b"", 0, 0, 0, 0]
         # inputs not kept (layout 1), lanes 0, state values 0, timers 0, stats 0
         return client.eval(COMMIT, len(keys), *keys, *args)
 
