@@ -154,19 +154,26 @@ class ReceiverFilters:
     ) -> list[bool]:
         """Add IDs to ``generation``; True ("maybe") where a ``live`` generation may hold one.
 
-        Every live filter is asked before anything is added, and only IDs none of them knows
-        are added (a "maybe" stays one forever: adding it again would only use up capacity).
+        Every live filter is asked before anything is added. IDs are added to ``generation``
+        unless its own filters already answer "maybe" (adding again would only use up
+        capacity). A "maybe" from another generation does not spare the add: that one may
+        be a false positive, the ID is then committed in ``generation``, and the other
+        generation expires first; its filters must not be what keeps the ID known.
         """
         if not ids:
             return []
         byte, bit = positions(ids, *self.shape)
-        found = np.zeros(len(ids), dtype=bool)
+        here = np.zeros(len(ids), dtype=bool)
+        elsewhere = np.zeros(len(ids), dtype=bool)
         for g, chain in self.generations.items():
-            if g in live or g == generation:
+            if g == generation:
                 for f in chain:
-                    found |= f.test(byte, bit)
-        self._put(generation, byte, bit, found)
-        return [bool(x) for x in found]
+                    here |= f.test(byte, bit)
+            elif g in live:
+                for f in chain:
+                    elsewhere |= f.test(byte, bit)
+        self._put(generation, byte, bit, here)
+        return [bool(x) for x in here | elsewhere]
 
     def _put(self, generation: int, byte: np.ndarray, bit: np.ndarray, found: np.ndarray) -> None:
         """Add the IDs not ``found`` to a generation's chain, rotating full filters."""

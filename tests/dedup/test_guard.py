@@ -10,6 +10,7 @@ them stale, and checks that every committed ID is still recognised as a duplicat
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -193,6 +194,30 @@ def test_copies_committed_concurrently_by_two_partitions_conflict(redis_server, 
     assert a.commit(0, fresh_a, [], {}, {}) == set()
     conflicts = b.commit(0, fresh_b, [], {}, {})
     assert conflicts == {r[1] for r in rows}, "the second commit of the same IDs is refused"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_id_only_an_expired_generation_seemed_to_hold_stays_known_after_it_expires(
+    redis_server, layout
+):
+    """A false positive of an older generation's filter sends an ID to Redis, which says
+    unseen: the ID is committed in the batch's generation, and that generation's filter must
+    hold it too. Otherwise, once the older generation is no longer live, the filters would
+    answer "certainly new" for a copy, and Redis would never be asked."""
+    h = Harness(redis_server, layout, snapshot_every=1000)
+    rows = _rows(50, 45)
+    g = h.task(batch=1, generation=2)  # live: 2, 1, 0
+    g.stage.filters.add([r[1] for r in rows], 1)  # bits set in generation 1, as by chance
+    adm = g.admit(rows)
+    assert len(adm.fresh) == len(rows), "Redis says they are new"
+    assert g.commit(0, adm.fresh, [], {}, {}) == set()
+    g.close()
+    later = replace(h.params(2, 3), live=(3, 2))  # generation 1 has expired
+    ref = TaskRef(h.spec.name, 2, 0, 0, h.spec.sinks, 99)
+    g2 = h.guards.for_batch(later)(ref)
+    g2.open()
+    adm = g2.admit(_copies(rows, 60_000))
+    assert adm.duplicates == len(rows) and not adm.fresh
 
 
 def _stored_seen(h):
