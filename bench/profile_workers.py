@@ -91,8 +91,11 @@ _LINE = re.compile(r":\d+\)$")
 
 
 def parse_raw(path: Path, rate: int) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
-    """From py-spy's raw (collapsed) output: CPU seconds per (process kind, category), and
-    the workers' self time per function (the innermost frame, line numbers dropped)."""
+    """CPU seconds per (process kind, category), and per worker function, from py-spy.
+
+    The per-function time is the workers' self time (the innermost frame, line numbers
+    dropped), from py-spy's raw (collapsed) output.
+    """
     seconds: dict[tuple[str, str], float] = defaultdict(float)
     functions: dict[str, float] = defaultdict(float)
     for line in path.read_text(errors="replace").splitlines():

@@ -227,11 +227,20 @@ class ReceiverFilters:
             blobs.append(zlib.compress(buf.getvalue(), 1))
         return msgpack.packb(blobs, use_bin_type=True)  # type: ignore[no-any-return]
 
-    def load(self, generation: int, data: bytes) -> None:
-        """Replace one generation with a serialized one."""
+    def load(self, generation: int, data: bytes) -> bool:
+        """Replace one generation with a serialized one; False if it cannot be used.
+
+        Filters of another shape than these (made under other settings: a changed horizon
+        changes the error rate) are not loaded: their bits would be read at the wrong
+        positions.
+        """
         chain = []
         for packed in msgpack.unpackb(data, raw=False):
             blob = zlib.decompress(packed)
-            chain.append(IdBloomFilter.fromfile(io.BytesIO(blob), len(blob)))
+            f = IdBloomFilter.fromfile(io.BytesIO(blob), len(blob))
+            if (f.num_slices, f.bits_per_slice) != self.shape:
+                return False
+            chain.append(f)
         if chain:
             self.generations[generation] = chain
+        return True

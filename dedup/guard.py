@@ -179,12 +179,14 @@ class ExactlyOnceGuard:
         for r in self.receivers:
             pipe.get(ks.filter_seq(r.name))
             pipe.hget(ks.filter_snapshot(r.name), trust.SEQ_FIELD)
+        pipe.hkeys(ks.generations)
         replies = pipe.execute()
         s.round_trip()
         s.check(replies[0])
         for n, r in enumerate(self.receivers):
             r.redis_seq = int(replies[2 + 2 * n] or 0)
             r.snapshot_seq = int(replies[3 + 2 * n] or 0)
+        s.stored = frozenset(int(g) for g in replies[-1])
         trust.catch_up(s, self.receivers)
         replay = backup.replay(replies[1])
         self.earlier = replay.inputs

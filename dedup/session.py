@@ -37,6 +37,8 @@ class TaskSession:
     live: tuple[int, ...] = ()  # generations still looked up, newest first
     limit_ms: int | None = None  # the newest event time admitted (None: no limit)
     layout: int = NEW_LAYOUT  # the namespace's seen-ID layout (see kernel.keyspace)
+    # generations Redis still holds (GC has not forgotten them) when the task opened
+    stored: frozenset[int] = frozenset()
     counters: dict[str, int] = field(default_factory=dict)
     pending: dict[str, int] = field(default_factory=dict)
 

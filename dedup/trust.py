@@ -75,48 +75,54 @@ class Receiver:
 
 
 def catch_up(session: TaskSession, receivers: list[Receiver]) -> None:
-    """Bring each receiver's filters up to Redis's commit count before trusting them."""
-    need_journal: list[Receiver] = []
-    need_snapshot: list[Receiver] = []
+    """Bring each receiver's filters up to Redis's commit count before trusting them.
+
+    Filters behind are caught up from the journal, read with the commit count and the
+    snapshot's sequence in one atomic step (:data:`~onceflow.kernel.scripts.CATCH_UP`);
+    filters behind the snapshot (new, restarted) or ahead of Redis start from the snapshot.
+    """
+    todo = [r for r in receivers if r.filters.seq != r.redis_seq]
     for r in receivers:
-        f = r.filters
-        if f.seq == r.redis_seq:
-            r.trusted = True
-        elif r.snapshot_seq <= f.seq < r.redis_seq:
-            need_journal.append(r)
-        else:  # new, restarted, or too far behind: start from the snapshot
-            r.replace_filters(_new_filters(session.config))
-            need_snapshot.append(r)
-    if not need_journal and not need_snapshot:
+        r.trusted = r.filters.seq == r.redis_seq
+    if not todo:
         return
     ks = session.ks
     pipe = session.client.pipeline(transaction=False)
-    for r in need_journal:
-        pipe.lrange(ks.filter_journal(r.name), r.filters.seq - r.snapshot_seq, -1)
-    for r in need_snapshot:
-        pipe.hgetall(ks.filter_snapshot(r.name))
-        pipe.lrange(ks.filter_journal(r.name), 0, -1)
+    for r in todo:
+        keys = [ks.filter_seq(r.name), ks.filter_journal(r.name), ks.filter_snapshot(r.name)]
+        session.scripts.catch_up(keys=keys, args=[r.filters.seq], client=pipe)
     replies = pipe.execute()
     session.round_trip()
-    for r, entries in zip(need_journal, replies, strict=False):
-        _apply_journal(session, r, entries, r.filters.seq)
-    rest = replies[len(need_journal) :]
-    for n, r in enumerate(need_snapshot):
-        snapshot, entries = rest[2 * n], rest[2 * n + 1]
+    for r, reply in zip(todo, replies, strict=True):
+        r.redis_seq, r.snapshot_seq, entries = int(reply[0]), int(reply[1]), reply[2]
+        if len(reply) == 3:
+            _apply_journal(session, r, entries, r.filters.seq)
+            continue
+        r.replace_filters(_new_filters(session.config))
+        flat = reply[3]
+        snapshot = dict(zip(flat[::2], flat[1::2], strict=True))
         base = _load_snapshot(r, snapshot)
         session.count("bloom_loaded_snapshots", 1 if snapshot else 0)
         _apply_journal(session, r, entries, base)
 
 
 def _load_snapshot(r: Receiver, snapshot: dict[bytes, bytes]) -> int:
-    """Load every generation of a snapshot; return the commit sequence it covers."""
+    """Load every generation of a snapshot; return the commit sequence it covers.
+
+    A snapshot of filters of another shape (the settings changed) is not used: the filters
+    stay empty at sequence 0, and the journal (or, when it does not reach back that far, the
+    seen-IDs) fills them.
+    """
     base = 0
     for raw, blob in snapshot.items():
         name = raw.decode()
         if name == SEQ_FIELD:
             base = int(blob)
         elif name.startswith(GENERATION_FIELD):
-            r.filters.load(int(name[len(GENERATION_FIELD) :]), blob)
+            if not r.filters.load(int(name[len(GENERATION_FIELD) :]), blob):
+                r.filters.generations.clear()
+                r.filters.seq = 0
+                return 0
     r.filters.seq = base
     return base
 
@@ -159,7 +165,12 @@ def _rebuild(session: TaskSession, r: Receiver) -> None:
             pipe.hkeys(key)
         for key, fields in zip(keys, pipe.execute() if keys else [], strict=True):
             parsed = ks.parse(key)
-            if parsed is not None and parsed.generation is not None and parsed.shard is not None:
+            if (
+                parsed is not None
+                and parsed.name == r.name  # not another receiver the pattern also matches
+                and parsed.generation is not None
+                and parsed.shard is not None
+            ):
                 fresh.add(_ids_of(session, fields, parsed.shard), parsed.generation)
         session.round_trip()
         if cursor == 0:
@@ -179,12 +190,15 @@ def _ids_of(session: TaskSession, fields: list[bytes], shard: int) -> list[bytes
 
 
 def snapshot(session: TaskSession, r: Receiver) -> None:
-    """Snapshot a receiver's filters once enough commits went by; drop generations not live.
+    """Snapshot a receiver's filters once enough commits went by; drop forgotten generations.
 
+    Filters of a generation are dropped once it is neither live nor held by Redis (GC
+    forgot it), not as soon as it leaves a batch's live set: a raised horizon makes older
+    generations live again, and their filters must still answer for them.
     A snapshot is an optimisation (the journal remains): a failed one is not an error.
     """
     f = r.filters
-    dropped = f.keep_only({*session.live_generations, session.generation})
+    dropped = f.keep_only({*session.live_generations, session.generation, *session.stored})
     if f.seq - r.snapshot_seq < session.config.snapshot_every or not r.trusted:
         return
     ks = session.ks

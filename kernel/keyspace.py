@@ -48,6 +48,11 @@ SCAN_ALL = "*"
 _NOT_IN_NAMES = "{}\n\r :*?[]"
 
 
+def glob_escape(text: str) -> str:
+    """``text`` for a Redis SCAN/KEYS pattern that matches it literally."""
+    return "".join("\\" + c if c in "\\*?[]" else c for c in text)
+
+
 class Kind(enum.Enum):
     """The kinds of keys, by the word that follows the namespace."""
 
@@ -234,8 +239,13 @@ class Keyspace:
         return self._key(Kind.SEEN, receiver, generation, "")
 
     def seen_pattern(self, receiver: str = SCAN_ALL) -> str:
-        """SCAN pattern of seen-ID shards."""
-        return self._key(Kind.SEEN, receiver, SCAN_ALL)
+        """SCAN pattern of seen-ID shards (of one receiver: its name matched literally).
+
+        A receiver's pattern also matches receivers whose names extend it with ``:``; callers
+        that want one receiver keep the keys :meth:`parse` names it.
+        """
+        name = receiver if receiver == SCAN_ALL else glob_escape(receiver)
+        return self._key(Kind.SEEN, name, SCAN_ALL)
 
     def filter_seq(self, receiver: str) -> str:
         """Counter: commits to a receiver (its Bloom filters say which they cover)."""

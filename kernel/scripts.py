@@ -306,6 +306,23 @@ return out
 """
 )
 
+# What a receiver's Bloom filters need to catch up, read in one atomic step: read apart, a
+# snapshot another worker takes in between trims the journal under the offset.
+# KEYS: 1 filter seq, 2 filter journal, 3 snapshot hash
+# ARGV: 1 the commit sequence the filters cover
+# Returns {commits, snapshot seq, journal entries after the covered commit} when the journal
+# reaches back that far, else {commits, snapshot seq, the whole journal, the snapshot hash as
+# field, value, ...} (filters behind the snapshot, or ahead of Redis: start from it).
+CATCH_UP = """
+local commits = tonumber(redis.call('GET', KEYS[1]) or '0')
+local base = tonumber(redis.call('HGET', KEYS[3], 'seq') or '0')
+local covered = tonumber(ARGV[1])
+if base <= covered and covered <= commits then
+  return {commits, base, redis.call('LRANGE', KEYS[2], covered - base, -1)}
+end
+return {commits, base, redis.call('LRANGE', KEYS[2], 0, -1), redis.call('HGETALL', KEYS[3])}
+"""
+
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 snapshot hash
 # ARGV: 1 epoch, 2 token, 3 seq covered, 4 n, n x (field, blob), then d, d x field
 SNAPSHOT = (
@@ -431,6 +448,7 @@ class Scripts:
         self.note_writer = register(NOTE_WRITER)
         self.lookup = register(LOOKUP)
         self.snapshot = register(SNAPSHOT)
+        self.catch_up = register(CATCH_UP)
         self.batch_params = register(BATCH_PARAMS)
         self.ack = register(ACK)
         self.forget_generation = register(FORGET_GENERATION)
