@@ -171,7 +171,9 @@ def fix_batch_params(
         config.horizon_ms,
         config.floor(wm),
         generation,
-        live_generations(client, ks, generation, wm - config.horizon_ms),
+        # from the start of the floor bucket: admission keeps every record from there on
+        # (late is per bucket), so the generations holding them must still be looked up
+        live_generations(client, ks, generation, config.floor(wm) * config.bucket_ms),
         event_time.limit(now),
         int(layout or OWNER_LAYOUT),  # a namespace pinned before layouts existed: layout 1
     )

@@ -82,6 +82,24 @@ def test_a_replayed_batch_keeps_the_parameters_of_its_first_attempt(redis_server
     assert nxt.horizon_ms == 2 * HOUR and nxt.watermark > first.watermark, "the next batch moves"
 
 
+def test_a_generation_holding_admitted_records_is_looked_up(redis_server):
+    """Admission keeps records from the start of the floor bucket; a generation whose newest
+    record is older than the watermark minus the horizon, but in that bucket, still holds
+    records a copy of which would be admitted: it stays live."""
+    client = redis_server.client()
+    ks = _namespace(client)
+    client.hset(ks.lanes, mapping={"t:0": NOW - HOUR})
+    client.hset(ks.lane_activity, mapping={"t:0": NOW})
+    config = DedupConfig.of(horizon="24h")
+    first = fix_batch_params(client, ks, 1, 7, config, EventTime())
+    oldest_admitted = first.floor * config.bucket_ms
+    assert oldest_admitted < first.watermark - config.horizon_ms, "the bucket starts earlier"
+    client.hset(ks.generations, mapping={3: oldest_admitted + 1})
+    nxt = fix_batch_params(client, ks, 1, 8, config, EventTime())
+    assert nxt.floor == first.floor
+    assert 3 in nxt.live
+
+
 def test_a_fenced_driver_cannot_fix_a_batch(redis_server):
     client = redis_server.client()
     ks = _namespace(client)
