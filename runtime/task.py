@@ -416,28 +416,39 @@ class TaskRun:
             self.count("already_delivered", skipped)
         if not todo:
             return []
+        records = decode_outputs(todo, target)
         if not self.guard.mode.ids:
-            return self.refused_letters(target, writer.write(decode_outputs(todo, target)))
+            return self.refused_letters(target, writer.write(records))
         if isinstance(writer, TransactionalWriter):
-            rejected = self._deliver_in_transaction(target, writer, todo)
+            rejected = self._deliver_in_transaction(target, writer, todo, records)
         else:
             self.guard.prepare_delivery(target.index, NO_MARKER, todo)
-            rejected = writer.write(decode_outputs(todo, target))
+            rejected = writer.write(records)
             rejected += writer.flush()
             crashpoint("after_sink_write", self.spec.name, self.batch, self.partition, self.attempt)
-        self.guard.delivered(target.index, todo)
+        # Refused records are not marked: their dead letters are not durable yet, and a
+        # retry that finds them unmarked refuses them again and makes the same letters.
+        self.guard.delivered(target.index, accepted(todo, records, rejected))
         return self.refused_letters(target, rejected)
 
     def _deliver_in_transaction(
-        self, target: TargetSpec, writer: TransactionalWriter, todo: list[Output]
+        self,
+        target: TargetSpec,
+        writer: TransactionalWriter,
+        todo: list[Output],
+        records: list[Record],
     ) -> list[Rejected]:
         """Write, prepare, remember as pending, commit: the records become visible once."""
-        records = decode_outputs(todo, target)
         rejected: list[Rejected] = []
         self.guard.note_writer(target.index, writer.identity)  # before it begins
         self.noted[target.index] = writer.identity
+        sending = records
         while True:
-            rejected += writer.write(records)
+            refused = writer.write(sending)
+            rejected += refused
+            if refused:  # refused before sending: not again in a redone transaction
+                bad = {id(rec) for rec, _ in refused}
+                sending = [r for r in sending if id(r) not in bad]
             crashpoint(
                 "in_sink_transaction", self.spec.name, self.batch, self.partition, self.attempt
             )
@@ -447,8 +458,9 @@ class TaskRun:
             except PoisonInTransaction as poison:  # the transaction was aborted: again without
                 rejected += poison.rejected
                 bad = {id(rec) for rec, _ in poison.rejected}
-                records = [r for r in records if id(r) not in bad]
-        self.guard.prepare_delivery(target.index, marker, todo)
+                sending = [r for r in sending if id(r) not in bad]
+        # the pending delivery names what becomes visible: a recovery marks exactly that
+        self.guard.prepare_delivery(target.index, marker, accepted(todo, records, rejected))
         crashpoint("after_sink_write", self.spec.name, self.batch, self.partition, self.attempt)
         writer.commit()
         crashpoint("after_sink_commit", self.spec.name, self.batch, self.partition, self.attempt)
@@ -584,6 +596,14 @@ def ahead_reason(ts: int, limit: int | None) -> str:
         f"admitted: {limit}): a producer's clock is wrong{hint}; it is not processed, so it "
         "cannot move the watermark (raise EventTime.max_ahead if such times are real)"
     )
+
+
+def accepted(todo: list[Output], records: list[Record], rejected: list[Rejected]) -> list[Output]:
+    """The outputs whose records (``records[i]`` is ``todo[i]``'s) the sink did not refuse."""
+    if not rejected:
+        return todo
+    refused = {id(rec) for rec, _ in rejected}
+    return [o for o, rec in zip(todo, records, strict=True) if id(rec) not in refused]
 
 
 def decode_outputs(outputs: Iterable[Output], target: TargetSpec) -> list[Record]:

@@ -1,0 +1,174 @@
+"""Records a sink refuses for good become dead letters, once each, and are never lost.
+
+A refused record is not marked delivered: until its dead letter is durable, a retry must find
+it undelivered, be refused again and make the same letter (same ID, so the dead-letter sink
+takes it once). A record refused before it was sent is not refused again in a transaction
+redone after a poison record (two letters with one ID reached the dead-letter sink).
+Sinks here are in-memory recorders of what became visible; dedup runs on a real Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+
+import pytest
+
+from onceflow.connectors.base import (
+    PoisonInTransaction,
+    SinkConnector,
+    SinkWriter,
+    TransactionalWriter,
+)
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka import KafkaSource
+from onceflow.dedup.batch import BatchParams
+from onceflow.dedup.config import DedupConfig
+from onceflow.dedup.guard import ExactlyOnceGuards
+from onceflow.kernel import codec
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.records import Output, TaskRef
+from onceflow.kernel.settings import RedisSettings
+from onceflow.pipeline import Pipeline
+from onceflow.runtime.task import TaskRun
+from tests.dedup.test_guard import TS, _rows
+
+pytestmark = pytest.mark.redis
+
+
+class Recorder(SinkConnector):
+    """A plain sink that keeps what it was given, refuses elements whose ``i`` is in
+    ``refuse``, and fails its first ``failures`` writes (a broker that is briefly away)."""
+
+    def __init__(self, refuse: Sequence[int] = (), failures: int = 0) -> None:
+        self.refuse, self.failures = set(refuse), failures
+        self.visible: list[tuple[bytes, object]] = []
+
+    def describe(self) -> str:
+        return "recorder"
+
+    def open(self, task):
+        return _Plain(self)
+
+
+class _Plain(SinkWriter):
+    def __init__(self, sink: Recorder) -> None:
+        self.sink = sink
+
+    def write(self, records):
+        if self.sink.failures:
+            self.sink.failures -= 1
+            raise ConnectorError("the sink is away")
+        refused = []
+        for r in records:
+            if isinstance(r.elem, dict) and r.elem.get("i") in self.sink.refuse:
+                refused.append((r, "refused: too big"))
+            else:
+                self.sink.visible.append((r.id, r.elem))
+        return refused
+
+
+class Transactional(SinkConnector):
+    """Refuses ``too_big`` before sending; the broker refuses ``poison`` once at prepare."""
+
+    def __init__(self, too_big: int, poison: int) -> None:
+        self.too_big, self.poison = too_big, poison
+        self.visible: list[tuple[bytes, object]] = []
+        self.poisoned = False
+
+    def describe(self) -> str:
+        return "transactional recorder"
+
+    def open(self, task):
+        return _Txn(self)
+
+
+class _Txn(TransactionalWriter):
+    def __init__(self, sink: Transactional) -> None:
+        self.sink, self.open_txn = sink, []
+
+    @property
+    def identity(self) -> str:
+        return "recorder-1"
+
+    def settle(self, identities: Sequence[str]) -> None:
+        self.open_txn = []
+
+    def write(self, records):
+        refused = []
+        for r in records:
+            if r.elem["i"] == self.sink.too_big:
+                refused.append((r, "too big"))
+            else:
+                self.open_txn.append(r)
+        return refused
+
+    def prepare(self) -> str:
+        bad = [r for r in self.open_txn if r.elem["i"] == self.sink.poison]
+        if bad and not self.sink.poisoned:
+            self.sink.poisoned = True
+            self.open_txn = []
+            raise PoisonInTransaction([(bad[0], "the broker refused it")])
+        return "marker"
+
+    def commit(self) -> None:
+        self.sink.visible.extend((r.id, r.elem) for r in self.open_txn)
+        self.open_txn = []
+
+    def committed(self, marker: str) -> bool:
+        return False
+
+
+def _stage(redis_server, sink, dead):
+    name = f"refused-{uuid.uuid4().hex[:8]}"
+    p = Pipeline(name, dead_letters=dead)
+    p.read("events", KafkaSource("in", bootstrap_servers="127.0.0.1:1")).map(
+        "same", lambda e: e
+    ).write("out", sink)
+    spec = p.job().stages[0].with_dead_letters(dead)
+    redis_server.client().incr(Keyspace(name).epoch)
+    params = BatchParams(0, TS, TS, TS, 24 * 3_600_000, 0, 0, (0,), TS * 2)
+    guards = ExactlyOnceGuards(RedisSettings(redis_server.url), name, 1, DedupConfig())
+    return spec, guards.for_batch(params)
+
+
+def _committed_chunk(spec, guards, n, seed):
+    """An attempt that committed a chunk of ``n`` records (``{"i": 0..n-1}``) as its outputs."""
+    rows = _rows(n, seed)
+    outs = [Output(0, rid, ts, None, codec.encode(elem)) for _p, rid, ts, _k, elem in rows]
+    task = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 1))
+    task.guard.open()
+    assert task.guard.commit(0, rows, outs, {}, {}) == set()
+    return task, outs
+
+
+def test_a_refused_record_whose_dead_letter_failed_is_refused_again_on_retry(redis_server):
+    sink, dead = Recorder(refuse={3}), Recorder(failures=1)
+    spec, guards = _stage(redis_server, sink, dead)
+    first, outs = _committed_chunk(spec, guards, 5, 7)
+    with pytest.raises(ConnectorError):  # the dead-letter sink was away: the task is retried
+        list(first.emit(outs))
+    first.close(False)
+    retry = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 2))
+    list(retry.run(iter([])))  # replays the backup
+    retry.close(True)
+    assert sorted(e["i"] for _id, e in sink.visible) == [0, 1, 2, 4]
+    assert [json.loads(e["value"]) for _id, e in dead.visible] == [{"i": 3}]
+    dead_sink = spec.targets[spec.dead_target].name
+    pending = Keyspace(spec.pipeline).pending(f"{dead_sink}/delivered", 0)
+    assert not redis_server.client().exists(pending), "no delivery left pending"
+
+
+def test_a_record_refused_before_sending_is_one_dead_letter_after_a_poisoned_transaction(
+    redis_server,
+):
+    sink, dead = Transactional(too_big=1, poison=2), Recorder()
+    spec, guards = _stage(redis_server, sink, dead)
+    task, outs = _committed_chunk(spec, guards, 4, 9)
+    list(task.emit(outs))
+    task.close(True)
+    assert sorted(e["i"] for _id, e in sink.visible) == [0, 3]
+    letters = sorted(json.loads(e["value"])["i"] for _id, e in dead.visible)
+    assert letters == [1, 2], "one letter per refused record"
+    assert len({rid for rid, _e in dead.visible}) == 2
