@@ -34,7 +34,13 @@ from typing import Any
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError
 from onceflow.kernel.eventtime import EventTime, watermark
-from onceflow.kernel.keyspace import LAYOUT_FIELD, NEW_LAYOUT, OWNER_LAYOUT, Keyspace
+from onceflow.kernel.keyspace import (
+    GC_FLOOR_FIELD,
+    LAYOUT_FIELD,
+    NEW_LAYOUT,
+    OWNER_LAYOUT,
+    Keyspace,
+)
 from onceflow.kernel.scripts import scripts_for
 
 _MS_PER_S = 1000
@@ -152,7 +158,8 @@ def fix_batch_params(
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(ks.clock)
     pipe.hget(ks.meta, LAYOUT_FIELD)
-    clock_fields, layout = pipe.execute()
+    pipe.hget(ks.gc, GC_FLOOR_FIELD)
+    clock_fields, layout, deleted_below = pipe.execute()
     clock = {_text(k): int(_text(v)) for k, v in clock_fields.items()}
     # batch times never go back, even if Redis's clock does (TTLs and GC rely on that)
     now = max(redis_time_ms(client), clock.get("time", 0))
@@ -163,17 +170,20 @@ def fix_batch_params(
     else:  # the namespace's first batch: the dedup time starts at the wall clock
         tau = now
     generation = config.bucket(tau)
+    floor = config.floor(wm)
+    if deleted_below is not None:  # never below what GC may have deleted (a raised horizon)
+        floor = max(floor, -(-int(_text(deleted_below)) // config.bucket_ms))
     params = BatchParams(
         batch,
         now,
         wm,
         tau,
         config.horizon_ms,
-        config.floor(wm),
+        floor,
         generation,
         # from the start of the floor bucket: admission keeps every record from there on
         # (late is per bucket), so the generations holding them must still be looked up
-        live_generations(client, ks, generation, config.floor(wm) * config.bucket_ms),
+        live_generations(client, ks, generation, floor * config.bucket_ms),
         event_time.limit(now),
         int(layout or OWNER_LAYOUT),  # a namespace pinned before layouts existed: layout 1
     )

@@ -218,7 +218,7 @@ class Keyspace:
 
     @property
     def gc(self) -> str:
-        """Hash: what the last GC pass did."""
+        """Hash: what the last GC pass did, and how far GC has ever deleted (GC_FLOOR_FIELD)."""
         return self._key(Kind.GC)
 
     # per stage partition
@@ -344,6 +344,9 @@ def shard_of(rid: bytes, shards: int) -> int:
 
 # Seen-ID layouts (see the module docstring); the meta field that pins a namespace's.
 LAYOUT_FIELD = "layout"
+# Field of the GC hash: GC may have deleted seen-IDs of records older than this (it only rises,
+# and is raised before anything is deleted); batches admit no record older than it again.
+GC_FLOOR_FIELD = "forgotten_below_ms"
 OWNER_LAYOUT = 1
 COMPACT_LAYOUT = 2
 NEW_LAYOUT = COMPACT_LAYOUT  # what a namespace created now gets

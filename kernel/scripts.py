@@ -393,7 +393,8 @@ redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]
 """
 
-# The driver folds partition scopes' generations into the namespace's (see kernel.scopes).
+# The driver folds partition scopes' generations into the namespace's (see kernel.scopes);
+# GC raises its floor field with it too (any hash whose fields only rise).
 # KEYS: 1 generations. ARGV: g x (generation, newest event time). Returns how many rose.
 RAISE_GENERATIONS = """
 local n = 0

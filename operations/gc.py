@@ -40,7 +40,14 @@ from onceflow.dedup.batch import BatchParams, read_batch_params
 from onceflow.dedup.trust import GENERATION_FIELD
 from onceflow.kernel.durations import DAY_MS, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import META_PATTERN, Keyspace, Kind, ParsedKey, namespace_of_meta
+from onceflow.kernel.keyspace import (
+    GC_FLOOR_FIELD,
+    META_PATTERN,
+    Keyspace,
+    Kind,
+    ParsedKey,
+    namespace_of_meta,
+)
 from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.kernel.scripts import scripts_for
 
@@ -211,6 +218,10 @@ def collect(
     watermark = params.watermark if params is not None else 0
     threshold = watermark - horizon_ms - bucket_ms * SLACK_BUCKETS if watermark > 0 else None
     limit = params.generation if params is not None else None
+    if threshold is not None and not dry_run:
+        # before anything is deleted: later batches never admit older records again (a raised
+        # horizon would otherwise admit copies whose seen-IDs are gone)
+        scripts_for(client).raise_generations(keys=[ks.gc], args=[GC_FLOOR_FIELD, threshold])
     garbage = _forget_generations(client, ks, threshold, limit, dry_run)
     result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, threshold, garbage)
     expired_by = params.time_ms if params is not None else None

@@ -364,3 +364,64 @@ def test_gc_concurrent_with_a_crashing_pipeline_loses_and_duplicates_nothing(
     assert st.backups_pending <= 2 * 4  # at most the last batch's (stages x partitions)
     assert st.generations, "status shows the generations kept"
     assert any(p.garbage.forgotten for p in gc.passes), "GC never forgot a generation"
+
+
+@pytest.mark.parametrize("collected", [False, True], ids=["no-gc", "after-gc"])
+def test_a_horizon_raised_after_gc_turns_copies_of_deleted_ids_into_late_records(
+    redis_server, collected
+):
+    """GC deleted the seen-IDs below its threshold; a horizon raised afterwards must not
+    admit copies of those records as new (they become late dead letters instead). Without
+    GC, the raised horizon finds them as duplicates."""
+    from onceflow.dedup import trust as trust_mod
+    from onceflow.dedup.batch import fix_batch_params
+    from onceflow.dedup.config import DedupConfig
+    from onceflow.dedup.guard import ExactlyOnceGuards
+    from onceflow.kernel.eventtime import EventTime
+    from onceflow.kernel.keyspace import LAYOUT_FIELD, NEW_LAYOUT
+    from onceflow.kernel.records import TaskRef
+    from onceflow.kernel.settings import RedisSettings
+    from tests.dedup.test_guard import _copies, _rows, _spec
+
+    hour = 3_600_000
+    client = redis_server.client()
+    name = f"gc-raise-{uuid.uuid4().hex[:6]}"
+    ks = Keyspace(name)
+    client.incr(ks.epoch)
+    client.hset(ks.meta, mapping={"bucket_ms": hour, "horizon_ms": hour, LAYOUT_FIELD: NEW_LAYOUT})
+    spec = _spec(name)
+    start = (int(client.time()[0]) * 1000 // hour - 10) * hour  # 10 h ago, a bucket's start
+    short, long = (DedupConfig(bucket_ms=hour, horizon_ms=h * hour) for h in (1, 24))
+
+    def guard(config, params, attempt):
+        g = ExactlyOnceGuards(RedisSettings(redis_server.url), name, 1, config).for_batch(params)
+        g = g(TaskRef(spec.name, params.batch, 0, 0, spec.sinks, attempt))
+        g.open()
+        return g
+
+    def ran(batch, watermark):
+        """Parameters of a batch that ran with the 1 h horizon, in the watermark's bucket."""
+        bucket = watermark // hour
+        return BatchParams(
+            batch, watermark, watermark, watermark, hour, bucket - 1, bucket, (bucket,), 2 * start
+        )
+
+    rows = [(p, rid, start + i, kb, e) for i, (p, rid, _ts, kb, e) in enumerate(_rows(200, 3))]
+    g = guard(short, ran(0, start), 1)
+    assert g.commit(0, g.admit(rows).fresh, [], {}, {}) == set()
+    g.close()
+    later = ran(5, start + 4 * hour)  # batches 1..5 moved the watermark 4 h on
+    client.hset(ks.batch(5), mapping=later.as_fields())
+    client.set(ks.acked, 5)
+    if collected:
+        assert start // hour in collect(client, name).garbage.forgotten
+    client.hset(ks.meta, "horizon_ms", 24 * hour)  # the operator raises the horizon
+    client.hset(ks.lanes, mapping={"t:0": start + 4 * hour})
+    client.hset(ks.lane_activity, mapping={"t:0": start + 4 * hour})
+    params = fix_batch_params(client, ks, 1, 6, long, EventTime())
+    trust_mod._FILTERS.clear()
+    adm = guard(long, params, 2).admit(_copies(rows, 60_000))
+    if collected:
+        assert len(adm.late) == len(rows) and not adm.fresh
+    else:
+        assert adm.duplicates == len(rows) and not adm.fresh
