@@ -143,10 +143,22 @@ def ts_header(ts_ms: int) -> bytes:
     return str(int(ts_ms)).encode()
 
 
-def parse_ts_header(value: bytes) -> int:
-    """Decode an ``onceflow-ts`` header."""
-    try:
-        return int(value)
-    except ValueError:
-        msg = f"the {TS_HEADER!r} header must hold decimal milliseconds, found {value!r}"
-        raise CodecError(msg) from None
+_MIN_TS, _MAX_TS = -(2**63), 2**63 - 1
+
+
+def check_event_time(ts: int) -> int:
+    """``ts`` if it fits an event time (signed 64-bit milliseconds), else a CodecError."""
+    if not _MIN_TS <= ts <= _MAX_TS:
+        msg = f"event time {ts} does not fit 64-bit milliseconds"
+        raise CodecError(msg)
+    return ts
+
+
+def parse_ts_header(value: bytes | None) -> int:
+    """Decode an ``onceflow-ts`` header: decimal milliseconds (ASCII digits, optional '-')."""
+    text = bytes(value or b"")
+    digits = text[1:] if text.startswith(b"-") else text
+    if not digits.isdigit() or len(digits) > 19:  # isdigit() on bytes: ASCII digits only
+        msg = f"the {TS_HEADER!r} header must hold decimal milliseconds, found {text[:40]!r}"
+        raise CodecError(msg)
+    return check_event_time(int(text))

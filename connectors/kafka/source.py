@@ -234,9 +234,9 @@ def _decode_one(
     source, lane, topic, part, offset, kts, key, value, hdrs = raw
     origin = f"{lane}@{offset}"
     position = ids.from_position(source, topic, part, offset) if with_ids else b""
-    gap = hdrs.get(ids.GAP_HEADER)
+    gap = _gap_of(offset, kts, key, value, hdrs)
     if gap is not None:
-        return _gap_letter(source, origin, position, gap)
+        return _gap_letter(source, origin, position, *gap)
     try:
         elem = codec.decode(value) if value is not None else None
         if envelope:
@@ -268,9 +268,27 @@ def _decode_one(
     return Record(rid, ts, elem, lane, offset)
 
 
-def _gap_letter(source: str, origin: str, position: bytes, gap: bytes) -> DeadLetter:
+def _gap_of(
+    offset: int, kts: int, key: bytes | None, value: bytes | None, hdrs: dict[str, bytes]
+) -> tuple[int, int] | None:
+    """``(first, after)`` if the row is the reader's own marker for deleted records.
+
+    Only a row exactly as :func:`onceflow.connectors.kafka.worker._gap` makes it counts (no
+    key, value or timestamp, the gap header alone, starting at the row's offset): a record
+    that merely carries such a header (a producer set or forwarded it) is an ordinary record.
+    """
+    gap = hdrs.get(ids.GAP_HEADER)
+    if gap is None or len(hdrs) != 1 or key is not None or value is not None or kts != 0:
+        return None
+    try:
+        first, after = (int(x) for x in bytes(gap).decode("ascii").split("-"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return (first, after) if first == offset and after > first else None
+
+
+def _gap_letter(source: str, origin: str, position: bytes, first: int, after: int) -> DeadLetter:
     """The dead letter standing for records deleted before the pipeline read them."""
-    first, after = (int(x) for x in gap.decode().split("-"))
     error = (
         f"offsets {first}..{after - 1} were deleted (retention or delete_records) before the "
         f"pipeline read them: {after - first} records lost upstream"
@@ -285,9 +303,8 @@ def _record_id(
     elem: Any,
 ) -> bytes:
     """The ``onceflow-id`` header, else the user's id function, else the record's position."""
-    header = headers.get(ids.ID_HEADER)
-    if header is not None:
-        return ids.from_header(header)
+    if ids.ID_HEADER in headers:  # a header without a value is an error, not "no header"
+        return ids.from_header(headers[ids.ID_HEADER])
     if id_fn is not None:
         return ids.from_user_key(id_fn(elem))
     return position
@@ -300,5 +317,5 @@ def _event_time(
     if header is not None:
         return ids.parse_ts_header(header)
     if ts_fn is not None:
-        return int(ts_fn(elem))
+        return ids.check_event_time(int(ts_fn(elem)))
     return int(kafka_ts)

@@ -1,0 +1,98 @@
+"""The Kafka source's decoding of raw rows, without a broker: what a header can and cannot make
+of a record. A header a producer set (or forwarded) never drops a record's value or stops the
+pipeline; bad ones make dead letters with their reason."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from onceflow.connectors.kafka.source import KafkaSource
+from onceflow.connectors.kafka.worker import RAW_COLUMNS, _gap, pack_headers
+from onceflow.kernel import ids
+from onceflow.kernel.errors import CodecError
+from onceflow.kernel.records import DeadLetter, Record
+
+
+def _decode(rows):
+    """Decoded items of raw rows ``(offset, kafka ts, key, value, headers)`` of ``t:0``."""
+    offsets, kts, keys, values, headers = zip(*rows, strict=True)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(["t"] * len(rows), pa.string()),
+            pa.array([0] * len(rows), pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pa.array(kts, pa.int64()),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array([pack_headers(h) for h in headers], pa.binary()),
+        ],
+        names=list(RAW_COLUMNS),
+    )
+    return list(KafkaSource("t", bootstrap_servers="127.0.0.1:1").decoder("src", True)(batch))
+
+
+@pytest.mark.parametrize("gap", [b"oops", b"5-3", b"7-9", b"\xff"])
+def test_a_gap_header_on_an_ordinary_record_leaves_it_an_ordinary_record(gap):
+    [item] = _decode([(7, 1, None, b'{"x": 1}', [(ids.GAP_HEADER, gap)])])
+    assert isinstance(item, Record) and item.elem == {"x": 1}
+
+
+def test_the_readers_own_gap_marker_is_a_data_loss_dead_letter():
+    marker = _gap("t", 0, 40, 45, 50, "report").to_pylist()[0]
+    row = (40, 0, None, None, [(ids.GAP_HEADER, b"40-45")])
+    assert (marker["offset"], marker["ts"], marker["key"], marker["value"]) == row[:4]
+    assert marker["headers"] == pack_headers(row[4])
+    [letter] = _decode([row])
+    assert isinstance(letter, DeadLetter) and letter.code == "data_loss" and letter.lost == 5
+
+
+def test_an_id_header_without_a_value_is_a_dead_letter_not_a_position_id():
+    [letter] = _decode([(3, 1, None, b"1", [(ids.ID_HEADER, None)])])
+    assert isinstance(letter, DeadLetter) and letter.code == "no_id"
+
+
+@pytest.mark.parametrize("ts", [b"1" + b"0" * 30, b" 1_000 ", b"12x", b"", b"\xd9\xa1\xd9\xa2"])
+def test_an_event_time_header_that_is_not_64_bit_milliseconds_is_a_dead_letter(ts):
+    [letter] = _decode([(9, 1, None, b"1", [(ids.TS_HEADER, ts)])])
+    assert isinstance(letter, DeadLetter) and letter.code == "no_time"
+
+
+def test_event_time_headers_in_range_are_read():
+    assert ids.parse_ts_header(b"-5") == -5
+    assert ids.parse_ts_header(ids.ts_header(2**63 - 1)) == 2**63 - 1
+    with pytest.raises(CodecError):
+        ids.parse_ts_header(b"9" * 19 + b"9")
+
+
+def test_a_timestamp_function_beyond_64_bits_is_a_dead_letter():
+    src = KafkaSource("t", bootstrap_servers="127.0.0.1:1", timestamp=lambda e: 10**30)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(v, t)
+            for v, t in zip(
+                (["t"], [0], [1], [1], [None], [b"1"], [None]),
+                (
+                    pa.string(),
+                    pa.int32(),
+                    pa.int64(),
+                    pa.int64(),
+                    pa.binary(),
+                    pa.binary(),
+                    pa.binary(),
+                ),
+                strict=True,
+            )
+        ],
+        names=list(RAW_COLUMNS),
+    )
+    [letter] = src.decoder("src", True)(batch)
+    assert isinstance(letter, DeadLetter) and letter.code == "no_time"
+
+
+def test_the_same_uuid_as_text_or_bytes_is_one_id():
+    u = uuid.uuid4()
+    forms = [u.bytes, str(u).encode(), str(u).upper().encode(), f" {u}\n".encode()]
+    assert {ids.from_header(f) for f in forms} == {u.bytes}
