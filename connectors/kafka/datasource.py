@@ -123,6 +123,27 @@ def fetched_highwater(consumer: Any, tps: list[Any]) -> dict[str, int]:
     raise ConnectorError(msg)
 
 
+def went_back(ends: dict[str, int], start: dict[str, int]) -> None:
+    """Stop when a partition now ends before where the pipeline already read to.
+
+    Its log went back: the topic was deleted and re-created, or an unclean leader election
+    truncated it. Reading on from the old offset would skip the new records below it in
+    silence, and the new records' positions (topic, partition, offset) repeat the IDs of
+    records already read: neither can be told apart from what happened before.
+    """
+    behind = {key: (start[key], end) for key, end in ends.items() if end < start[key]}
+    if not behind:
+        return
+    where = ", ".join(f"{key} ends at {end}, read up to {at}" for key, (at, end) in behind.items())
+    msg = (
+        f"Kafka partitions went back ({where}): the topic was deleted and re-created or "
+        "truncated, and its new records cannot be told apart from the ones already read. "
+        "Nothing was skipped: the run stops. To read the topic anew, start the pipeline "
+        "over under another name (or `onceflow reset` it) with a fresh checkpoint"
+    )
+    raise ConnectorError(msg)
+
+
 class KafkaDataSource(DataSource):
     """``spark.readStream.format("onceflow_kafka").option("config", json)``."""
 
@@ -206,6 +227,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if key not in current:  # a partition added since the query started
                 begin = begin if begin is not None else self._beginnings(tps)
                 current[key] = begin[key]
+        went_back(marks, current)
         end = {}
         for key, hw in marks.items():
             top = hw if self.target is None else min(hw, self.target.get(key, current[key]))

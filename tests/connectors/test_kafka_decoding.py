@@ -96,3 +96,22 @@ def test_the_same_uuid_as_text_or_bytes_is_one_id():
     u = uuid.uuid4()
     forms = [u.bytes, str(u).encode(), str(u).upper().encode(), f" {u}\n".encode()]
     assert {ids.from_header(f) for f in forms} == {u.bytes}
+
+
+def test_a_partition_that_went_back_stops_the_run_instead_of_skipping_records():
+    from pyspark.sql.datasource import ReadAllAvailable
+
+    from onceflow.connectors.errors import ConnectorError
+    from onceflow.connectors.kafka.datasource import KafkaStreamReader
+
+    reader = KafkaStreamReader({"bootstrap": "127.0.0.1:1", "topics": ["t"]})
+    reader._partitions = lambda: ["t:0", "t:1"]  # no broker: the reader's own lookups
+    ends = {"t:0": 5, "t:1": 1_200}  # t:0 re-created: 5 records where 1,000 were read
+    reader._highwater = lambda tps: dict(ends)
+    with pytest.raises(ConnectorError, match="t:0 ends at 5, read up to 1000"):
+        reader.latestOffset({"t:0": 1_000, "t:1": 1_000}, ReadAllAvailable())
+    ends["t:0"] = 1_000
+    assert reader.latestOffset({"t:0": 1_000, "t:1": 1_000}, ReadAllAvailable()) == {
+        "t:0": 1_000,
+        "t:1": 1_200,
+    }
