@@ -342,6 +342,20 @@ class StageBody:
             return f"{read_at} (record {parent.hex()}, {where})"
         return f"record {parent.hex()} ({where})" if parent else where
 
+    def counts(self) -> tuple[int, dict[str, int], dict[str, int]]:
+        """Dead letters (in all, per code) and closed-window parts counted so far."""
+        closed = {
+            n: c.closed_parts for n, c in self.combines.items() if isinstance(c, WindowedCombine)
+        }
+        return self.dead_count, dict(self.dead_codes), closed
+
+    def restore_counts(self, saved: tuple[int, dict[str, int], dict[str, int]]) -> None:
+        """Counts back as :meth:`counts` saw them: a redone chunk must not count twice."""
+        self.dead_count, codes, closed = saved
+        self.dead_codes = dict(codes)
+        for name, n in closed.items():
+            self.combines[name].closed_parts = n  # type: ignore[union-attr]
+
     def dead(self, letter: DeadLetter) -> None:
         """Send a dead letter to the stage's dead-letter output."""
         self.dead_count += 1

@@ -256,6 +256,7 @@ class TaskRun:
             self._refuse(row, ahead_reason(row[2], self.guard.limit_ms), "ahead")
         fresh = admission.fresh
         before = carried + self.body.take()
+        counts = self.body.counts()
         while True:
             self.body.run(fresh)
             updates = self.body.state_updates(self.guard.read_state)  # may fire late panes
@@ -268,6 +269,7 @@ class TaskRun:
             self.count("commit_conflicts", len(conflicts))
             self.count("duplicates_dropped", len(conflicts))
             self.body.reset_chunk()
+            self.body.restore_counts(counts)  # the redo counts its dead letters anew
             fresh = [r for r in fresh if r[1] not in conflicts]
         self.body.chunk_committed()
         crashpoint("after_commit", self.spec.name, self.batch, self.partition, self.attempt)

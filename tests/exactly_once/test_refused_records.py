@@ -4,6 +4,7 @@ A refused record is not marked delivered: until its dead letter is durable, a re
 it undelivered, be refused again and make the same letter (same ID, so the dead-letter sink
 takes it once). A record refused before it was sent is not refused again in a transaction
 redone after a poison record (two letters with one ID reached the dead-letter sink).
+A chunk redone after a commit conflict counts its dead letters once.
 Sinks here are in-memory recorders of what became visible; dedup runs on a real Redis.
 """
 
@@ -172,3 +173,30 @@ def test_a_record_refused_before_sending_is_one_dead_letter_after_a_poisoned_tra
     letters = sorted(json.loads(e["value"])["i"] for _id, e in dead.visible)
     assert letters == [1, 2], "one letter per refused record"
     assert len({rid for rid, _e in dead.visible}) == 2
+
+
+def test_a_chunk_redone_after_a_conflict_counts_its_dead_letters_once(redis_server):
+    def fails_on_one(e):
+        if e["i"] == 1:
+            raise ValueError("bad record")
+        return e
+
+    name = f"redo-{uuid.uuid4().hex[:8]}"
+    p = Pipeline(name)
+    p.read("events", KafkaSource("in", bootstrap_servers="127.0.0.1:1")).map(
+        "check", fails_on_one
+    ).write("out", Recorder())
+    spec = p.job().stages[0]
+    redis_server.client().incr(Keyspace(name).epoch)
+    params = BatchParams(0, TS, TS, TS, 24 * 3_600_000, 0, 0, (0,), TS * 2)
+    guards = ExactlyOnceGuards(RedisSettings(redis_server.url), name, 1, DedupConfig())
+    guards = guards.for_batch(params)
+    rows = _rows(5, 11)
+    task = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 1))
+    task.guard.open()
+    other = TaskRun(spec, guards, TaskRef(spec.name, 0, 1, 0, spec.sinks, 2))
+    other.guard.open()
+    assert other.guard.commit(0, [rows[3]], [], {}, {}) == set()  # a copy, committed meanwhile
+    task._attempt_chunk(0, rows, [], {})
+    assert task.counters.get("events/commit_conflicts") == 1, "the chunk was redone"
+    assert task.body.dead_count == 1 and task.body.dead_codes == {"user_error": 1}
