@@ -68,10 +68,19 @@ local function width_of(blob, n)
   return 0
 end
 local function field_at(blob, w, j) return string.sub(blob, w * j - w + 1, w * j) end
--- Fields grouped by shard: runs of (KEYS index uint16, count uint32), 6 bytes each.
-local function run_at(runs, q)
-  local k, c = struct.unpack('<HI4', runs, 6 * q - 5)
-  return KEYS[k], c
+-- Fields grouped by shard: runs of (KEYS index uint16, count uint32), 6 bytes each; calls
+-- visit(key, position, field) for each of the n fields, in order.
+local function each_field(ids, n, runs, visit)
+  local w = width_of(ids, n)
+  local j = 0
+  for q = 1, #runs / 6 do
+    local k, c = struct.unpack('<HI4', runs, 6 * q - 5)
+    local key = KEYS[k]
+    for _ = 1, c do
+      j = j + 1
+      visit(key, j, field_at(ids, w, j))
+    end
+  end
 end
 """
 
@@ -133,30 +142,16 @@ COMMIT = (
     + """
 if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {'ok', '-1'} end
 local n = tonumber(ARGV[7])
-local ids, runs = ARGV[8], ARGV[9]
-local w = width_of(ids, n)
 local conflicts = {}
-local j = 0
-for q = 1, #runs / 6 do
-  local own, c = run_at(runs, q)
-  for _ = 1, c do
-    j = j + 1
-    if redis.call('HSETNX', own, field_at(ids, w, j), ARGV[3]) == 0 then
-      conflicts[#conflicts + 1] = j
-    end
-  end
-end
+each_field(ARGV[8], n, ARGV[9], function(own, j, id)
+  if redis.call('HSETNX', own, id, ARGV[3]) == 0 then conflicts[#conflicts + 1] = j end
+end)
 if #conflicts > 0 then
   local seen = {}
   for _, p in ipairs(conflicts) do seen[p] = true end
-  j = 0
-  for q = 1, #runs / 6 do
-    local own, c = run_at(runs, q)
-    for _ = 1, c do
-      j = j + 1
-      if not seen[j] then redis.call('HDEL', own, field_at(ids, w, j)) end
-    end
-  end
+  each_field(ARGV[8], n, ARGV[9], function(own, j, id)
+    if not seen[j] then redis.call('HDEL', own, id) end
+  end)
   return {'conflict', conflicts}
 end
 if n > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
@@ -227,19 +222,10 @@ if ARGV[8] == '1' then redis.call('DEL', KEYS[6]) end
 if tonumber(ARGV[5]) > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
 if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', KEYS[5], 'possible_copies', ARGV[9]) end
 local n = tonumber(ARGV[5])
-local ids, runs = ARGV[6], ARGV[7]
-local w = width_of(ids, n)
 local again = 0
-local j = 0
-for q = 1, #runs / 6 do
-  local key, c = run_at(runs, q)
-  for _ = 1, c do
-    j = j + 1
-    if redis.call('HSET', key, field_at(ids, w, j), ARGV[3]) == 0 then
-      again = again + 1
-    end
-  end
-end
+each_field(ARGV[6], n, ARGV[7], function(key, _, id)
+  if redis.call('HSET', key, id, ARGV[3]) == 0 then again = again + 1 end
+end)
 local seq = 0
 if n > 0 then
   redis.call('RPUSH', KEYS[4], ARGV[4])
