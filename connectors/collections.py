@@ -29,7 +29,7 @@ def _id_and_ts(
     ts_fn: Callable[[Any], int] | None,
     with_ids: bool,
 ) -> tuple[bytes, int]:
-    ts = int(ts_fn(value)) if ts_fn is not None else 0
+    ts = ids.check_event_time(int(ts_fn(value))) if ts_fn is not None else 0
     if not with_ids:
         return b"", ts
     if id_fn is not None:
@@ -125,7 +125,7 @@ class Generate(SourceConnector):
                 for i in range(lo, hi):
                     try:
                         value = fn(i) if fn is not None else i
-                        ts = int(ts_fn(i)) if ts_fn is not None else 0
+                        ts = ids.check_event_time(int(ts_fn(i))) if ts_fn is not None else 0
                     except Exception as exc:  # noqa: BLE001 - user code: dead-letter it
                         rid = ids.from_position(source, "generate", 0, i) if with_ids else b""
                         error = f"{type(exc).__name__}: {exc}"
