@@ -103,6 +103,7 @@ def test_metrics_of_a_run_match_an_independent_count(broker, redis_server, tmp_p
     unique = {e["event_id"] for e in events}
     assert sum(ends.values()) == 2000 and len(events) == 2000, "no undecodable record yet"
     assert total(first, "onceflow_batches_total") == 2
+    # counts and event times, not durations: the histogram saw one observation per batch
     assert total(first, "onceflow_batch_duration_seconds_count") == 2
     assert total(first, "onceflow_input_records_total") == 2000
     assert total(first, "onceflow_stage_records_in_total", stage="events") == 2000
@@ -116,9 +117,9 @@ def test_metrics_of_a_run_match_an_independent_count(broker, redis_server, tmp_p
         assert total(first, "onceflow_kafka_readable_offset", **labels) == n
         assert total(first, "onceflow_kafka_consumer_lag", **labels) == n - ends[p]
     assert total(first, "onceflow_kafka_consumer_lag") == sum(produced.values()) - 2000
-    newest = max(e["ts"] for e in events) / 1000
+    newest = max(e["ts"] for e in events) / 1000  # event time of the records read
     assert BASE_TS / 1000 <= total(first, "onceflow_watermark_timestamp_seconds") <= newest
-    assert total(first, "onceflow_dedup_horizon_seconds") == 24 * 3600
+    assert total(first, "onceflow_dedup_horizon_seconds") == 24 * 3600  # the configured horizon
     assert total(first, "onceflow_run_info", namespace=scn.name, guarantee="exactly-once") == 1
 
     # GC passes between the runs; the next run's endpoint tells when
