@@ -1,4 +1,4 @@
-"""The Kafka source's decoding of raw rows, without a broker: what a header can and cannot make
+"""Sources' decoding of raw rows, without a broker: what a Kafka header can and cannot make
 of a record. A header a producer set (or forwarded) never drops a record's value or stops the
 pipeline; bad ones make dead letters with their reason."""
 
@@ -115,3 +115,12 @@ def test_a_partition_that_went_back_stops_the_run_instead_of_skipping_records():
         "t:0": 1_000,
         "t:1": 1_200,
     }
+
+
+def test_a_collections_timestamp_beyond_64_bits_is_a_dead_letter_too():
+    from onceflow.connectors.collections import _record
+
+    letter = _record("src", "collection", 3, {"x": 1}, None, lambda v: 10**30, True)
+    assert isinstance(letter, DeadLetter) and "64-bit" in letter.error
+    record = _record("src", "collection", 3, {"x": 1}, None, lambda v: 5, True)
+    assert isinstance(record, Record) and record.ts == 5
