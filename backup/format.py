@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from onceflow.kernel.errors import CodecError
-from onceflow.kernel.ids import ID_BYTES
+from onceflow.kernel.ids import split_ids
 from onceflow.kernel.records import Output
 
 DONE = "done"
@@ -53,14 +53,6 @@ def decode_outputs(blob: bytes) -> list[Output]:
         raise CodecError(msg) from exc
 
 
-def decode_ids(blob: bytes) -> list[bytes]:
-    """The IDs of an ``i<n>`` field."""
-    if len(blob) % ID_BYTES:
-        msg = f"a backup's input IDs ({len(blob)} bytes) are not whole {ID_BYTES}-byte IDs"
-        raise CodecError(msg)
-    return [blob[i : i + ID_BYTES] for i in range(0, len(blob), ID_BYTES)]
-
-
 @dataclass
 class TaskBackup:
     """What a task's backup hash says: what earlier attempts of the task committed.
@@ -91,7 +83,7 @@ class TaskBackup:
             elif name.startswith(CHUNK_PREFIX):
                 chunks.append((int(name[1:]), blob))
             elif name.startswith(INPUTS_PREFIX):
-                inputs.update(decode_ids(blob))
+                inputs.update(split_ids(blob, "a backup's input IDs"))
         chunks.sort()
         outputs: list[Output] = []
         for _, blob in chunks:

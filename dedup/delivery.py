@@ -33,7 +33,7 @@ from onceflow.dedup.config import MAX_CHUNK
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver, journal_entry
 from onceflow.kernel.errors import ServiceError
-from onceflow.kernel.ids import ID_BYTES
+from onceflow.kernel.ids import split_ids
 from onceflow.kernel.records import Output
 
 DELIVERED = "/delivered"
@@ -117,7 +117,7 @@ def sink_state(session: TaskSession, rx: Receiver) -> SinkState:
     marker, blob = fields.get(b"marker"), fields.get(b"ids")
     if marker is None:
         return SinkState(None, writers)
-    ids = [blob[i : i + ID_BYTES] for i in range(0, len(blob or b""), ID_BYTES)]
+    ids = split_ids(blob or b"", "a pending delivery's IDs")
     return SinkState(PendingDelivery(marker.decode(), ids), writers)
 
 

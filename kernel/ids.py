@@ -40,6 +40,14 @@ _POSITION = _hasher("onceflow/position")
 _USER_KEY = _hasher("onceflow/user-key")
 
 
+def split_ids(blob: bytes, what: str = "a blob of IDs") -> list[bytes]:
+    """16-byte IDs stored end to end, one by one; a clear error if they are not whole."""
+    if len(blob) % ID_BYTES:
+        msg = f"{what} ({len(blob)} bytes) is not whole {ID_BYTES}-byte IDs"
+        raise CodecError(msg)
+    return [blob[i : i + ID_BYTES] for i in range(0, len(blob), ID_BYTES)]
+
+
 def from_position(source: str, topic: str, partition: int, offset: int) -> bytes:
     """ID of the record at ``topic``/``partition``/``offset`` as read by stage ``source``."""
     h = _POSITION.copy()
