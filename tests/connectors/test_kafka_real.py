@@ -11,7 +11,13 @@ import time
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
+from kafka.admin import (
+    ConfigResource,
+    ConfigResourceType,
+    KafkaAdminClient,
+    NewPartitions,
+    NewTopic,
+)
 
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.testing.harness import run_pipeline
@@ -111,7 +117,8 @@ def test_a_compacted_topic_with_holes_in_its_offsets_is_read_to_its_end(
         producer.flush()
         time.sleep(0.05)
     producer.close()
-    survivors = _wait_for_compaction(run.bootstrap, run.topics["in"], total=630)
+    _wait_for_compaction(run.bootstrap, run.topics["in"], total=630)
+    survivors = _stop_cleaning(run.bootstrap, run.topics["in"])
     offsets = [o for o, _ in survivors]
     assert offsets != list(range(offsets[0], offsets[0] + len(offsets))), "no holes yet"
     for _, value in survivors:
@@ -156,6 +163,19 @@ def _read(bootstrap: str, topic: str) -> list[tuple[int, dict]]:
     found = [(m.offset, json.loads(m.value)) for m in consumer]
     consumer.close()
     return found
+
+
+def _stop_cleaning(bootstrap: str, topic: str) -> list[tuple[int, dict]]:
+    """Turn the topic's log cleaner off (delete policy, kept forever), so the holes compaction
+    left stay as they are while the pipeline reads; return what is left once reads agree."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        keep = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=keep)])
+    finally:
+        admin.close()
+    # a cleaning pass already under way when the policy changed may still finish: settle again
+    return _wait_for_compaction(bootstrap, topic, total=630)
 
 
 def _wait_for_compaction(bootstrap: str, topic: str, total: int) -> list[tuple[int, dict]]:
