@@ -1,4 +1,4 @@
-"""Where the Python time goes: a sampled profile of both modes of the keyed-count benchmark.
+"""Where the Python time goes: a sampled profile of both modes of one benchmark workload.
 
 Runs ``bench/exactly_once.py``'s child (one warm-up query, one measured query, in a fresh
 Spark JVM) once per mode under ``py-spy record --subprocesses`` (``pip install py-spy``), so
@@ -13,7 +13,7 @@ CPU and is not counted: ``bench/exactly_once.py`` prints the Redis server's own 
 at-least-once to exactly-once (where to look next).
 
     python bench/profile_workers.py [--records 100000] [--batch 25000] [--rate 50]
-        [--functions 40]
+        [--functions 40] [--workload keyed-count|stateless|sliding-window|fan-out]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 """
@@ -150,6 +150,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=25_000)
     parser.add_argument("--rate", type=int, default=50, help="samples per second per process")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--workload",
+        default="keyed-count",
+        choices=["keyed-count", "stateless", "sliding-window", "fan-out"],
+        help="the benchmark workload to profile (bench/exactly_once.py)",
+    )
     parser.add_argument(
         "--functions",
         type=int,
