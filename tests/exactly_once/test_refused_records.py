@@ -144,12 +144,17 @@ def _committed_chunk(spec, guards, n, seed):
     return task, outs
 
 
+def _deliver(task: TaskRun, outs: list) -> list:
+    """Hand a chunk's outputs over and deliver them now (a task holds them till its end)."""
+    return [*task.emit(outs), *task.release()]
+
+
 def test_a_refused_record_whose_dead_letter_failed_is_refused_again_on_retry(redis_server):
     sink, dead = Recorder(refuse={3}), Recorder(failures=1)
     spec, guards = _stage(redis_server, sink, dead)
     first, outs = _committed_chunk(spec, guards, 5, 7)
     with pytest.raises(ConnectorError):  # the dead-letter sink was away: the task is retried
-        list(first.emit(outs))
+        _deliver(first, outs)
     first.close(False)
     retry = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 2))
     list(retry.run(iter([])))  # replays the backup
@@ -167,7 +172,7 @@ def test_a_record_refused_before_sending_is_one_dead_letter_after_a_poisoned_tra
     sink, dead = Transactional(too_big=1, poison=2), Recorder()
     spec, guards = _stage(redis_server, sink, dead)
     task, outs = _committed_chunk(spec, guards, 4, 9)
-    list(task.emit(outs))
+    _deliver(task, outs)
     task.close(True)
     assert sorted(e["i"] for _id, e in sink.visible) == [0, 3]
     letters = sorted(json.loads(e["value"])["i"] for _id, e in dead.visible)
