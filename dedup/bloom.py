@@ -139,6 +139,9 @@ class ReceiverFilters:
         self.error_rate = error_rate
         self.generations: dict[int, list[IdBloomFilter]] = {}
         self.seq = 0
+        # commits after ``seq`` (another worker's commit in between) made through these
+        # filters: their IDs are already in, catching up skips them (trust.Receiver.committed)
+        self.ahead: set[int] = set()
         self.dirty: set[int] = set()
         self.shape = shape(capacity, error_rate)  # every filter here has it: one set of positions
 

@@ -145,3 +145,39 @@ def test_a_snapshot_made_under_another_horizon_is_not_read_with_this_shape(redis
     g = _task(h, replace(h.guards, config=config), 1, 0, (0,))
     adm = g.admit(_copies(rows, 1_000))
     assert adm.duplicates == len(rows) and not adm.fresh
+
+
+def test_catching_up_skips_only_the_workers_own_commits_and_trusts_the_rest(
+    redis_server, monkeypatch
+):
+    """Two workers commit in turn: each one's filters fall behind at the other's commit,
+    and catching up adds the other's IDs, not its own again (they are in already)."""
+    h = Harness(redis_server, snapshot_every=1000)
+    workers = _Processes()
+    workers.enter("a")
+    task_a = h.task(partition=0)
+    workers.enter("b")
+    task_b = h.task(partition=1)  # both tasks run at once, in two workers
+    mine, theirs = [], []
+    for i in range(3):  # a commits 1, 3, 5 and b 2, 4, 6
+        mine.append(_rows(50, 400 + i))
+        assert task_a.commit(i, task_a.admit(mine[-1]).fresh, [], {}, {}) == set()
+        theirs.append(_rows(70, 500 + i))
+        assert task_b.commit(i, task_b.admit(theirs[-1]).fresh, [], {}, {}) == set()
+    task_a.close()
+    task_b.close()
+    workers.enter("a")
+    added: list[int] = []
+    real_add = trust_mod.ReceiverFilters.add
+
+    def counting(self, ids, generation):
+        added.append(len(ids) // 16 if isinstance(ids, bytes) else len(ids))
+        return real_add(self, ids, generation)
+
+    monkeypatch.setattr(trust_mod.ReceiverFilters, "add", counting)
+    g, adm = h.admit([r for rows in mine + theirs for r in rows] + _rows(30, 600))
+    assert sum(added) == 3 * 70, f"catch-up added {added}: a's own 150 IDs again"
+    assert g.stage.trusted and g.stage.filters.seq == 6
+    assert adm.duplicates == 3 * 50 + 3 * 70 and len(adm.fresh) == 30
+    lookups = g.session.counters.get("redis_lookups", 0)
+    assert lookups <= adm.duplicates + 1, "only 'maybe' answers ask Redis: not the 30 new ones"
