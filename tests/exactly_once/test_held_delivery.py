@@ -77,9 +77,7 @@ def test_an_attempt_that_dies_holding_committed_records_loses_none_and_doubles_n
     assert _values(sink) == list(range(9))
 
 
-def test_a_sink_with_delivery_records_held_is_delivered_before_the_end(
-    redis_server, monkeypatch
-):
+def test_a_sink_with_delivery_records_held_is_delivered_before_the_end(redis_server, monkeypatch):
     monkeypatch.setattr(task_module, "DELIVERY_RECORDS", 4)
     sink = Counted()
     spec, guards = _stage(redis_server, sink, Recorder())
