@@ -95,6 +95,7 @@ def test_preloading_starts_no_thread_in_a_fresh_interpreter():
 
 
 def _what_a_worker_sees(batches):
+    import gc
     import zipfile as _zf  # noqa: F401 - the worker's own import
     import zipimport
 
@@ -114,6 +115,7 @@ def _what_a_worker_sees(batches):
                 "pyspark": [pyspark.__file__],
                 "importers": [len(spark_zips)],
                 "preloaded": ["onceflow.dedup.guard" in sys.modules],
+                "frozen": [gc.get_freeze_count()],
             }
         )
 
@@ -124,7 +126,8 @@ def test_workers_import_the_installed_pyspark_and_start_preloaded(spark):
     rows = (
         spark.range(0, 100, numPartitions=2)
         .mapInArrow(
-            _what_a_worker_sees, "pid long, pyspark string, importers long, preloaded boolean"
+            _what_a_worker_sees,
+            "pid long, pyspark string, importers long, preloaded boolean, frozen long",
         )
         .collect()
     )
@@ -133,6 +136,8 @@ def test_workers_import_the_installed_pyspark_and_start_preloaded(spark):
         assert ".zip" not in row["pyspark"], "pyspark came from Spark's zip, compiled anew"
         assert row["importers"] == 0, "a zip of Spark's is left for invalidate_caches to re-read"
         assert row["preloaded"], "the worker started without the daemon's preloaded modules"
+        # PySpark collects after every task: the imported objects must not be walked again
+        assert row["frozen"] > 50_000, "the daemon forked without freezing what it imported"
 
 
 def test_a_worker_whose_jvm_hung_up_ends_quietly_and_other_errors_still_raise():
