@@ -8,6 +8,13 @@ the rest the receiver's Bloom filters, across every live generation, say "no" (n
 "maybe"; only the maybes are settled by one Redis lookup per chunk, which asks every live
 generation, so a copy is recognised whatever timestamp it carries.
 
+Positional IDs (a record's position in a source every replay of a micro-batch reads alike,
+see :class:`~onceflow.kernel.records.Record`) need neither: such an ID can only come back in
+an attempt of the task that read it, so it is decided at once by the task's backup alone,
+and is committed without a seen-mark (:attr:`Admission.unmarked`). This is Beam's
+``UnboundedSource.requiresDeduping()`` being false for a Kafka reader: the offsets in the
+checkpoint, not a record-ID memory, keep a source from being read twice.
+
 A record an earlier attempt of this very task already committed is *replayed*: its effect
 (its key counts as touched) is not applied again. How it is recognised depends on the
 namespace's seen-ID layout (:mod:`onceflow.kernel.keyspace`): in layout 1 its seen-mark's
@@ -37,6 +44,7 @@ class Admission:
 
     fresh: list[InRow]
     replayed: list[InRow] = field(default_factory=list)  # committed by an earlier attempt
+    unmarked: set[bytes] = field(default_factory=set)  # fresh positional IDs: no seen-mark
     duplicates: int = 0
     late: list[InRow] = field(default_factory=list)  # older than the dedup horizon
     ahead: list[InRow] = field(default_factory=list)  # further ahead of the clock than allowed
@@ -49,13 +57,15 @@ def admit(
     admitted: set[bytes],
     rows: list[InRow],
     earlier: frozenset[bytes] = frozenset(),
+    positional: Sequence[bool] = (),
 ) -> tuple[Admission, dict[str, int]]:
     """Decide every row of a chunk; return the admission and what to count for it.
 
     ``admitted``: IDs this attempt committed; ``earlier``: those earlier attempts of the task
-    committed, by its backup (layout 2; empty in layout 1).
+    committed, by its backup (layout 2; empty in layout 1); ``positional``: per row, whether
+    its ID is positional (empty: none is).
     """
-    decision, candidates = _triage(session, admitted, earlier, rows)
+    decision, candidates = _triage(session, admitted, earlier, rows, positional)
     maybes = maybe(session, rx, [rows[i][1] for i in candidates])
     asks = [i for i, m in zip(candidates, maybes, strict=True) if m]
     for i, m in zip(candidates, maybes, strict=True):
@@ -66,6 +76,10 @@ def admit(
         for i, value in zip(asks, values, strict=True):
             decision[i] = _settle(session, value)
     adm = _split(rows, decision)
+    if positional:
+        adm.unmarked = {
+            row[1] for row, d, p in zip(rows, decision, positional, strict=True) if p and d == FRESH
+        }
     counts = {
         "in": len(rows),
         "bloom_maybe": len(asks),
@@ -79,11 +93,15 @@ def admit(
 
 
 def _triage(
-    session: TaskSession, admitted: set[bytes], earlier: frozenset[bytes], rows: list[InRow]
+    session: TaskSession,
+    admitted: set[bytes],
+    earlier: frozenset[bytes],
+    rows: list[InRow],
+    positional: Sequence[bool] = (),
 ) -> tuple[list[str], list[int]]:
-    """Late, ahead, in-task copies and earlier attempts' inputs are decided at once.
+    """Decide at once what needs no filter; the rest are candidates.
 
-    The rest are candidates.
+    Late, ahead, copies within the task, earlier attempts' inputs and positional IDs.
     """
     bucket_ms = session.config.bucket_ms
     floor = session.floor
@@ -91,12 +109,15 @@ def _triage(
     decision = [""] * len(rows)
     candidates: list[int] = []
     in_chunk: set[bytes] = set()
+    by_position = positional or [False] * len(rows)
     for i, row in enumerate(rows):
         rid, ts = row[1], row[2]
         if ts // bucket_ms < floor:
             decision[i] = LATE
         elif limit is not None and ts > limit:
             decision[i] = AHEAD
+        elif by_position[i]:  # read once per task: only an earlier attempt can have it
+            decision[i] = REPLAY if rid in earlier else FRESH
         elif rid in in_chunk or rid in admitted:
             decision[i] = DUP
         elif rid in earlier:

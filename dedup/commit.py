@@ -14,7 +14,7 @@ decides how long it is kept.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from onceflow.backup.store import chunk_args, inputs_args
@@ -36,10 +36,14 @@ def commit_chunk(
     updates: Mapping[str, StateWrite],
     lanes: Mapping[str, int],
     batch_time_ms: int,
+    unmarked: Collection[bytes] = frozenset(),
 ) -> tuple[int, set[bytes]]:
     """Commit one chunk; return the receiver's commit number (or 0) and the conflicting IDs.
 
     ``lanes`` maps each source lane the chunk read to its newest admitted event time.
+    ``unmarked``: IDs of ``fresh`` that take no seen-mark (positional IDs, see
+    :mod:`onceflow.dedup.admission`): they are kept among the task's inputs in its backup,
+    and are neither marked, journaled for the Bloom filters nor checked for conflicts.
     """
     ks, stage, partition = session.ks, session.stage, session.partition
     keys = KeyTable(
@@ -54,9 +58,14 @@ def commit_chunk(
             ks.lane_activity,
         ]
     )
-    rids = [row[1] for row in fresh]
+    inputs_ids = [row[1] for row in fresh]
+    marked = [row for row in fresh if row[1] not in unmarked] if unmarked else fresh
+    rids = [row[1] for row in marked] if unmarked else inputs_ids
     fields, runs, order = addressing.address_runs(stage, rids, session.generation, keys)
-    inputs = ("", b"") if session.marks_owner or not rids else inputs_args(chunk, rids)
+    if session.marks_owner or not inputs_ids:
+        inputs: tuple[str, bytes] = ("", b"")
+    else:
+        inputs = inputs_args(chunk, inputs_ids)
     lane_args: list[Any] = [len(lanes)]
     for lane, newest in lanes.items():
         lane_args += [lane, newest, batch_time_ms]
@@ -71,11 +80,11 @@ def commit_chunk(
         field,
         blob,
         journal_entry(session.generation, b"".join(rids)),
-        len(fresh),
+        len(rids),
         fields,
         runs,
         session.generation,
-        max((row[2] for row in fresh), default=0),
+        max((row[2] for row in marked), default=0),
         *inputs,
         *lane_args,
         *writes,

@@ -23,7 +23,7 @@ Everything a micro-batch decides with (floor, generation, time) comes from its
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -192,10 +192,22 @@ class ExactlyOnceGuard:
         self.earlier = replay.inputs
         return replay
 
-    def admit(self, rows: list[InRow]) -> Admission:
-        """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`)."""
+    def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
+        """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
+
+        Positional IDs are told apart only where the backup knows a task's inputs (seen-ID
+        layout 2 and later): in layout 1 they are checked and marked like any ID.
+        """
+        if self.session.marks_owner:
+            positional = ()
         adm, self._admitted_counts = admit(
-            self.session, self.stage, self.addressing, self.admitted, rows, self.earlier
+            self.session,
+            self.stage,
+            self.addressing,
+            self.admitted,
+            rows,
+            self.earlier,
+            positional,
         )
         return adm
 
@@ -214,19 +226,34 @@ class ExactlyOnceGuard:
         outputs: list[Output],
         updates: Mapping[str, StateWrite],
         lanes: Mapping[str, int],
+        unmarked: Collection[bytes] = frozenset(),
     ) -> set[bytes]:
-        """Atomically mark ``fresh`` seen and store outputs and state; see :mod:`~.commit`."""
+        """Atomically mark ``fresh`` seen and store outputs and state; see :mod:`~.commit`.
+
+        ``unmarked`` (positional IDs) are committed as the task's inputs, without seen-marks.
+        """
         if not fresh and not outputs and not any(updates.values()) and not lanes:
             return set()
         s = self.session
         seq, conflicts = commit_chunk(
-            s, self.addressing, chunk, fresh, outputs, updates, lanes, self.params.time_ms
+            s,
+            self.addressing,
+            chunk,
+            fresh,
+            outputs,
+            updates,
+            lanes,
+            self.params.time_ms,
+            unmarked,
         )
         if conflicts:
             return conflicts
         if seq > 0:
             self.stage.committed(seq)
-        self.admitted.update(row[1] for row in fresh)
+        if unmarked:  # positional IDs cannot come again in this attempt: no need to remember
+            self.admitted.update(row[1] for row in fresh if row[1] not in unmarked)
+        else:
+            self.admitted.update(row[1] for row in fresh)
         return set()
 
     def due_timers(self, node: str, watermark: int, now: int) -> list[bytes]:

@@ -60,6 +60,13 @@ class Record(NamedTuple):
     A source says where it read the record, when it knows: the ``lane`` (a source partition,
     such as ``topic:partition``, whose event-time progress makes the watermark) and the
     ``offset`` in it; errors name them as ``lane@offset``.
+
+    ``positional``: the ID is the record's position in a source that every attempt and replay
+    of a micro-batch reads alike, partition by partition (offsets fixed in Spark's offset log
+    before the batch runs). Such an ID can only come back in an attempt of the task that read
+    it, never through another task or batch, so the task's backup is all the memory of it
+    that dedup needs (see :mod:`onceflow.dedup.admission`). A position ID of a source that
+    cannot promise this is not ``positional``.
     """
 
     id: bytes
@@ -67,6 +74,7 @@ class Record(NamedTuple):
     elem: Any
     lane: str | None = None
     offset: int | None = None
+    positional: bool = False
 
 
 class Output(NamedTuple):

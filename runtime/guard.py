@@ -10,7 +10,7 @@ the workers by a factory pickled from the driver.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -42,8 +42,12 @@ class Guard(Protocol):
         """Start the task; return what earlier attempts committed (replayed, not recomputed)."""
         ...
 
-    def admit(self, rows: list[InRow]) -> Admission:
-        """Split a chunk into fresh rows and rows to skip."""
+    def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
+        """Split a chunk into fresh rows and rows to skip.
+
+        ``positional``: per row, whether its ID is positional (empty: none is; see
+        :class:`~onceflow.kernel.records.Record`).
+        """
         ...
 
     def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:
@@ -61,11 +65,13 @@ class Guard(Protocol):
         outputs: list[Output],
         updates: Mapping[str, StateWrite],
         lanes: Mapping[str, int],
+        unmarked: Collection[bytes] = frozenset(),
     ) -> set[bytes]:
         """Atomically store a chunk's effects; return IDs that conflicted (nothing stored).
 
         ``lanes``: the newest event time per source lane the chunk read (the watermark's
-        input), committed with it.
+        input), committed with it; ``unmarked``: IDs of ``fresh`` that admission said need
+        no seen-mark (:attr:`Admission.unmarked`).
         """
         ...
 
@@ -148,7 +154,7 @@ class NoGuard:
         """Nothing was committed before."""
         return TaskBackup()
 
-    def admit(self, rows: list[InRow]) -> Admission:
+    def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
         """Everything is fresh."""
         return Admission(rows)
 
@@ -167,6 +173,7 @@ class NoGuard:
         outputs: list[Output],
         updates: Mapping[str, StateWrite],
         lanes: Mapping[str, int],
+        unmarked: Collection[bytes] = frozenset(),
     ) -> set[bytes]:
         """Nothing to store."""
         return set()
@@ -274,6 +281,7 @@ class AtLeastOnceGuard(NoGuard):
         outputs: list[Output],
         updates: Mapping[str, StateWrite],
         lanes: Mapping[str, int],
+        unmarked: Collection[bytes] = frozenset(),
     ) -> set[bytes]:
         """Write state and raise the source lanes (not atomically with anything)."""
         if any(updates.values()):

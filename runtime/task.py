@@ -60,6 +60,8 @@ MAX_ORIGINS = 50_000  # source records whose origin a task remembers for error m
 SECONDS_NOT_MS = 1_000_000_000_000
 ROW_SCHEMA = "id binary, ts long, key binary, value binary, port int"
 ROW_COLUMNS = ("id", "ts", "key", "value", "port")
+# A source's decoded rows: the rows, each one's lane, and whether each one's ID is positional.
+SourceRows = tuple[list[InRow], list["str | None"], list[bool]]
 
 
 # Spark local property holding a streaming micro-batch's guard parameters (JSON), read by
@@ -201,8 +203,8 @@ class TaskRun:
             yield from self.flush_sinks()
             return
         chunk_no = replay.next_chunk
-        for rows, lanes in self.chunks(batches):
-            outputs = self.process_chunk(chunk_no, rows, lanes)
+        for rows, lanes, positional in self.chunks(batches):
+            outputs = self.process_chunk(chunk_no, rows, lanes, positional)
             chunk_no += 1
             yield from self.emit(outputs)
         self.close_counts()
@@ -217,16 +219,22 @@ class TaskRun:
         crashpoint("task_end", self.spec.name, self.batch, self.partition, self.attempt)
 
     def process_chunk(
-        self, chunk_no: int, rows: list[InRow], lanes: Mapping[str, int]
+        self,
+        chunk_no: int,
+        rows: list[InRow],
+        lanes: Mapping[str, int],
+        positional: Sequence[bool] = (),
     ) -> list[Output]:
         """Admit, run and commit one chunk.
 
-        ``lanes``: the newest admissible event time per source lane among the chunk's rows.
+        ``lanes``: the newest admissible event time per source lane among the chunk's rows;
+        ``positional``: per row, whether its ID is a positional one (empty: none is, see
+        :class:`~onceflow.kernel.records.Record`).
         """
         # Dead letters of records that failed to decode before the chunk was formed: they
         # leave with the chunk's first commit, whatever has to be redone.
         carried = self.body.take()
-        admission, outputs = self._attempt_chunk(chunk_no, rows, carried, lanes)
+        admission, outputs = self._attempt_chunk(chunk_no, rows, carried, lanes, positional)
         self.count("in", len(rows))
         if admission.duplicates:
             self.count("duplicates_dropped", admission.duplicates)
@@ -251,13 +259,14 @@ class TaskRun:
         rows: list[InRow],
         carried: list[Output],
         lanes: Mapping[str, int],
+        positional: Sequence[bool] = (),
     ) -> tuple[Admission, list[Output]]:
         """Admit, run and commit one chunk, redoing it without conflicting records.
 
         Dead letters of late and ahead records (and ``carried`` ones) are taken before the
         loop: a redo re-runs only the fresh records, and must not lose them.
         """
-        admission = self.guard.admit(rows)
+        admission = self.guard.admit(rows, positional)
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
@@ -274,7 +283,9 @@ class TaskRun:
             outputs = before + self.body.take()
             backup = outputs + self.body.partial_deltas() if self.guard.mode.ids else outputs
             crashpoint("before_commit", self.spec.name, self.batch, self.partition, self.attempt)
-            conflicts = self.guard.commit(chunk_no, fresh, backup, updates, lanes)
+            conflicts = self.guard.commit(
+                chunk_no, fresh, backup, updates, lanes, admission.unmarked
+            )
             if not conflicts:
                 break
             self.count("commit_conflicts", len(conflicts))
@@ -295,35 +306,40 @@ class TaskRun:
 
     def chunks(
         self, batches: Iterator[pa.RecordBatch]
-    ) -> Iterator[tuple[list[InRow], dict[str, int]]]:
+    ) -> Iterator[tuple[list[InRow], dict[str, int], list[bool]]]:
         """Input rows in chunks of the guard's size (whole Arrow batches when it is 0).
 
         Each chunk comes with the newest event time per source lane among its rows that are
-        not too far ahead of the clock (nothing for stages that read other stages), and with
-        the lane heartbeats (:class:`LaneProgress`) decoded so far; heartbeats after the last
-        row leave in a chunk of no rows.
+        not too far ahead of the clock (nothing for stages that read other stages), with the
+        lane heartbeats (:class:`LaneProgress`) decoded so far, and with which rows have
+        positional IDs (an empty list for stages that read other stages); heartbeats after
+        the last row leave in a chunk of no rows.
         """
         if self.spec.source:
-            parts: Iterator[tuple[list[InRow], list[str | None]]] = self.source_rows(batches)
+            parts: Iterator[SourceRows] = self.source_rows(batches)
         else:
-            parts = ((rows, []) for rows in self.internal_rows(batches))
+            parts = ((rows, [], []) for rows in self.internal_rows(batches))
         size = self.guard.chunk_size
         if size <= 0:
-            for rows, lanes in parts:
-                yield rows, self._lane_marks(rows, lanes)
+            for rows, lanes, positional in parts:
+                yield rows, self._lane_marks(rows, lanes), positional
         else:
             pending: list[InRow] = []
             pending_lanes: list[str | None] = []
-            for rows, lanes in parts:
+            pending_positional: list[bool] = []
+            for rows, lanes, positional in parts:
                 pending.extend(rows)
                 pending_lanes.extend(lanes)
+                pending_positional.extend(positional)
                 while len(pending) >= size:
-                    yield pending[:size], self._lane_marks(pending[:size], pending_lanes[:size])
+                    marks = self._lane_marks(pending[:size], pending_lanes[:size])
+                    yield pending[:size], marks, pending_positional[:size]
                     pending, pending_lanes = pending[size:], pending_lanes[size:]
+                    pending_positional = pending_positional[size:]
             if pending:
-                yield pending, self._lane_marks(pending, pending_lanes)
+                yield pending, self._lane_marks(pending, pending_lanes), pending_positional
         if self.progress:
-            yield [], self._lane_marks([], [])
+            yield [], self._lane_marks([], []), []
 
     def _lane_marks(self, rows: list[InRow], lanes: list[str | None]) -> dict[str, int]:
         """Newest admissible event time per lane (rows too far ahead do not count).
@@ -352,21 +368,24 @@ class TaskRun:
         if ts > self.progress.get(beat.lane, ts - 1):
             self.progress[beat.lane] = ts
 
-    def source_rows(
-        self, batches: Iterator[pa.RecordBatch]
-    ) -> Iterator[tuple[list[InRow], list[str | None]]]:
-        """Decode a source's raw rows (with their lanes); undecodable ones become dead letters."""
+    def source_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[SourceRows]:
+        """Decode a source's raw rows (with their lanes and whether their IDs are positional).
+
+        Undecodable ones become dead letters.
+        """
         decoder = self.spec.source_connector.decoder(self.spec.source, self.guard.mode.ids)
         origins = self.origins
         for batch in batches:
             rows: list[InRow] = []
             lanes: list[str | None] = []
+            positional: list[bool] = []
             if len(origins) > MAX_ORIGINS:
                 origins.clear()
             for item in decoder(batch):
                 if isinstance(item, Record):
                     rows.append((0, item.id, item.ts, None, item.elem))
                     lanes.append(item.lane)
+                    positional.append(item.positional)
                     if item.lane is not None:
                         origins[item.id] = f"{item.lane}@{item.offset}"
                 elif isinstance(item, LaneProgress):
@@ -376,7 +395,7 @@ class TaskRun:
                     self.count(item.code, item.lost)
                     self.guard.note(item.code, item.lost)
                     self.body.dead(item)
-            yield rows, lanes
+            yield rows, lanes, positional
 
     def internal_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[list[InRow]]:
         """Decode rows written by another stage (port = this stage's inbound index)."""

@@ -30,7 +30,7 @@ what :mod:`onceflow.testing.harness` tests, against the real services.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -149,7 +149,7 @@ class MemoryGuard(NoGuard):
         self.batch_time_ms: int | None = clock.time_ms
         self.counts: dict[str, int] = {}
 
-    def admit(self, rows: list[InRow]) -> Admission:
+    def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
         """Late, ahead, copies, fresh: the rules of :mod:`onceflow.dedup.admission`."""
         seen = self.store.seen.setdefault(self.stage, set())
         in_chunk: set[bytes] = set()
@@ -183,6 +183,7 @@ class MemoryGuard(NoGuard):
         outputs: list[Output],
         updates: Mapping[str, StateWrite],
         lanes: Mapping[str, int],
+        unmarked: Collection[bytes] = frozenset(),
     ) -> set[bytes]:
         """Mark ``fresh`` seen, write state and raise the lanes; nothing ever conflicts."""
         self.store.seen.setdefault(self.stage, set()).update(row[1] for row in fresh)

@@ -192,9 +192,17 @@ class KafkaSource(SourceConnector):
         return session.readStream.format(FORMAT).option("config", json.dumps(config)).load()
 
     def decoder(self, source: str, with_ids: bool) -> Decoder:
-        """Raw rows to records (IDs and event times as in the module docstring)."""
+        """Raw rows to records (IDs and event times as in the module docstring).
+
+        Position IDs are ``positional`` (:class:`~onceflow.kernel.records.Record`) when read
+        through the Python data source, whose input partitions are one offset range per Kafka
+        partition, planned from the offsets in Spark's log alone (a replay reads the same
+        records in the same task); Spark's own Kafka connector plans its own ranges, so its
+        position IDs are deduplicated like any other ID.
+        """
         codec, key_codec = self.codec, self.key_codec
         id_fn, ts_fn, envelope = self.id_fn, self.ts_fn, self.envelope
+        by_position = with_ids and self.client != SPARK_CLIENT
 
         lanes: dict[tuple[str, int], str] = {}
 
@@ -213,6 +221,7 @@ class KafkaSource(SourceConnector):
                     id_fn if with_ids else None,
                     ts_fn,
                     with_ids,
+                    by_position,
                 )
 
         return decode
@@ -229,14 +238,18 @@ def _decode_one(
     id_fn: Callable[[Any], Any] | None,
     ts_fn: Callable[[Any], int] | None,
     with_ids: bool,
+    by_position: bool = False,
 ) -> Decoded:
-    """One raw Kafka record as a record, or as a dead letter saying what was wrong with it."""
+    """One raw Kafka record as a record, or as a dead letter saying what was wrong with it.
+
+    ``by_position``: a record whose ID is its position is ``positional`` (see
+    :meth:`KafkaSource.decoder`). The position ID is only computed where it is used.
+    """
     source, lane, topic, part, offset, kts, key, value, hdrs = raw
     origin = f"{lane}@{offset}"
-    position = ids.from_position(source, topic, part, offset) if with_ids else b""
     gap = _gap_of(offset, kts, key, value, hdrs)
     if gap is not None:
-        return _gap_letter(source, origin, position, *gap)
+        return _gap_letter(source, origin, _position(raw, with_ids), *gap)
     try:
         elem = codec.decode(value) if value is not None else None
         if envelope:
@@ -252,20 +265,36 @@ def _decode_one(
     except Exception as exc:  # noqa: BLE001 - undecodable: dead letter
         error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
         return DeadLetter(
-            position, kts, source, error, origin, raw=value or b"", code="undecodable"
+            _position(raw, with_ids),
+            kts,
+            source,
+            error,
+            origin,
+            raw=value or b"",
+            code="undecodable",
         )
     try:
-        rid = _record_id(position, hdrs, id_fn, elem) if with_ids else b""
+        found = _record_id(hdrs, id_fn, elem) if with_ids else b""
     except Exception as exc:  # noqa: BLE001 - a bad header, or the user's id function failed
         error = f"no record ID: {type(exc).__name__}: {exc}"
-        return DeadLetter(position, kts, source, error, origin, raw=value or b"", code="no_id")
+        return DeadLetter(
+            _position(raw, with_ids), kts, source, error, origin, raw=value or b"", code="no_id"
+        )
+    rid = _position(raw, with_ids) if found is None else found
+    positional = found is None and by_position
     try:
         ts = _event_time(hdrs, ts_fn, elem, kts)
     except Exception as exc:  # noqa: BLE001 - a bad header, or the user's timestamp function
         error = f"no event time: {type(exc).__name__}: {exc}"
         raw_value = value or b""
-        return DeadLetter(rid or position, kts, source, error, origin, raw_value, code="no_time")
-    return Record(rid, ts, elem, lane, offset)
+        return DeadLetter(rid, kts, source, error, origin, raw_value, code="no_time")
+    return Record(rid, ts, elem, lane, offset, positional)
+
+
+def _position(raw: RawRecord, with_ids: bool) -> bytes:
+    """The ID of a raw record's position (``b""`` when IDs are off)."""
+    source, _lane, topic, part, offset = raw[:5]
+    return ids.from_position(source, topic, part, offset) if with_ids else b""
 
 
 def _gap_of(
@@ -297,17 +326,14 @@ def _gap_letter(source: str, origin: str, position: bytes, first: int, after: in
 
 
 def _record_id(
-    position: bytes,
-    headers: dict[str, bytes],
-    id_fn: Callable[[Any], Any] | None,
-    elem: Any,
-) -> bytes:
-    """The ``onceflow-id`` header, else the user's id function, else the record's position."""
+    headers: dict[str, bytes], id_fn: Callable[[Any], Any] | None, elem: Any
+) -> bytes | None:
+    """The ``onceflow-id`` header, else the user's id function; None: the position is the ID."""
     if ids.ID_HEADER in headers:  # a header without a value is an error, not "no header"
         return ids.from_header(headers[ids.ID_HEADER])
     if id_fn is not None:
         return ids.from_user_key(id_fn(elem))
-    return position
+    return None
 
 
 def _event_time(

@@ -16,7 +16,7 @@ from onceflow.kernel.errors import CodecError
 from onceflow.kernel.records import DeadLetter, Record
 
 
-def _decode(rows):
+def _decode(rows, **source):
     """Decoded items of raw rows ``(offset, kafka ts, key, value, headers)`` of ``t:0``."""
     offsets, kts, keys, values, headers = zip(*rows, strict=True)
     batch = pa.RecordBatch.from_arrays(
@@ -31,7 +31,9 @@ def _decode(rows):
         ],
         names=list(RAW_COLUMNS),
     )
-    return list(KafkaSource("t", bootstrap_servers="127.0.0.1:1").decoder("src", True)(batch))
+    return list(
+        KafkaSource("t", bootstrap_servers="127.0.0.1:1", **source).decoder("src", True)(batch)
+    )
 
 
 @pytest.mark.parametrize("gap", [b"oops", b"5-3", b"7-9", b"\xff"])
@@ -124,3 +126,50 @@ def test_a_collections_timestamp_beyond_64_bits_is_a_dead_letter_too():
     assert isinstance(letter, DeadLetter) and "64-bit" in letter.error
     record = _record("src", "collection", 3, {"x": 1}, None, lambda v: 5, True)
     assert isinstance(record, Record) and record.ts == 5
+
+
+def test_only_a_position_id_read_by_the_python_data_source_is_positional():
+    """A record without an ID header or id function is known by its position; a replay of
+    its micro-batch reads it in the same task again, so it needs no seen-mark (see
+    onceflow.dedup.admission). A header, an id function or Spark's own connector (which plans
+    its own ranges) make an ordinary ID."""
+    plain, headed = (5, 1, None, b'{"k": "a"}', []), (6, 1, None, b"1", [(ids.ID_HEADER, b"e-1")])
+    by_position, by_header = _decode([plain, headed])
+    assert by_position.positional and by_position.id == ids.from_position("src", "t", 0, 5)
+    assert not by_header.positional and by_header.id == ids.from_user_key("e-1")
+    [by_function] = _decode([plain], id=lambda e: e["k"])
+    assert not by_function.positional and by_function.id == ids.from_user_key("a")
+    [confluent] = _decode([plain], client="confluent")
+    assert confluent.positional
+    [spark] = _decode([plain], client="spark")
+    assert not spark.positional and spark.id == by_position.id
+
+
+def test_dead_letters_still_carry_the_position_id_when_the_record_has_none():
+    undecodable, bad_id, bad_time = _decode(
+        [
+            (1, 1, None, b"{not json", []),
+            (2, 1, None, b"1", [(ids.ID_HEADER, b"")]),
+            (3, 1, None, b"1", [(ids.TS_HEADER, b"x")]),
+        ]
+    )
+    assert undecodable.id == ids.from_position("src", "t", 0, 1)
+    assert bad_id.id == ids.from_position("src", "t", 0, 2)
+    assert bad_time.id == ids.from_position("src", "t", 0, 3)
+    [no_ids] = list(
+        KafkaSource("t", bootstrap_servers="127.0.0.1:1").decoder("src", False)(
+            pa.RecordBatch.from_arrays(
+                [
+                    pa.array(["t"], pa.string()),
+                    pa.array([0], pa.int32()),
+                    pa.array([4], pa.int64()),
+                    pa.array([1], pa.int64()),
+                    pa.array([None], pa.binary()),
+                    pa.array([b"1"], pa.binary()),
+                    pa.array([None], pa.binary()),
+                ],
+                names=list(RAW_COLUMNS),
+            )
+        )
+    )
+    assert no_ids.id == b"" and not no_ids.positional

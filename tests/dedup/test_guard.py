@@ -341,3 +341,45 @@ def test_a_plain_delivery_left_pending_counts_its_possible_copies(redis_server):
     assert again.undelivered(sink, outs) == outs, "a plain sink cannot tell: write again"
     stats = h.client.hgetall(Keyspace(h.name).stats("out/delivered"))
     assert int(stats[b"possible_copies"]) == 120
+
+
+def _seen_ids_in_redis(h, receiver):
+    """Seen-marks of a receiver, counted in Redis (every generation and shard)."""
+    ks = Keyspace(h.name)
+    return sum(h.client.hlen(k) for k in h.client.scan_iter(match=ks.seen_pattern(receiver)))
+
+
+def test_positional_ids_take_no_seen_mark_and_a_retry_knows_them_from_the_backup(redis_server):
+    """Positions are read by one task per micro-batch: its backup is their only memory."""
+    h = Harness(redis_server)
+    positions, keyed = _rows(300, 41), _rows(100, 42)
+    flags = [True] * 300 + [False] * 100
+    first = h.task(batch=0)
+    adm = first.admit(positions + keyed, flags)
+    assert len(adm.fresh) == 400 and adm.unmarked == {r[1] for r in positions}
+    assert first.commit(0, adm.fresh, [], {}, {}, adm.unmarked) == set()
+    assert _seen_ids_in_redis(h, h.spec.name) == 100, "only the ordinary IDs are marked seen"
+    journal = h.client.lrange(Keyspace(h.name).filter_journal(h.spec.name), 0, -1)
+    assert len(journal) == 1 and len(trust_mod.msgpack.unpackb(journal[0])[0][1]) == 100 * 16
+
+    trust_mod._FILTERS.clear()  # the retry runs in another worker
+    retry = h.task(batch=0)
+    again = retry.admit(positions + keyed, flags)
+    assert len(again.replayed) == 400 and not again.fresh and again.duplicates == 0
+
+    later = h.task(batch=1)  # another batch never reads these positions again; IDs are copies
+    other = later.admit(keyed + _rows(50, 43), [False] * 150)
+    assert other.duplicates == 100 and len(other.fresh) == 50
+
+
+def test_layout_1_marks_positional_ids_like_any_other(redis_server):
+    """Layout 1 keeps no inputs in the backup: the seen-mark's owner is what a retry reads."""
+    h = Harness(redis_server, layout=LAYOUTS[0])
+    rows = _rows(200, 44)
+    first = h.task(batch=0)
+    adm = first.admit(rows, [True] * 200)
+    assert not adm.unmarked
+    assert first.commit(0, adm.fresh, [], {}, {}, adm.unmarked) == set()
+    assert _seen_ids_in_redis(h, h.spec.name) == 200
+    retry = h.task(batch=0)
+    assert len(retry.admit(rows, [True] * 200).replayed) == 200

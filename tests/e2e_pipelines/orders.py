@@ -11,7 +11,9 @@ event a record may arrive on time; ``ORDERS_SLOW_MS`` makes the map take that lo
 (micro-batches long enough to signal a run in the middle of one); ``ORDERS_CLIENT``
 (``python`` or ``confluent``) picks the Kafka client of the source and the sinks;
 ``ORDERS_TXN_TIMEOUT_MS`` sets the sinks' Kafka transaction timeout (a transaction left open
-by a killed run then holds readers up that long, unless the rerun ends it).
+by a killed run then holds readers up that long, unless the rerun ends it);
+``ORDERS_IDS=position`` drops the id function (each record's ID is its position: copies sent
+upstream count twice) and ``ORDERS_CHUNK`` sets the records per atomic commit.
 """
 
 import os
@@ -21,10 +23,14 @@ import time
 from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline
 
 dedup = None
+chunk = {"chunk_size": int(os.environ["ORDERS_CHUNK"])} if os.environ.get("ORDERS_CHUNK") else {}
 if os.environ.get("ORDERS_HORIZON"):
     dedup = DedupConfig.of(
-        horizon=os.environ["ORDERS_HORIZON"], bucket=os.environ.get("ORDERS_BUCKET", "1m")
+        horizon=os.environ["ORDERS_HORIZON"], bucket=os.environ.get("ORDERS_BUCKET", "1m"), **chunk
     )
+elif chunk:
+    dedup = DedupConfig(**chunk)
+by_position = os.environ.get("ORDERS_IDS") == "position"
 # ORDERS_PLAIN_SINK=1: the sinks write without Kafka transactions (copies possible, counted).
 transactional = os.environ.get("ORDERS_PLAIN_SINK") != "1"
 event_time = EventTime.of(out_of_orderness=os.environ.get("ORDERS_OUT_OF_ORDER", "0"))
@@ -46,7 +52,7 @@ enriched = pipeline.read(
     "events",
     KafkaSource(
         os.environ["ORDERS_IN"],
-        id=lambda e: e["event_id"],
+        id=None if by_position else lambda e: e["event_id"],
         timestamp=lambda e: e["ts"],
         client=client,
     ),

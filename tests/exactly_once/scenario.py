@@ -81,7 +81,8 @@ class Scenario:
         ]
 
 
-def make_scenario(broker, redis_url, tmp_path, seed=7):
+def make_scenario(broker, redis_url, tmp_path, seed=7, resent_percent=6):
+    """Events of 17 users over two partitions; ``resent_percent`` of them are sent twice."""
     rng = random.Random(seed)
     name = f"orders-{uuid.uuid4().hex[:8]}"
     scn = Scenario(name, broker.bootstrap, redis_url, str(tmp_path), Counter(), set())
@@ -94,7 +95,7 @@ def make_scenario(broker, redis_url, tmp_path, seed=7):
     # An at-least-once producer re-sends ~6%: new offsets, sometimes another partition,
     # sometimes right after the original (same batch), sometimes much later.
     sends = [(e, i % 2) for i, e in enumerate(events)]
-    for e in rng.sample(events, EVENTS * 6 // 100):
+    for e in rng.sample(events, EVENTS * resent_percent // 100):
         sends.insert(rng.randrange(len(sends) + 1), (e, rng.randrange(2)))
     produce_sends(scn, sends)
     return scn

@@ -86,6 +86,35 @@ def test_a_keyed_task_killed_after_its_commit_replays_its_inputs_in_either_layou
         assert {(len(f), v) for f, v in marks} == {(15, SEEN_MARK)}
 
 
+POSITION_FAULTS = [
+    # killed between two chunks of a source task: the rerun replays the first from its backup
+    Crash("after_commit", stage="events", batch=1, partition=0),
+    Crash("after_sink_commit", stage="events", batch=1),  # copy topic committed, not marked
+    pytest.param(
+        Crash("before_commit", stage="events", batch=1, partition=1, mode="raise"),
+        marks=pytest.mark.long,
+    ),
+]
+
+
+@pytest.mark.parametrize("crash", POSITION_FAULTS, ids=lambda c: c.env())
+def test_position_ids_are_exact_across_a_kill_or_a_retry(crash, broker, redis_server, tmp_path):
+    """Records without an ID are known by their offsets, with no seen-mark (a replay reads
+    them in the same task): a killed or failed source task's rerun must still apply each
+    once. No copies are sent upstream (positions count them twice, by design)."""
+    scn = make_scenario(broker, redis_server.url, tmp_path, resent_percent=0)
+    scn.extra_env.update({"ORDERS_IDS": "position", "ORDERS_CHUNK": "150"})
+    if crash.mode == "raise":
+        outcome = run_pipeline(PIPELINE, scn.args, env=scn.env, crash=crash).check()
+        assert outcome.where, "the failure was never injected"
+    else:
+        first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
+        assert first.crashed and second.returncode == 0
+    verify(scn, redis_server.client())
+    client = redis_server.client()
+    assert not _seen_marks(client, Keyspace(scn.name), "events"), "positions were marked seen"
+
+
 TASK_FAILURES = [
     Crash("before_commit", stage="events", batch=1, partition=0, mode="raise"),
     pytest.param(  # the kill -9 tests cover this point harder
