@@ -9,6 +9,10 @@ In seen-ID layout 2 (see :mod:`onceflow.kernel.keyspace`), field ``i<n>`` holds 
 chunk ``n`` committed (16 bytes each, concatenated), written in the same atomic step as
 ``c<n>``: a later attempt of the task treats those inputs as replayed, since the seen-IDs no
 longer say which task committed them.
+
+In layout 3, field ``dl:<k>:<sink>`` holds the IDs of the task's ``k``-th delivery to sink
+``<sink>`` that became visible (``dl#`` counts them): a later attempt of the task, the only
+one that can deliver those records again, skips them (see :mod:`onceflow.dedup.delivery`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ DONE = "done"
 FINAL = "final"
 CHUNK_PREFIX = "c"
 INPUTS_PREFIX = "i"
+DELIVERED_PREFIX = "dl:"  # + "<k>:<sink>": IDs of a delivery that became visible (layout 3)
+DELIVERIES = "dl#"  # how many deliveries the task logged (numbers their fields)
 
 
 def chunk_field(chunk: int) -> str:
@@ -36,6 +42,11 @@ def chunk_field(chunk: int) -> str:
 def inputs_field(chunk: int) -> str:
     """Hash field of the input IDs chunk ``chunk`` committed (layout 2)."""
     return f"{INPUTS_PREFIX}{chunk}"
+
+
+def delivered_field_parts(sink: str) -> tuple[str, str]:
+    """What comes before and after ``<k>`` in the field of a delivery to ``sink``."""
+    return DELIVERED_PREFIX, f":{sink}"
 
 
 def encode_outputs(outputs: list[Output]) -> bytes:
@@ -58,14 +69,16 @@ class TaskBackup:
     """What a task's backup hash says: what earlier attempts of the task committed.
 
     ``outputs`` are replayed (never recomputed), ``done`` says the task finished,
-    ``next_chunk`` is the number of the first chunk no attempt committed, and ``inputs`` the
-    IDs of the inputs earlier attempts committed (kept in seen-ID layout 2 only).
+    ``next_chunk`` is the number of the first chunk no attempt committed, ``inputs`` the
+    IDs of the inputs earlier attempts committed (kept from seen-ID layout 2 on), and
+    ``delivered`` the IDs earlier attempts delivered, per sink (layout 3 on).
     """
 
     outputs: list[Output] = field(default_factory=list)
     done: bool = False
     next_chunk: int = 0
     inputs: frozenset[bytes] = frozenset()
+    delivered: dict[str, set[bytes]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, fields: Mapping[bytes, bytes]) -> TaskBackup:
@@ -74,9 +87,15 @@ class TaskBackup:
         final = None
         done = False
         inputs: set[bytes] = set()
+        delivered: dict[str, set[bytes]] = {}
         for raw_name, blob in fields.items():
             name = raw_name.decode()
-            if name == DONE:
+            if name.startswith(DELIVERED_PREFIX):
+                sink = name[len(DELIVERED_PREFIX) :].split(":", 1)[1]
+                delivered.setdefault(sink, set()).update(split_ids(blob, "a delivery's IDs"))
+            elif name == DELIVERIES:
+                continue
+            elif name == DONE:
                 done = True
             elif name == FINAL:
                 final = blob
@@ -91,4 +110,4 @@ class TaskBackup:
         if final is not None:
             outputs.extend(decode_outputs(final))
         next_chunk = chunks[-1][0] + 1 if chunks else 0
-        return cls(outputs, done, next_chunk, frozenset(inputs))
+        return cls(outputs, done, next_chunk, frozenset(inputs), delivered)

@@ -1,8 +1,16 @@
 """Delivery to sinks: skip what an earlier attempt delivered, mark what the sink acknowledged.
 
-Each sink a stage writes is a receiver of its own (``<sink>/delivered``) with its own filters
-and seen-IDs. Before writing, :func:`undelivered` drops records some attempt already
-delivered; after the write is visible, :func:`mark_delivered` marks them.
+A sink record can only be delivered by the task whose commit backed it up: its ID derives
+from an input that one task committed, once. So only another attempt of that task (a retry,
+or the micro-batch replayed) can deliver it again. From seen-ID layout 3 on, each delivery that
+became visible is logged in that task's backup (:func:`log_delivered`); an attempt reads the
+log when it opens (with the backup it already reads) and skips what it lists: no Bloom
+filter, no seen-ID and no Redis call per record. The log goes with the backup, once Spark
+has committed the micro-batch.
+
+In layouts 1 and 2 each sink a stage writes is a receiver of its own (``<sink>/delivered``)
+with its own filters and seen-IDs: before writing, :func:`undelivered` drops records some
+attempt already delivered; after the write is visible, :func:`mark_delivered` marks them.
 
 In between, the sink partition keeps one *pending* delivery in Redis (:func:`prepare`):
 
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onceflow.backup.format import DELIVERIES, delivered_field_parts
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import lookup, maybe
 from onceflow.dedup.config import MAX_CHUNK
@@ -46,10 +55,15 @@ WRITER_FIELD = "writer:"  # + a transactional writer's identity, in the pending 
 
 @dataclass(frozen=True)
 class PendingDelivery:
-    """A delivery a sink partition made (or began) and did not mark."""
+    """A delivery a sink partition made (or began) and did not mark.
+
+    ``batch``: the micro-batch that made it (None when an Onceflow that did not record it
+    did).
+    """
 
     marker: str
     ids: list[bytes]
+    batch: int | None = None
 
     @property
     def transactional(self) -> bool:
@@ -107,26 +121,30 @@ def mark_delivered(
         _mark(session, rx, addressing, part, last, copies if last else 0, newest)
 
 
-def sink_state(session: TaskSession, rx: Receiver) -> SinkState:
-    """The sink partition's pending delivery and recorded writers (see the module docstring)."""
-    fields = session.client.hgetall(session.ks.pending(rx.name, session.partition))
+def sink_state(session: TaskSession, name: str) -> SinkState:
+    """The sink partition's pending delivery and recorded writers (see the module docstring).
+
+    ``name``: the sink's receiver name (:func:`receiver_name`).
+    """
+    fields = session.client.hgetall(session.ks.pending(name, session.partition))
     session.round_trip()
     writers = tuple(
         f.decode()[len(WRITER_FIELD) :] for f in fields if f.startswith(WRITER_FIELD.encode())
     )
-    marker, blob = fields.get(b"marker"), fields.get(b"ids")
+    marker, blob, batch = fields.get(b"marker"), fields.get(b"ids"), fields.get(b"batch")
     if marker is None:
         return SinkState(None, writers)
     ids = split_ids(blob or b"", "a pending delivery's IDs")
-    return SinkState(PendingDelivery(marker.decode(), ids), writers)
+    made_by = int(batch) if batch is not None else None
+    return SinkState(PendingDelivery(marker.decode(), ids, made_by), writers)
 
 
-def note_writer(session: TaskSession, rx: Receiver, identity: str, begins: bool = True) -> None:
+def note_writer(session: TaskSession, name: str, identity: str, begins: bool = True) -> None:
     """Record a transactional writer before it begins a transaction (``begins=False``: forget).
 
     Forget it only when its transaction was aborted before any of it could become visible.
     """
-    keys = [*session.fence_keys(), session.ks.pending(rx.name, session.partition)]
+    keys = [*session.fence_keys(), session.ks.pending(name, session.partition)]
     args = [*session.fence_args(), WRITER_FIELD + identity, "1" if begins else "0"]
     session.check(session.scripts.note_writer(keys=keys, args=args))
     session.round_trip()
@@ -134,7 +152,7 @@ def note_writer(session: TaskSession, rx: Receiver, identity: str, begins: bool 
 
 def prepare(
     session: TaskSession,
-    rx: Receiver,
+    name: str,
     marker: str,
     ids: list[bytes],
     replicas: int = 0,
@@ -146,8 +164,8 @@ def prepare(
     makes it visible: a failover to a replica that lacked it would forget a delivery that
     happened, and send it again.
     """
-    keys = [*session.fence_keys(), session.ks.pending(rx.name, session.partition)]
-    args = [*session.fence_args(), marker, b"".join(ids)]
+    keys = [*session.fence_keys(), session.ks.pending(name, session.partition)]
+    args = [*session.fence_args(), marker, b"".join(ids), session.batch]
     if not replicas:
         session.check(session.scripts.prepare_delivery(keys=keys, args=args))
         session.round_trip()
@@ -161,7 +179,7 @@ def prepare(
     if int(acked) < replicas:
         msg = (
             f"only {acked} of {replicas} Redis replica(s) acknowledged the pending delivery of "
-            f"{rx.name} partition {session.partition} within {timeout_ms} ms; it was not made "
+            f"{name} partition {session.partition} within {timeout_ms} ms; it was not made "
             "visible (the task is retried)"
         )
         raise ServiceError(msg)
@@ -182,6 +200,60 @@ def resolve(
     copies = 0 if left.transactional else len(left.ids)
     mark_delivered(session, rx, addressing, left.ids if committed else [], copies)
     session.count_local("deliveries_recovered", 1)
+
+
+def log_delivered(
+    session: TaskSession,
+    sink: str,
+    ids: list[bytes],
+    end_pending: bool = True,
+    copies: int = 0,
+    batch: int | None = None,
+) -> None:
+    """Layout 3: log a delivery that became visible in the backup of the task that made it.
+
+    The delivering task is this one unless ``batch`` names another micro-batch (a pending
+    delivery an earlier batch's attempt left: its backup, if GC left it, gets the log).
+    Ends the pending delivery (``end_pending``) and counts ``copies`` possible copies.
+    """
+    name = receiver_name(sink)
+    made_by = session.batch if batch is None else batch
+    prefix, suffix = delivered_field_parts(sink)
+    keys = [
+        *session.fence_keys(),
+        session.ks.backup(session.stage, made_by, session.partition),
+        session.ks.stats(name),
+        session.ks.pending(name, session.partition),
+    ]
+    args = [
+        *session.fence_args(),
+        DELIVERIES,
+        prefix,
+        suffix,
+        b"".join(ids),
+        len(ids),
+        _YES if end_pending else "0",
+        copies,
+    ]
+    session.check(session.scripts.log_delivery(keys=keys, args=args))
+    session.round_trip()
+    session.count_local("delivered", len(ids))  # the script counts it in Redis
+    if copies:
+        session.count_local("possible_copies", copies)
+
+
+def resolve_logged(
+    session: TaskSession, sink: str, left: PendingDelivery, committed: bool
+) -> list[bytes]:
+    """Layout 3's :func:`resolve`: log the pending delivery if it happened, else drop it.
+
+    Returns the IDs now known delivered (none if it did not happen).
+    """
+    copies = 0 if left.transactional else len(left.ids)
+    ids = left.ids if committed else []
+    log_delivered(session, sink, ids, True, copies, left.batch)
+    session.count_local("deliveries_recovered", 1)
+    return ids
 
 
 def _mark(

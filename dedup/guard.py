@@ -12,10 +12,12 @@ For one stage, micro-batch and partition it composes the receiving side's steps:
 * ``commit``: one atomic Lua call marks the IDs seen and stores outputs and state
   (:mod:`~.commit`);
 * sinks: ``undelivered`` skips what an earlier attempt delivered, ``delivered`` marks what the
-  sink acknowledged (:mod:`~.delivery`);
+  sink acknowledged (:mod:`~.delivery`: in layout 3 a log in the task's backup, before that a
+  receiver of its own per sink);
 * ``close``: snapshot filters whose journal grew long.
 
-Receivers are the stage itself (its inputs) and each sink it writes (``<sink>/delivered``).
+Receivers are the stage itself (its inputs) and, before layout 3, each sink it writes
+(``<sink>/delivered``).
 Everything a micro-batch decides with (floor, generation, time) comes from its
 :class:`~onceflow.dedup.batch.BatchParams`, fixed by its first attempt.
 """
@@ -38,13 +40,16 @@ from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import (
     PendingDelivery,
     SinkState,
+    log_delivered,
     mark_delivered,
     receiver_name,
+    resolve_logged,
     undelivered,
 )
 from onceflow.dedup.durability import BatchDurability, check_master
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
+from onceflow.kernel.keyspace import logs_deliveries
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.scripts import scripts_for
@@ -154,10 +159,18 @@ class ExactlyOnceGuard:
         )
         self.addressing = Addressing(ks, config, params.layout)
         self.stage = trust.Receiver(ks.tag, task.stage, self.config)
-        self.sinks = {
-            index: trust.Receiver(ks.tag, receiver_name(name), self.config)
-            for index, name in task.sinks
-        }
+        self.sink_names = dict(task.sinks)  # output index -> sink name
+        self.logs_deliveries = logs_deliveries(params.layout)
+        # before layout 3: a receiver per sink; from then on, a log in the backup
+        self.sinks = (
+            {}
+            if self.logs_deliveries
+            else {
+                index: trust.Receiver(ks.tag, receiver_name(name), self.config)
+                for index, name in task.sinks
+            }
+        )
+        self.delivered_ids: dict[int, set[bytes]] = {}  # what earlier attempts delivered
         self.admitted: set[bytes] = set()  # inputs this attempt committed
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts did (layout 2)
         self._admitted_counts: dict[str, int] = {}
@@ -190,6 +203,10 @@ class ExactlyOnceGuard:
         trust.catch_up(s, self.receivers)
         replay = backup.replay(replies[1])
         self.earlier = replay.inputs
+        by_name = {name: index for index, name in self.sink_names.items()}
+        self.delivered_ids = {
+            by_name[sink]: ids for sink, ids in replay.delivered.items() if sink in by_name
+        }
         return replay
 
     def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
@@ -289,27 +306,36 @@ class ExactlyOnceGuard:
 
     def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
         """Sink records no attempt has delivered yet."""
-        return undelivered(self.session, self.sinks[target], self.addressing, outputs)
+        if not self.logs_deliveries:
+            return undelivered(self.session, self.sinks[target], self.addressing, outputs)
+        done = self.delivered_ids.get(target)
+        return [o for o in outputs if o.id not in done] if done else outputs
 
     def delivered(self, target: int, outputs: list[Output]) -> None:
         """Mark sink records delivered (their write is visible) and end the pending delivery."""
         ids = [o.id for o in outputs]
+        if self.logs_deliveries:
+            log_delivered(self.session, self.sink_names[target], ids)
+            return
         newest = max((o.ts for o in outputs), default=0)
         mark_delivered(self.session, self.sinks[target], self.addressing, ids, 0, newest)
 
+    def _receiver_name(self, target: int) -> str:
+        return receiver_name(self.sink_names[target])
+
     def sink_state(self, target: int) -> SinkState:
         """What earlier attempts left for this sink partition: a delivery, writers to settle."""
-        return delivery.sink_state(self.session, self.sinks[target])
+        return delivery.sink_state(self.session, self._receiver_name(target))
 
     def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
         """Record a transactional writer before it begins (``begins=False``: forget it)."""
-        delivery.note_writer(self.session, self.sinks[target], identity, begins)
+        delivery.note_writer(self.session, self._receiver_name(target), identity, begins)
 
     def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
         """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain)."""
         delivery.prepare(
             self.session,
-            self.sinks[target],
+            self._receiver_name(target),
             marker,
             [o.id for o in outputs],
             self.replicas,
@@ -317,8 +343,12 @@ class ExactlyOnceGuard:
         )
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
-        """End a pending delivery: mark its IDs if it happened, else drop it."""
-        delivery.resolve(self.session, self.sinks[target], self.addressing, left, committed)
+        """End a pending delivery: mark (or log) its IDs if it happened, else drop it."""
+        if not self.logs_deliveries:
+            delivery.resolve(self.session, self.sinks[target], self.addressing, left, committed)
+            return
+        ids = resolve_logged(self.session, self.sink_names[target], left, committed)
+        self.delivered_ids.setdefault(target, set()).update(ids)
 
     def note(self, name: str, n: int) -> None:
         """Count something in the stage's Redis counters (written with the next commit)."""

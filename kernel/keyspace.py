@@ -19,8 +19,9 @@ formulas of the layout live here too: which shard of a generation holds a seen I
 (:func:`shard_of`), what its field in that shard is (:func:`seen_field`, and back:
 :func:`seen_id`), and which bucket is the oldest still deduplicated (:func:`floor_bucket`).
 
-Seen-ID shards come in two layouts, pinned in a namespace's meta hash (``layout``) when it is
-created; a namespace made before layouts existed has none and is layout 1:
+How dedup state is kept comes in three layouts, pinned in a namespace's meta hash
+(``layout``) when it is created; a namespace made before layouts existed has none and is
+layout 1:
 
 * layout 1 (:data:`OWNER_LAYOUT`): field = the 16-byte ID, value = its owner, the task that
   committed it (``batch.partition``, longer as batch numbers grow);
@@ -31,7 +32,11 @@ created; a namespace made before layouts existed has none and is layout 1:
   exact: no two IDs share a shard and a field, and the ID comes back from both (Bloom
   filters are rebuilt from the seen-IDs). Who committed an ID is not kept: a task attempt
   learns the inputs its earlier attempts committed from its backup (``i<chunk>`` fields, see
-  :mod:`onceflow.backup.format`).
+  :mod:`onceflow.backup.format`);
+* layout 3 (:data:`DELIVERY_LOG_LAYOUT`): seen-IDs as in layout 2, but a sink's deliveries
+  are no longer seen-IDs of a ``<sink>/delivered`` receiver: each delivery's IDs go to the
+  backup of the task that made it (``dl:`` fields), the only task that can deliver them
+  again (see :mod:`onceflow.dedup.delivery`).
 """
 
 from __future__ import annotations
@@ -349,8 +354,9 @@ LAYOUT_FIELD = "layout"
 GC_FLOOR_FIELD = "forgotten_below_ms"
 OWNER_LAYOUT = 1
 COMPACT_LAYOUT = 2
-NEW_LAYOUT = COMPACT_LAYOUT  # what a namespace created now gets
-LAYOUTS = (OWNER_LAYOUT, COMPACT_LAYOUT)
+DELIVERY_LOG_LAYOUT = 3
+NEW_LAYOUT = DELIVERY_LOG_LAYOUT  # what a namespace created now gets
+LAYOUTS = (OWNER_LAYOUT, COMPACT_LAYOUT, DELIVERY_LOG_LAYOUT)
 SEEN_MARK = b"1"  # layout 2's value (not empty: a lookup takes a falsy answer for "unseen")
 _PREFIX_BYTES = 2  # the first bytes of an ID, which pick its shard
 _PREFIXES = 1 << (8 * _PREFIX_BYTES)
@@ -389,11 +395,16 @@ def seen_id(field: bytes, shard: int, shards: int, layout: int) -> bytes:
     return prefix.to_bytes(_PREFIX_BYTES, "big") + field[width:]
 
 
+def logs_deliveries(layout: int) -> bool:
+    """Whether sinks' deliveries are logged in the delivering task's backup (layout 3 on)."""
+    return layout >= DELIVERY_LOG_LAYOUT
+
+
 def check_layout(layout: int, namespace: str) -> int:
     """``layout`` if this Onceflow knows it; else a :class:`ConfigError` saying what to do."""
     if layout not in LAYOUTS:
         msg = (
-            f"pipeline namespace {namespace!r} keeps its seen-IDs in layout {layout}, which "
+            f"pipeline namespace {namespace!r} keeps its dedup state in layout {layout}, which "
             f"this Onceflow does not know (it knows {', '.join(map(str, LAYOUTS))}): run the "
             "Onceflow version that created it, or a newer one"
         )

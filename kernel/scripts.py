@@ -238,12 +238,33 @@ return {'ok', tostring(seq), tostring(again)}
 )
 
 # A sink partition is about to make a delivery visible: remember it (the marker that will
-# tell whether it happened, and the IDs) until it is marked.
-# KEYS: 1 epoch, 2 task token, 3 pending. ARGV: 1 epoch, 2 token, 3 marker, 4 ids blob
+# tell whether it happened, the IDs, and the micro-batch making it) until it is marked.
+# KEYS: 1 epoch, 2 task token, 3 pending. ARGV: 1 epoch, 2 token, 3 marker, 4 ids blob, 5 batch
 PREPARE_DELIVERY = (
     FENCE
     + """
-redis.call('HSET', KEYS[3], 'marker', ARGV[3], 'ids', ARGV[4])
+redis.call('HSET', KEYS[3], 'marker', ARGV[3], 'ids', ARGV[4], 'batch', ARGV[5])
+return {'ok'}
+"""
+)
+
+# Layout 3: a delivery became visible (or, with no IDs, a pending one is dropped): its IDs go
+# to the backup of the task that made it, as field <prefix><k><suffix> (k counted in the
+# counter field), and the pending delivery ends (when asked).
+# KEYS: 1 epoch, 2 task token, 3 backup hash, 4 stats, 5 pending
+# ARGV: 1 epoch, 2 token, 3 counter field, 4 field prefix, 5 field suffix, 6 ids blob, 7 n,
+#       8 '1' to delete the pending delivery, 9 possible copies to count
+LOG_DELIVERY = (
+    FENCE
+    + """
+local n = tonumber(ARGV[7])
+if n > 0 then
+  local k = redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+  redis.call('HSET', KEYS[3], ARGV[4] .. k .. ARGV[5], ARGV[6])
+  redis.call('HINCRBY', KEYS[4], 'delivered', n)
+end
+if ARGV[8] == '1' then redis.call('DEL', KEYS[5]) end
+if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', KEYS[4], 'possible_copies', ARGV[9]) end
 return {'ok'}
 """
 )
@@ -432,6 +453,7 @@ class Scripts:
         self.finish = register(FINISH)
         self.mark_delivered = register(MARK_DELIVERED)
         self.prepare_delivery = register(PREPARE_DELIVERY)
+        self.log_delivery = register(LOG_DELIVERY)
         self.note_writer = register(NOTE_WRITER)
         self.lookup = register(LOOKUP)
         self.snapshot = register(SNAPSHOT)

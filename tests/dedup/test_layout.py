@@ -23,6 +23,7 @@ from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import (
     COMPACT_LAYOUT,
+    DELIVERY_LOG_LAYOUT,
     LAYOUT_FIELD,
     LAYOUTS,
     OWNER_LAYOUT,
@@ -114,7 +115,7 @@ def test_a_retried_attempt_replays_what_earlier_attempts_committed(
         trust_mod._FILTERS.clear()
     g2, backup = _attempt(h, 5, 0, 11)
     assert backup.next_chunk == 2
-    assert backup.inputs == (_ids(first + second) if layout == COMPACT_LAYOUT else frozenset())
+    assert backup.inputs == (_ids(first + second) if layout != OWNER_LAYOUT else frozenset())
     adm = g2.admit(first + second + elsewhere + first[:3] + new)
     assert (len(adm.replayed), adm.duplicates, len(adm.fresh)) == (500, 53, 40)
     assert _ids(adm.replayed) == _ids(first + second) and adm.fresh == new
@@ -200,14 +201,24 @@ def test_a_batch_fixed_before_layouts_existed_is_layout_1(redis_server):
     assert read_batch_params(client, ks, 0).layout == OWNER_LAYOUT == params.layout
 
 
-def test_a_new_namespace_gets_layout_2_and_keeps_it(redis_server):
+def test_a_new_namespace_gets_layout_3_and_keeps_it(redis_server):
     client = redis_server.client()
     ks = Keyspace(f"layout-{uuid.uuid4().hex[:8]}")
     pin_settings(client, ks, 2, DedupConfig())
-    assert client.hget(ks.meta, LAYOUT_FIELD) == b"2"
+    assert client.hget(ks.meta, LAYOUT_FIELD) == b"3"
     client.set(ks.epoch, 1)
-    assert pin_layout(client, ks) == COMPACT_LAYOUT, "state does not turn it into layout 1"
-    assert fix_batch_params(client, ks, 1, 0, DedupConfig(), EventTime()).layout == COMPACT_LAYOUT
+    assert pin_layout(client, ks) == DELIVERY_LOG_LAYOUT, "state does not turn it into layout 1"
+    params = fix_batch_params(client, ks, 1, 0, DedupConfig(), EventTime())
+    assert params.layout == DELIVERY_LOG_LAYOUT
+
+
+def test_a_namespace_pinned_at_layout_2_keeps_it(redis_server):
+    """An existing namespace keeps its layout: its sinks' delivered-sets stay seen-IDs."""
+    client = redis_server.client()
+    ks = Keyspace(f"layout-{uuid.uuid4().hex[:8]}")
+    client.hset(ks.meta, LAYOUT_FIELD, COMPACT_LAYOUT)
+    pin_settings(client, ks, 2, DedupConfig())
+    assert pin_layout(client, ks) == COMPACT_LAYOUT
 
 
 def test_a_layout_this_onceflow_does_not_know_is_refused(redis_server):
@@ -216,3 +227,48 @@ def test_a_layout_this_onceflow_does_not_know_is_refused(redis_server):
     client.hset(ks.meta, LAYOUT_FIELD, 9)
     with pytest.raises(ConfigError, match="layout 9"):
         pin_settings(client, ks, 1, DedupConfig.of(horizon="24h", bucket="3h"))
+
+
+def test_layout_3_logs_each_delivery_in_the_backup_of_the_task_and_marks_nothing(redis_server):
+    """Only an attempt of the delivering task can deliver its records again: it reads the log."""
+    h = Harness(redis_server, DELIVERY_LOG_LAYOUT, snapshot_every=1000)
+    sink = h.spec.sinks[0][0]
+    first_outs = [Output(1, r[1], TS, None, b"v") for r in _rows(500, 61)]
+    second_outs = [Output(1, r[1], TS, None, b"w") for r in _rows(200, 62)]
+    g, _ = _attempt(h, 3, 0, 1)
+    for outs, marker in ((first_outs, "m1"), (second_outs, "m2")):
+        assert g.undelivered(sink, outs) == outs
+        g.prepare_delivery(sink, marker, outs)
+        g.delivered(sink, outs)
+    assert _seen(h, "out/delivered") == {}, "no seen-ID per delivered record"
+    ks = Keyspace(h.name)
+    backup = h.client.hgetall(ks.backup(h.spec.name, 3, 0))
+    assert backup[b"dl:1:out"] == b"".join(o.id for o in first_outs)
+    assert backup[b"dl:2:out"] == b"".join(o.id for o in second_outs)
+    assert replay(backup).delivered == {"out": {o.id for o in first_outs + second_outs}}
+    assert int(h.client.hget(ks.stats("out/delivered"), "delivered")) == 700
+    assert g.sink_state(sink).pending is None
+
+    trust_mod._FILTERS.clear()  # the retry runs in another worker
+    retry, _ = _attempt(h, 3, 0, 2)
+    new = [Output(1, r[1], TS, None, b"x") for r in _rows(30, 63)]
+    assert retry.undelivered(sink, second_outs + new + first_outs) == new
+    other, _ = _attempt(h, 3, 1, 3)  # another task never made these records
+    assert other.undelivered(sink, first_outs) == first_outs
+
+
+def test_layout_3_a_pending_delivery_of_an_older_batch_is_logged_in_its_own_backup(redis_server):
+    h = Harness(redis_server, DELIVERY_LOG_LAYOUT, snapshot_every=1000)
+    sink = h.spec.sinks[0][0]
+    outs = [Output(1, r[1], TS, None, b"v") for r in _rows(40, 64)]
+    g, _ = _attempt(h, 7, 0, 1)
+    g.prepare_delivery(sink, "m", outs)  # then the attempt died
+    later, _ = _attempt(h, 8, 0, 2)
+    left = later.sink_state(sink).pending
+    assert left is not None and left.batch == 7
+    later.resolve_pending(sink, left, True)
+    ks = Keyspace(h.name)
+    assert replay(h.client.hgetall(ks.backup(h.spec.name, 7, 0))).delivered == {
+        "out": {o.id for o in outs}
+    }
+    assert later.sink_state(sink).pending is None

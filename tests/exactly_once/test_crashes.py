@@ -42,8 +42,10 @@ def test_clean_run_is_exact_and_drops_upstream_duplicates(broker, redis_server, 
     stats = redis_server.client().hgetall(Keyspace(scn.name).stats("events"))
     assert int(stats[b"duplicates"]) == EVENTS * 6 // 100
     marks = _seen_marks(redis_server.client(), Keyspace(scn.name), "events")
-    assert redis_server.client().hget(Keyspace(scn.name).meta, LAYOUT_FIELD) == b"2"
-    assert {(len(f), v) for f, v in marks} == {(15, SEEN_MARK)}, "a new namespace: layout 2"
+    assert redis_server.client().hget(Keyspace(scn.name).meta, LAYOUT_FIELD) == b"3"
+    assert {(len(f), v) for f, v in marks} == {(15, SEEN_MARK)}, "a new namespace: layout 3"
+    for sink in ("copy", "counts"):  # layout 3 logs deliveries in the tasks' backups
+        assert not _seen_marks(redis_server.client(), Keyspace(scn.name), f"{sink}/delivered")
 
 
 def _seen_marks(client, ks, receiver):
@@ -55,14 +57,15 @@ def _seen_marks(client, ks, receiver):
     }
 
 
-@pytest.mark.parametrize("layout", [1, 2])
-def test_a_keyed_task_killed_after_its_commit_replays_its_inputs_in_either_layout(
+@pytest.mark.parametrize("layout", [1, 2, 3])
+def test_a_keyed_task_killed_after_its_commit_replays_its_inputs_in_every_layout(
     layout, broker, redis_server, tmp_path
 ):
     """The resumed count task must count the inputs its killed attempt committed as touched.
 
     Layout 1 (a namespace an Onceflow without layouts, nor scopes, left) tells them by their
-    seen-marks' owner, layout 2 by its backup; each keeps its own seen-marks.
+    seen-marks' owner, layouts 2 and 3 by its backup; each keeps its own seen-marks (and in
+    layout 2, the sinks' delivered-sets).
     """
     scn = make_scenario(broker, redis_server.url, tmp_path)
     client = redis_server.client()
@@ -73,6 +76,8 @@ def test_a_keyed_task_killed_after_its_commit_replays_its_inputs_in_either_layou
             ks.meta,
             mapping={"parallelism": 2, "bucket_ms": config.bucket_ms, "shards": config.shards},
         )
+    elif layout == 2:  # a namespace an Onceflow before layout 3 made
+        client.hset(ks.meta, LAYOUT_FIELD, 2)
     crash = Crash("after_commit", stage="count", batch=2)
     first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
     assert first.crashed and second.returncode == 0
@@ -84,6 +89,8 @@ def test_a_keyed_task_killed_after_its_commit_replays_its_inputs_in_either_layou
         assert all(re.fullmatch(rb"\d+\.\d+", v) for _f, v in marks), "owners batch.partition"
     else:
         assert {(len(f), v) for f, v in marks} == {(15, SEEN_MARK)}
+    delivered = _seen_marks(client, ks, "copy/delivered")
+    assert bool(delivered) == (layout < 3), "layout 3 marks no delivered record seen"
 
 
 POSITION_FAULTS = [

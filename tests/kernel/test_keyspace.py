@@ -129,5 +129,5 @@ def test_little_endian_counters_keep_one_field_each_per_shard():
 
 def test_an_unknown_layout_is_refused_with_what_to_do():
     assert check_layout(COMPACT_LAYOUT, "n") == COMPACT_LAYOUT
-    with pytest.raises(ConfigError, match="layout 3, which this Onceflow does not know"):
-        check_layout(3, "n")
+    with pytest.raises(ConfigError, match="layout 4, which this Onceflow does not know"):
+        check_layout(4, "n")
