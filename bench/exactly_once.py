@@ -3,7 +3,11 @@
 Workloads (``--workloads``, all by default), on the same input topic of bids
 ``{user, auction, price, ts}``:
 
-* ``keyed-count``: ``key_by(user) -> count_per_key`` (the headline number);
+* ``keyed-count``: ``key_by(user) -> count_per_key`` (the headline number); its records
+  have no ID of their own, so each is known by its position (cheapest: no seen-mark);
+* ``keyed-count-ids``: the same with IDs from the bid's own ``n`` field (``id=``), as a
+  pipeline that must drop copies sent twice upstream has them: every ID goes through the
+  Bloom filters and is marked seen in Redis;
 * ``stateless``: Nexmark q1/q2 shape, ``map`` (price to euros) -> ``filter`` (one auction in
   five) -> sink: no keyed state, one dedup boundary (the sink);
 * ``sliding-window``: Nexmark q5 shape, ``key_by(auction) -> window(Sliding 10 s / 2 s) ->
@@ -25,7 +29,8 @@ per stored ID, and the Redis memory a run left per dedup boundary (seen IDs and 
 journal per receiver, backups per producing stage, keyed state per combine).
 
     python bench/exactly_once.py [--records 200000] [--batch 50000] [--repeat 2]
-        [--workloads keyed-count,stateless,sliding-window,fan-out] [--client python|confluent]
+        [--workloads keyed-count,keyed-count-ids,stateless,sliding-window,fan-out]
+        [--client python|confluent]
         [--redis-cluster] [--spark-cluster]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones. ``--redis-cluster``
@@ -86,14 +91,16 @@ def build(
 ) -> Pipeline:
     """The pipeline of one workload (see the module's doc)."""
     p = Pipeline(name, event_time=EventTime.of(out_of_orderness="1s"))
+    ids = {"id": lambda b: b["n"]} if workload == "keyed-count-ids" else {}
     bids = p.read(
-        "bids", KafkaSource(topic, codec="json", timestamp=lambda b: b["ts"], client=client)
+        "bids",
+        KafkaSource(topic, codec="json", timestamp=lambda b: b["ts"], client=client, **ids),
     )
 
     def sink(topic_out: str) -> KafkaSink:
         return KafkaSink(topic_out, transactional=transactional, client=client)
 
-    if workload in ("keyed-count", "fan-out"):
+    if workload in ("keyed-count", "keyed-count-ids", "fan-out"):
         counts = bids.key_by("by-user", lambda b: b["user"]).count_per_key("count")
         counts.write("counts", sink(out))
     if workload in ("stateless", "fan-out"):
@@ -113,7 +120,7 @@ def build(
     return p
 
 
-WORKLOADS = ("keyed-count", "stateless", "sliding-window", "fan-out")
+WORKLOADS = ("keyed-count", "keyed-count-ids", "stateless", "sliding-window", "fan-out")
 
 
 def run_once(
@@ -188,9 +195,12 @@ def services(redis_cluster: bool) -> Any:
             redis_url = f"redis+cluster://{seeds}"
         else:
             redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
-        bootstrap = (
-            os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap
-        )
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        if not bootstrap:
+            kafka = stack.enter_context(LocalKafka())
+            bootstrap = kafka.bootstrap
+            if kafka.proc is not None:  # its CPU is measured beside the run's
+                os.environ[BROKER_PID_ENV] = str(kafka.proc.pid)
         yield redis_url, bootstrap, cluster
 
 
@@ -236,9 +246,12 @@ def child(args: argparse.Namespace) -> None:
     redis_url = os.environ["REDIS_URL"]
     run_once(spark, args.child, args, redis_url, workdir, config)
     before = redis_cpu(redis_url)
-    with PeakRss(os.getpid()) as peak:
+    broker = os.environ.get(BROKER_PID_ENV)
+    others = {"broker": int(broker)} if broker else {}
+    with PeakRss(os.getpid(), others=others) as peak:
         result = run_once(spark, args.child, args, redis_url, workdir, config)
     result["rss_mb"] = peak.peaks_mb()
+    result["cpu_s"] = peak.cpu_seconds()
     after = redis_cpu(redis_url)
     if before is not None and after is not None:
         result["redis_cpu_s"] = {k: after[k] - before[k] for k in after}
@@ -275,8 +288,23 @@ def redis_cpu(redis_url: str) -> dict[str, float] | None:
     }
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+BROKER_PID_ENV = "ONCEFLOW_BENCH_BROKER_PID"
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of one process so far (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 class PeakRss:
-    """Peak memory of a process tree, sampled every 0.2 s from /proc (Linux).
+    """Peak memory and CPU of a process tree, sampled every 0.2 s from /proc (Linux).
 
     Memory is the proportional set size (PSS: a page shared by n processes counts 1/n in
     each), so PySpark's forked workers, which share their parent daemon's imported modules, are
@@ -284,14 +312,23 @@ class PeakRss:
     descendants (Spark's, in local mode), the largest sum at one moment of the other Python
     descendants (PySpark's daemon and workers) and their largest number. Executors of a
     standalone cluster are not descendants: not counted.
+
+    CPU (user + system) is what each process spent between the first sample and its last,
+    by the same kinds, plus the processes named in ``others`` (the broker): a process that
+    ends between two samples loses at most one interval of it.
     """
 
     PARTS = ("driver", "jvm", "python workers", "worker processes")
+    CPU_PARTS = ("driver", "jvm", "python workers")
 
-    def __init__(self, root: int, interval: float = 0.2) -> None:
+    def __init__(self, root: int, interval: float = 0.2, others: dict[str, int] | None = None):
         self.root = root
         self.interval = interval
+        self.others = dict(others or {})
         self.peak = dict.fromkeys(self.PARTS, 0)
+        self.cpu_start: dict[int, float] = {}
+        self.cpu_last: dict[int, tuple[str, float]] = {}
+        self._first = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="peak-rss")
 
@@ -307,25 +344,53 @@ class PeakRss:
         while True:
             self.sample()
             if self._stop.wait(self.interval):
+                self.sample()
                 return
+
+    def _kind(self, pid: int, comm: str) -> str | None:
+        if pid == self.root:
+            return "driver"
+        if comm == "java":
+            return "jvm"
+        if comm.startswith("python"):
+            return "python workers"
+        return None
 
     def sample(self) -> None:
         now = dict.fromkeys(self.PARTS, 0)
-        for pid, comm, pss in self._tree():
-            if pid == self.root:
-                now["driver"] += pss
-            elif comm == "java":
-                now["jvm"] += pss
-            elif comm.startswith("python"):
-                now["python workers"] += pss
+        for pid, comm, pss, cpu in self._tree():
+            kind = self._kind(pid, comm)
+            if kind is None:
+                continue
+            now[kind] += pss
+            if kind == "python workers":
                 now["worker processes"] += 1
+            self._cpu(pid, kind, cpu)
+        for name, pid in self.others.items():
+            cpu = _cpu_seconds(pid)
+            if cpu is not None:
+                self._cpu(pid, name, cpu)
+        self._first = False
         for part, value in now.items():
             self.peak[part] = max(self.peak[part], value)
 
-    def _tree(self) -> Iterator[tuple[int, str, int]]:
-        """(pid, command name, PSS bytes) of the root and its descendants."""
+    def _cpu(self, pid: int, kind: str, cpu: float) -> None:
+        if pid not in self.cpu_start:
+            self.cpu_start[pid] = cpu if self._first else 0.0
+        self.cpu_last[pid] = (kind, cpu)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds spent while measured, by kind of process."""
+        out = dict.fromkeys((*self.CPU_PARTS, *self.others), 0.0)
+        for pid, (kind, cpu) in self.cpu_last.items():
+            out[kind] += cpu - self.cpu_start[pid]
+        return out
+
+    def _tree(self) -> Iterator[tuple[int, str, int, float]]:
+        """(pid, command name, PSS bytes, CPU seconds) of the root and its descendants."""
         parents: dict[int, int] = {}
         names: dict[int, str] = {}
+        cpus: dict[int, float] = {}
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -335,8 +400,10 @@ class PeakRss:
             except OSError:
                 continue
             comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            fields = stat[stat.rindex(")") + 2 :].split()
+            parents[int(entry)] = int(fields[1])
             names[int(entry)] = comm
+            cpus[int(entry)] = (int(fields[11]) + int(fields[12])) / _TICKS
         inside, grown = {self.root}, {self.root}
         while grown:  # a generation of descendants at a time
             grown = {p for p, parent in parents.items() if parent in grown} - inside
@@ -347,7 +414,7 @@ class PeakRss:
                     pss = next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
             except (OSError, IndexError, ValueError, StopIteration):
                 continue  # the process ended
-            yield pid, names.get(pid, ""), pss * 1024
+            yield pid, names.get(pid, ""), pss * 1024, cpus.get(pid, 0.0)
 
     def peaks_mb(self) -> dict[str, float]:
         """Peaks in MB (the process count as it is)."""
@@ -553,6 +620,7 @@ def report(
     print(f"{'transactional / plain sink':<34} {eo[0] / plain[0]:>13.0%} {eo[1] / plain[1]:>13.0%}")
     if local:
         print_rss(runs)
+        print_cpu(runs, records)
     print_redis_cpu(runs, records)
     last = runs["exactly-once"][-1]
     c = last["counters"]
@@ -613,6 +681,32 @@ def print_redis_cpu(runs: dict[str, list[dict[str, Any]]], records: int) -> None
     )
     for mode, (total, scripts, hsetnx) in rows:
         print(f"{mode:<34} {total:>8.2f} {scripts:>8.2f} {hsetnx:>26.2f}")
+
+
+def print_cpu(runs: dict[str, list[dict[str, Any]]], records: int) -> None:
+    """CPU seconds per 100k records of the measured query (median), by kind of process.
+
+    On two cores everything competes: the Kafka broker's work (transactions, headers) is as
+    much a cost of a mode as the workers'.
+    """
+    scale = 100_000 / records
+    rows = []
+    for mode, rs in runs.items():
+        cpus = [r["cpu_s"] for r in rs if r.get("cpu_s")]
+        if cpus:
+            kinds = list(cpus[0])
+            rows.append(
+                (mode, kinds, [statistics.median(c[k] for c in cpus) * scale for k in kinds])
+            )
+    if not rows:
+        return
+    kinds = rows[0][1]
+    print()
+    print(
+        f"{'CPU s per 100k records, median':<34}" + "".join(f"{k:>15}" for k in kinds) + "   total"
+    )
+    for mode, _kinds, values in rows:
+        print(f"{mode:<34}" + "".join(f"{v:>15.2f}" for v in values) + f"{sum(values):>8.2f}")
 
 
 def print_rss(runs: dict[str, list[dict[str, Any]]]) -> None:
