@@ -49,8 +49,11 @@ class CompiledBatch:
         try:
             if self.action is None:
                 return
+            rows = self.action.collect()
+            if not self.driver_targets:  # every sink is written from the workers
+                return
             grouped: dict[tuple[int, int], list[Any]] = {}
-            for row in self.action.collect():
+            for row in rows:
                 grouped.setdefault((row["stage_ix"], row["port"]), []).append(row)
             for key, connector in self.driver_targets.items():
                 connector.receive([_decode_row(r) for r in grouped.get(key, [])])
@@ -148,15 +151,16 @@ def _compile(
     frames: dict[str, DataFrame] = {}
     persisted: list[DataFrame] = []
     aligned = aligned_stages(job)
+    row_ports = {s.name: {t.index for t in s.targets if t.is_row} for s in job.stages}
     for spec in job.stages:
-        source = _input_frame(spec, sources, frames, parallelism, aligned)
+        source = _input_frame(spec, sources, frames, parallelism, aligned, row_ports)
         frame = map_stage(spec, source)
         if _reads(job, spec) > 1:
             frame = frame.persist()
             persisted.append(frame)
         frames[spec.name] = frame
 
-    parts: list[tuple[bool, DataFrame]] = []
+    parts: list[tuple[bool, int, DataFrame]] = []
     driver_targets: dict[tuple[int, int], Any] = {}
     for ix, spec in enumerate(job.stages):
         driver = [t for t in spec.targets if t.to_driver]
@@ -168,9 +172,11 @@ def _compile(
             part = frames[spec.name].where(F.col("port").isin([t.index for t in driver]))
         else:
             continue
-        parts.append((spec.name in aligned, part.withColumn("stage_ix", F.lit(ix))))
+        parts.append((spec.name in aligned, ix, part))
     action = None
-    for _, part in sorted(parts, key=lambda p: not p[0]):  # aligned first (stable)
+    for _, ix, frame in sorted(parts, key=lambda p: not p[0]):  # aligned first (stable)
+        # rows that come back to the driver say which stage made them
+        part = frame.withColumn("stage_ix", F.lit(ix)) if driver_targets else frame
         action = part if action is None else action.unionByName(part)
     return CompiledBatch(job, frames, action, driver_targets, persisted)
 
@@ -198,10 +204,14 @@ def _input_frame(
     frames: Mapping[str, DataFrame],
     parallelism: int,
     aligned: set[str],
+    row_ports: Mapping[str, set[int]],
 ) -> DataFrame:
     """A source's raw rows, or the union of the producers' ports this stage reads.
 
-    Ports of aligned producers come first in the union (see the module docstring).
+    Ports of aligned producers come first in the union (see the module docstring). A port
+    is only filtered out of a producer that makes rows of other ports too, and relabelled
+    only when its number differs from the inbound index: every DataFrame operation is
+    analysed by Spark on the spot, a few milliseconds of each micro-batch's planning.
     """
     from pyspark.sql import functions as F  # noqa: N812
 
@@ -213,8 +223,11 @@ def _input_frame(
             raise RuntimeFailure(msg) from None
     result = None
     for inbound in sorted(spec.inbound, key=lambda i: i.producer not in aligned):
-        part = frames[inbound.producer].where(F.col("port") == inbound.port)
-        part = part.withColumn("port", F.lit(inbound.index).cast("int"))
+        part = frames[inbound.producer]
+        if row_ports[inbound.producer] != {inbound.port}:  # the producer makes other rows too
+            part = part.where(F.col("port") == inbound.port)
+        if inbound.port != inbound.index:
+            part = part.withColumn("port", F.lit(inbound.index).cast("int"))
         result = part if result is None else result.unionByName(part)
     if result is None:
         msg = f"stage {spec.name!r} reads nothing; this is a runner bug"

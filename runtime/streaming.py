@@ -199,10 +199,13 @@ class StreamingRun:
         phases.mark("params")
         before = dict(self.metrics.value)
         t0 = time.monotonic()
-        frames = {
-            name: df.where(F.col("src") == i).drop("src")
-            for i, (name, _) in enumerate(self.job.sources)
-        }
+        if len(self.job.sources) == 1:  # no "src" column to tell sources apart
+            frames = {self.job.sources[0][0]: df}
+        else:
+            frames = {
+                name: df.where(F.col("src") == i).drop("src")
+                for i, (name, _) in enumerate(self.job.sources)
+            }
         if self.compiler is None:
             self.compiler = StreamCompiler(
                 self.job, self.spark, self.guards, self.parallelism, self.metrics
@@ -689,7 +692,8 @@ def _start_query(
     frames = []
     for i, (name, connector) in enumerate(state.job.sources):
         df = connector.stream(state.spark, state.job.pipeline, name)
-        frames.append(df.withColumn("src", F.lit(i)))
+        # several sources are one query: a column says which source each row is from
+        frames.append(df.withColumn("src", F.lit(i)) if len(state.job.sources) > 1 else df)
     union = frames[0]
     for df in frames[1:]:
         union = union.unionByName(df)
