@@ -76,6 +76,8 @@ MODES = {
 }
 
 
+READ_IN_TASK_ENV = "ONCEFLOW_BENCH_READ_IN_TASK"  # "0": KafkaSource(read_in_task=False)
+
 # one bid in the input topic per 5 ms of event time (200 bids per second of event time)
 EVENT_STEP_MS = 5
 EVENT_START_MS = 1_700_000_000_000
@@ -92,9 +94,17 @@ def build(
     """The pipeline of one workload (see the module's doc)."""
     p = Pipeline(name, event_time=EventTime.of(out_of_orderness="1s"))
     ids = {"id": lambda b: b["n"]} if workload == "keyed-count-ids" else {}
+    in_task = os.environ.get(READ_IN_TASK_ENV, "1") != "0"  # for A/B runs of the reader
     bids = p.read(
         "bids",
-        KafkaSource(topic, codec="json", timestamp=lambda b: b["ts"], client=client, **ids),
+        KafkaSource(
+            topic,
+            codec="json",
+            timestamp=lambda b: b["ts"],
+            client=client,
+            read_in_task=in_task,
+            **ids,
+        ),
     )
 
     def sink(topic_out: str) -> KafkaSink:
@@ -304,7 +314,7 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 class PeakRss:
-    """Peak memory and CPU of a process tree, sampled every 0.2 s from /proc (Linux).
+    """Peak memory and CPU of a process tree, sampled every 0.5 s from /proc (Linux).
 
     Memory is the proportional set size (PSS: a page shared by n processes counts 1/n in
     each), so PySpark's forked workers, which share their parent daemon's imported modules, are
@@ -321,7 +331,9 @@ class PeakRss:
     PARTS = ("driver", "jvm", "python workers", "worker processes")
     CPU_PARTS = ("driver", "jvm", "python workers")
 
-    def __init__(self, root: int, interval: float = 0.2, others: dict[str, int] | None = None):
+    # A sample reads /proc/<pid>/smaps_rollup of every process of the tree: ~10-50 ms of this
+    # process's CPU (the JVM's is long), which every mode pays alike.
+    def __init__(self, root: int, interval: float = 0.5, others: dict[str, int] | None = None):
         self.root = root
         self.interval = interval
         self.others = dict(others or {})

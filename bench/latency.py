@@ -62,7 +62,12 @@ from onceflow import KafkaSink, KafkaSource, Pipeline
 pipeline = Pipeline(os.environ["LATENCY_NAME"])
 orders = pipeline.read(
     "orders",
-    KafkaSource(os.environ["LATENCY_IN"], id=lambda o: o["order_id"], timestamp=lambda o: o["ts"]),
+    KafkaSource(
+        os.environ["LATENCY_IN"],
+        id=lambda o: o["order_id"],
+        timestamp=lambda o: o["ts"],
+        read_in_task=os.environ.get("ONCEFLOW_BENCH_READ_IN_TASK", "1") != "0",
+    ),
 )
 txn = os.environ["LATENCY_TRANSACTIONAL"] == "1"
 orders.filter("paid", lambda o: o["status"] == "paid").write(

@@ -690,6 +690,12 @@ def _start_query(
     from pyspark.sql import functions as F  # noqa: N812
 
     frames = []
+    if len(state.job.sources) > 1:  # one query: every source must give the same columns
+        ranges = [getattr(c, "read_in_task", False) for _, c in state.job.sources]
+        if not all(ranges):
+            for _, connector in state.job.sources:
+                if getattr(connector, "read_in_task", False):
+                    connector.read_in_task = False
     for i, (name, connector) in enumerate(state.job.sources):
         df = connector.stream(state.spark, state.job.pipeline, name)
         # several sources are one query: a column says which source each row is from

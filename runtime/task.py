@@ -56,6 +56,9 @@ MAX_FAILURE_CHARS = 600
 # pipeline's transactional sink cost ~40 Kafka transactions and ~120 Redis calls per 100k.
 DELIVERY_RECORDS = 20_000
 MAX_ORIGINS = 50_000  # source records whose origin a task remembers for error messages
+# Decoded source records handed on at a time (a source's Arrow batch may stand for a whole
+# offset range its task reads itself, see onceflow.connectors.kafka.datasource).
+SOURCE_SLICE = 5000
 # Event times below this many ms (September 2001) are taken to be seconds by mistake.
 SECONDS_NOT_MS = 1_000_000_000_000
 ROW_SCHEMA = "id binary, ts long, key binary, value binary, port int"
@@ -375,13 +378,16 @@ class TaskRun:
         """
         decoder = self.spec.source_connector.decoder(self.spec.source, self.guard.mode.ids)
         origins = self.origins
+        rows: list[InRow] = []
+        lanes: list[str | None] = []
+        positional: list[bool] = []
         for batch in batches:
-            rows: list[InRow] = []
-            lanes: list[str | None] = []
-            positional: list[bool] = []
-            if len(origins) > MAX_ORIGINS:
-                origins.clear()
             for item in decoder(batch):
+                if len(rows) >= SOURCE_SLICE:  # a batch may stand for a whole offset range
+                    yield rows, lanes, positional
+                    rows, lanes, positional = [], [], []
+                    if len(origins) > MAX_ORIGINS:
+                        origins.clear()
                 if isinstance(item, Record):
                     rows.append((0, item.id, item.ts, None, item.elem))
                     lanes.append(item.lane)
@@ -396,6 +402,9 @@ class TaskRun:
                     self.guard.note(item.code, item.lost)
                     self.body.dead(item)
             yield rows, lanes, positional
+            rows, lanes, positional = [], [], []
+            if len(origins) > MAX_ORIGINS:
+                origins.clear()
 
     def internal_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[list[InRow]]:
         """Decode rows written by another stage (port = this stage's inbound index)."""

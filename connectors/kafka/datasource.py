@@ -7,6 +7,17 @@ bounds the records per batch, and ``availableNow`` stops at the high-water marks
 the query started. The reading itself runs on the workers (:mod:`~.worker`), with the
 source's client; the driver side here always uses kafka-python. This module imports PySpark;
 :class:`~.source.KafkaSource` imports it only when a stream starts.
+
+With ``"ranges": true`` in its config (what :class:`~.source.KafkaSource` asks for) the
+source hands Spark one row per input partition, the offset range itself
+(:data:`RANGE_SCHEMA`), and the source stage's task reads the records
+(:meth:`~.source.KafkaSource.decoder`): they then go from the broker to the stage in one
+Python process, instead of from a reader process through the JVM as Arrow batches to another.
+Measured A/B (``KafkaSource(read_in_task=False)`` is the other way), 2 partitions on 2 cores:
+the JVM's CPU per 100k records 1.0 -> 0.6 s, the whole run's -5%, the same throughput (the
+two processes of a task had overlapped); end-to-end p50 at 1,000 orders/s 467-518 -> 431-440
+ms in exactly-once, 410 -> 367 ms at-least-once. Offsets, partitions and what a replay reads
+are the same either way.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from onceflow.connectors.kafka.offsets import (
     split_tp,
     tp_key,
 )
-from onceflow.connectors.kafka.worker import RAW_SCHEMA, read_range
+from onceflow.connectors.kafka.worker import RANGE_SCHEMA, RAW_SCHEMA, read_range
 from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -153,8 +164,8 @@ class KafkaDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        """Raw Kafka rows; headers are a MessagePack list of ``[key, value]``."""
-        return RAW_SCHEMA
+        """Offset ranges, or raw Kafka rows (headers a MessagePack list of ``[key, value]``)."""
+        return RANGE_SCHEMA if json.loads(self.options["config"]).get("ranges") else RAW_SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802 - Spark's name
         """The micro-batch reader."""
@@ -174,6 +185,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.on_data_loss: str = config.get("on_data_loss", "fail")
         self.client: str = config.get("client", PYTHON_CLIENT)  # the workers' reader
         self.tick_file: str | None = config.get("tick_file")
+        self.ranges: bool = bool(config.get("ranges"))  # rows are ranges the stage reads
         self.ticks_seen = 0
         self.target: dict[str, int] | None = None
         self._probe: Any = None  # driver-side consumer, created on first use
@@ -290,6 +302,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- worker side ----------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Records ``[lo, hi)`` of one topic-partition, as Arrow batches (on a worker)."""
+        """Records ``[lo, hi)`` of one topic-partition as Arrow batches, or the range itself."""
         topic, part, lo, hi = partition.value
+        if self.ranges:
+            return iter([range_row(topic, part, lo, hi)])
         return read_range(self.settings, topic, part, lo, hi, self.on_data_loss, self.client)
+
+
+def range_row(topic: str, part: int, lo: int, hi: int) -> pa.RecordBatch:
+    """The one row of :data:`RANGE_SCHEMA` standing for records ``[lo, hi)``."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([topic], pa.string()),
+            pa.array([part], pa.int32()),
+            pa.array([lo], pa.int64()),
+            pa.array([hi], pa.int64()),
+        ],
+        names=["topic", "partition", "lo", "hi"],
+    )

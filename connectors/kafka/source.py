@@ -22,7 +22,8 @@ The sink writes each record with its ID in the ``onceflow-id`` header (and its e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -31,7 +32,7 @@ from onceflow.connectors.base import Decoded, Decoder, SourceConnector
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.offsets import partitions_of, split_tp, tp_key
 from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client
-from onceflow.connectors.kafka.worker import ON_DATA_LOSS
+from onceflow.connectors.kafka.worker import ON_DATA_LOSS, RANGE_COLUMNS, fetch_range
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
 from onceflow.kernel.records import DeadLetter, Record
@@ -68,6 +69,7 @@ class KafkaSource(SourceConnector):
         on_data_loss: str = "fail",
         options: dict[str, Any] | None = None,
         client: str = "python",
+        read_in_task: bool = True,
     ) -> None:
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
@@ -102,6 +104,9 @@ class KafkaSource(SourceConnector):
         self.max_records_per_batch = max_records_per_batch
         self.envelope = envelope
         self.tick_file: str | None = None  # set by a streaming run whose windows need ticks
+        # The source stage reads its offset ranges itself (see .datasource); a run turns it
+        # off when one query unions this source with sources that give raw rows.
+        self.read_in_task = read_in_task and client != SPARK_CLIENT
 
     @property
     def settings(self) -> KafkaSettings:
@@ -188,28 +193,34 @@ class KafkaSource(SourceConnector):
             "on_data_loss": self.on_data_loss,
             "tick_file": self.tick_file,
             "client": self.client,
+            "ranges": self.read_in_task,  # the source stage reads its own range
         }
         return session.readStream.format(FORMAT).option("config", json.dumps(config)).load()
 
     def decoder(self, source: str, with_ids: bool) -> Decoder:
-        """Raw rows to records (IDs and event times as in the module docstring).
+        """Raw rows, or offset ranges this task reads itself, to records.
 
-        Position IDs are ``positional`` (:class:`~onceflow.kernel.records.Record`) when read
-        through the Python data source, whose input partitions are one offset range per Kafka
-        partition, planned from the offsets in Spark's log alone (a replay reads the same
-        records in the same task); Spark's own Kafka connector plans its own ranges, so its
-        position IDs are deduplicated like any other ID.
+        IDs and event times are as in the module docstring. Position IDs are ``positional``
+        (:class:`~onceflow.kernel.records.Record`) when read through the Python data source,
+        whose input partitions are one offset range per Kafka partition, planned from the
+        offsets in Spark's log alone (a replay reads the same records in the same task);
+        Spark's own Kafka connector plans its own ranges, so its position IDs are
+        deduplicated like any other ID.
         """
         codec, key_codec = self.codec, self.key_codec
         id_fn, ts_fn, envelope = self.id_fn, self.ts_fn, self.envelope
         by_position = with_ids and self.client != SPARK_CLIENT
+        settings, on_data_loss, client = self.settings, self.on_data_loss, self.client
 
         lanes: dict[tuple[str, int], str] = {}
 
-        def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
-            cols = [batch.column(i).to_pylist() for i in range(RAW_COLUMN_COUNT)]
-            for topic, part, offset, kts, key, value, headers in zip(*cols, strict=True):
-                hdrs = dict(msgpack.unpackb(headers, raw=False)) if headers else {}
+        def records(rows: Iterable[tuple[Any, ...]], unpack: bool) -> Iterator[Decoded]:
+            """``(topic, partition, offset, ts, key, value, headers)`` rows, decoded."""
+            for topic, part, offset, kts, key, value, headers in rows:
+                if unpack:  # Arrow rows carry headers as MessagePack
+                    hdrs = dict(msgpack.unpackb(headers, raw=False)) if headers else {}
+                else:
+                    hdrs = dict(headers) if headers else {}
                 lane = lanes.get((topic, part))
                 if lane is None:
                     lane = lanes[(topic, part)] = tp_key(topic, part)
@@ -223,6 +234,27 @@ class KafkaSource(SourceConnector):
                     with_ids,
                     by_position,
                 )
+
+        def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
+            if batch.num_columns == len(RANGE_COLUMNS):  # ranges: this task reads them
+                ranges = zip(*(c.to_pylist() for c in batch.columns), strict=True)
+                for topic, part, lo, hi in ranges:
+                    for f in fetch_range(settings, topic, part, lo, hi, on_data_loss, client):
+                        n = len(f)
+                        rows = zip(
+                            repeat(topic, n),
+                            repeat(part, n),
+                            f.offsets,
+                            f.timestamps,
+                            f.keys,
+                            f.values,
+                            f.headers,
+                            strict=True,
+                        )
+                        yield from records(rows, unpack=False)
+                return
+            cols = [batch.column(i).to_pylist() for i in range(RAW_COLUMN_COUNT)]
+            yield from records(zip(*cols, strict=True), unpack=True)
 
         return decode
 

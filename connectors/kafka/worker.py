@@ -1,8 +1,9 @@
-"""Kafka as a Spark Python data source, on the workers: reading one offset range.
+"""Kafka on the workers: reading one offset range.
 
 A worker reads ``[lo, hi)`` of one topic-partition with a reader shared by the Python worker
-process (a new one costs ~0.1 s), of either client (:mod:`.clients`), and yields Arrow
-batches of raw rows.
+process (a new one costs ~0.1 s), of either client (:mod:`.clients`). :func:`fetch_range`
+yields the records as columns (what the source stage decodes: the stage reads its own range,
+see :class:`~.datasource.KafkaDataSource`); :func:`read_range` as Arrow batches of raw rows.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ RAW_SCHEMA = (
     "topic string, partition int, offset long, ts long, key binary, value binary, headers binary"
 )
 RAW_COLUMNS = ("topic", "partition", "offset", "ts", "key", "value", "headers")
+# A range of records the source stage reads itself: ``[lo, hi)`` of one topic-partition.
+RANGE_SCHEMA = "topic string, partition int, lo long, hi long"
+RANGE_COLUMNS = ("topic", "partition", "lo", "hi")
 POLL_S = 0.5
 STALL_SECONDS = 60
 
@@ -47,7 +51,21 @@ def read_range(
     on_data_loss: str = "fail",
     client: str = PYTHON_CLIENT,
 ) -> Iterator[pa.RecordBatch]:
-    """Records ``[lo, hi)`` of one topic-partition, as Arrow batches, read with ``client``.
+    """Records ``[lo, hi)`` of one topic-partition as Arrow batches of raw rows."""
+    for fetched in fetch_range(settings, topic, part, lo, hi, on_data_loss, client):
+        yield _rows(topic, part, fetched)
+
+
+def fetch_range(
+    settings: KafkaSettings,
+    topic: str,
+    part: int,
+    lo: int,
+    hi: int,
+    on_data_loss: str = "fail",
+    client: str = PYTHON_CLIENT,
+) -> Iterator[Fetched]:
+    """Records ``[lo, hi)`` of one topic-partition, read with ``client``, as columns.
 
     Records of the range that are gone (deleted by retention or ``delete_records`` before
     they were read) are never skipped silently: with ``on_data_loss="fail"`` the task stops
@@ -82,7 +100,7 @@ def read_range(
         if last > first:
             idle_since = time.monotonic()
             position = fetched.offsets[last - 1] + 1
-            yield _rows(topic, part, fetched, first, last)
+            yield _slice(fetched, first, last)
         else:
             position = max(position, reader.position() or position)
             if time.monotonic() - idle_since > STALL_SECONDS:
@@ -94,31 +112,40 @@ def read_range(
     reader.release()
 
 
-def _rows(topic: str, part: int, fetched: Fetched, first: int, last: int) -> pa.RecordBatch:
-    """Records ``first:last`` of a poll as an Arrow batch of raw rows."""
+def _slice(fetched: Fetched, first: int, last: int) -> Fetched:
+    """Records ``first:last`` of a poll (the poll itself when that is all of it)."""
+    if first == 0 and last == len(fetched):
+        return fetched
+    return Fetched(
+        fetched.offsets[first:last],
+        fetched.timestamps[first:last],
+        fetched.keys[first:last],
+        fetched.values[first:last],
+        fetched.headers[first:last],
+    )
+
+
+def _rows(topic: str, part: int, fetched: Fetched) -> pa.RecordBatch:
+    """Records of a poll as an Arrow batch of raw rows."""
     import pyarrow as pa
 
-    n = last - first
+    n = len(fetched)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([topic] * n, pa.string()),
             pa.array([part] * n, pa.int32()),
-            pa.array(fetched.offsets[first:last], pa.int64()),
-            pa.array(fetched.timestamps[first:last], pa.int64()),
-            pa.array(fetched.keys[first:last], pa.binary()),
-            pa.array(fetched.values[first:last], pa.binary()),
-            pa.array([pack_headers(h) for h in fetched.headers[first:last]], pa.binary()),
+            pa.array(fetched.offsets, pa.int64()),
+            pa.array(fetched.timestamps, pa.int64()),
+            pa.array(fetched.keys, pa.binary()),
+            pa.array(fetched.values, pa.binary()),
+            pa.array([pack_headers(h) for h in fetched.headers], pa.binary()),
         ],
         names=list(RAW_COLUMNS),
     )
 
 
-def _gap(
-    topic: str, part: int, first: int, after: int, hi: int, on_data_loss: str
-) -> pa.RecordBatch:
+def _gap(topic: str, part: int, first: int, after: int, hi: int, on_data_loss: str) -> Fetched:
     """The marker row for offsets ``[first, after)`` that are gone, or the error."""
-    import pyarrow as pa
-
     if on_data_loss != "report":
         msg = (
             f"Kafka {topic}:{part} offsets {first}..{after - 1} were deleted (retention or "
@@ -127,19 +154,7 @@ def _gap(
             "start and record the gap as a dead letter, set KafkaSource(on_data_loss='report')"
         )
         raise ConnectorError(msg)
-    headers = pack_headers([(GAP_HEADER, f"{first}-{after}".encode())])
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([topic], pa.string()),
-            pa.array([part], pa.int32()),
-            pa.array([first], pa.int64()),
-            pa.array([0], pa.int64()),
-            pa.array([None], pa.binary()),
-            pa.array([None], pa.binary()),
-            pa.array([headers], pa.binary()),
-        ],
-        names=list(RAW_COLUMNS),
-    )
+    return Fetched([first], [0], [None], [None], [[(GAP_HEADER, f"{first}-{after}".encode())]])
 
 
 def pack_headers(headers: Sequence[tuple[str, bytes]] | None) -> bytes | None:

@@ -1,0 +1,25 @@
+"""The task loop without Spark: how a source's decoded records reach the chunks."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from onceflow import Pipeline, sinks, sources
+from onceflow.kernel.records import TaskRef
+from onceflow.runtime.guard import no_guard
+from onceflow.runtime.task import SOURCE_SLICE, TaskRun
+
+
+def test_a_batch_standing_for_many_records_is_handed_on_in_slices():
+    """A Kafka source's batch may be one offset range its task reads: the records of one
+    batch must reach the chunks a slice at a time, not all decoded first."""
+    total = 2 * SOURCE_SLICE + 123
+    p = Pipeline("slices")
+    p.read("gen", sources.Generate(total, splits=1)).write("out", sinks.Collect())
+    spec = p.job().stages[0]
+    task = TaskRun(spec, no_guard, TaskRef(spec.name, 0, 0))
+    one_split = pa.RecordBatch.from_pydict({"split": [0], "splits": [1]})
+    slices = list(task.source_rows(iter([one_split])))
+    assert [len(rows) for rows, _lanes, _pos in slices] == [SOURCE_SLICE, SOURCE_SLICE, 123]
+    assert [r[4] for rows, _l, _p in slices for r in rows] == list(range(total))
+    assert all(len(lanes) == len(rows) == len(pos) for rows, lanes, pos in slices)
