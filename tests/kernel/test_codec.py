@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from onceflow.kernel import codec
+from onceflow.kernel.codec import value_codec
 from onceflow.kernel.errors import CodecError
 
 scalars = (
@@ -95,3 +98,36 @@ def test_unknown_codec_lists_the_known_ones():
 def test_utf8_codec_rejects_non_strings_with_a_fix():
     with pytest.raises(CodecError, match="map to str first"):
         codec.value_codec("utf-8").encode(42)
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # past 64 bits too: json keeps them whole
+    | st.floats()  # NaN and infinities: json writes and reads them
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_json_values, st.booleans())
+def test_the_json_codec_reads_what_json_reads(value, ascii_only):
+    """orjson speeds the reading up; what comes out must be what ``json.loads`` gives."""
+    data = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    try:
+        want = repr(json.loads(data))
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            value_codec("json").decode(data)
+        return
+    assert repr(value_codec("json").decode(data)) == want
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"123456789012345678901234567890", b'{"n": -98765432109876543210}', b"NaN", b"[Infinity]",
+     b"1e999", b"\xef\xbb\xbf{}", b'"\\ud800"', b"0.12345678901234567890123"],
+)  # fmt: skip
+def test_the_json_codec_reads_what_orjson_would_read_otherwise_like_json(raw):
+    assert repr(value_codec("json").decode(raw)) == repr(json.loads(raw))
