@@ -26,13 +26,16 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.runtime.jvm import FAST_JVM, driver_options, spark_home_without_zips
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 REQUIRED_SQL_CONF = {
@@ -42,6 +45,7 @@ REQUIRED_SQL_CONF = {
 SPECULATION = "spark.speculation"
 ARROW_BATCH_ROWS = 10_000
 LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+log = logging.getLogger(__name__)
 LOG_FILE_PROPERTY = "onceflow.log.file"
 LOG_LEVEL_PROPERTY = "onceflow.log.level"
 DEFAULT_LOG_LEVEL = "warn"
@@ -239,3 +243,38 @@ def adopt(session: SparkSession) -> None:
             "beside the original. Set spark.speculation=false for Onceflow pipelines"
         )
         raise ConfigError(msg)
+
+
+# "0" switches the warm-up of Python workers off (see warm_workers); its Spark job's group.
+WARM_WORKERS_ENV = "ONCEFLOW_WARM_WORKERS"
+WARM_WORKERS_GROUP = "onceflow-warm-workers"
+
+
+def _pass_through(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield from batches
+
+
+def warm_workers(session: SparkSession, partitions: int) -> threading.Thread | None:
+    """Start Spark's Python worker daemon and ``partitions`` workers now, in the background.
+
+    A run's first micro-batch otherwise waits for them: the daemon starts and imports what the
+    workers need (~1-1.5 s, see :mod:`onceflow.runtime.worker_daemon`). A tiny job on another
+    thread starts them while the driver reads its checkpoint, prepares connectors and starts
+    the query (~2-3 s of its own); the workers are then reused by the first batch's tasks.
+    Only an optimisation: a failure is logged and ignored (``ONCEFLOW_WARM_WORKERS=0``
+    switches it off).
+    """
+    if os.environ.get(WARM_WORKERS_ENV, "1") == "0":
+        return None
+
+    def run() -> None:
+        try:
+            session.sparkContext.setJobGroup(WARM_WORKERS_GROUP, "start the Python workers")
+            frame = session.range(0, partitions, 1, partitions)
+            frame.mapInArrow(_pass_through, "id long").collect()
+        except Exception:  # noqa: BLE001 - the run goes on without it
+            log.debug("warming up the Python workers failed", exc_info=True)
+
+    thread = threading.Thread(target=run, name="onceflow-warm-workers", daemon=True)
+    thread.start()
+    return thread

@@ -71,6 +71,7 @@ from onceflow.runtime.session import (
     default_log_file,
     log_file,
     spark_session,
+    warm_workers,
 )
 from onceflow.runtime.shipping import ship_code
 from onceflow.runtime.spark import StreamCompiler
@@ -443,6 +444,7 @@ def _run(
         extra_conf=_session_conf(job, opts.spark_conf),
     )
     handlers.install()  # over PySpark's SIGINT handler, set when its context started
+    warm_workers(spark, opts.parallelism)  # while the checkpoint, connectors and query start
     steps.mark("Spark session")
     adopt(spark)
     if opts.code_dir is not None:

@@ -85,3 +85,17 @@ def test_spark_s_planning_processes_import_the_installed_pyspark(spark):
     assert os.path.isdir(os.path.join(home, "jars")) and not os.path.exists(
         os.path.join(home, "python")
     )
+
+
+def test_python_workers_are_warmed_by_a_job_of_their_own(spark, monkeypatch):
+    monkeypatch.setenv(session.WARM_WORKERS_ENV, "0")
+    assert session.warm_workers(spark, 2) is None
+    monkeypatch.delenv(session.WARM_WORKERS_ENV)
+    thread = session.warm_workers(spark, 2)
+    assert thread is not None
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(session.WARM_WORKERS_GROUP)]
+    assert jobs, "the warm-up ran a job"
+    assert all(j is not None and j.status == "SUCCEEDED" for j in jobs)
