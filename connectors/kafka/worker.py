@@ -91,6 +91,7 @@ def fetch_range(
                 msg = f"reading {topic}:{part} at offset {position} (log start {start}): {exc}"
                 raise ConnectorError(msg) from exc
             yield _gap(topic, part, position, min(start, hi), hi, on_data_loss)
+            idle_since = time.monotonic()
             position = min(start, hi)
             if position < hi:
                 reader.seek(topic, part, position)
@@ -98,12 +99,12 @@ def fetch_range(
         first = bisect.bisect_left(fetched.offsets, position)
         last = bisect.bisect_left(fetched.offsets, hi)
         if last > first:
-            idle_since = time.monotonic()
             position = fetched.offsets[last - 1] + 1
             yield _slice(fetched, first, last)
+            idle_since = time.monotonic()  # the stall clock counts polling, not the task's work
         else:
             position = max(position, reader.position() or position)
-            if time.monotonic() - idle_since > STALL_SECONDS:
+            if position < hi and time.monotonic() - idle_since > STALL_SECONDS:
                 msg = (
                     f"reading {topic}:{part} offsets {lo}..{hi} stalled at {position} for "
                     f"{STALL_SECONDS} s; were records deleted (retention) or is the broker down?"

@@ -322,3 +322,32 @@ def test_the_confluent_reader_raises_out_of_range_instead_of_jumping(broker, top
                 assert len(reader.poll(0.5)) == 0
     finally:
         reader.close()
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_a_range_ending_at_a_commit_marker_is_read_however_slow_its_task(
+    client, kafka_broker, topic_name, monkeypatch
+):
+    """The stall clock counts time spent polling, not the task's work on what it yielded.
+
+    A transactional producer's records end with a commit marker, so a range read up to the
+    log end finishes with a poll that returns nothing but moves past the marker.
+    """
+    from onceflow.connectors.kafka import worker
+
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("marker"), topic_name("p")
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
+    writer = sink.open(_task(pipeline, 1, 1))
+    assert writer.write(_records(10, _now())) == []
+    writer.prepare()
+    writer.commit()
+    writer.close()
+    hi = 11  # 10 records and the commit marker
+    monkeypatch.setattr(worker, "STALL_SECONDS", 0.3)
+    got = []
+    for fetched in worker.fetch_range(settings, topic, 0, 0, hi, client=client):
+        got.extend(fetched.offsets)
+        time.sleep(0.5)  # the task works longer than the stall clock allows for polling
+    assert got == list(range(10))
