@@ -316,6 +316,7 @@ class ExactlyOnceGuard:
         ids = [o.id for o in outputs]
         if self.logs_deliveries:
             log_delivered(self.session, self.sink_names[target], ids)
+            self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
             return
         newest = max((o.ts for o in outputs), default=0)
         mark_delivered(self.session, self.sinks[target], self.addressing, ids, 0, newest)

@@ -174,6 +174,8 @@ class TaskRun:
         where = f"stage {self.spec.name!r} (batch {self.batch}, partition {self.partition})"
         text = " ".join(str(exc).split())[:MAX_FAILURE_CHARS]
         line = f"{TASK_FAILURE_MARK} {where}: {type(exc).__name__}: {text}"
+        if isinstance(exc, ConnectorError):  # reading or writing failed, not a record
+            return line
         parent = self.body.cursor.parent
         origin = self.origins.get(parent)
         if origin is not None:
@@ -467,7 +469,7 @@ class TaskRun:
         visible (see :mod:`onceflow.dedup.delivery`); a transactional sink commits only then.
         """
         writer = self.writer(target)
-        todo = self.guard.undelivered(target.index, outputs)
+        todo = self.guard.undelivered(target.index, _first_of_each_id(outputs))
         skipped = len(outputs) - len(todo)
         if skipped:
             self.count("already_delivered", skipped)
@@ -686,3 +688,21 @@ def to_arrow(outputs: Sequence[Output]) -> pa.RecordBatch:
         ],
         names=list(ROW_COLUMNS),
     )
+
+
+def _first_of_each_id(outputs: list[Output]) -> list[Output]:
+    """Outputs without repeated IDs: one ID is one record, however many copies a task holds.
+
+    A retry can hold two: a dead letter replayed from the backup of the attempt that died
+    before delivering it, and the same letter made again from an input that was never
+    admitted (an undecodable, late or ahead record).
+    """
+    if len({o.id for o in outputs}) == len(outputs):
+        return outputs
+    seen: set[bytes] = set()
+    first = []
+    for o in outputs:
+        if o.id not in seen:
+            seen.add(o.id)
+            first.append(o)
+    return first

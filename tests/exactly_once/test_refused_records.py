@@ -28,11 +28,12 @@ from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel import codec
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import NEW_LAYOUT, Keyspace
 from onceflow.kernel.records import Output, TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.pipeline import Pipeline
-from onceflow.runtime.task import TaskRun
+from onceflow.runtime import task as task_module
+from onceflow.runtime.task import DELIVERY_RECORDS, TaskRun
 from tests.dedup.test_guard import TS, _rows
 
 pytestmark = pytest.mark.redis
@@ -121,7 +122,7 @@ class _Txn(TransactionalWriter):
         return False
 
 
-def _stage(redis_server, sink, dead):
+def _stage(redis_server, sink, dead, layout=NEW_LAYOUT):
     name = f"refused-{uuid.uuid4().hex[:8]}"
     p = Pipeline(name, dead_letters=dead)
     p.read("events", KafkaSource("in", bootstrap_servers="127.0.0.1:1")).map(
@@ -129,7 +130,7 @@ def _stage(redis_server, sink, dead):
     ).write("out", sink)
     spec = p.job().stages[0].with_dead_letters(dead)
     redis_server.client().incr(Keyspace(name).epoch)
-    params = BatchParams(0, TS, TS, TS, 24 * 3_600_000, 0, 0, (0,), TS * 2)
+    params = BatchParams(0, TS, TS, TS, 24 * 3_600_000, 0, 0, (0,), TS * 2, layout=layout)
     guards = ExactlyOnceGuards(RedisSettings(redis_server.url), name, 1, DedupConfig())
     return spec, guards.for_batch(params)
 
@@ -205,3 +206,51 @@ def test_a_chunk_redone_after_a_conflict_counts_its_dead_letters_once(redis_serv
     task._attempt_chunk(0, rows, [], {})
     assert task.counters.get("events/commit_conflicts") == 1, "the chunk was redone"
     assert task.body.dead_count == 1 and task.body.dead_codes == {"user_error": 1}
+
+
+def _raw_rows(values: list[bytes]):
+    """A Kafka source's raw rows (topic ``in``, partition 0, offsets 0..)."""
+    import pyarrow as pa
+
+    n = len(values)
+    columns = {
+        "topic": pa.array(["in"] * n, pa.string()),
+        "partition": pa.array([0] * n, pa.int32()),
+        "offset": pa.array(range(n), pa.int64()),
+        "ts": pa.array([TS + i for i in range(n)], pa.int64()),
+        "key": pa.array([None] * n, pa.binary()),
+        "value": pa.array(values, pa.binary()),
+        "headers": pa.array([None] * n, pa.binary()),
+    }
+    return pa.RecordBatch.from_pydict(columns)
+
+
+@pytest.mark.parametrize("layout", [1, 2, 3])
+@pytest.mark.parametrize("hold", [DELIVERY_RECORDS, 1], ids=["one-delivery", "two-deliveries"])
+def test_a_dead_letter_committed_by_an_attempt_that_died_is_delivered_once(
+    layout, hold, redis_server, monkeypatch
+):
+    """The retry replays the letter from the backup and makes it again from its input (an
+    undecodable record is no admitted input): two copies with one ID, delivered once, in
+    one delivery or in two (``hold``: sink records the retry holds before delivering)."""
+    sink, dead = Recorder(), Recorder()
+    spec, guards = _stage(redis_server, sink, dead, layout)
+    values = [json.dumps({"i": i}).encode() for i in range(5)]
+    values[2] = b"{not json"
+    first = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 1))
+
+    def killed(_task):
+        raise RuntimeError("killed after its chunk committed, before delivering what it held")
+
+    with monkeypatch.context() as m:
+        m.setattr(TaskRun, "close_counts", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            list(first.run(iter([_raw_rows(values)])))
+    first.close(False)
+    assert not sink.visible and not dead.visible
+    monkeypatch.setattr(task_module, "DELIVERY_RECORDS", hold)
+    retry = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 2))
+    list(retry.run(iter([_raw_rows(values)])))
+    retry.close(True)
+    assert sorted(e["i"] for _id, e in sink.visible) == [0, 1, 3, 4]
+    assert len(dead.visible) == 1, "one letter for the undecodable record"
