@@ -11,7 +11,9 @@ The namespace and the Spark checkpoint are two halves of one pipeline's progress
 which input was read, Redis what it did. Both hold the same identity (:func:`pin_checkpoint`):
 a fresh checkpoint over an old namespace (it would re-read input the namespace has already
 backed up under the same batch numbers), or an old checkpoint over a namespace whose state is
-gone, is refused with the way to start over (``onceflow reset``).
+gone, is refused with the way to start over (``onceflow reset``). So is a checkpoint that
+fell behind the namespace (:func:`check_not_behind`): its last committed micro-batch is older
+than one the namespace was told Spark committed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import uuid
 from typing import Any
 
+from onceflow.backup.store import acknowledged
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import (
@@ -198,3 +201,30 @@ def pin_checkpoint(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> s
     if found is None:
         checkpoint.write(identity + "\n", IDENTITY_FILE)
     return identity
+
+
+def check_not_behind(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> None:
+    """Refuse a checkpoint whose commits stop before the batch Redis says Spark committed.
+
+    An exactly-once run acknowledges a micro-batch once Spark's commit log holds it, and GC
+    then deletes its backups (:mod:`onceflow.backup.store`). A checkpoint that lost those
+    commits (restored from an older copy, or a local folder that lost recent writes in a
+    power failure) would replay acknowledged batches without their backups: records whose
+    IDs are their input positions, and sink records, would count twice.
+    """
+    acked = acknowledged(client, keyspace)
+    if acked < 0:
+        return
+    done = checkpoint.last_committed()
+    if done is not None and done >= acked:
+        return
+    found = f"ends at micro-batch {done}" if done is not None else "has no committed micro-batch"
+    msg = (
+        f"the checkpoint {checkpoint.location} {found}, but namespace "
+        f"{keyspace.namespace!r} holds the results of micro-batch {acked}, which Spark had "
+        "committed: the checkpoint lost its latest commits (restored from an older copy? a "
+        "folder that lost writes?). Resuming would replay batches whose backups are gone and "
+        "double their results. Put back the checkpoint the run left, or start over: "
+        + _reset_hint(keyspace, checkpoint)
+    )
+    raise ConfigError(msg)

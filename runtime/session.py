@@ -269,7 +269,9 @@ def warm_workers(session: SparkSession, partitions: int) -> threading.Thread | N
 
     def run() -> None:
         try:
-            session.sparkContext.setJobGroup(WARM_WORKERS_GROUP, "start the Python workers")
+            if os.environ.get("PYSPARK_PIN_THREAD", "true").lower() != "false":
+                # (unpinned, a thread's job group would reach other threads' jobs)
+                session.sparkContext.setJobGroup(WARM_WORKERS_GROUP, "start the Python workers")
             frame = session.range(0, partitions, 1, partitions)
             frame.mapInArrow(_pass_through, "id long").collect()
         except Exception:  # noqa: BLE001 - the run goes on without it

@@ -62,7 +62,7 @@ from onceflow.runtime.errors import RunError
 from onceflow.runtime.faults import driver_crashpoint
 from onceflow.runtime.guard import AtLeastOnceGuards
 from onceflow.runtime.metrics import CounterParam
-from onceflow.runtime.pinning import pin_checkpoint, pin_plan, pin_settings
+from onceflow.runtime.pinning import check_not_behind, pin_checkpoint, pin_plan, pin_settings
 from onceflow.runtime.placement import check_paths
 from onceflow.runtime.result import RunResult, explain_failure
 from onceflow.runtime.session import (
@@ -444,9 +444,9 @@ def _run(
         extra_conf=_session_conf(job, opts.spark_conf),
     )
     handlers.install()  # over PySpark's SIGINT handler, set when its context started
+    adopt(spark)
     warm_workers(spark, opts.parallelism)  # while the checkpoint, connectors and query start
     steps.mark("Spark session")
-    adopt(spark)
     if opts.code_dir is not None:
         ship_code(spark, opts.code_dir)
     cp = _checkpoint(spark, client, keyspace, job, opts)
@@ -495,6 +495,8 @@ def _checkpoint(
     """The run's checkpoint, pinned to its namespace, with its file manager chosen."""
     cp = Checkpoint(spark, opts.checkpoint_of(job))
     pin_checkpoint(client, keyspace, cp)
+    if opts.mode is Guarantee.EXACTLY_ONCE:
+        check_not_behind(client, keyspace, cp)
     choose_manager(spark, cp, opts.spark_conf or {})
     return cp
 
@@ -692,12 +694,7 @@ def _start_query(
     from pyspark.sql import functions as F  # noqa: N812
 
     frames = []
-    if len(state.job.sources) > 1:  # one query: every source must give the same columns
-        ranges = [getattr(c, "read_in_task", False) for _, c in state.job.sources]
-        if not all(ranges):
-            for _, connector in state.job.sources:
-                if getattr(connector, "read_in_task", False):
-                    connector.read_in_task = False
+    one_query(state.job.sources)
     for i, (name, connector) in enumerate(state.job.sources):
         df = connector.stream(state.spark, state.job.pipeline, name)
         # several sources are one query: a column says which source each row is from
@@ -716,6 +713,27 @@ def _start_query(
         seconds = _trigger_seconds(trigger_seconds)
         writer = writer.trigger(processingTime=f"{seconds} seconds")
     return writer.start()
+
+
+def one_query(sources: list[tuple[str, Any]]) -> None:
+    """Make the sources of one query agree: the same columns, and stable task numbers.
+
+    Sources reading their offset ranges in the task give ranges, others raw rows: in a union
+    with any of the latter, all give raw rows. A union's task numbers run on from one source's
+    partitions to the next: where Spark plans a source's partitions itself, a replay may number
+    the other sources' ranges differently, and a record's position no longer says which task
+    met it, so no source of that query takes its position IDs as settled by its task's backup.
+    """
+    if len(sources) < 2:
+        return
+    if not all(getattr(c, "read_in_task", False) for _, c in sources):
+        for _, connector in sources:
+            if getattr(connector, "read_in_task", False):
+                connector.read_in_task = False
+    if any(not getattr(c, "positional_ids", True) for _, c in sources):
+        for _, connector in sources:
+            if getattr(connector, "positional_ids", False):
+                connector.positional_ids = False
 
 
 def _trigger_seconds(given: float | None) -> float:

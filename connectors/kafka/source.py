@@ -107,6 +107,9 @@ class KafkaSource(SourceConnector):
         # The source stage reads its offset ranges itself (see .datasource); a run turns it
         # off when one query unions this source with sources that give raw rows.
         self.read_in_task = read_in_task and client != SPARK_CLIENT
+        # Position IDs skip the dedup of IDs (see decoder); a run turns that off when one
+        # query unions this source with a source whose input partitions Spark plans.
+        self.positional_ids = client != SPARK_CLIENT
 
     @property
     def settings(self) -> KafkaSettings:
@@ -205,11 +208,12 @@ class KafkaSource(SourceConnector):
         whose input partitions are one offset range per Kafka partition, planned from the
         offsets in Spark's log alone (a replay reads the same records in the same task);
         Spark's own Kafka connector plans its own ranges, so its position IDs are
-        deduplicated like any other ID.
+        deduplicated like any other ID, and so are those of every source of a query that
+        unions it (their tasks' numbers follow its partitions, see ``positional_ids``).
         """
         codec, key_codec = self.codec, self.key_codec
         id_fn, ts_fn, envelope = self.id_fn, self.ts_fn, self.envelope
-        by_position = with_ids and self.client != SPARK_CLIENT
+        by_position = with_ids and self.positional_ids
         settings, on_data_loss, client = self.settings, self.on_data_loss, self.client
 
         lanes: dict[tuple[str, int], str] = {}

@@ -16,8 +16,9 @@ from onceflow.kernel.errors import CodecError
 from onceflow.kernel.records import DeadLetter, Record
 
 
-def _decode(rows, **source):
-    """Decoded items of raw rows ``(offset, kafka ts, key, value, headers)`` of ``t:0``."""
+def _decode(rows, source=None, **options):
+    """Decoded items of raw rows ``(offset, kafka ts, key, value, headers)`` of ``t:0``, by
+    ``source`` or a KafkaSource made with ``options``."""
     offsets, kts, keys, values, headers = zip(*rows, strict=True)
     batch = pa.RecordBatch.from_arrays(
         [
@@ -31,9 +32,8 @@ def _decode(rows, **source):
         ],
         names=list(RAW_COLUMNS),
     )
-    return list(
-        KafkaSource("t", bootstrap_servers="127.0.0.1:1", **source).decoder("src", True)(batch)
-    )
+    source = source or KafkaSource("t", bootstrap_servers="127.0.0.1:1", **options)
+    return list(source.decoder("src", True)(batch))
 
 
 @pytest.mark.parametrize("gap", [b"oops", b"5-3", b"7-9", b"\xff"])
@@ -173,3 +173,25 @@ def test_dead_letters_still_carry_the_position_id_when_the_record_has_none():
         )
     )
     assert no_ids.id == b"" and not no_ids.positional
+
+
+def test_a_query_with_a_source_spark_plans_takes_no_position_id_as_settled():
+    """A union numbers its tasks on from one source's partitions to the next; Spark's own
+    connector plans its partitions, so a replay may give the Python source's ranges other
+    task numbers. Sources alone, or unions of sources planned from the offset log, keep them."""
+    from onceflow.runtime.streaming import one_query
+
+    alone = KafkaSource("a", bootstrap_servers="127.0.0.1:1")
+    one_query([("a", alone)])
+    assert alone.positional_ids and alone.read_in_task
+    a, b = (KafkaSource(t, bootstrap_servers="127.0.0.1:1") for t in "ab")
+    one_query([("a", a), ("b", b)])
+    assert a.positional_ids and b.positional_ids and a.read_in_task and b.read_in_task
+    python, spark = (
+        KafkaSource(t, bootstrap_servers="127.0.0.1:1", client=c)
+        for t, c in (("p", "python"), ("s", "spark"))
+    )
+    one_query([("s", spark), ("p", python)])
+    assert not python.positional_ids and not python.read_in_task
+    [record] = _decode([(5, 1, None, b'{"k": "a"}', [])], source=python)
+    assert not record.positional and record.id == ids.from_position("src", "t", 0, 5)

@@ -13,10 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from onceflow.backup.store import acknowledge
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.runtime.checkpoint import IDENTITY_FILE, Checkpoint
-from onceflow.runtime.pinning import pin_checkpoint
+from onceflow.runtime.pinning import check_not_behind, pin_checkpoint
 from onceflow.runtime.streaming import checkpoint_location
 
 
@@ -90,3 +91,31 @@ def test_a_local_checkpoint_is_written_without_forking_chmod(spark, tmp_path):
         assert spark.conf.get(MANAGER_CONF) == "x.SetOnTheSession"
     finally:
         spark.conf.unset(MANAGER_CONF)
+
+
+@pytest.mark.spark
+@pytest.mark.redis
+def test_a_checkpoint_behind_the_batches_redis_acknowledged_is_refused(
+    spark, redis_server, tmp_path
+):
+    """Backups of acknowledged batches are garbage: a checkpoint that lost its last commits
+    would replay batches without them (a copy restored from before, a folder losing writes)."""
+    client = redis_server.client()
+    keyspace = Keyspace(f"p-{uuid.uuid4().hex[:8]}")
+    folder = tmp_path / "ckpt"
+    (folder / "offsets").mkdir(parents=True)
+    (folder / "commits").mkdir()
+    cp = Checkpoint(spark, str(folder))
+    check_not_behind(client, keyspace, cp)  # a new namespace acknowledged nothing
+    acknowledge(client, keyspace, 0)
+    with pytest.raises(ConfigError, match="has no committed micro-batch"):
+        check_not_behind(client, keyspace, cp)
+    for batch in range(3):
+        (folder / "offsets" / str(batch)).write_text('v1\n{"batchWatermarkMs":0}\n{"t:0":5}\n')
+        (folder / "commits" / str(batch)).write_text("v1\n{}\n")
+    acknowledge(client, keyspace, 2)
+    check_not_behind(client, keyspace, cp)
+    (folder / "commits" / "2").unlink()  # Spark's commit of batch 2 is lost
+    with pytest.raises(ConfigError, match="ends at micro-batch 1") as refused:
+        check_not_behind(client, keyspace, cp)
+    assert "onceflow reset" in str(refused.value)
