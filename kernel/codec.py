@@ -153,9 +153,9 @@ def _json_decode(data: bytes) -> Any:
     object); whatever it refuses (NaN, Infinity, a byte-order mark, lone surrogates, bad
     JSON) goes to ``json.loads``, which accepts what it always did and raises as it always did,
     and numbers of 19 digits or more are left to ``json`` (orjson makes floats of integers
-    past 64 bits).
+    past 64 bits). Anything but bytes (text, say) goes to ``json.loads`` as well.
     """
-    if _orjson is not None and not _LONG_NUMBER.search(data):
+    if _orjson is not None and type(data) is bytes and not _LONG_NUMBER.search(data):
         try:
             return _orjson.loads(data)
         except _orjson.JSONDecodeError:

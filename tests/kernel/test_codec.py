@@ -131,3 +131,8 @@ def test_the_json_codec_reads_what_json_reads(value, ascii_only):
 )  # fmt: skip
 def test_the_json_codec_reads_what_orjson_would_read_otherwise_like_json(raw):
     assert repr(value_codec("json").decode(raw)) == repr(json.loads(raw))
+
+
+@pytest.mark.parametrize("raw", ['{"a": [1, 2.5, "x"]}', '"text"', "12345678901234567890"])
+def test_the_json_codec_reads_text_as_json_does(raw):
+    assert repr(value_codec("json").decode(raw)) == repr(json.loads(raw))
