@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from onceflow import Pipeline, sinks, sources
+from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel.records import TaskRef
 from onceflow.runtime.guard import no_guard
 from onceflow.runtime.task import SOURCE_SLICE, TaskRun
@@ -23,3 +24,18 @@ def test_a_batch_standing_for_many_records_is_handed_on_in_slices():
     assert [len(rows) for rows, _lanes, _pos in slices] == [SOURCE_SLICE, SOURCE_SLICE, 123]
     assert [r[4] for rows, _l, _p in slices for r in rows] == list(range(total))
     assert all(len(lanes) == len(rows) == len(pos) for rows, lanes, pos in slices)
+
+
+def test_a_failure_names_the_record_only_when_it_is_not_a_connectors_failure():
+    """An error met while the task handled a record names that record; a source or sink
+    that fails (a broker gone mid-range) is no record's fault."""
+    p = Pipeline("failing")
+    p.read("gen", sources.Generate(6, splits=1)).write("out", sinks.Collect())
+    spec = p.job().stages[0]
+    task = TaskRun(spec, no_guard, TaskRef(spec.name, 0, 0))
+    task.origins[b"p" * 16] = "t:0@41"
+    task.body.cursor.parent = b"p" * 16
+    line = task.failure_line(ValueError("bad value"))
+    assert "ValueError: bad value" in line and line.endswith("[input record t:0@41]")
+    broker = task.failure_line(ConnectorError("reading t:0 at offset 42: broker down"))
+    assert broker.endswith("broker down")
