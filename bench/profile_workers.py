@@ -13,7 +13,7 @@ CPU and is not counted: ``bench/exactly_once.py`` prints the Redis server's own 
 at-least-once to exactly-once (where to look next).
 
     python bench/profile_workers.py [--records 100000] [--batch 25000] [--rate 50]
-        [--functions 40] [--workload keyed-count|stateless|sliding-window|fan-out]
+        [--functions 40] [--workload keyed-count|keyed-count-ids|stateless|sliding-window|fan-out]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 """
@@ -150,10 +150,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=25_000)
     parser.add_argument("--rate", type=int, default=50, help="samples per second per process")
     parser.add_argument("--master", default="local[2]")
+    sys.path.insert(0, str(BENCH.parent))
+    from exactly_once import WORKLOADS
+
     parser.add_argument(
         "--workload",
         default="keyed-count",
-        choices=["keyed-count", "stateless", "sliding-window", "fan-out"],
+        choices=list(WORKLOADS),
         help="the benchmark workload to profile (bench/exactly_once.py)",
     )
     parser.add_argument(
@@ -166,7 +169,6 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("py-spy") is None:
         sys.exit("py-spy is not installed: pip install py-spy")
-    sys.path.insert(0, str(BENCH.parent))
     from exactly_once import produce_bids, services  # the benchmark's own input and services
 
     with services(False) as (redis_url, bootstrap, _):
