@@ -338,6 +338,7 @@ def test_a_range_ending_at_a_commit_marker_is_read_however_slow_its_task(
 
     settings = KafkaSettings(kafka_broker.bootstrap)
     topic, pipeline = topic_name("marker"), topic_name("p")
+    ensure_topics(settings, [topic], 1)
     sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
     writer = sink.open(_task(pipeline, 1, 1))
     assert writer.write(_records(10, _now())) == []
@@ -345,9 +346,10 @@ def test_a_range_ending_at_a_commit_marker_is_read_however_slow_its_task(
     writer.commit()
     writer.close()
     hi = 11  # 10 records and the commit marker
-    monkeypatch.setattr(worker, "STALL_SECONDS", 0.3)
+    monkeypatch.setattr(worker, "STALL_SECONDS", 2.0)
     got = []
     for fetched in worker.fetch_range(settings, topic, 0, 0, hi, client=client):
         got.extend(fetched.offsets)
-        time.sleep(0.5)  # the task works longer than the stall clock allows for polling
+        if len(got) == 10:  # the task works on them longer than the clock allows for polling
+            time.sleep(2.5)
     assert got == list(range(10))
