@@ -469,6 +469,8 @@ class TaskRun:
         visible (see :mod:`onceflow.dedup.delivery`); a transactional sink commits only then.
         """
         writer = self.writer(target)
+        if not self.guard.mode.ids:  # no IDs to tell records apart (they may be empty)
+            return self.refused_letters(target, writer.write(decode_outputs(outputs, target)))
         todo = self.guard.undelivered(target.index, _first_of_each_id(outputs))
         skipped = len(outputs) - len(todo)
         if skipped:
@@ -476,8 +478,6 @@ class TaskRun:
         if not todo:
             return []
         records = decode_outputs(todo, target)
-        if not self.guard.mode.ids:
-            return self.refused_letters(target, writer.write(records))
         if isinstance(writer, TransactionalWriter):
             rejected = self._deliver_in_transaction(target, writer, todo, records)
         else:
