@@ -57,7 +57,9 @@ def _seen_marks(client, ks, receiver):
     }
 
 
-@pytest.mark.parametrize("layout", [1, 2, 3])
+# layout 1 (namespaces from before layouts) is the long variant: tests/dedup/test_layout.py
+# covers its replay without Spark
+@pytest.mark.parametrize("layout", [pytest.param(1, marks=pytest.mark.long), 2, 3])
 def test_a_keyed_task_killed_after_its_commit_replays_its_inputs_in_every_layout(
     layout, broker, redis_server, tmp_path
 ):
