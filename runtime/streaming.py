@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -715,7 +716,7 @@ def _start_query(
     return writer.start()
 
 
-def one_query(sources: list[tuple[str, Any]]) -> None:
+def one_query(sources: Sequence[tuple[str, Any]]) -> None:
     """Make the sources of one query agree: the same columns, and stable task numbers.
 
     Sources reading their offset ranges in the task give ranges, others raw rows: in a union
