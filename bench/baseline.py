@@ -1,0 +1,156 @@
+"""This code's keyed count beside an older commit's, alternating, on one broker and one Redis.
+
+Checks ``--ref`` (issue 15's baseline, bdcd83f, by default) out into a temporary git worktree
+and runs its own ``bench/exactly_once.py`` (its default workload, the keyed count) and this
+checkout's ``bench/exactly_once.py --workloads keyed-count``, one after the other, ``--pairs``
+times, each with ``--records`` and ``--repeat``, against the same Redis and Kafka broker
+(``REDIS_URL`` / ``KAFKA_BOOTSTRAP_SERVERS`` when set, else the local ones this benchmark
+starts: Apache Kafka). Prints each pair's medians (records/s overall and steady) and the
+exactly-once ratio, then the ratio of the medians over every single run.
+
+The same broker matters: the baseline's benchmark starts tansu when it is given none, which
+made its exactly-once runs 25-45% slower on one machine than against Apache Kafka.
+
+    python bench/baseline.py [--ref bdcd83f] [--records 200000] [--repeat 2] [--pairs 2]
+
+The baseline runs with ``PYTHONPATH`` set to its worktree: that serves commits from before the
+folders became subpackages of ``onceflow`` (they import ``pipeline``, ``dedup`` ... at the top
+level). A later commit's ``onceflow.*`` imports would reach this checkout's installed package
+instead, so such a ref is refused: give it a virtual env of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+ISSUE_15_BASELINE = "bdcd83f"
+_MEDIAN = re.compile(r"^(exactly-once|at-least-once)\s+([\d,]+)\s+([\d,]+)", re.MULTILINE)
+_RUN = re.compile(r"^\s+run \d+ (exactly-once|at-least-once)\s+[\d.]+ s\s+([\d,]+) rec/s", re.M)
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def medians(output: str) -> dict[str, tuple[float, float]]:
+    """``{mode: (overall, steady)}`` from a benchmark's median table (its first rows of the
+    mode: a memory table follows)."""
+    found: dict[str, tuple[float, float]] = {}
+    for mode, overall, steady in _MEDIAN.findall(output):
+        found.setdefault(mode, (_number(overall), _number(steady)))
+    return found
+
+
+def single_runs(output: str, mode: str) -> list[float]:
+    """Overall records/s of each run of ``mode``."""
+    return [_number(rate) for m, rate in _RUN.findall(output) if m == mode]
+
+
+def check_ref(ref: str) -> None:
+    """Refuse a commit whose code imports as ``onceflow.*`` (see the module docstring)."""
+    pyproject = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{ref}:pyproject.toml"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if pyproject.returncode != 0:
+        sys.exit(f"no pyproject.toml at {ref}: {pyproject.stderr.strip()}")
+    if '"onceflow.pipeline"' in pyproject.stdout:
+        sys.exit(
+            f"{ref} installs its folders as onceflow subpackages: PYTHONPATH cannot put it "
+            "before this checkout's installed package. Run its bench in a virtual env of its own"
+        )
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> str:
+    """Run a benchmark; keep and return its output (a failure stops with its tail)."""
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    output = done.stdout + done.stderr
+    log.write_text(output, encoding="utf-8")
+    if done.returncode != 0 or not medians(output):
+        tail = "\n".join(output.splitlines()[-15:])
+        sys.exit(f"{' '.join(cmd)} failed in {cwd} (log {log}):\n{tail}")
+    return output
+
+
+def line(name: str, found: dict[str, tuple[float, float]]) -> str:
+    eo, alo = found["exactly-once"], found["at-least-once"]
+    return (
+        f"  {name:<10} exactly-once {eo[0]:>8,.0f} / {eo[1]:<8,.0f} "
+        f"at-least-once {alo[0]:>8,.0f} / {alo[1]:<8,.0f} "
+        f"EO/ALO {eo[0] / alo[0]:.0%} / {eo[1] / alo[1]:.0%}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ref", default=ISSUE_15_BASELINE)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=2)
+    args = parser.parse_args()
+    check_ref(args.ref)
+    sys.path.insert(0, str(HERE))
+    from exactly_once import services
+
+    sizes = ["--records", str(args.records), "--repeat", str(args.repeat)]
+    logs = Path(tempfile.mkdtemp(prefix="onceflow-baseline-"))
+    worktree = logs / "baseline"
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(worktree), args.ref],
+        check=True,
+        capture_output=True,
+    )
+    singles: dict[str, list[float]] = {"baseline": [], "this code": []}
+    try:
+        with services(False) as (redis_url, bootstrap, _):
+            env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+            base_env = {**env, "PYTHONPATH": str(worktree)}
+            print(f"baseline {args.ref} and this checkout, {args.records:,} records, logs {logs}")
+            for pair in range(1, args.pairs + 1):
+                base = run(
+                    [sys.executable, "bench/exactly_once.py", *sizes],
+                    worktree,
+                    base_env,
+                    logs / f"baseline-{pair}.txt",
+                )
+                ours = run(
+                    [sys.executable, "bench/exactly_once.py", *sizes, "--workloads", "keyed-count"],
+                    REPO,
+                    env,
+                    logs / f"this-{pair}.txt",
+                )
+                b, o = medians(base), medians(ours)
+                print(f"pair {pair} (median rec/s overall / steady)")
+                print(line("baseline", b))
+                print(line("this code", o))
+                ratio = o["exactly-once"][0] / b["exactly-once"][0]
+                print(f"  exactly-once, this code / baseline: {ratio:.2f}x", flush=True)
+                singles["baseline"] += single_runs(base, "exactly-once")
+                singles["this code"] += single_runs(ours, "exactly-once")
+    finally:
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(worktree)],
+            check=False,
+            capture_output=True,
+        )
+    b, o = statistics.median(singles["baseline"]), statistics.median(singles["this code"])
+    spread = {k: f"{min(v):,.0f}..{max(v):,.0f}" for k, v in singles.items()}
+    print(
+        f"exactly-once over every run: baseline {b:,.0f} ({spread['baseline']}), "
+        f"this code {o:,.0f} ({spread['this code']}): {o / b:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
