@@ -46,7 +46,7 @@ from onceflow.connectors.kafka.offsets import (
     split_tp,
     tp_key,
 )
-from onceflow.connectors.kafka.worker import RANGE_SCHEMA, RAW_SCHEMA, read_range
+from onceflow.connectors.kafka.worker import RANGE_SCHEMA, RAW_SCHEMA, fetch_range, raw_rows
 from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -306,7 +306,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         topic, part, lo, hi = partition.value
         if self.ranges:
             return iter([range_row(topic, part, lo, hi)])
-        return read_range(self.settings, topic, part, lo, hi, self.on_data_loss, self.client)
+        fetched = fetch_range(self.settings, topic, part, lo, hi, self.on_data_loss, self.client)
+        return (raw_rows(topic, part, f) for f in fetched)
 
 
 def range_row(topic: str, part: int, lo: int, hi: int) -> pa.RecordBatch:

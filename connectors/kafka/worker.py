@@ -3,7 +3,8 @@
 A worker reads ``[lo, hi)`` of one topic-partition with a reader shared by the Python worker
 process (a new one costs ~0.1 s), of either client (:mod:`.clients`). :func:`fetch_range`
 yields the records as columns (what the source stage decodes: the stage reads its own range,
-see :class:`~.datasource.KafkaDataSource`); :func:`read_range` as Arrow batches of raw rows.
+see :class:`~.datasource.KafkaDataSource`); :func:`raw_rows` makes a poll's records an Arrow
+batch of raw rows.
 """
 
 from __future__ import annotations
@@ -40,20 +41,6 @@ STALL_SECONDS = 60
 
 
 ON_DATA_LOSS = ("fail", "report")
-
-
-def read_range(
-    settings: KafkaSettings,
-    topic: str,
-    part: int,
-    lo: int,
-    hi: int,
-    on_data_loss: str = "fail",
-    client: str = PYTHON_CLIENT,
-) -> Iterator[pa.RecordBatch]:
-    """Records ``[lo, hi)`` of one topic-partition as Arrow batches of raw rows."""
-    for fetched in fetch_range(settings, topic, part, lo, hi, on_data_loss, client):
-        yield _rows(topic, part, fetched)
 
 
 def fetch_range(
@@ -126,7 +113,7 @@ def _slice(fetched: Fetched, first: int, last: int) -> Fetched:
     )
 
 
-def _rows(topic: str, part: int, fetched: Fetched) -> pa.RecordBatch:
+def raw_rows(topic: str, part: int, fetched: Fetched) -> pa.RecordBatch:
     """Records of a poll as an Arrow batch of raw rows."""
     import pyarrow as pa
 

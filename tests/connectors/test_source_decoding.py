@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from onceflow.connectors.kafka.source import KafkaSource
-from onceflow.connectors.kafka.worker import RAW_COLUMNS, _gap, _rows, pack_headers
+from onceflow.connectors.kafka.worker import RAW_COLUMNS, _gap, pack_headers, raw_rows
 from onceflow.kernel import ids
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.records import DeadLetter, Record
@@ -43,7 +43,7 @@ def test_a_gap_header_on_an_ordinary_record_leaves_it_an_ordinary_record(gap):
 
 
 def test_the_readers_own_gap_marker_is_a_data_loss_dead_letter():
-    marker = _rows("t", 0, _gap("t", 0, 40, 45, 50, "report")).to_pylist()[0]
+    marker = raw_rows("t", 0, _gap("t", 0, 40, 45, 50, "report")).to_pylist()[0]
     row = (40, 0, None, None, [(ids.GAP_HEADER, b"40-45")])
     assert (marker["offset"], marker["ts"], marker["key"], marker["value"]) == row[:4]
     assert marker["headers"] == pack_headers(row[4])
