@@ -697,12 +697,7 @@ def _first_of_each_id(outputs: list[Output]) -> list[Output]:
     before delivering it, and the same letter made again from an input that was never
     admitted (an undecodable, late or ahead record).
     """
-    if len({o.id for o in outputs}) == len(outputs):
-        return outputs
-    seen: set[bytes] = set()
-    first = []
+    first: dict[bytes, Output] = {}
     for o in outputs:
-        if o.id not in seen:
-            seen.add(o.id)
-            first.append(o)
-    return first
+        first.setdefault(o.id, o)
+    return outputs if len(first) == len(outputs) else list(first.values())
