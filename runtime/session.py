@@ -15,8 +15,9 @@ to exist on every worker machine); ``extra_conf`` can set either way.
 Spark's JVM logs go to a file (:func:`log_file`), not the terminal, and so do Onceflow's own
 (the ``onceflow`` Python logger), at one level (``log_level``: error, warn, info, debug or
 trace; warn by default): a failed run prints one line saying what failed and where that file
-is. Spark's web UI is off unless ``spark.ui.enabled=true`` is passed in ``extra_conf``; its
-address is then printed.
+is. The JVM's standard error reaches the terminal through a filter that holds back its
+shutdown noise (:mod:`onceflow.runtime.jvm_stderr`). Spark's web UI is off unless
+``spark.ui.enabled=true`` is passed in ``extra_conf``; its address is then printed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.runtime.jvm import FAST_JVM, driver_options, spark_home_without_zips
+from onceflow.runtime.jvm_stderr import filtered_stderr
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -135,7 +137,8 @@ def spark_session(
     defaults = {**REQUIRED_SQL_CONF, **local_socket_conf(master), **executor_conf()}
     for key, value in {**defaults, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with filtered_stderr(path):
+        session = builder.getOrCreate()
     _log_file = path
     logging.getLogger("py4j").setLevel(logging.ERROR)
     python_logging(path, log_level)

@@ -160,7 +160,7 @@ def test_a_failed_run_reads_as_one_short_error(broker, redis_server, tmp_path):
     lines = [line for line in outcome.output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 1, outcome.output[-3000:]
-    assert len(lines) <= 6, f"{len(lines)} lines of output:\n{outcome.output[-3000:]}"
+    assert lines == errors, f"{len(lines)} lines of output:\n{outcome.output[-3000:]}"
     line = errors[0]
     for part in ("stage 'events'", "ValueError", "asked to blow up", f"{run.topics['in']}:0@20"):
         assert part in line, f"{part!r} not in {line!r}"
