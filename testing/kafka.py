@@ -124,6 +124,8 @@ TEST_SETTINGS: Mapping[str, str] = {
     "log.retention.check.interval.ms": "1000",
     "log.initial.task.delay.ms": "0",
     "log.segment.delete.delay.ms": "1000",
+    # The log cleaner looks for work twice a second, not every 15 s (compacted-topic tests).
+    "log.cleaner.backoff.ms": "500",
     "file.delete.delay.ms": "1000",
     # After a kill -9 the restarted broker must wait for its previous registration to expire
     # before the controller takes it back: keep that wait short (Kafka's default is 9 s).

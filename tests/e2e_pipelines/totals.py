@@ -8,15 +8,22 @@ is set; event time from the ts field when TOTALS_TS_FIELD is set, else the Kafka
 
 Topics, the pipeline name and ``on_error`` (TOTALS_ON_ERROR) come from the environment;
 TOTALS_CLIENT (``python`` or ``confluent``) picks the Kafka client of the source and the sinks,
-TOTALS_PLAIN_SINK=1 writes the copy without Kafka transactions.
+TOTALS_PLAIN_SINK=1 writes the copy without Kafka transactions; TOTALS_HORIZON and
+TOTALS_CHUNK_SIZE set the dedup horizon and the records per atomic commit; TOTALS_SLOW_MS makes
+enrich take that long per record.
 """
 
 import os
+import time
 
 from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
 
+slow_s = float(os.environ.get("TOTALS_SLOW_MS", "0")) / 1000
+
 
 def enrich(e):
+    if slow_s:
+        time.sleep(slow_s)
     if e.get("blow_up"):
         raise ValueError(f"event {e.get('event_id')} asked to blow up")
     if e.get("pad"):
@@ -36,9 +43,12 @@ copy_options = {}
 if os.environ.get("TOTALS_COPY_MAX_BYTES"):
     copy_options["max_request_size"] = int(os.environ["TOTALS_COPY_MAX_BYTES"])
 copy_transactional = os.environ.get("TOTALS_PLAIN_SINK") != "1"
-dedup = (
-    DedupConfig.of(horizon=os.environ["TOTALS_HORIZON"]) if "TOTALS_HORIZON" in os.environ else None
-)
+dedup_options = {}
+if "TOTALS_HORIZON" in os.environ:
+    dedup_options["horizon"] = os.environ["TOTALS_HORIZON"]
+if "TOTALS_CHUNK_SIZE" in os.environ:
+    dedup_options["chunk_size"] = int(os.environ["TOTALS_CHUNK_SIZE"])
+dedup = DedupConfig.of(**dedup_options) if dedup_options else None
 
 pipeline = Pipeline(
     os.environ["TOTALS_PIPELINE"],

@@ -50,7 +50,7 @@ class Run:
     workdir: str
     partitions: int = 2
     expected: Counter[str] = field(default_factory=Counter)  # user -> total amount
-    events: set[str] = field(default_factory=set)  # event_ids that must reach the copy topic
+    events: Counter[str] = field(default_factory=Counter)  # event_id -> copies it must make
     poison: dict[str, str] = field(default_factory=dict)  # event_id or marker -> reason part
     extra_env: dict[str, str] = field(default_factory=dict)
     cap: int = 1000
@@ -118,7 +118,7 @@ def event(run: Run, user: str, amount: int, **more: Any) -> dict[str, Any]:
     """A new event, counted in the expectation."""
     e = {"event_id": str(uuid.uuid4()), "user": user, "amount": amount, **more}
     run.expected[user] += amount
-    run.events.add(e["event_id"])
+    run.events[e["event_id"]] += 1
     return e
 
 
@@ -149,7 +149,7 @@ def verify(run: Run, client: Any, connect: Any = None) -> dict[str, int]:
         raw += 1
     assert all(len(v) == 1 for v in copies.values()), "a copy ID was written with two values"
     per_event = Counter(json.loads(next(iter(v)))["event_id"] for v in copies.values())
-    report = compare_counts(Counter(run.events), per_event)
+    report = compare_counts(run.events, per_event)
     assert report.ok, f"copy topic: {report}"
     dead = dead_letters(run)
     for marker, reason in run.poison.items():

@@ -10,6 +10,10 @@ independent checker (``tests.exactly_once.real_input.verify``) then
 reads keyed state, each user's last total, the copy topic and the dead letters: every event
 exactly once, every poison record a dead letter with its reason.
 
+With ``ids="positions"`` no record carries an ID: each one's ID is its place in the input
+(topic, partition, offset), so a re-sent copy is a new record and counts again, and what is
+checked is that every record of the topic counts exactly once across the kills.
+
 Seeded and reproducible (the kill moments too, up to how far the run got by then):
 
     python -m tests.exactly_once.torture --minutes 10 --seed 7
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +41,8 @@ from tests.exactly_once.real_input import PIPELINE, Run, Send, event, stats, ver
 
 HOUR = 3_600_000
 PARTITIONS = 4
+CHUNK = 16  # records per atomic commit (the default 2,500 makes a task one commit)
+SLOW_MS = 1  # per record: a task's commits spread over a good part of its batch's time
 
 
 @dataclass
@@ -47,6 +54,7 @@ class Torture:
     rng: random.Random
     base_ts: int
     sent: list[dict[str, Any]] = field(default_factory=list)
+    positions: bool = False  # no IDs: a record's ID is its offset (see the module doc)
     outcomes: list[Outcome] = field(default_factory=list)
     kills: int = 0
 
@@ -61,6 +69,9 @@ class Torture:
             sends.append(self._send(e, ts, rng.randrange(PARTITIONS)))
         for old in rng.sample(self.sent, min(len(self.sent), size // 15)):
             e = {k: v for k, v in old.items() if k != "_ts"}
+            if self.positions:  # a copy without an ID is a record of its own
+                run.expected[e["user"]] += e["amount"]
+                run.events[e["event_id"]] += 1
             later = old["_ts"] + (rng.randrange(1, 30) * 1000 if rng.random() < 0.5 else 2 * HOUR)
             sends.insert(rng.randrange(len(sends) + 1), self._send(e, later, rng.randrange(4)))
         for _ in range(max(1, size // 400)):
@@ -69,6 +80,8 @@ class Torture:
 
     def _send(self, e: dict[str, Any], ts: int, partition: int) -> Send:
         """The same event always carries its ID the same way (a producer's habit)."""
+        if self.positions:
+            return Send(e, partition, None, ts)
         uid = uuid.UUID(e["event_id"])
         way = uid.int % 3
         if way == 0:
@@ -102,8 +115,14 @@ class Torture:
         return Send(body, partition, [("onceflow-ts", ahead)], ts)
 
     def attempt(self, kill_after: float | None, echo: Any = None) -> Outcome:
+        """Run once; ``kill_after``: kill -9 that long after its first new micro-batch began.
+
+        Counting from the first batch, not from the start (~8 s of JVM and query start), puts
+        the kills among the batches' commits rather than before them or after the run ended.
+        """
+        due = None if kill_after is None else _after_first_new_batch(self.run, kill_after)
         outcome = run_pipeline(
-            PIPELINE, self.run.args(), env=self.run.env, kill_after=kill_after, echo=echo
+            PIPELINE, self.run.args(), env=self.run.env, kill_when=due, echo=echo
         )
         self.outcomes.append(outcome)
         if outcome.crashed:
@@ -111,6 +130,28 @@ class Torture:
         else:
             outcome.check()
         return outcome
+
+
+def _after_first_new_batch(run: Run, seconds: float) -> Callable[[], bool]:
+    """True from ``seconds`` after Spark's checkpoint first plans a batch it had not planned."""
+    offsets = os.path.join(run.workdir, "checkpoint", "offsets")
+
+    def planned() -> int:
+        with contextlib.suppress(FileNotFoundError):
+            return sum(name.isdigit() for name in os.listdir(offsets))
+        return 0
+
+    before = planned()
+    began: list[float] = []
+
+    def due() -> bool:
+        if not began:
+            if planned() > before:
+                began.append(time.monotonic())
+            return False
+        return time.monotonic() - began[0] > seconds
+
+    return due
 
 
 def torture(
@@ -121,32 +162,42 @@ def torture(
     seed: int,
     kills: int,
     wave: int,
-    min_kill_s: float = 4.0,
-    max_kill_s: float = 30.0,
+    min_kill_s: float = 0.0,
+    max_kill_s: float = 3.0,
     cap: int | None = None,
     echo: Any = None,
     client: str = "python",
+    ids: str = "mixed",
 ) -> Torture:
     """Waves of input and ``kills`` random kills, then a final run to the end; not checked.
 
     ``client`` is the Kafka client of the pipeline's source and sinks (``TOTALS_CLIENT``).
+    ``ids``: ``mixed`` (byte and text headers and the body's field, by event) or ``positions``
+    (none: offsets are the IDs).
 
     ``cap`` (records per micro-batch, a third of a wave by default): smaller makes each run
-    last longer, so a kill lands mid-run more often.
+    last longer, so a kill lands mid-run more often. A kill lands between ``min_kill_s`` and
+    ``max_kill_s`` after the attempt's first new micro-batch began.
     """
+    if ids not in ("mixed", "positions"):
+        raise ValueError(f"ids must be mixed or positions, got {ids!r}")
     rng = random.Random(seed)
     name = f"torture-{seed}-{uuid.uuid4().hex[:6]}"
+    # several commits per task, so that a kill often lands between two of them
+    env = {"TOTALS_CHUNK_SIZE": str(CHUNK), "TOTALS_SLOW_MS": str(SLOW_MS)}
+    if ids == "mixed":
+        env["TOTALS_ID_FIELD"] = "1"
     run = Run(
         name,
         bootstrap,
         redis_url,
         workdir,
         PARTITIONS,
-        extra_env={"TOTALS_ID_FIELD": "1", "TOTALS_CLIENT": client},
+        extra_env={"TOTALS_CLIENT": client, **env},
         cap=cap or wave // 3,
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
-    t = Torture(run, seed, rng, base_ts)
+    t = Torture(run, seed, rng, base_ts, positions=ids == "positions")
     t.wave(wave)
     for _ in range(kills):
         t.attempt(rng.uniform(min_kill_s, max_kill_s), echo)
@@ -160,7 +211,7 @@ def check(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
     facts = verify(t.run, client, connect)
     facts.update(
         kills=t.kills,
-        events=len(t.run.events),
+        events=t.run.events.total(),
         poison=len(t.run.poison),
         duplicates_dropped=stats(client, t.run).get("duplicates", 0),
     )
@@ -174,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kills", type=int, default=4, help="kills per round")
     parser.add_argument("--wave", type=int, default=3000, help="events in the first wave")
+    parser.add_argument("--ids", choices=("mixed", "positions"), default="mixed")
     args = parser.parse_args(argv)
     import redis
 
@@ -190,7 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         seed = args.seed
         while time.monotonic() < deadline:
             workdir = tempfile.mkdtemp(prefix=f"onceflow-torture-{seed}-")
-            t = torture(bootstrap, redis_url, workdir, seed=seed, kills=args.kills, wave=args.wave)
+            t = torture(
+                bootstrap,
+                redis_url,
+                workdir,
+                seed=seed,
+                kills=args.kills,
+                wave=args.wave,
+                ids=args.ids,
+            )
             try:
                 facts = check(t, client)
             except AssertionError as exc:
