@@ -57,9 +57,11 @@ def _seen_marks(client, ks, receiver):
     }
 
 
-# layout 1 (namespaces from before layouts) is the long variant: tests/dedup/test_layout.py
-# covers its replay without Spark
-@pytest.mark.parametrize("layout", [pytest.param(1, marks=pytest.mark.long), 2, 3])
+# layouts 1 and 2 (namespaces made by older versions) are the long variants:
+# tests/dedup/test_layout.py covers their replay without Spark
+@pytest.mark.parametrize(
+    "layout", [pytest.param(1, marks=pytest.mark.long), pytest.param(2, marks=pytest.mark.long), 3]
+)
 def test_a_keyed_task_killed_after_its_commit_replays_its_inputs_in_every_layout(
     layout, broker, redis_server, tmp_path
 ):
