@@ -37,15 +37,19 @@ def _java() -> str | None:
 
 
 def archive_key() -> str | None:
-    """What the archive depends on: the Java binary, PySpark's version, jars and home."""
+    """What the archive depends on: the Java binary, PySpark's version, jars and home.
+
+    A reinstalled PySpark (same version, same folder, new files) makes a new key: the JVM
+    would refuse the old archive and start without one, every run.
+    """
     import pyspark
 
     java = _java()
     if java is None:
         return None
     jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    try:
-        listing = sorted(os.listdir(jars))
+    try:  # the JVM refuses an archive, silently here, once a jar's time or size changed
+        listing = [_stamp(os.path.join(jars, name)) for name in sorted(os.listdir(jars))]
     except OSError:
         return None
     # the classpath names the jars through SPARK_HOME: the archive is only valid for it
@@ -53,6 +57,12 @@ def archive_key() -> str | None:
     parts = [VERSION, java, str(os.stat(java).st_mtime_ns), pyspark.__version__, home, FAST_JVM]
     digest = hashlib.sha256("\0".join([*parts, *listing]).encode()).hexdigest()
     return digest[:16]
+
+
+def _stamp(path: str) -> str:
+    """A jar as the JVM checks it against an archive: name, modification time and size."""
+    st = os.stat(path)
+    return f"{os.path.basename(path)}:{st.st_mtime_ns}:{st.st_size}"
 
 
 def archive_path() -> str | None:

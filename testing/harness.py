@@ -104,7 +104,8 @@ def session_processes(sid: int) -> list[int]:
     """PIDs of every living process in session ``sid`` (driver, JVM, Spark's Python workers).
 
     A zombie (exited, not yet reaped by whoever inherited it) is not living: it holds no
-    memory, file or socket any more. Waiting for its reaping cost ~1.5 s per run here.
+    memory, file or socket any more. Waiting for its reaping cost ~1.5 s per run here. A
+    process whose main thread exited while another thread still runs is living.
     """
     found = []
     for entry in os.listdir("/proc"):
@@ -117,9 +118,26 @@ def session_processes(sid: int) -> list[int]:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         # fields after the name: state, ppid, pgrp, session
-        if int(fields[3]) == sid and fields[0] not in EXITED_STATES:
+        if int(fields[3]) == sid and (fields[0] not in EXITED_STATES or _threads_left(entry)):
             found.append(int(entry))
     return found
+
+
+def _threads_left(pid: str) -> bool:
+    """Whether any thread of ``pid`` has not exited (its main thread has)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2 :].split()[0] not in EXITED_STATES:
+            return True
+    return False
 
 
 def kill_session(sid: int) -> None:

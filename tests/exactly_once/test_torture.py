@@ -65,6 +65,7 @@ def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, 
     settings = RedisSettings(url)
     facts = check(t, redis_client(settings, t.run.name), lambda tag: redis_client(settings, tag))
     assert t.kills >= 2, f"the run ended before it could be killed: {facts}"
+    assert t.in_flight >= 2, f"the kills cut no micro-batch short: {facts}"
     assert facts["poison"] > 0
     if ids == "mixed":
         assert facts["duplicates_dropped"] > 0

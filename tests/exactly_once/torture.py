@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +56,8 @@ class Torture:
     positions: bool = False  # no IDs: a record's ID is its offset (see the module doc)
     outcomes: list[Outcome] = field(default_factory=list)
     kills: int = 0
+    in_flight: int = 0  # kills that cut a micro-batch short (planned, not committed)
+    startup_s: float | None = None  # an attempt's start to its first new micro-batch
 
     def wave(self, size: int) -> None:
         """Produce ``size`` events, some re-sends of earlier ones, and a few poison records."""
@@ -117,41 +118,69 @@ class Torture:
     def attempt(self, kill_after: float | None, echo: Any = None) -> Outcome:
         """Run once; ``kill_after``: kill -9 that long after its first new micro-batch began.
 
-        Counting from the first batch, not from the start (~8 s of JVM and query start), puts
-        the kills among the batches' commits rather than before them or after the run ended.
+        Counting from the first new batch, not from the start (~8 s of JVM and query start),
+        puts the kills among the batches' commits rather than before them or after the run
+        ended. Every other attempt after a kill counts from its start instead, to about when
+        the batch the kill cut short is being replayed: a kill during recovery.
         """
-        due = None if kill_after is None else _after_first_new_batch(self.run, kill_after)
+        timer = None
+        if kill_after is not None:
+            during_replay = self.kills % 2 == 1 and self.startup_s is not None
+            timer = KillTimer(self.run, kill_after)
+            if during_replay:
+                assert self.startup_s is not None
+                timer.from_start = self.startup_s - 0.5 + kill_after / 2
         outcome = run_pipeline(
-            PIPELINE, self.run.args(), env=self.run.env, kill_when=due, echo=echo
+            PIPELINE, self.run.args(), env=self.run.env, kill_when=timer, echo=echo
         )
         self.outcomes.append(outcome)
+        if timer is not None and timer.began is not None and self.startup_s is None:
+            self.startup_s = timer.began - timer.created  # the first attempt: nothing to replay
         if outcome.crashed:
             self.kills += 1
+            self.in_flight += bool(timer and timer.in_flight)
         else:
             outcome.check()
         return outcome
 
 
-def _after_first_new_batch(run: Run, seconds: float) -> Callable[[], bool]:
-    """True from ``seconds`` after Spark's checkpoint first plans a batch it had not planned."""
-    offsets = os.path.join(run.workdir, "checkpoint", "offsets")
+@dataclass
+class KillTimer:
+    """When to kill one attempt (``run_pipeline(kill_when=...)``), and what the kill cut short.
 
-    def planned() -> int:
-        with contextlib.suppress(FileNotFoundError):
-            return sum(name.isdigit() for name in os.listdir(offsets))
-        return 0
+    ``seconds`` after the first micro-batch the checkpoint had not planned before, or, if
+    ``from_start`` is set, that many seconds after the attempt began.
+    """
 
-    before = planned()
-    began: list[float] = []
+    run: Run
+    seconds: float
+    from_start: float | None = None
+    created: float = field(default_factory=time.monotonic)
+    began: float | None = None
+    in_flight: bool = False  # a planned batch was not committed when the kill came
+    _planned_before: int | None = None
 
-    def due() -> bool:
-        if not began:
-            if planned() > before:
-                began.append(time.monotonic())
-            return False
-        return time.monotonic() - began[0] > seconds
+    def __call__(self) -> bool:
+        planned = _highest_batch(self.run, "offsets")
+        if self._planned_before is None:
+            self._planned_before = planned
+        if self.began is None and planned > self._planned_before:
+            self.began = time.monotonic()
+        if self.from_start is not None:
+            due = time.monotonic() - self.created > self.from_start
+        else:
+            due = self.began is not None and time.monotonic() - self.began > self.seconds
+        if due:
+            self.in_flight = planned > _highest_batch(self.run, "commits")
+        return due
 
-    return due
+
+def _highest_batch(run: Run, log: str) -> int:
+    """The highest batch number in the checkpoint's ``offsets`` or ``commits`` log (-1: none)."""
+    with contextlib.suppress(FileNotFoundError):
+        folder = os.path.join(run.workdir, "checkpoint", log)
+        return max((int(n) for n in os.listdir(folder) if n.isdigit()), default=-1)
+    return -1
 
 
 def torture(
@@ -211,6 +240,7 @@ def check(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
     facts = verify(t.run, client, connect)
     facts.update(
         kills=t.kills,
+        kills_mid_batch=t.in_flight,
         events=t.run.events.total(),
         poison=len(t.run.poison),
         duplicates_dropped=stats(client, t.run).get("duplicates", 0),

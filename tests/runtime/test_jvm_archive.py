@@ -26,6 +26,22 @@ def test_without_an_archive_no_option_is_added(tmp_path, monkeypatch):
     assert jvm.archive_path() is None
 
 
+def test_a_jar_with_a_new_time_gets_a_new_archive():
+    """A reinstall rewrites the jars: the JVM would refuse the archive made for the old ones."""
+    import pyspark
+
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    jar = os.path.join(jars, sorted(os.listdir(jars))[0])
+    before = jvm.archive_key()
+    st = os.stat(jar)
+    try:
+        os.utime(jar, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        assert jvm.archive_key() != before
+    finally:
+        os.utime(jar, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert jvm.archive_key() == before
+
+
 @pytest.mark.spark
 def test_a_driver_maps_the_archive_it_finds(tmp_path):
     """The machine's own archive: ``./quickstart.sh`` builds it (~20-30 s), or this does."""

@@ -49,6 +49,27 @@ def test_hung_up_tracebacks_and_the_vector_warning_are_logged_not_shown():
     assert shown == ["user print 1", "user print 2", *FAILED, "last"]
 
 
+def test_a_hidden_traceback_takes_its_blank_lines_and_its_chain_with_it():
+    """pyspark's daemon prints a note, a traceback and a blank line; chains join tracebacks."""
+    chain = [
+        *RESET,
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        *HUNG_UP[1:],
+        "",
+    ]
+    shown, kept = _through_filter(["one", *HUNG_UP, "", "", *chain, "two", ""])
+    assert shown == ["one", "two", ""]
+    assert len(kept) == len(HUNG_UP) + len(chain) + 5
+
+
+def test_a_chain_that_ends_in_a_real_error_is_shown():
+    chain = [*RESET, "", "The above exception was the direct cause of the following exception:"]
+    shown, _ = _through_filter([*chain, "", *FAILED])
+    assert shown == [*chain[-1:], "", *FAILED], "the hang-up part may go; the error may not"
+
+
 def test_a_traceback_the_stream_cut_short_is_shown():
     shown, _ = _through_filter(["before", *FAILED[:-1]])
     assert shown == ["before", *FAILED[:-1]]
