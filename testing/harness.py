@@ -109,18 +109,23 @@ def session_processes(sid: int) -> list[int]:
     """
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
+        fields = _stat_fields(f"/proc/{entry}/stat") if entry.isdigit() else None
         # fields after the name: state, ppid, pgrp, session
-        if int(fields[3]) == sid and (fields[0] not in EXITED_STATES or _threads_left(entry)):
+        if fields is None or int(fields[3]) != sid:
+            continue
+        if fields[0] not in EXITED_STATES or _threads_left(entry):
             found.append(int(entry))
     return found
+
+
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields of a ``/proc/.../stat`` file after the command's name (None: it is gone)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
 
 
 def _threads_left(pid: str) -> bool:
@@ -129,15 +134,8 @@ def _threads_left(pid: str) -> bool:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2 :].split()[0] not in EXITED_STATES:
-            return True
-    return False
+    states = (_stat_fields(f"/proc/{pid}/task/{tid}/stat") for tid in tasks)
+    return any(fields is not None and fields[0] not in EXITED_STATES for fields in states)
 
 
 def kill_session(sid: int) -> None:

@@ -26,19 +26,22 @@ def test_without_an_archive_no_option_is_added(tmp_path, monkeypatch):
     assert jvm.archive_path() is None
 
 
-def test_a_jar_with_a_new_time_gets_a_new_archive():
+def test_a_jar_with_a_new_time_gets_a_new_archive(tmp_path, monkeypatch):
     """A reinstall rewrites the jars: the JVM would refuse the archive made for the old ones."""
     import pyspark
 
-    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    jar = os.path.join(jars, sorted(os.listdir(jars))[0])
+    package = tmp_path / "pyspark"
+    (package / "jars").mkdir(parents=True)
+    jar = package / "jars" / "spark-core.jar"
+    jar.write_bytes(b"jar")
+    monkeypatch.setattr(pyspark, "__file__", str(package / "__init__.py"))
+    monkeypatch.setenv("SPARK_HOME", str(package))
     before = jvm.archive_key()
-    st = os.stat(jar)
-    try:
-        os.utime(jar, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        assert jvm.archive_key() != before
-    finally:
-        os.utime(jar, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert before is not None, "no java here"
+    st = jar.stat()
+    os.utime(jar, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert jvm.archive_key() != before
+    os.utime(jar, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert jvm.archive_key() == before
 
 
