@@ -37,7 +37,7 @@ def replay(fields: dict[bytes, bytes]) -> TaskBackup:
 
 def finish(
     client: Any,
-    fence: tuple[str, str, str, str],
+    fence: tuple[list[str], list[Any]],
     keys: list[str],
     outputs: list[Output],
     state: list[Any],
@@ -45,15 +45,16 @@ def finish(
 ) -> Any:
     """Store a task's end-of-task outputs and mark it done, fenced like a commit.
 
-    ``fence`` is (epoch key, token key, epoch, token); ``keys`` the backup hash, the stats
+    ``fence`` is the fencing keys and arguments (epoch and token keys; epoch, token and
+    server, see :data:`~onceflow.kernel.scripts.FENCE`); ``keys`` the backup hash, the stats
     hash and then the keys ``state`` (the state and timer arguments that go with the outputs:
     panes fired, windows closed) refers to; ``stats`` the counter arguments. Returns the
     script's reply (the caller checks it for fencing).
     """
-    epoch_key, token_key, epoch, token = fence
+    fence_keys, fence_args = fence
     blob = encode_outputs(outputs) if outputs else b""
     return scripts_for(client).finish(
-        keys=[epoch_key, token_key, *keys], args=[epoch, token, blob, *state, *stats]
+        keys=[*fence_keys, *keys], args=[*fence_args, blob, *state, *stats]
     )
 
 

@@ -139,7 +139,9 @@ def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
         "available_now",
         "max_records_per_batch",
         "allow_non_durable_redis",
+        "allow_unconfirmed_fsync",
         "redis_wait_replicas",
+        "redis_restarts",
         "accept_plan_change",
         "stop_after_batches",
         "metrics_port",
@@ -320,6 +322,19 @@ def _add_streaming_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run even if Redis persistence (AOF) is off: exactly-once is then lost "
         "when Redis restarts",
+    )
+    g.add_argument(
+        "--allow-unconfirmed-fsync",
+        action="store_true",
+        help="run on a Redis before 7.2 with appendfsync everysec and no replica, which cannot "
+        "confirm that a batch reached its disk: a crash of its host may then lose committed "
+        "results (a later run stops and says so)",
+    )
+    g.add_argument(
+        "--redis-restarts",
+        type=int,
+        help="times a micro-batch is run again when its Redis server restarted or failed over "
+        "during it (default 3; 0 stops the run at the first)",
     )
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.errors import FencedError
+from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.kernel.eventtime import EventTime, watermark
 from onceflow.kernel.keyspace import (
     GC_FLOOR_FIELD,
@@ -150,8 +150,13 @@ def fix_batch_params(
     batch: int,
     config: DedupConfig,
     event_time: EventTime,
+    server: str = "",
 ) -> BatchParams:
-    """The batch's parameters: stored ones if an earlier attempt fixed them, else new ones."""
+    """The batch's parameters: stored ones if an earlier attempt fixed them, else new ones.
+
+    ``server`` is the run id of the namespace's Redis server the batch's tasks will check
+    (:mod:`onceflow.dedup.durability`): new parameters are stored only on that server.
+    """
     existing = read_batch_params(client, ks, batch)
     if existing is not None:
         return existing
@@ -187,11 +192,14 @@ def fix_batch_params(
         event_time.limit(now),
         int(layout or OWNER_LAYOUT),  # a namespace pinned before layouts existed: layout 1
     )
-    args: list[Any] = [epoch, wm, tau, now]
+    args: list[Any] = [epoch, server, wm, tau, now]
     for name, value in params.as_fields().items():
         args += [name, value]
     reply = scripts_for(client).batch_params(keys=[ks.epoch, ks.batch(batch), ks.clock], args=args)
     if reply and reply[0] == b"fenced":
+        if reply[1] == b"redis":
+            where = f"namespace {ks.namespace!r}"
+            raise ServerChangedError(server_changed_message(where, batch))
         msg = f"another driver of namespace {ks.namespace!r} started; this driver stops"
         raise FencedError(msg)
     return BatchParams.from_fields(batch, dict(zip(reply[::2], reply[1::2], strict=True)))

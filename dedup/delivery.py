@@ -39,9 +39,9 @@ from onceflow.backup.format import DELIVERIES, delivered_field_parts
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import lookup, maybe
 from onceflow.dedup.config import MAX_CHUNK
+from onceflow.dedup.durability import check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver, journal_entry
-from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.ids import split_ids
 from onceflow.kernel.records import Output
 
@@ -157,32 +157,35 @@ def prepare(
     ids: list[bytes],
     replicas: int = 0,
     timeout_ms: int = 10_000,
+    waitaof: bool = False,
 ) -> None:
     """Remember a delivery about to become visible (see the module docstring).
 
-    With ``replicas``, the pending delivery must reach that many replicas before the sink
-    makes it visible: a failover to a replica that lacked it would forget a delivery that
-    happened, and send it again.
+    The pending delivery must be durable before the sink makes it visible: a Redis that lost
+    it (a host crash before the AOF's fsync: ``waitaof``; a failover to a replica that lacked
+    it: ``replicas``) would forget a delivery that happened, and send it again. It is written
+    after the backup it delivers and the batch's parameters, so their durability comes with it.
     """
     keys = [*session.fence_keys(), session.ks.pending(name, session.partition)]
     args = [*session.fence_args(), marker, b"".join(ids), session.batch]
-    if not replicas:
+    if not replicas and not waitaof:
         session.check(session.scripts.prepare_delivery(keys=keys, args=args))
         session.round_trip()
         return
-    pipe = session.client.pipeline(transaction=False)  # one connection: the write, then WAIT
+    pipe = session.client.pipeline(transaction=False)  # one connection: the write, then waits
     session.scripts.prepare_delivery(keys=keys, args=args, client=pipe)
-    pipe.execute_command("WAIT", replicas, timeout_ms)
-    reply, acked = pipe.execute()
-    session.check(reply)
+    if waitaof:
+        pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
+    if replicas:
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+    replies = pipe.execute()
+    session.check(replies[0])
     session.round_trip()
-    if int(acked) < replicas:
-        msg = (
-            f"only {acked} of {replicas} Redis replica(s) acknowledged the pending delivery of "
-            f"{name} partition {session.partition} within {timeout_ms} ms; it was not made "
-            "visible (the task is retried)"
-        )
-        raise ServiceError(msg)
+    what = f"the pending delivery of {name} partition {session.partition}"
+    if waitaof:
+        check_waitaof(replies[1], what, timeout_ms)
+    if replicas:
+        check_wait(replies[-1], replicas, what, timeout_ms)
 
 
 def resolve(

@@ -1,51 +1,60 @@
-"""Waiting until a micro-batch's writes are durable, before Spark commits the batch.
+"""Durable before visible: what Redis must confirm before Spark or Kafka commits anything.
 
 Every commit of a batch returns once Redis applied it; that is not yet on disk (with
 ``appendfsync everysec`` the AOF is fsynced once a second) nor on a replica (replication is
-asynchronous). If Spark committed the batch and Redis then lost its last writes (a machine
-crash, a failover to a replica that lagged), the batch's seen-marks and state would be gone
-while Spark would never replay it: silent loss or duplicates. So at the end of every batch
-the driver writes a marker and waits, on that same connection, until Redis says every write
-before it is durable (on a Redis Cluster, on every master holding one of the pipeline's
-partition scopes, see :mod:`onceflow.kernel.scopes`):
+asynchronous). Two things leave Onceflow's hands: Spark's commit of a micro-batch (it is never
+replayed again) and a sink's delivery (a Kafka transaction, once committed, is visible). Both
+must only happen once Redis can no longer lose the writes they rest on, so the driver (at the
+end of every batch) and a task (before a sink makes a delivery visible,
+:func:`onceflow.dedup.delivery.prepare`) write and then wait, on the same connection, until
+Redis says every write before is durable (on a Redis Cluster, on every master holding one of
+the pipeline's hash tags, see :mod:`onceflow.kernel.scopes`):
 
 * ``WAITAOF 1 0`` (Redis 7.2 and later): fsynced to the local AOF. With ``appendfsync
-  always`` every write already is; on an older Redis with ``everysec`` this cannot be asked,
-  and a host crash may roll back up to a second of commits (said once at start);
+  always`` every acknowledged write already is. Redis before 7.2 with ``everysec`` cannot be
+  asked: such a Redis is refused (:func:`plan_durability`) unless replicas are waited for or
+  the user accepts the risk (``--allow-unconfirmed-fsync``);
 * ``WAIT n`` when replicas are required: acknowledged by ``n`` replicas.
 
-Redis serializes writes, so a marker written after the batch's tasks finished covers them
-all. If the wait times out the batch is not committed (the run stops with the reason, and a
-restart replays the batch): a clear stop, never a silent loss.
+Redis serializes writes and its AOF is a prefix of them, so a marker written after the
+batch's tasks finished covers them all; the marker (field ``durable`` of every hash tag's
+clock) is the last micro-batch the driver saw durable. If the wait times out the batch is not
+committed: a clear stop, never a silent loss.
 
-A failover (the master dies and a replica takes over, on Redis Cluster or under Sentinel) may
-lose the writes the old master had not yet passed on, while the clients carry on with the new
-master. ``WAIT`` on the new master cannot tell. So when replicas are required the driver
-notes each master's replication ID when a batch starts (:func:`replication_id`) and again with
-the end-of-batch wait: a promoted replica has a new one. If it changed, the batch is not
-committed and the run stops saying so; the restart replays the batch, redoing whatever was
-lost (committed parts are recognised and skipped). A sink's delivery is also held until
-its pending record reached the replicas (:func:`onceflow.dedup.delivery.prepare`), so a
-failover never forgets a delivery that became visible.
+**A server that goes back.** Whatever was not confirmed can still be lost: a host crash
+loses the AOF's unsynced tail, a failover the writes the old master had not passed on. What
+is left is then a prefix of what was written, and the batch in flight must be run again from
+it; nothing may be written on top of it by anyone who wrote before. So each batch notes every
+master's *run id* (``INFO server``: new at each start of the server process, and another
+process's after a failover) when it starts (:meth:`Durability.for_batch`); every script that
+writes a task's work checks it (:data:`onceflow.kernel.scripts.FENCE`) and the end-of-batch
+wait checks it again. A changed server fails the batch with :class:`ServerChangedError`
+(tasks' writes after the change are refused, so the state stays a prefix), and the driver
+runs the batch again on the new server. Before it does, and when a run starts, every tag's
+marker must be at least the last batch Spark committed (:func:`check_markers`): a marker
+behind it means Redis lost writes of a batch that will never be replayed — restored from an
+older backup, or a host crash without confirmed fsync — which is a clear stop
+(:class:`RedisBehindError`), never a wrong answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from onceflow.dedup.errors import RedisBehindError, ServerChangedError, server_changed_message
 from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.keyspace import Keyspace
 
 WAITAOF_VERSION = (7, 2)
 DEFAULT_TIMEOUT_MS = 10_000
-MARK_FIELD = "durable"
+MARK_FIELD = "durable"  # in every hash tag's clock: the last batch the driver saw durable
 
 
 @dataclass(frozen=True)
 class Durability:
-    """What a pipeline waits for at the end of each micro-batch."""
+    """What a pipeline waits for before Spark commits a batch or a sink a delivery."""
 
     waitaof: bool  # ask for the local fsync (the server supports it and fsync is not "always")
     replicas: int  # replicas that must acknowledge (0: none)
@@ -53,30 +62,26 @@ class Durability:
     auto: bool = False  # replicas: one if the master has any when a batch starts, else none
 
     def for_batch(self, targets: Sequence[tuple[str, Any]]) -> BatchDurability:
-        """What a starting batch waits for, per hash tag, and each tag's master now.
+        """What a starting batch waits for, per hash tag, and the server of each tag now.
 
         ``targets`` pairs each hash tag the batch writes (the namespace's first, then its
-        partition scopes) with its client. Each tag's master is identified by its replication
-        ID (one INFO per client), so the end of the batch waits once per master. In the
-        automatic setting each master is waited on for one replica if it has one now (after
-        a failover the promoted master has none until the old node returns).
+        partition scopes) with its client. One ``INFO`` per client gives its master's run id
+        and replicas; in the automatic setting each master is waited on for one replica if it
+        has one now (after a failover the promoted master has none until the old node returns).
         """
-        if not self.waitaof and not self.auto and not self.replicas:
-            return BatchDurability({}, None)
         infos: dict[int, Any] = {}
         replicas: dict[str, int] = {}
-        masters: dict[str, str] = {}
+        servers: dict[str, str] = {}
         for tag, client in targets:
             if id(client) not in infos:
-                infos[id(client)] = client.info("replication")
+                infos[id(client)] = client.info("server", "replication")
             info = infos[id(client)]
             wanted = self.replicas
             if self.auto:
                 wanted = 1 if int(info.get("connected_slaves", 0)) > 0 else 0
             replicas[tag] = wanted
-            masters[tag] = str(info.get("master_replid", ""))
-        checked = {tag: replid for tag, replid in masters.items() if replicas[tag]}
-        return BatchDurability(replicas, checked or None, masters)
+            servers[tag] = str(info.get("run_id", ""))
+        return BatchDurability(replicas, servers, self.waitaof)
 
     def describe(self) -> str:
         """One line for the run's start."""
@@ -92,158 +97,203 @@ class Durability:
 
 @dataclass(frozen=True)
 class BatchDurability:
-    """One batch's replicas to wait for, and its master's replication ID when it started.
-
-    With replicas, a change of master during the batch (a failover) is a clear stop
-    (:func:`wait_durable`, and tasks check it when they open: :func:`check_master`).
-    """
+    """One batch's replicas to wait for, and the server (run id) of each hash tag's master."""
 
     replicas: Mapping[str, int]  # hash tag -> replicas its master's writes must reach
-    started_on: Mapping[str, str] | None  # hash tag -> its master's replication ID (checked)
-    masters: Mapping[str, str] = field(default_factory=dict)  # every tag -> its master's ID
+    servers: Mapping[str, str]  # hash tag -> its master's run id when the batch started
+    waitaof: bool = False  # whether a write is durable only once WAITAOF said so
 
     def replicas_of(self, tag: str) -> int:
         """Replicas to wait for on the master of ``tag``."""
         return self.replicas.get(tag, 0)
 
 
-def _version(client: Any) -> tuple[int, ...]:
-    raw = str(client.info("server").get("redis_version", "0"))
-    return tuple(int(p) for p in raw.split(".")[:2] if p.isdigit())
+@dataclass(frozen=True)
+class ServerFacts:
+    """What one master says of its persistence."""
+
+    version: tuple[int, ...]
+    aof: bool
+    fsync: str  # always, everysec, no, or "unknown" (CONFIG forbidden)
+    replicas: int  # connected now
 
 
-def plan_durability(clients: Sequence[Any], replicas: int | None, timeout_ms: int) -> Durability:
-    """What to wait for: the local fsync when any master needs it asked, and replicas.
+def server_facts(client: Any) -> ServerFacts:
+    """Version, AOF and fsync setting, and connected replicas of one master."""
+    info = client.info("server", "persistence", "replication")
+    raw = str(info.get("redis_version", "0"))
+    version = tuple(int(p) for p in raw.split(".")[:2] if p.isdigit())
+    try:
+        fsync = str(client.config_get("appendfsync").get("appendfsync") or "unknown")
+    except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG
+        fsync = "unknown"
+    return ServerFacts(
+        version, bool(info.get("aof_enabled")), fsync, int(info.get("connected_slaves", 0))
+    )
+
+
+def plan_durability(
+    clients: Sequence[Any],
+    replicas: int | None,
+    timeout_ms: int,
+    allow_unconfirmed: bool = False,
+) -> Durability:
+    """What to wait for: the local fsync where a master can confirm it, and replicas.
 
     ``clients`` reach every master the pipeline writes to. ``replicas`` None means: one, on
-    each master that has a replica connected when a batch starts.
+    each master that has a replica connected when a batch starts. A master that can confirm
+    neither fsync nor replicas is refused (:func:`unconfirmed_message`) unless
+    ``allow_unconfirmed``.
     """
-    waitaof = any(_needs_waitaof(c) for c in clients)
+    facts = [server_facts(c) for c in clients]
+    waitaof = any(_needs_waitaof(f) for f in facts)
+    for client, f in zip(clients, facts, strict=True):
+        covered = (replicas or 0) > 0 or (replicas is None and f.replicas > 0)
+        if not allow_unconfirmed and not covered and _unconfirmable(f):
+            raise ServiceError(unconfirmed_message(client, f))
     if replicas is None:
         return Durability(waitaof, 0, timeout_ms, auto=True)
     return Durability(waitaof, replicas, timeout_ms)
 
 
-def _needs_waitaof(client: Any) -> bool:
+def _needs_waitaof(f: ServerFacts) -> bool:
     """Whether a master's AOF is on without ``appendfsync always`` and it can confirm fsyncs."""
-    info = client.info("persistence")
-    try:
-        fsync = str(client.config_get("appendfsync").get("appendfsync"))
-    except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG
-        fsync = "unknown"
-    waitaof = bool(info.get("aof_enabled")) and fsync != "always"
-    return waitaof and _version(client) >= WAITAOF_VERSION
+    return f.aof and f.fsync != "always" and f.version >= WAITAOF_VERSION
 
 
-def cannot_fsync_warning(clients: Sequence[Any]) -> str | None:
-    """A warning when per-batch fsync cannot be confirmed (older Redis with everysec)."""
-    for client in clients:
-        try:
-            fsync = str(client.config_get("appendfsync").get("appendfsync"))
-        except Exception:  # noqa: BLE001
-            continue
-        if fsync == "everysec" and _version(client) < WAITAOF_VERSION:
-            return (
-                "Redis before 7.2 cannot confirm that a batch's writes were fsynced (WAITAOF); "
-                "with appendfsync everysec a host crash may roll back up to a second of "
-                "commits. Use appendfsync always, or Redis 7.2+, for that guarantee"
-            )
-    return None
+def _unconfirmable(f: ServerFacts) -> bool:
+    """An AOF that fsyncs later than it replies, on a Redis that cannot say when it did."""
+    return f.aof and f.fsync != "always" and f.version < WAITAOF_VERSION
 
 
-def replication_id(client: Any) -> str:
-    """The master's replication ID: a replica promoted to master starts a new one."""
-    return str(client.info("replication").get("master_replid", ""))
-
-
-class FailoverError(ServiceError):
-    """Redis failed over while a batch ran: the batch is not committed (a restart replays it)."""
-
-
-def failover_message(batch: int) -> str:
-    """What a run says when Redis failed over during a batch."""
+def unconfirmed_message(client: Any, f: ServerFacts) -> str:
+    """Why a Redis whose fsync cannot be confirmed is refused, and what to do."""
+    where = _where(client)
+    version = ".".join(str(p) for p in f.version)
     return (
-        f"Redis failed over during micro-batch {batch} (a replica took over from the "
-        "master): writes the old master had not passed on may be lost, so the batch is not "
-        "committed. Run the pipeline again: it replays the batch and redoes what was lost"
+        f"Redis {version} at {where} runs appendfsync {f.fsync} and cannot confirm that a "
+        "micro-batch's writes reached its disk (WAITAOF needs Redis 7.2 or later): a crash "
+        "of its host could lose up to a second of acknowledged writes that Spark or Kafka "
+        "already committed on, which no rerun can redo. Set appendfsync always (CONFIG SET "
+        "appendfsync always), use Redis 7.2 or later, or wait for a replica "
+        "(--redis-wait-replicas 1); or accept that risk with --allow-unconfirmed-fsync"
     )
 
 
-def check_master(client: Any, batch: int, started_on: str | None) -> None:
-    """Raise :class:`FailoverError` if the master changed since the batch started."""
-    if started_on is not None and replication_id(client) != started_on:
-        raise FailoverError(failover_message(batch))
+def _where(client: Any) -> str:
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    host, port = kwargs.get("host"), kwargs.get("port")
+    return f"{host}:{port}" if host else "the configured address"
+
+
+def server_id(client: Any) -> str:
+    """The run id of the server ``client`` talks to: new at every start, and per process."""
+    return str(client.info("server").get("run_id", ""))
 
 
 def wait_durable(
     targets: Sequence[tuple[Keyspace, Any]],
     batch: int,
     durability: Durability,
-    this_batch: BatchDurability | None = None,
+    this_batch: BatchDurability,
 ) -> None:
-    """Block until every write so far is durable as ``durability`` asks; raise if it is not.
+    """Mark ``batch`` durable on every hash tag once Redis says it is; raise if it is not.
 
-    ``targets`` pairs a keyspace with its client: tags whose master was the same when the
-    batch started (``this_batch.masters``) share one marker and wait (Redis replicates and
-    fsyncs in order, so a marker written after the batch's tasks finished covers them all).
-    ``this_batch`` (from :meth:`Durability.for_batch` when the batch started) says how many
-    replicas to wait for and each master's replication ID then: if a master now has another,
-    it failed over during the batch (see the module docstring).
+    ``targets`` pairs every hash tag of the pipeline with its client. Tags on the same server
+    (same run id when the batch started) share one round trip: their markers, then the waits
+    (Redis replicates and fsyncs in order, so the waits cover every write before them), then
+    ``INFO`` to check the server is still the one the batch started on.
     """
-    masters = None if this_batch is None else this_batch.started_on
-    groups: dict[str, list[tuple[Keyspace, Any]]] = {}  # master -> its tags
+    groups: dict[str, list[tuple[Keyspace, Any]]] = {}
     for ks, client in targets:
-        master = this_batch.masters.get(ks.tag) if this_batch is not None else None
-        groups.setdefault(master or f"client-{id(client)}", []).append((ks, client))
-    for group in groups.values():  # one marker and wait per master: it covers all its writes
-        ks, client = group[0]
-        replicas = durability.replicas
-        if this_batch is not None:
-            replicas = max(this_batch.replicas_of(k.tag) for k, _ in group)
-        if durability.waitaof or replicas:
-            _wait_one(client, ks, batch, durability, replicas, masters)
+        server = this_batch.servers.get(ks.tag) or f"client-{id(client)}"
+        groups.setdefault(server, []).append((ks, client))
+    for server, group in groups.items():
+        replicas = max(this_batch.replicas_of(k.tag) for k, _ in group)
+        _wait_one(group, server, batch, durability, replicas)
 
 
 def _wait_one(
-    client: Any,
-    ks: Keyspace,
+    group: list[tuple[Keyspace, Any]],
+    server: str,
     batch: int,
     durability: Durability,
     replicas: int,
-    masters: Mapping[str, str] | None,
 ) -> None:
-    started_on = None if masters is None else masters.get(ks.tag)
-    pipe = client.pipeline(transaction=False)  # one connection: the marker and the waits
-    if ks.scope is None:
-        pipe.hset(ks.batch(batch), MARK_FIELD, "1")
-    else:  # a partition scope keeps no batch hashes: its clock notes the last batch waited on
+    client = group[0][1]
+    pipe = client.pipeline(transaction=False)  # one connection: the markers and the waits
+    for ks, _ in group:
         pipe.hset(ks.clock, MARK_FIELD, str(batch))
     if durability.waitaof:
         pipe.execute_command("WAITAOF", 1, 0, durability.timeout_ms)
     if replicas:
         pipe.execute_command("WAIT", replicas, durability.timeout_ms)
-    if started_on is not None:
-        pipe.info("replication")
+    pipe.info("server")
     replies = pipe.execute()
-    if started_on is not None and str(replies[-1].get("master_replid", "")) != started_on:
-        raise FailoverError(failover_message(batch))
-    at = 1
+    if str(replies[-1].get("run_id", "")) != server:
+        tags = ", ".join(ks.tag for ks, _ in group)
+        raise ServerChangedError(server_changed_message(f"hash tag(s) {tags}", batch))
+    at = len(group)
     if durability.waitaof:
-        local = replies[at][0] if isinstance(replies[at], list | tuple) else replies[at]
+        check_waitaof(replies[at], f"micro-batch {batch}'s writes", durability.timeout_ms)
         at += 1
-        if int(local) < 1:
-            msg = (
-                f"Redis did not confirm the fsync of micro-batch {batch}'s writes within "
-                f"{durability.timeout_ms} ms; the batch is not committed (a restart replays it)"
-            )
-            raise ServiceError(msg)
     if replicas:
-        acked = int(replies[at])
-        if acked < replicas:
-            msg = (
-                f"only {acked} of {replicas} Redis replica(s) acknowledged "
-                f"micro-batch {batch}'s writes within {durability.timeout_ms} ms; the batch is "
-                "not committed (a restart replays it). Check the replicas, or lower the "
-                "number required (--redis-wait-replicas)"
-            )
-            raise ServiceError(msg)
+        check_wait(replies[at], replicas, f"micro-batch {batch}'s writes", durability.timeout_ms)
+
+
+def check_waitaof(reply: Any, what: str, timeout_ms: int) -> None:
+    """Raise unless ``WAITAOF 1 0``'s reply says the local AOF holds ``what``."""
+    local = reply[0] if isinstance(reply, list | tuple) else reply
+    if int(local) < 1:
+        msg = (
+            f"Redis did not confirm the fsync of {what} within {timeout_ms} ms; it was not "
+            "committed (it is run again)"
+        )
+        raise ServiceError(msg)
+
+
+def check_wait(reply: Any, replicas: int, what: str, timeout_ms: int) -> None:
+    """Raise unless ``WAIT``'s reply says ``replicas`` replicas hold ``what``."""
+    acked = int(reply)
+    if acked < replicas:
+        msg = (
+            f"only {acked} of {replicas} Redis replica(s) acknowledged {what} within "
+            f"{timeout_ms} ms; it was not committed (it is run again). Check the replicas, "
+            "or lower the number required (--redis-wait-replicas)"
+        )
+        raise ServiceError(msg)
+
+
+def markers(targets: Sequence[tuple[Keyspace, Any]]) -> dict[str, int | None]:
+    """Each hash tag's durable marker: the last batch confirmed there (None: none yet)."""
+    out: dict[str, int | None] = {}
+    for ks, client in targets:
+        raw = client.hget(ks.clock, MARK_FIELD)
+        out[ks.tag] = int(raw) if raw is not None else None
+    return out
+
+
+def check_markers(
+    targets: Sequence[tuple[Keyspace, Any]], committed: int | None, namespace: str
+) -> None:
+    """Refuse a Redis whose markers are behind ``committed``, the last batch Spark committed.
+
+    A tag without a marker (a namespace made before markers, or a scope its first batch has
+    not reached) says nothing. See the module docstring.
+    """
+    if committed is None:
+        return
+    behind = {tag: m for tag, m in markers(targets).items() if m is not None and m < committed}
+    if not behind:
+        return
+    tag, marker = min(behind.items(), key=lambda item: item[1])
+    msg = (
+        f"Redis lost writes of namespace {namespace!r}: hash tag {tag} was last confirmed "
+        f"durable at micro-batch {marker}, but Spark committed micro-batch {committed} (its "
+        "checkpoint will never replay it). Redis went back in time: restored from an older "
+        "backup, or its host crashed with writes it had not fsynced. The results of "
+        f"micro-batches {marker + 1} to {committed} cannot be made exact from here: put back "
+        "the Redis data that goes with the checkpoint, or start the pipeline over (onceflow "
+        "reset)"
+    )
+    raise RedisBehindError(msg)

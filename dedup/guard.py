@@ -3,7 +3,8 @@
 For one stage, micro-batch and partition it composes the receiving side's steps:
 
 * ``open``: claim the stage partition for this attempt (a newer attempt fences an older one;
-  an older one that starts late is refused), read the task's backup (replayed, never
+  an older one that starts late is refused; a Redis server other than the one the batch
+  started on refuses every write, see :mod:`~.durability`), read the task's backup (replayed, never
   recomputed; in seen-ID layout 2 it also says which inputs earlier attempts committed) and
   make every receiver's Bloom filters trustworthy (:mod:`~.trust`);
 * ``admit``: Bloom first, Redis only for "maybe"s; late records and records too far ahead
@@ -46,7 +47,7 @@ from onceflow.dedup.delivery import (
     resolve_logged,
     undelivered,
 )
-from onceflow.dedup.durability import BatchDurability, check_master
+from onceflow.dedup.durability import BatchDurability
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel.keyspace import logs_deliveries
@@ -71,8 +72,9 @@ class ExactlyOnceGuards:
     # per hash tag: replicas a sink's pending delivery must reach before it is visible
     wait_replicas: Mapping[str, int] | None = None
     wait_timeout_ms: int = 10_000
-    # the replication ID of each hash tag's master when the batch started (None: not checked)
-    masters: Mapping[str, str] | None = None
+    # the run id of each hash tag's master when the batch started (tasks write nowhere else)
+    servers: Mapping[str, str] | None = None
+    waitaof: bool = False  # a pending delivery is visible only once WAITAOF confirmed it
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
     parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
 
@@ -86,7 +88,8 @@ class ExactlyOnceGuards:
             self,
             params=params,
             wait_replicas=durability.replicas,
-            masters=durability.started_on,
+            servers=durability.servers,
+            waitaof=durability.waitaof,
         )
 
     def batch_json(self) -> str:
@@ -98,7 +101,8 @@ class ExactlyOnceGuards:
             {
                 "params": self.params.to_json(),
                 "replicas": dict(self.wait_replicas or {}),
-                "masters": None if self.masters is None else dict(self.masters),
+                "servers": dict(self.servers or {}),
+                "waitaof": self.waitaof,
             }
         )
 
@@ -109,7 +113,8 @@ class ExactlyOnceGuards:
             self,
             params=BatchParams.from_json(data["params"]),
             wait_replicas=data["replicas"],
-            masters=data["masters"],
+            servers=data["servers"],
+            waitaof=data["waitaof"],
         )
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:
@@ -135,7 +140,7 @@ class ExactlyOnceGuard:
         self.config = config
         self.replicas = (factory.wait_replicas or {}).get(ks.tag, 0)
         self.wait_timeout_ms = factory.wait_timeout_ms
-        self.master = None if factory.masters is None else factory.masters.get(ks.tag)
+        self.waitaof = factory.waitaof
         self.chunk_size = factory.config.chunk_size
         self.params = params
         self.limit_ms: int | None = params.limit_ms
@@ -151,6 +156,7 @@ class ExactlyOnceGuard:
             task.stage,
             task.batch,
             task.partition,
+            server=(factory.servers or {}).get(ks.tag, ""),
             floor=params.floor,
             generation=params.generation,
             live=params.live,
@@ -185,7 +191,6 @@ class ExactlyOnceGuard:
         s = self.session
         ks = s.ks
         s.token = f"{s.epoch}:{self.attempt_id}"
-        check_master(s.client, s.batch, self.master)  # a failover since the batch began: stop
         pipe = s.client.pipeline(transaction=False)
         s.scripts.claim(keys=s.fence_keys(), args=s.fence_args(), client=pipe)
         pipe.hgetall(ks.backup(s.stage, s.batch, s.partition))
@@ -294,7 +299,7 @@ class ExactlyOnceGuard:
         writes = state_args(s.ks, s.partition, changes, keys)
         reply = backup.finish(
             s.client,
-            (epoch_key, token_key, s.epoch, s.token),
+            (s.fence_keys(), s.fence_args()),
             keys.keys[2:],
             outputs,
             writes,
@@ -341,6 +346,7 @@ class ExactlyOnceGuard:
             [o.id for o in outputs],
             self.replicas,
             self.wait_timeout_ms,
+            self.waitaof,
         )
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:

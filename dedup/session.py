@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.errors import FencedError
+from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.kernel.keyspace import NEW_LAYOUT, OWNER_LAYOUT, SEEN_MARK, Keyspace
 from onceflow.kernel.scripts import Scripts
 
 FENCED = b"fenced"
+SERVER = b"redis"  # who fenced: the server changed (see kernel.scripts.FENCE)
 
 
 @dataclass
@@ -32,6 +33,7 @@ class TaskSession:
     batch: int
     partition: int
     token: str = ""
+    server: str = ""  # the run id of the Redis server the batch started on ('': unchecked)
     floor: int = 0  # the late floor: oldest event-time bucket admitted
     generation: int = 0  # where this batch's seen-IDs go
     live: tuple[int, ...] = ()  # generations still looked up, newest first
@@ -79,8 +81,8 @@ class TaskSession:
         return [self.ks.epoch, self.ks.token(self.stage, self.partition)]
 
     def fence_args(self) -> list[Any]:
-        """The driver epoch and this task's token: first ARGV of every fenced script."""
-        return [self.epoch, self.token]
+        """The driver epoch, this task's token and the server: first ARGV of fenced scripts."""
+        return [self.epoch, self.token, self.server]
 
     def count(self, name: str, n: int = 1) -> None:
         """Add to a counter, both for the run's metrics and for Redis."""
@@ -116,8 +118,15 @@ class TaskSession:
         return args
 
     def check(self, reply: Any) -> Any:
-        """Raise :class:`FencedError` when a script says a newer driver or attempt owns this."""
+        """Raise :class:`FencedError` when a script says a newer driver or attempt owns this.
+
+        A script that found another Redis server than the batch started on raises
+        :class:`ServerChangedError` instead (the batch is run again).
+        """
         if reply and reply[0] == FENCED:
+            if reply[1] == SERVER:
+                where = f"stage {self.stage!r} partition {self.partition} ({self.ks.tag})"
+                raise ServerChangedError(server_changed_message(where, self.batch))
             who = reply[1].decode()
             msg = (
                 f"stage {self.stage!r} batch {self.batch} partition {self.partition}: a "

@@ -2,10 +2,13 @@
 
 Nothing else in Onceflow holds Lua. Key names come from :mod:`onceflow.kernel.keyspace`.
 
-Every script that writes first checks two fencing tokens: the driver epoch (bumped when a
-driver starts) and the task token (the attempt that claimed the stage partition, see
-:data:`CLAIM`). A zombie driver or task attempt therefore cannot commit after its successor
-has started, and a zombie that starts late cannot take the partition from a newer attempt.
+Every script that writes first checks three fences: the Redis server the batch started on
+(its run id: a restarted server, or the replica a failover promoted, may have lost writes, and
+nothing may be written on top of what is left, see :mod:`onceflow.dedup.durability`), the
+driver epoch (bumped when a driver starts) and the task token (the attempt that claimed the
+stage partition, see :data:`CLAIM`). A zombie driver or task attempt therefore cannot commit
+after its successor has started, and a zombie that starts late cannot take the partition from
+a newer attempt.
 
 :data:`COMMIT` is the heart of exactly-once: in one atomic step it checks that none of the
 chunk's IDs was seen before in the batch's generation, marks them seen, stores the chunk's
@@ -34,17 +37,37 @@ local function token_pair(t)
 end
 """
 
-FENCE = """
+# The Redis server a writer began on: its run id (INFO server), a new one at every start of
+# the server process, on the master a failover promoted too. A server that restarted may have
+# lost the writes it had not fsynced (a host crash with ``appendfsync everysec``) or passed on
+# to its replica (a failover): whoever wrote there before must not write on top of what is
+# left (see onceflow.dedup.durability). '' checks nothing (tools that write no batch work).
+_SERVER = """
+local function server_changed(expected)
+  if expected == '' then return false end
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') ~= expected
+end
+"""
+
+# The first checks of every script that writes a task's work. KEYS: 1 epoch, 2 task token.
+# ARGV: 1 epoch, 2 token, 3 the server's run id when the batch started (see _SERVER).
+FENCE = (
+    _SERVER
+    + """
+if server_changed(ARGV[3]) then return {'fenced', 'redis'} end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {'fenced', 'task'} end
 """
+)
 
 # A task attempt claims its stage partition, unless a newer attempt already has. (In a
 # partition scope the epoch key is the scope's copy of the driver epoch, see RAISE_EPOCH.)
-# KEYS: 1 epoch, 2 task token. ARGV: 1 epoch, 2 this attempt's token
+# KEYS: 1 epoch, 2 task token. ARGV: 1 epoch, 2 this attempt's token, 3 server (see FENCE)
 CLAIM = (
     _PARSE_TOKEN
+    + _SERVER
     + """
+if server_changed(ARGV[3]) then return {'fenced', 'redis'} end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
 local cur = redis.call('GET', KEYS[2])
 if cur then
@@ -125,10 +148,10 @@ end
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 filter seq, 5 filter journal, 6 stats,
 #       7 generations, 8 lanes, 9 lane activity, 10.. seen shards, state hashes and timer
 #       sorted sets (by index)
-# ARGV: 1 epoch, 2 token, 3 seen value (layout 1: the owner), 4 chunk field, 5 outputs blob,
-#       6 journal blob, 7 n ids, 8 seen fields blob (grouped by shard), 9 shard runs blob
-#       (see _SEEN_FIELDS), 10 generation,
-#       11 newest event time of the IDs, 12 inputs field, 13 input IDs blob ('': not kept),
+# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 seen value (layout 1: the owner), 5 chunk
+#       field, 6 outputs blob, 7 journal blob, 8 n ids, 9 seen fields blob (grouped by shard),
+#       10 shard runs blob (see _SEEN_FIELDS), 11 generation, 12 newest event time of the
+#       IDs, 13 inputs field, 14 input IDs blob ('': not kept),
 #       then l, l x (lane, newest event time, batch time), then the state and timers (see
 #       _WRITE_STATE), then s, s x (stat field, increment)
 # Returns {'ok', seq} or {'conflict', positions (1-based, in the fields blob) of the IDs
@@ -140,22 +163,22 @@ COMMIT = (
     + _WRITE_STATE
     + _SEEN_FIELDS
     + """
-if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {'ok', '-1'} end
-local n = tonumber(ARGV[7])
+if redis.call('HEXISTS', KEYS[3], ARGV[5]) == 1 then return {'ok', '-1'} end
+local n = tonumber(ARGV[8])
 local conflicts = {}
-each_field(ARGV[8], n, ARGV[9], function(own, j, id)
-  if redis.call('HSETNX', own, id, ARGV[3]) == 0 then conflicts[#conflicts + 1] = j end
+each_field(ARGV[9], n, ARGV[10], function(own, j, id)
+  if redis.call('HSETNX', own, id, ARGV[4]) == 0 then conflicts[#conflicts + 1] = j end
 end)
 if #conflicts > 0 then
   local seen = {}
   for _, p in ipairs(conflicts) do seen[p] = true end
-  each_field(ARGV[8], n, ARGV[9], function(own, j, id)
+  each_field(ARGV[9], n, ARGV[10], function(own, j, id)
     if not seen[j] then redis.call('HDEL', own, id) end
   end)
   return {'conflict', conflicts}
 end
-if n > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
-local i = 14
+if n > 0 then raise_generation(KEYS[7], ARGV[11], ARGV[12]) end
+local i = 15
 local l = tonumber(ARGV[i])
 i = i + 1
 for j = 1, l do
@@ -171,11 +194,11 @@ for j = 1, s do
   redis.call('HINCRBY', KEYS[6], ARGV[i], ARGV[i + 1])
   i = i + 2
 end
-redis.call('HSET', KEYS[3], ARGV[4], ARGV[5])
-if ARGV[13] ~= '' then redis.call('HSET', KEYS[3], ARGV[12], ARGV[13]) end
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[6])
+if ARGV[14] ~= '' then redis.call('HSET', KEYS[3], ARGV[13], ARGV[14]) end
 local seq = 0
 if n > 0 then
-  redis.call('RPUSH', KEYS[5], ARGV[6])
+  redis.call('RPUSH', KEYS[5], ARGV[7])
   seq = redis.call('INCR', KEYS[4])
 end
 return {'ok', tostring(seq)}
@@ -185,16 +208,16 @@ return {'ok', tostring(seq)}
 # The end of a task: its end-of-task outputs (combine results, window panes) and the state
 # changes that go with them (panes fired, closed windows deleted), and the done marker.
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 stats, 5.. state hashes and timer sets
-# ARGV: 1 epoch, 2 token, 3 final outputs blob (may be empty), then the state and timers
-#       (see _WRITE_STATE), then s, s x (field, increment)
+# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 final outputs blob (may be empty), then the
+#       state and timers (see _WRITE_STATE), then s, s x (field, increment)
 FINISH = (
     FENCE
     + _WRITE_STATE
     + """
 if redis.call('HEXISTS', KEYS[3], 'done') == 1 then return {'ok', 'again'} end
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], 'final', ARGV[3]) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[3], 'final', ARGV[4]) end
 redis.call('HSET', KEYS[3], 'done', '1')
-local i = write_state(4)
+local i = write_state(5)
 local s = tonumber(ARGV[i])
 i = i + 1
 for j = 1, s do
@@ -208,27 +231,27 @@ return {'ok', 'done'}
 # Marks sink records delivered and ends the sink partition's pending delivery (when asked).
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 stats, 6 pending,
 #       7 generations, 8.. seen shards
-# ARGV: 1 epoch, 2 token, 3 seen value (layout 1: the owner), 4 journal blob, 5 n, 6 seen
-#       fields blob (grouped by shard), 7 shard runs blob (see _SEEN_FIELDS), 8 '1' to delete
-#       the pending delivery, 9 possible
-#       copies to count, 10 generation, 11 newest event time of the records
+# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 seen value (layout 1: the owner), 5 journal
+#       blob, 6 n, 7 seen fields blob (grouped by shard), 8 shard runs blob (see
+#       _SEEN_FIELDS), 9 '1' to delete the pending delivery, 10 possible copies to count,
+#       11 generation, 12 newest event time of the records
 # Returns {'ok', seq, how many were already marked (delivered twice)}.
 MARK_DELIVERED = (
     FENCE
     + _RAISE_GENERATION
     + _SEEN_FIELDS
     + """
-if ARGV[8] == '1' then redis.call('DEL', KEYS[6]) end
-if tonumber(ARGV[5]) > 0 then raise_generation(KEYS[7], ARGV[10], ARGV[11]) end
-if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', KEYS[5], 'possible_copies', ARGV[9]) end
-local n = tonumber(ARGV[5])
+if ARGV[9] == '1' then redis.call('DEL', KEYS[6]) end
+if tonumber(ARGV[6]) > 0 then raise_generation(KEYS[7], ARGV[11], ARGV[12]) end
+if tonumber(ARGV[10]) > 0 then redis.call('HINCRBY', KEYS[5], 'possible_copies', ARGV[10]) end
+local n = tonumber(ARGV[6])
 local again = 0
-each_field(ARGV[6], n, ARGV[7], function(key, _, id)
-  if redis.call('HSET', key, id, ARGV[3]) == 0 then again = again + 1 end
+each_field(ARGV[7], n, ARGV[8], function(key, _, id)
+  if redis.call('HSET', key, id, ARGV[4]) == 0 then again = again + 1 end
 end)
 local seq = 0
 if n > 0 then
-  redis.call('RPUSH', KEYS[4], ARGV[4])
+  redis.call('RPUSH', KEYS[4], ARGV[5])
   seq = redis.call('INCR', KEYS[3])
 end
 redis.call('HINCRBY', KEYS[5], 'delivered', n - again)
@@ -239,11 +262,12 @@ return {'ok', tostring(seq), tostring(again)}
 
 # A sink partition is about to make a delivery visible: remember it (the marker that will
 # tell whether it happened, the IDs, and the micro-batch making it) until it is marked.
-# KEYS: 1 epoch, 2 task token, 3 pending. ARGV: 1 epoch, 2 token, 3 marker, 4 ids blob, 5 batch
+# KEYS: 1 epoch, 2 task token, 3 pending.
+# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 marker, 5 ids blob, 6 batch
 PREPARE_DELIVERY = (
     FENCE
     + """
-redis.call('HSET', KEYS[3], 'marker', ARGV[3], 'ids', ARGV[4], 'batch', ARGV[5])
+redis.call('HSET', KEYS[3], 'marker', ARGV[4], 'ids', ARGV[5], 'batch', ARGV[6])
 return {'ok'}
 """
 )
@@ -252,19 +276,19 @@ return {'ok'}
 # to the backup of the task that made it, as field <prefix><k><suffix> (k counted in the
 # counter field), and the pending delivery ends (when asked).
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 stats, 5 pending
-# ARGV: 1 epoch, 2 token, 3 counter field, 4 field prefix, 5 field suffix, 6 ids blob, 7 n,
-#       8 '1' to delete the pending delivery, 9 possible copies to count
+# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 counter field, 5 field prefix, 6 field
+#       suffix, 7 ids blob, 8 n, 9 '1' to delete the pending delivery, 10 possible copies
 LOG_DELIVERY = (
     FENCE
     + """
-local n = tonumber(ARGV[7])
+local n = tonumber(ARGV[8])
 if n > 0 then
-  local k = redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
-  redis.call('HSET', KEYS[3], ARGV[4] .. k .. ARGV[5], ARGV[6])
+  local k = redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+  redis.call('HSET', KEYS[3], ARGV[5] .. k .. ARGV[6], ARGV[7])
   redis.call('HINCRBY', KEYS[4], 'delivered', n)
 end
-if ARGV[8] == '1' then redis.call('DEL', KEYS[5]) end
-if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', KEYS[4], 'possible_copies', ARGV[9]) end
+if ARGV[9] == '1' then redis.call('DEL', KEYS[5]) end
+if tonumber(ARGV[10]) > 0 then redis.call('HINCRBY', KEYS[4], 'possible_copies', ARGV[10]) end
 return {'ok'}
 """
 )
@@ -273,14 +297,15 @@ return {'ok'}
 # its identity (a field of the partition's pending hash, deleted with it by MARK_DELIVERED)
 # so that a later attempt settles it if this one never finishes. ARGV[4] '0' forgets it
 # instead (its transaction was aborted before anything of it could become visible).
-# KEYS: 1 epoch, 2 task token, 3 pending. ARGV: 1 epoch, 2 token, 3 field, 4 '1' or '0'
+# KEYS: 1 epoch, 2 task token, 3 pending.
+# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 field, 5 '1' or '0'
 NOTE_WRITER = (
     FENCE
     + """
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[3], ARGV[3], '1')
+if ARGV[5] == '1' then
+  redis.call('HSET', KEYS[3], ARGV[4], '1')
 else
-  redis.call('HDEL', KEYS[3], ARGV[3])
+  redis.call('HDEL', KEYS[3], ARGV[4])
 end
 return {'ok'}
 """
@@ -331,14 +356,15 @@ return {commits, base, redis.call('LRANGE', KEYS[2], 0, -1), redis.call('HGETALL
 """
 
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 snapshot hash
-# ARGV: 1 epoch, 2 token, 3 seq covered, 4 n, n x (field, blob), then d, d x field
+# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 seq covered, 5 n, n x (field, blob), then
+#       d, d x field
 SNAPSHOT = (
     FENCE
     + """
-if tonumber(redis.call('GET', KEYS[3]) or '0') ~= tonumber(ARGV[3]) then return {'stale'} end
+if tonumber(redis.call('GET', KEYS[3]) or '0') ~= tonumber(ARGV[4]) then return {'stale'} end
 local old = tonumber(redis.call('HGET', KEYS[5], 'seq') or '0')
-local n = tonumber(ARGV[4])
-local i = 5
+local n = tonumber(ARGV[5])
+local i = 6
 for j = 1, n do
   redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -349,24 +375,28 @@ for j = 1, d do
   redis.call('HDEL', KEYS[5], ARGV[i])
   i = i + 1
 end
-redis.call('HSET', KEYS[5], 'seq', ARGV[3])
-redis.call('LTRIM', KEYS[4], tonumber(ARGV[3]) - old, -1)
+redis.call('HSET', KEYS[5], 'seq', ARGV[4])
+redis.call('LTRIM', KEYS[4], tonumber(ARGV[4]) - old, -1)
 return {'ok'}
 """
 )
 
 # A micro-batch's parameters: the first attempt's stand; later attempts get them back. The
 # clock hash follows the newest batch (its watermark, dedup time and time).
-# KEYS: 1 epoch, 2 batch hash, 3 clock. ARGV: 1 epoch, 2 watermark, 3 dedup time, 4 time,
-# then field, value ...
-BATCH_PARAMS = """
+# KEYS: 1 epoch, 2 batch hash, 3 clock. ARGV: 1 epoch, 2 server (see FENCE: the one whose
+# run id the batch's tasks check), 3 watermark, 4 dedup time, 5 time, then field, value ...
+BATCH_PARAMS = (
+    _SERVER
+    + """
+if server_changed(ARGV[2]) then return {'fenced', 'redis'} end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'fenced', 'driver'} end
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
-  redis.call('HSET', KEYS[3], 'watermark', ARGV[2], 'dedup_time', ARGV[3], 'time', ARGV[4])
+  for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+  redis.call('HSET', KEYS[3], 'watermark', ARGV[3], 'dedup_time', ARGV[4], 'time', ARGV[5])
 end
 return redis.call('HGETALL', KEYS[2])
 """
+)
 
 # Spark committed every micro-batch up to ARGV[1] (never moves back).
 # KEYS: 1 acked. ARGV: 1 batch

@@ -36,12 +36,13 @@ from onceflow.dedup.batch import fix_batch_params
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.durability import (
     DEFAULT_TIMEOUT_MS,
+    BatchDurability,
     Durability,
-    cannot_fsync_warning,
+    check_markers,
     plan_durability,
     wait_durable,
 )
-from onceflow.dedup.errors import FencedError
+from onceflow.dedup.errors import FencedError, ServerChangedError
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
@@ -93,6 +94,7 @@ GUARANTEES = ("exactly-once", "at-least-once")
 DEFAULT_TRIGGER_SECONDS = 1.0
 AWAIT_STEP_SECONDS = 0.5
 DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_REDIS_RESTARTS = 3
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +161,8 @@ class StreamingRun:
     scopes: Scopes | None = None  # stage partitions with a hash tag of their own
     connect: Connect | None = None  # the client of a hash tag
     compiler: StreamCompiler | None = None  # made at the first micro-batch
+    redis_restarts: int = DEFAULT_REDIS_RESTARTS  # runs of a batch again after a server change
+    servers: dict[str, str] = field(default_factory=dict)  # tag -> run id at the last batch
 
     def targets(self) -> list[tuple[Keyspace, Any]]:
         """Every hash tag of the pipeline with its client, the namespace's first."""
@@ -169,10 +173,10 @@ class StreamingRun:
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         """One micro-batch: acknowledge the previous ones, then run the job.
 
-        After a stop request it refuses to start (see :mod:`.stopping`), doing nothing.
+        After a stop request it refuses to start (see :mod:`.stopping`), doing nothing. A
+        Redis server that restarted or failed over during the batch makes it run again, up to
+        ``redis_restarts`` times (see :mod:`onceflow.dedup.durability`).
         """
-        from pyspark.sql import functions as F  # noqa: N812
-
         if self.stop.requested:
             log.info("batch %d not started (%s): the next run plans it", batch_id, self.stop.reason)
             raise StopRequested
@@ -182,6 +186,29 @@ class StreamingRun:
         self._check_epoch()
         if batch_id > 0 and self.mode is Guarantee.EXACTLY_ONCE:
             acknowledge(self.client, self.keyspace, batch_id - 1)
+        before = dict(self.metrics.value)
+        t0 = time.monotonic()
+        again = 0
+        while True:
+            try:
+                params = self._attempt(df, batch_id, phases)
+                break
+            except Exception as exc:
+                if not _server_changed(exc) or again >= self.redis_restarts:
+                    raise
+                again += 1
+                self._run_again(batch_id, exc, again)
+        driver_crashpoint("batch_end", batch_id)
+        if self.ticker is not None:
+            self.ticker.after_batch(self.trigger_ms)
+        phases.mark("ticks")
+        self._done(batch_id, time.monotonic() - t0, before, params, phases)
+
+    def _attempt(self, df: DataFrame, batch_id: int, phases: Phases) -> Any:
+        """Fix the batch's parameters, run its job, wait until its writes are durable."""
+        targets = self.targets()
+        this_batch = self._servers_now(targets, batch_id)
+        server = this_batch.servers.get(self.keyspace.tag, "") if this_batch else ""
         params = fix_batch_params(
             self.client,
             self.keyspace,
@@ -189,18 +216,42 @@ class StreamingRun:
             batch_id,
             self.config,
             self.job.event_time or EventTime(),
+            server,
         )
         self.watermark = params.watermark
-        this_batch = None
-        targets = self.targets()
-        if self.durability is not None:
-            this_batch = self.durability.for_batch([(ks.tag, c) for ks, c in targets])
-            guards = self.guards.for_batch(params, this_batch)
-        else:
-            guards = self.guards.for_batch(params)
+        guards = self.guards.for_batch(params, this_batch)
         phases.mark("params")
-        before = dict(self.metrics.value)
-        t0 = time.monotonic()
+        self._run_job(df, batch_id, guards, phases)
+        if self.mode is Guarantee.EXACTLY_ONCE and self.scopes is not None and self.connect:
+            merge_generations(self.client, self.scopes, self.connect)
+        if self.durability is not None and this_batch is not None:
+            wait_durable(targets, batch_id, self.durability, this_batch)
+        phases.mark("durable")
+        return params
+
+    def _servers_now(
+        self, targets: list[tuple[Keyspace, Any]], batch_id: int
+    ) -> BatchDurability | None:
+        """Each master's server now; if one changed since the last batch, it kept its writes.
+
+        A server that restarted between two batches may have lost writes after the last
+        batch's durable marker, which matter to nobody, or before it, which no rerun can redo
+        (:func:`~onceflow.dedup.durability.check_markers` stops the run then).
+        """
+        if self.durability is None:
+            return None
+        this_batch = self.durability.for_batch([(ks.tag, c) for ks, c in targets])
+        servers = dict(this_batch.servers)
+        if self.servers and servers != self.servers:
+            committed = batch_id - 1 if batch_id > 0 else None
+            check_markers(targets, committed, self.keyspace.namespace)
+        self.servers = servers
+        return this_batch
+
+    def _run_job(self, df: DataFrame, batch_id: int, guards: Any, phases: Phases) -> None:
+        """Compile the batch's job over its rows and run it as one Spark job."""
+        from pyspark.sql import functions as F  # noqa: N812
+
         if len(self.job.sources) == 1:  # no "src" column to tell sources apart
             frames = {self.job.sources[0][0]: df}
         else:
@@ -219,16 +270,19 @@ class StreamingRun:
         compiled.run()
         phases.mark("spark")
         phases.count_jobs(self.spark, group)
-        if self.mode is Guarantee.EXACTLY_ONCE and self.scopes is not None and self.connect:
-            merge_generations(self.client, self.scopes, self.connect)
-        if self.durability is not None:
-            wait_durable(distinct(targets), batch_id, self.durability, this_batch)
-        phases.mark("durable")
-        driver_crashpoint("batch_end", batch_id)
-        if self.ticker is not None:
-            self.ticker.after_batch(self.trigger_ms)
-        phases.mark("ticks")
-        self._done(batch_id, time.monotonic() - t0, before, params, phases)
+
+    def _run_again(self, batch_id: int, exc: Exception, again: int) -> None:
+        """Say that a batch runs again after its Redis server changed; log why."""
+        log.warning("batch %d: the Redis server changed: %s", batch_id, exc)
+        line = (
+            f"Redis restarted or failed over during micro-batch {batch_id}: running it again "
+            f"from what Redis kept ({again} of {self.redis_restarts})"
+        )
+        if self.progress:
+            _say(self.job.pipeline, line)
+        self.servers = {}  # the next attempt checks the markers against what Spark committed
+        committed = batch_id - 1 if batch_id > 0 else None
+        check_markers(self.targets(), committed, self.keyspace.namespace)
 
     def _done(
         self, batch_id: int, seconds: float, before: dict[str, int], params: Any, phases: Phases
@@ -321,6 +375,11 @@ class StreamingRun:
         )
 
 
+def _server_changed(exc: BaseException) -> bool:
+    """Whether a batch failed because a Redis server changed (in the driver or a task)."""
+    return isinstance(exc, ServerChangedError) or ServerChangedError.__name__ in str(exc)
+
+
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
@@ -342,7 +401,9 @@ class StreamOptions:
     available_now: bool = False
     max_records_per_batch: int | None = None
     allow_non_durable_redis: bool = False
+    allow_unconfirmed_fsync: bool = False
     redis_wait_replicas: int | None = None
+    redis_restarts: int = DEFAULT_REDIS_RESTARTS
     accept_plan_change: bool = False
     stop_after_batches: int | None = None
     timeout_seconds: float | None = None
@@ -424,17 +485,7 @@ def _run(
     redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
     keyspace = Keyspace(opts.namespace or job.pipeline)
     client = redis_client(redis, keyspace.namespace)
-    check_durable(client, opts.allow_non_durable_redis)  # before anything is written
-    new = not client.hexists(keyspace.meta, "parallelism")
-    previous = stored_stages(client, keyspace)  # before a changed plan replaces them
-    pin_settings(client, keyspace, opts.parallelism, config)
-    pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change)
-    exchanges = [s.name for s in job.stages if s.exchange]
-    stages = [s.name for s in job.stages]
-    scopes = pin_scopes(client, keyspace, exchanges, stages, previous, opts.parallelism, new)
-    masters = _masters(scopes, redis)
-    for master in masters[1:]:  # the partition scopes' masters, before anything goes there
-        check_durable(master, opts.allow_non_durable_redis)
+    scopes, durability = _pin_namespace(job, opts, config, redis, client, keyspace)
     steps.mark("Redis")
     spark = session or spark_session(
         opts.master,
@@ -453,7 +504,9 @@ def _run(
     cp = _checkpoint(spark, client, keyspace, job, opts)
     job, dead, sinks = _prepare_connectors(job, opts)
     check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
-    state = _new_run(job, spark, mode, redis, client, keyspace, config, opts, scopes, masters)
+    state = _new_run(job, spark, mode, redis, client, keyspace, config, opts, scopes, durability)
+    if mode is Guarantee.EXACTLY_ONCE:  # a Redis that went back behind the checkpoint: stop
+        check_markers(state.targets(), cp.last_committed(), keyspace.namespace)
     state.ticker = _ticker(state, opts)
     state.stop, state.stop_after, state.checkpoint = stop, opts.stop_after_batches, cp
     state.exporter = _exporter(state, opts)
@@ -500,6 +553,41 @@ def _checkpoint(
         check_not_behind(client, keyspace, cp)
     choose_manager(spark, cp, opts.spark_conf or {})
     return cp
+
+
+def _pin_namespace(
+    job: Job,
+    opts: StreamOptions,
+    config: DedupConfig,
+    redis: RedisSettings,
+    client: Any,
+    keyspace: Keyspace,
+) -> tuple[Scopes, Durability | None]:
+    """Check every master is durable enough, then pin the namespace's settings and plan.
+
+    Returns the namespace's partition scopes and, for exactly-once, what each batch waits for.
+    """
+    exactly_once = opts.mode is Guarantee.EXACTLY_ONCE
+    check_durable(client, opts.allow_non_durable_redis)  # before anything is written
+    if exactly_once:
+        _durability(opts, [client])
+    new = not client.hexists(keyspace.meta, "parallelism")
+    previous = stored_stages(client, keyspace)  # before a changed plan replaces them
+    pin_settings(client, keyspace, opts.parallelism, config)
+    pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change)
+    exchanges = [s.name for s in job.stages if s.exchange]
+    stages = [s.name for s in job.stages]
+    scopes = pin_scopes(client, keyspace, exchanges, stages, previous, opts.parallelism, new)
+    masters = _masters(scopes, redis)
+    for master in masters[1:]:  # the partition scopes' masters, before anything goes there
+        check_durable(master, opts.allow_non_durable_redis)
+    return scopes, _durability(opts, masters) if exactly_once else None
+
+
+def _durability(opts: StreamOptions, masters: list[Any]) -> Durability:
+    """What each batch waits for on ``masters``; a Redis that cannot confirm it is refused."""
+    allow = opts.allow_unconfirmed_fsync or opts.allow_non_durable_redis
+    return plan_durability(masters, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS, allow)
 
 
 def _masters(scopes: Scopes, redis: RedisSettings) -> list[Any]:
@@ -576,15 +664,13 @@ def _new_run(
     config: DedupConfig,
     opts: StreamOptions,
     scopes: Scopes,
-    masters: list[Any],
+    durability: Durability | None,
 ) -> StreamingRun:
     """A new driver epoch (fencing older drivers), its guards and durability waits."""
-    durability = None
     connect: Connect = lambda tag: redis_client(redis, tag)  # noqa: E731
-    if mode is Guarantee.EXACTLY_ONCE:
+    if mode is Guarantee.EXACTLY_ONCE and durability is not None:
         epoch = int(client.incr(keyspace.epoch))
         raise_epochs(scopes, epoch, connect)  # fences older drivers' tasks in every scope
-        durability = plan_durability(masters, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS)
         guards: Any = ExactlyOnceGuards(
             redis,
             keyspace.namespace,
@@ -594,9 +680,6 @@ def _new_run(
             scoped=scopes.stages,
             parallelism=opts.parallelism,
         )
-        warning = cannot_fsync_warning(masters)
-        if warning and opts.progress:
-            print(f"[{job.pipeline}] note: {warning}", file=sys.stderr, flush=True)
     else:  # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
         epoch = int(client.incr(keyspace.epoch))
         guards = AtLeastOnceGuards(redis, keyspace.namespace, config, scoped=scopes.stages)
@@ -616,6 +699,7 @@ def _new_run(
     )
     run.scopes = scopes
     run.connect = connect
+    run.redis_restarts = max(0, opts.redis_restarts)
     return run
 
 

@@ -7,10 +7,10 @@ node loss (the worker JVM, its executor JVMs and their Python workers die togeth
 SIGKILL) and ``restart_worker(i)`` brings the node back.
 
 ``LocalRedisCluster`` runs Debian's ``redis-server`` as a Redis Cluster of 3 masters and 3
-replicas (AOF on, ``appendfsync everysec``, a short node timeout so that failover takes
-seconds). ``kill_master(i)`` is a crash of the master serving the i-th slot range,
-``wait_failover()`` measures the promotion of its replica, ``restart_node()`` brings the
-crashed node back as a replica.
+replicas (AOF on, fsynced as exactly-once needs, see ``onceflow.testing.services``; a short
+node timeout so that failover takes seconds). ``kill_master(i)`` is a crash of the master
+serving the i-th slot range, ``wait_failover()`` measures the promotion of its replica,
+``restart_node()`` brings the crashed node back as a replica.
 
 Every process runs in a session of its own and is tracked: ``stop()``, or the end of the
 interpreter, kills each session whole, so no executor or Python worker outlives its cluster.
@@ -803,7 +803,7 @@ class LocalRedisCluster:
             # A replica's full sync starts at once instead of waiting 5 s for more replicas.
             "repl-diskless-sync-delay": 0,
             "appendonly": "yes",
-            "appendfsync": "everysec",
+            "appendfsync": "always",
             "save": "",
             "protected-mode": "no",
             "daemonize": "no",
