@@ -278,8 +278,7 @@ class StreamingRun:
             f"Redis restarted or failed over during micro-batch {batch_id}: running it again "
             f"from what Redis kept ({again} of {self.redis_restarts})"
         )
-        if self.progress:
-            _say(self.job.pipeline, line)
+        _say(self.job.pipeline, line)  # an incident, not progress: said even without it
         self.servers = {}  # the next attempt checks the markers against what Spark committed
         committed = batch_id - 1 if batch_id > 0 else None
         check_markers(self.targets(), committed, self.keyspace.namespace)

@@ -97,6 +97,8 @@ class LocalRedis:
         self.exe = binary or self.binary()
         self.appendfsync = appendfsync
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_args: list[str] = []  # more redis-server options (see testing.hostcrash)
+        self.env: dict[str, str] = {}  # more environment for the server process
 
     @property
     def url(self) -> str:
@@ -142,9 +144,11 @@ class LocalRedis:
             "--loglevel",
             "warning",
         ]
+        cmd += self.extra_args
         log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115
+        env = {**os.environ, **self.env} if self.env else None
         self.proc = track_process(
-            subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+            subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
         )
         log.close()
         _wait_port(self.port, self.proc, "redis-server", 15)

