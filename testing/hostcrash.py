@@ -127,9 +127,11 @@ class CrashableRedis(LocalRedis):
         self.crashes: list[dict[str, tuple[int, int, int]]] = []  # file -> durable, had, kept
 
     def aof_files(self) -> list[Path]:
-        """The files Redis appends to: the incremental AOF files (Redis 7 keeps a folder with
-        a base file and a manifest too, both written whole under a temporary name, fsynced and
-        renamed, so a crash leaves them as they were), or the one AOF of an older Redis."""
+        """The files Redis appends to: its incremental AOF files, or an older Redis's one AOF.
+
+        Redis 7 keeps a folder with a base file and a manifest too, both written whole under a
+        temporary name, fsynced and renamed, so a crash leaves them as they were.
+        """
         folder = Path(self.directory) / "appendonlydir"
         if folder.is_dir():
             return sorted(p for p in folder.glob("*.incr.aof") if p.is_file())
