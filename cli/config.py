@@ -14,8 +14,8 @@ file (``--config PATH`` or ``$ONCEFLOW_CONFIG``), the built-in default.
   (``executor.memory = "2g"``). A key no command knows, or a value of the wrong type, is an
   error naming the key and the file.
 
-``--yes`` (the confirmation of ``onceflow reset``) is never read from a file or the
-environment.
+``--yes`` and ``--force`` (the confirmations of ``onceflow reset``) are never read from a
+file or the environment.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ CONFIG_ENV = "ONCEFLOW_CONFIG"
 ENV_PREFIX = "ONCEFLOW_"
 ENV_ALIASES = {"redis_url": ("REDIS_URL",), "bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS",)}
 # Said on the command line or not at all.
-NOT_LAYERED = frozenset({"help", "version", "config", "yes"})
+NOT_LAYERED = frozenset({"help", "version", "config", "yes", "force"})
 SPARK_TABLE = "spark"
 SPARK_CONF_DEST = "conf"
 _TRUE = frozenset({"1", "true", "yes", "on"})

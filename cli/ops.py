@@ -178,13 +178,15 @@ def _gc_loop(args: argparse.Namespace, metrics: Any) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Delete a namespace's Redis state and its checkpoint, after saying what goes."""
-    from onceflow.operations.reset import reset
+    from onceflow.operations.reset import reset, running_message
 
     client = _redis(args, args.namespace)
     tags = _tags(args)
     preview = reset(client, args.namespace, args.checkpoint, dry_run=True, connect=tags)
     where = f" and the checkpoint {args.checkpoint}" if args.checkpoint else ""
     print(f"namespace {args.namespace!r}: {preview.keys:,} Redis keys{where}")
+    if preview.driver is not None:
+        print(f"running: {running_message(args.namespace, preview.driver)}")
     if args.dry_run:
         return 0
     if not args.yes:
@@ -193,7 +195,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
             "pass --yes to do it"
         )
         raise ConfigError(msg)
-    done = reset(client, args.namespace, args.checkpoint, connect=tags)
+    done = reset(client, args.namespace, args.checkpoint, connect=tags, force=args.force)
     print(
         f"deleted {done.keys:,} keys" + (" and the checkpoint" if done.checkpoint_deleted else "")
     )
@@ -287,6 +289,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--redis-url", help="Redis (default $REDIS_URL)")
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted")
     p.add_argument("--yes", action="store_true", help="really delete")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="delete even though a driver of the namespace says it runs (it was lost)",
+    )
     p.set_defaults(handler=cmd_reset)
 
     p = sub.add_parser("status", help="what a pipeline's exactly-once state says")

@@ -82,6 +82,7 @@ class Kind(enum.Enum):
     PROCESSING_TIMERS = "ptm"  # sorted set, the same: key -> when an early pane is due
     EXPIRY = "exp"  # sorted set per node with a ttl and partition: key -> when its state ends
     PENDING = "pend"  # hash per sink receiver and partition: a delivery not yet marked
+    DRIVER = "driver"  # string with a time-to-live: the running driver (host, pid, epoch)
 
 
 # Kinds whose key is just the kind word (one per namespace).
@@ -95,6 +96,7 @@ _SINGLE = frozenset(
         Kind.LANE_ACTIVITY,
         Kind.GENERATIONS,
         Kind.GC,
+        Kind.DRIVER,
     }
 )
 # Kinds keyed by a name only.
@@ -220,6 +222,11 @@ class Keyspace:
         and is garbage after: a copy of any of its records would be late.
         """
         return self._key(Kind.GENERATIONS)
+
+    @property
+    def driver(self) -> str:
+        """The running driver, refreshed while it runs (it ends by itself when it does not)."""
+        return self._key(Kind.DRIVER)
 
     @property
     def gc(self) -> str:

@@ -473,6 +473,14 @@ return n
 """
 
 
+# Delete a key only if it still holds ARGV[1] (a driver's heartbeat: a newer driver may have
+# taken it over). KEYS: 1 the key. Returns 1 if deleted.
+DELETE_IF_EQUAL = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class Scripts:
     """The scripts registered on one client (EVALSHA, reloaded after a Redis restart)."""
 
@@ -495,6 +503,7 @@ class Scripts:
         self.raise_generations = register(RAISE_GENERATIONS)
         self.raise_epoch = register(RAISE_EPOCH)
         self.expire_state = register(EXPIRE_STATE)
+        self.delete_if_equal = register(DELETE_IF_EQUAL)
 
 
 _REGISTERED: dict[int, Scripts] = {}

@@ -2,7 +2,8 @@
 
 A pipeline's progress has two halves, the namespace (what it did) and the checkpoint (which
 input it read); one without the other is refused at start. ``onceflow reset`` deletes both,
-after saying what it will delete; it refuses while a driver of the namespace is running.
+after saying what it will delete; it refuses while a driver of the namespace is running (its
+heartbeat, :mod:`onceflow.runtime.heartbeat`, is in Redis) unless forced.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_DELETE_BATCH, DEFAULT_SCAN_COUNT, scan_steps
+from onceflow.runtime.heartbeat import running_driver
 
 
 @dataclass
@@ -26,6 +28,7 @@ class ResetReport:
     keys: int
     checkpoint: str | None
     checkpoint_deleted: bool
+    driver: dict[str, Any] | None = None  # a driver that says it runs the namespace
 
 
 def reset(
@@ -37,14 +40,19 @@ def reset(
     scan_count: int = DEFAULT_SCAN_COUNT,
     delete_batch: int = DEFAULT_DELETE_BATCH,
     connect: Connect | None = None,
+    force: bool = False,
 ) -> ResetReport:
     """Delete every key of ``namespace`` and the local ``checkpoint`` folder.
 
     The partition scopes go first and the namespace's own tag (its meta, which names the
     scopes) last, so a reset that stops halfway can be run again. ``connect`` gives a
-    scope's client (on a Redis Cluster); without it ``client`` serves every tag.
+    scope's client (on a Redis Cluster); without it ``client`` serves every tag. A running
+    driver of the namespace makes it refuse, unless ``force``.
     """
     home = Keyspace(namespace)
+    driver = running_driver(client, home)
+    if driver is not None and not dry_run and not force:
+        raise ConfigError(running_message(namespace, driver))
     keys = 0
     for ks in [*read_scopes(client, home).partition_keyspaces(), home]:
         scoped = tag_client(client, ks, connect)
@@ -66,4 +74,15 @@ def reset(
         if not dry_run:
             shutil.rmtree(path, ignore_errors=True)
             deleted = True
-    return ResetReport(namespace, keys, checkpoint, deleted)
+    return ResetReport(namespace, keys, checkpoint, deleted, driver)
+
+
+def running_message(namespace: str, driver: dict[str, Any]) -> str:
+    """Why a reset is refused while a driver runs, and what to do."""
+    who = f"process {driver.get('pid', '?')} on {driver.get('host', '?')}"
+    return (
+        f"a driver of namespace {namespace!r} is running ({who}, driver epoch "
+        f"{driver.get('epoch', '?')}): resetting under it would mix its writes with a new "
+        "start. Stop it first (Ctrl-C or SIGTERM); if it is gone for good (its machine was "
+        "lost), its heartbeat expires within 30 s, or pass --force"
+    )

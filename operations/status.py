@@ -21,6 +21,7 @@ from onceflow.dedup.batch import lanes_of
 from onceflow.kernel.keyspace import LAYOUT_FIELD, OWNER_LAYOUT, Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
+from onceflow.runtime.heartbeat import running_driver
 
 # Counters shown per receiver, in this order (others follow, sorted).
 _FIELDS = (
@@ -60,6 +61,7 @@ class Status:
     # keys with an event timer) and the earliest such timer, state with a time-to-live
     state: dict[str, dict[str, int]] = field(default_factory=dict)
     seen_layout: int = OWNER_LAYOUT  # how seen-IDs are stored (see kernel.keyspace)
+    driver: dict[str, Any] | None = None  # the running driver (see runtime.heartbeat)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -77,6 +79,11 @@ class Status:
             f"  driver epoch {self.epoch}, last committed micro-batch {self.acked_batch}, "
             f"watermark {wm}"
         )
+        if self.driver is not None:
+            lines.append(
+                f"  running: process {self.driver.get('pid', '?')} on "
+                f"{self.driver.get('host', '?')} (driver epoch {self.driver.get('epoch', '?')})"
+            )
         if self.lanes:
             newest = max(v["event_time_ms"] for v in self.lanes.values())
             oldest = min(v["event_time_ms"] for v in self.lanes.values())
@@ -174,6 +181,7 @@ def status(
         receivers=found.receivers,
         state=found.state,
         seen_layout=int(meta.get(LAYOUT_FIELD, OWNER_LAYOUT)),
+        driver=running_driver(client, ks),
         gc={k.decode(): v.decode() for k, v in client.hgetall(ks.gc).items()},
         lanes={
             lane: {"event_time_ms": newest, "active_ms": seen}

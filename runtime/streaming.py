@@ -63,6 +63,7 @@ from onceflow.runtime.checkpoint import Checkpoint, choose_manager
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.faults import driver_crashpoint
 from onceflow.runtime.guard import AtLeastOnceGuards
+from onceflow.runtime.heartbeat import DriverHeartbeat, driver_info
 from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.pinning import check_not_behind, pin_checkpoint, pin_plan, pin_settings
 from onceflow.runtime.placement import check_paths
@@ -511,6 +512,7 @@ def _run(
     state.exporter = _exporter(state, opts)
     steps.mark("checkpoint and connectors")
     state.started = began
+    heartbeat = DriverHeartbeat(client, keyspace, driver_info(state.epoch, job.pipeline)).start()
     try:
         if not stop.requested:
             query = _start_query(state, cp.location, opts.available_now, opts.trigger_seconds)
@@ -522,6 +524,7 @@ def _run(
             state.exporter.stopped()
             _linger(stop, opts.metrics_linger)
     finally:
+        heartbeat.stop()
         if state.exporter is not None:
             state.exporter.close()
     return RunResult(

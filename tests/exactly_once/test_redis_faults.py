@@ -1,0 +1,49 @@
+"""Redis faults a restart or rerun cannot repair must stop a run with what happened.
+
+A Redis restored from an older backup (or whose host lost writes it never confirmed) is
+behind the Spark checkpoint: Spark will never replay the batches whose results it lost, so a
+run on it would carry on from a wrong state, silently. Each hash tag's *durable marker* (the
+last micro-batch the driver saw durable there) must then be behind what Spark committed, and
+the run refuses to start (``onceflow.dedup.durability.check_markers``).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from onceflow.testing.harness import run_pipeline
+from tests.exactly_once.real_input import PIPELINE, Send, event, new_run, verify
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+
+
+def _wave(run, n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    run.produce([Send(event(run, f"u{i % 5}", rng.randrange(1, 9)), i % 2) for i in range(n)])
+
+
+def test_a_redis_restored_from_an_older_backup_is_refused(broker, redis_factory, tmp_path):
+    server = redis_factory()
+    run = new_run(broker, server.url, tmp_path)
+    run.cap = 200
+    _wave(run, 400, 1)
+    run_pipeline(PIPELINE, run.args(), env=run.env).check()
+    server.stop()
+    backup = tmp_path / "redis-backup"
+    shutil.copytree(server.directory, backup)  # the nightly copy
+    server.start()
+    _wave(run, 400, 2)
+    run_pipeline(PIPELINE, run.args(), env=run.env).check()  # more batches, committed
+    server.stop()
+    shutil.rmtree(server.directory)
+    shutil.copytree(backup, server.directory)  # Redis comes back from last night's copy
+    server.start()
+    _wave(run, 100, 3)
+    refused = run_pipeline(PIPELINE, run.args(), env=run.env)
+    errors = [line for line in refused.output.splitlines() if line.startswith("error")]
+    assert refused.returncode != 0, refused.output[-3000:]
+    assert len(errors) == 1 and "Redis lost writes" in errors[0], refused.output[-3000:]
+    assert "cannot be made exact" in errors[0] and "onceflow reset" in errors[0]
