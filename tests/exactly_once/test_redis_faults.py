@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from onceflow.testing.harness import run_pipeline
-from tests.exactly_once.real_input import PIPELINE, Send, event, new_run, verify
+from tests.exactly_once.real_input import PIPELINE, Send, event, new_run
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
