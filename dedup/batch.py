@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.kernel.eventtime import EventTime, watermark
@@ -151,11 +152,14 @@ def fix_batch_params(
     config: DedupConfig,
     event_time: EventTime,
     server: str = "",
+    clock: BatchClock | None = None,
 ) -> BatchParams:
     """The batch's parameters: stored ones if an earlier attempt fixed them, else new ones.
 
     ``server`` is the run id of the namespace's Redis server the batch's tasks will check
     (:mod:`onceflow.dedup.durability`): new parameters are stored only on that server.
+    ``clock`` is the driver's :class:`~onceflow.dedup.clock.BatchClock` (one per run): a new
+    batch's time comes from it, checked against this machine's clock.
     """
     existing = read_batch_params(client, ks, batch)
     if existing is not None:
@@ -165,13 +169,14 @@ def fix_batch_params(
     pipe.hget(ks.meta, LAYOUT_FIELD)
     pipe.hget(ks.gc, GC_FLOOR_FIELD)
     clock_fields, layout, deleted_below = pipe.execute()
-    clock = {_text(k): int(_text(v)) for k, v in clock_fields.items()}
+    stored = {_text(k): int(_text(v)) for k, v in clock_fields.items()}
     # batch times never go back, even if Redis's clock does (TTLs and GC rely on that)
-    now = max(redis_time_ms(client), clock.get("time", 0))
-    previous_wm = clock.get("watermark", 0)
+    clock_of_run = clock or BatchClock(event_time.max_clock_skew_ms)
+    now = clock_of_run.now(redis_time_ms(client), stored.get("time", 0))
+    previous_wm = stored.get("watermark", 0)
     wm = watermark(lanes_of(client, ks), now, previous_wm, event_time)
-    if "dedup_time" in clock:
-        tau = advance(clock["dedup_time"], previous_wm, wm, clock["time"], now)
+    if "dedup_time" in stored:
+        tau = advance(stored["dedup_time"], previous_wm, wm, stored["time"], now)
     else:  # the namespace's first batch: the dedup time starts at the wall clock
         tau = now
     generation = config.bucket(tau)

