@@ -25,6 +25,18 @@ from onceflow.dedup.trust import journal_entry
 from onceflow.kernel.records import InRow, Output, StateWrite
 
 CONFLICT = b"conflict"
+FLOOR = b"floor"
+
+
+class FloorRaised(Exception):  # noqa: N818 - a signal to the task, not an error
+    """GC deleted seen-IDs older than ``floor_ms`` while the batch ran: redo the chunk with it.
+
+    Nothing of the chunk was written; records older than the floor are late in the redo.
+    """
+
+    def __init__(self, floor_ms: int) -> None:
+        super().__init__(f"GC raised its floor to {floor_ms}")
+        self.floor_ms = floor_ms
 
 
 def commit_chunk(
@@ -56,6 +68,7 @@ def commit_chunk(
             ks.generations,
             ks.lanes,
             ks.lane_activity,
+            ks.gc,
         ]
     )
     inputs_ids = [row[1] for row in fresh]
@@ -85,6 +98,7 @@ def commit_chunk(
         runs,
         session.generation,
         max((row[2] for row in marked), default=0),
+        min((row[2] for row in marked), default=0),
         *inputs,
         *lane_args,
         *writes,
@@ -92,6 +106,9 @@ def commit_chunk(
     ]
     reply = session.check(session.scripts.commit(keys=keys.keys, args=args))
     session.round_trip()
+    if reply[0] == FLOOR:  # nothing was stored
+        session.uncount({"committed": len(fresh), "out": sent})
+        raise FloorRaised(int(reply[1]))
     if reply[0] == CONFLICT:  # nothing was stored
         session.uncount({"committed": len(fresh), "out": sent})
         conflicts = {rids[order[int(j) - 1]] for j in reply[1]}  # positions in shard order

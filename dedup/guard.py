@@ -233,6 +233,17 @@ class ExactlyOnceGuard:
         )
         return adm
 
+    def raise_floor(self, floor_ms: int) -> None:
+        """GC deleted seen-IDs of records older than ``floor_ms``: they are late from now on.
+
+        The chunk whose commit said so is admitted again (its first admission is not
+        counted); see :class:`~onceflow.dedup.commit.FloorRaised`.
+        """
+        s = self.session
+        s.uncount(self._admitted_counts)
+        self._admitted_counts = {}
+        s.floor = max(s.floor, -(-floor_ms // self.config.bucket_ms))
+
     def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:
         """Current accumulators of ``keys`` for a stateful combine of this partition."""
         if not keys:

@@ -28,6 +28,8 @@ Seen-IDs are fields of sharded hashes, in the namespace's layout (see
 
 from __future__ import annotations
 
+from onceflow.kernel.keyspace import GC_FLOOR_FIELD
+
 # Task tokens are "<driver epoch>:<task attempt id>" (Spark's attempt ids only grow within a
 # driver; epochs grow across drivers), compared as a pair.
 _PARSE_TOKEN = """
@@ -146,16 +148,18 @@ end
 """
 
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 filter seq, 5 filter journal, 6 stats,
-#       7 generations, 8 lanes, 9 lane activity, 10.. seen shards, state hashes and timer
-#       sorted sets (by index)
+#       7 generations, 8 lanes, 9 lane activity, 10 GC hash, 11.. seen shards, state hashes
+#       and timer sorted sets (by index)
 # ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 seen value (layout 1: the owner), 5 chunk
 #       field, 6 outputs blob, 7 journal blob, 8 n ids, 9 seen fields blob (grouped by shard),
 #       10 shard runs blob (see _SEEN_FIELDS), 11 generation, 12 newest event time of the
-#       IDs, 13 inputs field, 14 input IDs blob ('': not kept),
-#       then l, l x (lane, newest event time, batch time), then the state and timers (see
-#       _WRITE_STATE), then s, s x (stat field, increment)
-# Returns {'ok', seq} or {'conflict', positions (1-based, in the fields blob) of the IDs
-# already seen}; a conflict undoes the call's own writes.
+#       IDs, 13 oldest event time of the IDs, 14 inputs field, 15 input IDs blob ('': not
+#       kept), then l, l x (lane, newest event time, batch time), then the state and timers
+#       (see _WRITE_STATE), then s, s x (stat field, increment)
+# Returns {'ok', seq}, {'conflict', positions (1-based, in the fields blob) of the IDs
+# already seen} (a conflict undoes the call's own writes), or {'floor', GC floor} when an ID
+# is older than what GC already deleted (its copies' seen-marks may be gone: the task takes
+# the floor and redoes the chunk, where such records are late; nothing was written).
 # The generation's newest event time is what GC keeps it by (see keyspace.generations).
 COMMIT = (
     FENCE
@@ -165,6 +169,10 @@ COMMIT = (
     + """
 if redis.call('HEXISTS', KEYS[3], ARGV[5]) == 1 then return {'ok', '-1'} end
 local n = tonumber(ARGV[8])
+if n > 0 then
+  local gc_floor = tonumber(redis.call('HGET', KEYS[10], '@GC_FLOOR@') or '-1')
+  if tonumber(ARGV[13]) < gc_floor then return {'floor', tostring(gc_floor)} end
+end
 local conflicts = {}
 each_field(ARGV[9], n, ARGV[10], function(own, j, id)
   if redis.call('HSETNX', own, id, ARGV[4]) == 0 then conflicts[#conflicts + 1] = j end
@@ -178,7 +186,7 @@ if #conflicts > 0 then
   return {'conflict', conflicts}
 end
 if n > 0 then raise_generation(KEYS[7], ARGV[11], ARGV[12]) end
-local i = 15
+local i = 16
 local l = tonumber(ARGV[i])
 i = i + 1
 for j = 1, l do
@@ -195,14 +203,14 @@ for j = 1, s do
   i = i + 2
 end
 redis.call('HSET', KEYS[3], ARGV[5], ARGV[6])
-if ARGV[14] ~= '' then redis.call('HSET', KEYS[3], ARGV[13], ARGV[14]) end
+if ARGV[15] ~= '' then redis.call('HSET', KEYS[3], ARGV[14], ARGV[15]) end
 local seq = 0
 if n > 0 then
   redis.call('RPUSH', KEYS[5], ARGV[7])
   seq = redis.call('INCR', KEYS[4])
 end
 return {'ok', tostring(seq)}
-"""
+""".replace("@GC_FLOOR@", GC_FLOOR_FIELD)
 )
 
 # The end of a task: its end-of-task outputs (combine results, window panes) and the state

@@ -230,6 +230,10 @@ def collect(
         tagged = tag_client(client, tag, connect)
         tag_garbage = garbage
         if tag.scope is not None:
+            if threshold is not None and not dry_run:  # the scope's commits check its own
+                scripts_for(tagged).raise_generations(
+                    keys=[tag.gc], args=[GC_FLOOR_FIELD, threshold]
+                )
             tag_garbage = _forget_generations(tagged, tag, threshold, limit, dry_run)
             forgotten |= tag_garbage.forgotten
         for keys in scan_steps(tagged, tag.pattern(), scan_count):

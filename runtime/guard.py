@@ -71,8 +71,14 @@ class Guard(Protocol):
 
         ``lanes``: the newest event time per source lane the chunk read (the watermark's
         input), committed with it; ``unmarked``: IDs of ``fresh`` that admission said need
-        no seen-mark (:attr:`Admission.unmarked`).
+        no seen-mark (:attr:`Admission.unmarked`). May raise
+        :class:`~onceflow.dedup.commit.FloorRaised` (then :meth:`raise_floor` and admit the
+        chunk again).
         """
+        ...
+
+    def raise_floor(self, floor_ms: int) -> None:
+        """Records older than ``floor_ms`` are late from now on (GC deleted their history)."""
         ...
 
     def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
@@ -177,6 +183,9 @@ class NoGuard:
     ) -> set[bytes]:
         """Nothing to store."""
         return set()
+
+    def raise_floor(self, floor_ms: int) -> None:
+        """No dedup history: nothing is late."""
 
     def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
         """Nothing to store."""

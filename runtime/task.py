@@ -36,6 +36,7 @@ from onceflow.connectors.base import (
 )
 from onceflow.connectors.errors import ConnectorError
 from onceflow.dedup.admission import Admission
+from onceflow.dedup.commit import FloorRaised
 from onceflow.dedup.delivery import NO_MARKER
 from onceflow.dedup.errors import FencedError
 from onceflow.kernel import codec
@@ -259,6 +260,31 @@ class TaskRun:
             self.guard.note("window_closed_parts", closed)
 
     def _attempt_chunk(
+        self,
+        chunk_no: int,
+        rows: list[InRow],
+        carried: list[Output],
+        lanes: Mapping[str, int],
+        positional: Sequence[bool] = (),
+    ) -> tuple[Admission, list[Output]]:
+        """Admit, run and commit one chunk; admit it again if GC raised its floor meanwhile.
+
+        GC deletes the seen-IDs of records older than its floor; one that did so while the
+        batch ran makes the commit refuse a chunk holding such records (nothing is written),
+        and the chunk is admitted again with the floor, where they are late.
+        """
+        counts = self.body.counts()
+        while True:
+            try:
+                return self._commit_chunk(chunk_no, rows, carried, lanes, positional)
+            except FloorRaised as raised:
+                self.count("gc_floor_redos")
+                self.body.reset_chunk()
+                self.body.restore_counts(counts)
+                self.body.take()  # the dead letters of the refused admission: made again
+                self.guard.raise_floor(raised.floor_ms)
+
+    def _commit_chunk(
         self,
         chunk_no: int,
         rows: list[InRow],

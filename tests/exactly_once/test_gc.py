@@ -153,12 +153,15 @@ def test_a_commit_raises_its_generation_and_a_stale_forget_is_refused(redis_serv
         ks.generations,
         ks.lanes,
         ks.lane_activity,
+        ks.gc,
         ks.seen("s", 49, 0),
     ]
     run = len(keys).to_bytes(2, "little") + (1).to_bytes(4, "little")  # one field, last key
 
     def commit(chunk, rid, newest):
-        args = [1, "1:7", b"0.0", chunk, b"", b"", 1, rid, run, 49, newest, "", b"", 0, 0, 0, 0]
+        server = ""  # no server check
+        args = [1, "1:7", server, b"0.0", chunk, b"", b"", 1, rid, run, 49, newest, newest]
+        args += ["", b"", 0, 0, 0, 0]
         # inputs not kept (layout 1), lanes 0, state values 0, timers 0, stats 0
         return client.eval(COMMIT, len(keys), *keys, *args)
 
@@ -425,3 +428,85 @@ def test_a_horizon_raised_after_gc_turns_copies_of_deleted_ids_into_late_records
         assert len(adm.late) == len(rows) and not adm.fresh
     else:
         assert adm.duplicates == len(rows) and not adm.fresh
+
+
+def test_gc_deleting_while_a_batch_with_a_raised_horizon_runs_admits_no_copy(
+    redis_server, monkeypatch
+):
+    """The race the check in the commit is for: a batch fixed its parameters with a raised
+    horizon (it looks up an old generation) while a GC pass that had read the namespace
+    before deleted that generation. The batch's copies of records in it are no longer found;
+    the commit refuses them (they are older than GC's floor), and admitted again they are
+    late: dead letters, never counted twice."""
+    from onceflow.dedup import trust as trust_mod
+    from onceflow.dedup.batch import fix_batch_params
+    from onceflow.dedup.commit import FloorRaised
+    from onceflow.dedup.config import DedupConfig
+    from onceflow.dedup.guard import ExactlyOnceGuards
+    from onceflow.kernel.eventtime import EventTime
+    from onceflow.kernel.keyspace import LAYOUT_FIELD, NEW_LAYOUT
+    from onceflow.kernel.records import TaskRef
+    from onceflow.kernel.settings import RedisSettings
+    from onceflow.operations import gc as gc_module
+    from tests.dedup.test_guard import _copies, _rows, _spec
+
+    hour = 3_600_000
+    client = redis_server.client()
+    name = f"gc-race-{uuid.uuid4().hex[:6]}"
+    ks = Keyspace(name)
+    client.incr(ks.epoch)
+    client.hset(ks.meta, mapping={"bucket_ms": hour, "horizon_ms": hour, LAYOUT_FIELD: NEW_LAYOUT})
+    spec = _spec(name)
+    start = (int(client.time()[0]) * 1000 // hour - 10) * hour
+    short, long = (DedupConfig(bucket_ms=hour, horizon_ms=h * hour) for h in (1, 24))
+
+    def guard(config, params, attempt):
+        g = ExactlyOnceGuards(RedisSettings(redis_server.url), name, 1, config).for_batch(params)
+        g = g(TaskRef(spec.name, params.batch, 0, 0, spec.sinks, attempt))
+        g.open()
+        return g
+
+    def ran(batch, watermark):
+        bucket = watermark // hour
+        return BatchParams(
+            batch, watermark, watermark, watermark, hour, bucket - 1, bucket, (bucket,), 2 * start
+        )
+
+    rows = [(p, rid, start + i, kb, e) for i, (p, rid, _ts, kb, e) in enumerate(_rows(200, 4))]
+    g = guard(short, ran(0, start), 1)
+    assert g.commit(0, g.admit(rows).fresh, [], {}, {}) == set()
+    g.close()
+    later = ran(5, start + 4 * hour)
+    client.hset(ks.batch(5), mapping=later.as_fields())
+    client.set(ks.acked, 5)
+    client.hset(ks.meta, "horizon_ms", 24 * hour)  # the driver restarts with a longer horizon
+    client.hset(ks.lanes, mapping={"t:0": start + 4 * hour})
+    client.hset(ks.lane_activity, mapping={"t:0": start + 4 * hour})
+    params = fix_batch_params(client, ks, 1, 6, long, EventTime())
+    assert start // hour in params.live, "the raised horizon looks the old generation up"
+    # GC had read the namespace before batch 6 and the new horizon existed: it still deletes
+    # by the short horizon (what it read), after the batch fixed its parameters
+    real_read = gc_module.read_batch_params
+    monkeypatch.setattr(
+        gc_module, "read_batch_params", lambda c, k, b: None if b == 6 else real_read(c, k, b)
+    )
+    monkeypatch.setattr(
+        gc_module, "read_meta", lambda c, k: {"bucket_ms": str(hour), "horizon_ms": str(hour)}
+    )
+    assert start // hour in collect(client, name).garbage.forgotten
+    trust_mod._FILTERS.clear()
+    task = guard(long, params, 2)
+    copies = _copies(rows, 60_000)
+    adm = task.admit(copies)
+    assert len(adm.fresh) == len(rows), "GC took the originals' seen-IDs: the copies look new"
+    with pytest.raises(FloorRaised):
+        task.commit(0, adm.fresh, [], {}, {})
+    task.raise_floor(_gc_floor(client, ks))
+    again = task.admit(copies)
+    assert len(again.late) == len(rows) and not again.fresh
+
+
+def _gc_floor(client, ks):
+    from onceflow.kernel.keyspace import GC_FLOOR_FIELD
+
+    return int(client.hget(ks.gc, GC_FLOOR_FIELD))
