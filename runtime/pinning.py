@@ -31,6 +31,7 @@ from onceflow.kernel.keyspace import (
     NEW_LAYOUT,
     OWNER_LAYOUT,
     Keyspace,
+    Kind,
     check_layout,
 )
 from onceflow.kernel.scopes import PLAN_FIELD
@@ -86,13 +87,20 @@ def pin_layout(client: Any, keyspace: Keyspace) -> int:
 
 
 def pin_plan(
-    client: Any, keyspace: Keyspace, job: Job, parallelism: int, accept_change: bool
+    client: Any,
+    keyspace: Keyspace,
+    job: Job,
+    parallelism: int,
+    accept_change: bool,
+    exactly_once: bool = True,
 ) -> None:
     """Store the plan's layout on the first run; refuse (or, if accepted, adopt) another one.
 
     Stage names key seen-IDs, tokens and backups, so resuming a namespace with another plan
     (other ``--rules``, ``--no-optimize``, a stage added or renamed) would silently start
-    part of its dedup history over.
+    part of its dedup history over. A change is never accepted while an exactly-once
+    micro-batch is in flight (:func:`in_flight`): its replay must find its tasks' backups
+    under the task numbers its first attempt had, and another plan numbers them otherwise.
     """
     current = {**job.layout, "parallelism": parallelism}
     text = json.dumps(current, sort_keys=True)
@@ -104,6 +112,9 @@ def pin_plan(
     if not changes:
         return
     if accept_change:
+        pending = in_flight(client, keyspace) if exactly_once else None
+        if pending is not None:
+            raise PlanChangedError(in_flight_message(keyspace, pending, changes))
         client.hset(
             keyspace.meta, mapping={PLAN_FIELD: text, PLAN_FINGERPRINT_FIELD: job.fingerprint}
         )
@@ -122,6 +133,34 @@ def pin_plan(
         "or pass --accept-plan-change to resume anyway"
     )
     raise PlanChangedError(msg)
+
+
+def in_flight(client: Any, keyspace: Keyspace) -> int | None:
+    """The newest micro-batch that started (fixed its parameters) but is not acknowledged.
+
+    None when every started batch is acknowledged: a run that ended normally acknowledges
+    its last; a crash may leave one started (a batch Spark committed but the crash kept
+    from acknowledging looks the same, and is treated the same: finished first).
+    """
+    acked = acknowledged(client, keyspace)
+    started = [
+        parsed.batch
+        for key in client.scan_iter(match=keyspace.pattern(Kind.BATCH), count=1000)
+        if (parsed := keyspace.parse(key)) is not None and parsed.batch is not None
+    ]
+    newest = max(started, default=-1)
+    return newest if newest > acked else None
+
+
+def in_flight_message(keyspace: Keyspace, batch: int, changes: list[str]) -> str:
+    """Why a plan change is refused while a batch is in flight, and what to do."""
+    return (
+        f"pipeline namespace {keyspace.namespace!r} has micro-batch {batch} in flight (started "
+        "by the stored plan, not acknowledged: the last run stopped in it). Its replay must "
+        "find its tasks' backups under the task numbers the stored plan gave them, which the "
+        f"new plan ({'; '.join(changes)}) numbers otherwise. Finish it with the pipeline as "
+        "it was (run it once more, e.g. with --stop-after-batches 1), then accept the change"
+    )
 
 
 def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -579,7 +579,7 @@ def _pin_namespace(
     new = not client.hexists(keyspace.meta, "parallelism")
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
     pin_settings(client, keyspace, opts.parallelism, config)
-    pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change)
+    pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
     exchanges = [s.name for s in job.stages if s.exchange]
     stages = [s.name for s in job.stages]
     scopes = pin_scopes(client, keyspace, exchanges, stages, previous, opts.parallelism, new)
