@@ -25,7 +25,8 @@ Seeded and reproducible (the kill moments too, up to how far the run got by then
     python -m tests.exactly_once.torture --minutes 10 --seed 7
 
 runs against ``$REDIS_URL`` / ``$KAFKA_BOOTSTRAP_SERVERS`` or starts its own Redis and Apache
-Kafka. The test suite runs a short version (``test_torture.py``).
+Kafka; ``--redis-host-crash`` crashes Redis's host too (a Redis 8 it starts). The test suite
+runs short versions (``test_torture.py``).
 """
 
 from __future__ import annotations
@@ -320,15 +321,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=4, help="kills per round")
     parser.add_argument("--wave", type=int, default=3000, help="events in the first wave")
     parser.add_argument("--ids", choices=("mixed", "positions"), default="mixed")
+    parser.add_argument(
+        "--redis-host-crash",
+        action="store_true",
+        help="crash Redis's host too, twice per attempt (a Redis 8 with everysec it starts)",
+    )
     args = parser.parse_args(argv)
     import redis
 
     from onceflow.testing.kafka import LocalKafka
-    from onceflow.testing.services import LocalRedis
+    from onceflow.testing.services import LocalRedis, modern_redis_binary
 
     deadline = time.monotonic() + args.minutes * 60
     with contextlib.ExitStack() as stack:
-        redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
+        host = None
+        if args.redis_host_crash:
+            host = stack.enter_context(CrashableRedis(binary=modern_redis_binary()))
+        redis_url = (host.url if host else None) or os.environ.get("REDIS_URL")
+        redis_url = redis_url or stack.enter_context(LocalRedis()).url
         bootstrap = (
             os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap
         )
@@ -344,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                 kills=args.kills,
                 wave=args.wave,
                 ids=args.ids,
+                redis_host=host,
             )
             try:
                 facts = check(t, client)
