@@ -151,6 +151,8 @@ def verify(run: Run, client: Any, connect: Any = None) -> dict[str, int]:
     per_event = Counter(json.loads(next(iter(v)))["event_id"] for v in copies.values())
     report = compare_counts(run.events, per_event)
     assert report.ok, f"copy topic: {report}"
+    if run.extra_env.get("TOTALS_PLAIN_SINK") != "1":  # transactional: each record once
+        assert raw == len(copies), f"copy topic: {raw - len(copies)} records read twice"
     dead = dead_letters(run)
     for marker, reason in run.poison.items():
         found = [d for d in dead if marker in d["text"]]

