@@ -222,12 +222,12 @@ def prepare_topics(
     with admin_client(settings) as admin:
         brokers = broker_count(admin)
         replication = choose_replication(brokers, replication_factor, who)
-        create_missing(admin, [r for r in requests if r.create], replication, who)
+        created = create_missing(admin, [r for r in requests if r.create], replication, who)
         times: dict[str, TopicTimes] = {}
         notes: list[str] = []
         for topic in timed:
             try:
-                times[topic] = TopicTimes.of(describe_times(admin, topic))
+                times[topic] = TopicTimes.of(describe_times(admin, topic, topic in created))
             except Exception as exc:  # noqa: BLE001 - the sink still works, without the rule
                 times[topic] = TopicTimes()
                 notes.append(
@@ -250,17 +250,17 @@ def broker_count(admin: Any) -> int | None:
 
 def create_missing(
     admin: Any, requests: Sequence[TopicRequest], replication: Replication, who: str
-) -> None:
-    """Create the requested topics that do not exist yet."""
+) -> set[str]:
+    """Create the requested topics that do not exist yet; return their names."""
     from kafka.admin import NewTopic
     from kafka.errors import InvalidReplicationFactorError, TopicAlreadyExistsError
 
     if not requests:
-        return
+        return set()
     existing = set(admin.list_topics())
     missing = [r for r in requests if r.name not in existing]
     if not missing:
-        return
+        return set()
     topics = [
         NewTopic(
             r.name, r.partitions, replication.factor, topic_configs=replication.configs(r.configs)
@@ -278,20 +278,26 @@ def create_missing(
             "KafkaSink(replication_factor=...) the number of brokers that are up"
         )
         raise ConnectorError(msg) from exc
+    return {r.name for r in missing}
 
 
-def describe_times(admin: Any, topic: str) -> dict[str, str]:
-    """The topic's effective values of :data:`TIME_CONFIGS` (its own, else the broker's)."""
+def describe_times(admin: Any, topic: str, created: bool = False) -> dict[str, str]:
+    """The topic's effective values of :data:`TIME_CONFIGS` (its own, else the broker's).
+
+    Kafka answers nothing (no error either) for a topic it does not know: one just
+    ``created`` is asked again a few times, since the broker answering may not know it yet.
+    """
     from kafka.admin import ConfigResource, ConfigResourceType
 
     wanted = dict.fromkeys(TIME_CONFIGS)
-    for attempt in range(DESCRIBE_ATTEMPTS):
+    attempts = DESCRIBE_ATTEMPTS if created else 1
+    for attempt in range(attempts):
         resource = ConfigResource(ConfigResourceType.TOPIC, topic, configs=dict(wanted))
         found = admin.describe_configs([resource], config_filter="all")
         entries = found.get("topic", {}).get(topic, {})
         if entries:
             return {k: v["value"] for k, v in entries.items() if v.get("value") is not None}
-        if attempt + 1 < DESCRIBE_ATTEMPTS:  # just created: the broker asked may not know it
+        if attempt + 1 < attempts:
             time.sleep(DESCRIBE_RETRY_S)
     msg = f"Kafka returned no settings for topic {topic!r}; does it exist?"
     raise ConnectorError(msg)

@@ -426,7 +426,7 @@ class _KafkaWriter(SinkWriter):
         self.restamped += n
 
     def counts(self) -> dict[str, int]:
-        """Records written with the time of writing where the topic refused their event time."""
+        """``restamped``: records stamped with the time of writing, written for good."""
         return {RESTAMPED: self.restamped} if self.restamped else {}
 
     def _raise_if_failed(self, failed: list[tuple[Record, str]]) -> None:

@@ -247,6 +247,18 @@ def test_dead_letters_follow_the_same_rule(kafka_broker, topic_name):
 
 
 @pytest.mark.kafka
+def test_a_topic_whose_settings_cannot_be_read_keeps_event_times_and_says_so(
+    kafka_broker, topic_name
+):
+    sink = KafkaSink(
+        topic_name("gone"), bootstrap_servers=kafka_broker.bootstrap, create_topic=False
+    )
+    sink.prepare(topic_name("p"), streaming=False)
+    assert sink.times == TopicTimes()
+    assert any("cannot read the settings of Kafka topic" in n for n in sink.notes())
+
+
+@pytest.mark.kafka
 def test_topics_the_sink_creates_are_replicated_as_the_single_broker_allows(
     kafka_broker, topic_name
 ):
