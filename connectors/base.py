@@ -121,6 +121,14 @@ class SinkWriter(abc.ABC):
     def abort(self) -> None:  # noqa: B027 - optional hook
         """The task failed: drop what is not yet final and release resources."""
 
+    def counts(self) -> dict[str, int]:
+        """Counters of what the writer did, by name (the task adds them as ``<name>/<sink>``).
+
+        For example the Kafka sink's ``restamped``: records stamped with the time of writing
+        because their topic would have deleted or refused their event time.
+        """
+        return {}
+
 
 class TransactionalWriter(SinkWriter):
     """A writer whose records become visible only when its transaction commits.
@@ -195,6 +203,14 @@ class SinkConnector(abc.ABC):
 
     def prepare(self, pipeline: str, streaming: bool) -> None:  # noqa: B027 - optional hook
         """Driver-side setup before a run (create directories, topics ...)."""
+
+    def notes(self) -> list[str]:
+        """What :meth:`prepare` found that the person starting the run should be told, once.
+
+        For example a Kafka cluster whose topics are not replicated. Said at the start of a
+        run (its log, and the progress output); never a reason to stop.
+        """
+        return []
 
     def local_paths(self) -> list[str]:
         """Paths on this machine's own disk that the workers write (none by default)."""

@@ -7,7 +7,9 @@ letters. State lives in the task's memory; nothing needs Redis.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,8 @@ from onceflow.runtime.spec import Job
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+log = logging.getLogger(__name__)
+
 
 def default_dead_letters(job: Job, output_dir: str) -> Any:
     """Where a bounded run's dead letters go when the pipeline names no sink for them."""
@@ -47,6 +51,22 @@ def all_sinks(job: Job, dead: Any) -> list[Any]:
     if all(dead is not s for s in found):
         found.append(dead)
     return found
+
+
+def prepare_sinks(job: Job, dead: Any, streaming: bool, progress: bool) -> list[Any]:
+    """Prepare every sink (see :func:`all_sinks`); tell what they found once, at the start.
+
+    Their notes (for example a Kafka cluster that does not replicate the pipeline's topics)
+    go to the log and, with ``progress``, to standard error; each distinct note once.
+    """
+    sinks = all_sinks(job, dead)
+    for sink in sinks:
+        sink.prepare(job.pipeline, streaming)
+    for note in dict.fromkeys(n for sink in sinks for n in sink.notes()):
+        log.warning("%s", note)
+        if progress:
+            print(f"[{job.pipeline}] note: {note}", file=sys.stderr, flush=True)
+    return sinks
 
 
 def run_bounded(
@@ -74,8 +94,7 @@ def run_bounded(
         ship_code(spark, code_dir)
     dead = default_dead_letters(job, output_dir)
     job = job.with_dead_letters(dead)
-    for sink in all_sinks(job, dead):
-        sink.prepare(job.pipeline, False)
+    prepare_sinks(job, dead, False, progress)
     sources = {}
     for name, connector in job.sources:
         connector.prepare(job.pipeline, False)

@@ -40,6 +40,21 @@ class RunResult:
         """Records sent to the dead-letter sink."""
         return self.counter("dead_letters")
 
+    @property
+    def restamped(self) -> dict[str, int]:
+        """Per sink: records stamped with the time of writing, not their event time.
+
+        Their topic would have deleted (retention) or refused (timestamp limits) their event
+        time; it travels in their ``onceflow-ts`` header (see the Kafka sink).
+        """
+        out: dict[str, int] = {}
+        for key, n in self.counters.items():
+            _stage, _, name = key.partition("/")
+            if name.startswith("restamped/"):
+                sink = name[len("restamped/") :]
+                out[sink] = out.get(sink, 0) + n
+        return out
+
     def stage_rows(self) -> list[tuple[str, int, int, int, int]]:
         """Per stage: (name, records in, records out, dead letters, duplicates dropped)."""
         rows = []
@@ -76,6 +91,12 @@ class RunResult:
             lines.append(f"dead letters: {self.dead_letters:,} -> {self.dead_letter_sink}")
         else:
             lines.append("dead letters: 0")
+        if self.restamped:
+            where = ", ".join(f"{sink} {n:,}" for sink, n in sorted(self.restamped.items()))
+            lines.append(
+                f"stamped with the time of writing ({where}): their topic would delete or "
+                "refuse their event time, which is in their onceflow-ts header"
+            )
         return "\n".join(lines)
 
 

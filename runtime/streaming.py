@@ -59,7 +59,7 @@ from onceflow.kernel.scopes import (
     stored_stages,
 )
 from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
-from onceflow.runtime.bounded import all_sinks
+from onceflow.runtime.bounded import prepare_sinks
 from onceflow.runtime.checkpoint import Checkpoint, choose_manager
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.faults import driver_crashpoint
@@ -367,8 +367,11 @@ class StreamingRun:
         dups = sum(v for k, v in delta.items() if k.endswith("/duplicates_dropped"))
         dead = sum(v for k, v in delta.items() if k.endswith("/dead_letters"))
         replayed = sum(v for k, v in delta.items() if k.endswith("/replayed_outputs"))
+        restamped = sum(v for k, v in delta.items() if "/restamped/" in k)
         rate = records / seconds if seconds > 0 else 0.0
         again = f", {replayed:,} outputs replayed from backup" if replayed else ""
+        if restamped:
+            again += f", {restamped:,} stamped with the time of writing"
         print(
             f"[{self.job.pipeline}] batch {batch_id}: {records:,} records in, {dups:,} "
             f"duplicates dropped, {dead:,} dead letters{again}, {seconds:.1f} s "
@@ -653,10 +656,7 @@ def _prepare_connectors(job: Job, opts: StreamOptions) -> tuple[Job, Any, list[A
         if opts.max_records_per_batch is not None:
             connector.max_records_per_batch = opts.max_records_per_batch
         connector.prepare(job.pipeline, True)
-    sinks = all_sinks(job, dead)
-    for sink in sinks:
-        sink.prepare(job.pipeline, True)
-    return job, dead, sinks
+    return job, dead, prepare_sinks(job, dead, True, opts.progress)
 
 
 def _new_run(

@@ -637,6 +637,8 @@ class TaskRun:
         for index, writer in self.writers.items():
             if ok:
                 writer.close()
+                for name, n in writer.counts().items():
+                    self.count(f"{name}/{self.spec.targets[index].name}", n)
             else:
                 writer.abort()
                 self._forget_writer(index, writer)

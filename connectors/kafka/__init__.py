@@ -3,9 +3,10 @@
 :mod:`~.source` the source users configure and its decoding; :mod:`~.sink` the sink;
 :mod:`~.datasource` the Spark data source on the driver; :mod:`~.worker` reading on the
 workers; :mod:`~.offsets` offset arithmetic; :mod:`~.clients` the workers' clients (the
-:mod:`~.interface` both libraries implement, :mod:`~.kafka_python` and :mod:`~.confluent`)
-and topic administration; :mod:`~.spark_source` Spark's own connector; :mod:`~.topics`
-producing and reading whole topics outside Spark.
+:mod:`~.interface` both libraries implement, :mod:`~.kafka_python` and :mod:`~.confluent`);
+:mod:`~.admin` topic administration (creation, replication, timestamp bounds);
+:mod:`~.spark_source` Spark's own connector; :mod:`~.topics` producing and reading whole
+topics outside Spark.
 """
 
 from __future__ import annotations

@@ -18,15 +18,16 @@ kafka-python: it is not on the per-record path. Connection settings are
 :class:`~onceflow.kernel.settings.KafkaSettings`, in kafka-python's option names, resolved on
 the driver and pickled to the workers; :mod:`.confluent` maps them to librdkafka's names on
 the worker, when it creates a client. Clients are created lazily on the workers, never in a
-connector's ``__init__``.
+connector's ``__init__``. Topic administration lives in :mod:`.admin` (``ensure_topics`` is
+re-exported here).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from typing import Any
 
+from onceflow.connectors.kafka.admin import ensure_topics
 from onceflow.connectors.kafka.interface import (
     CONFLUENT_CLIENT,
     FAST_EXTRA,
@@ -121,38 +122,3 @@ def shared_producer(client: str, settings: KafkaSettings, config: dict[str, Any]
         if producer is None:
             producer = _shared[key] = new_producer(client, settings, config)
     return producer
-
-
-# -- topics -----------------------------------------------------------------------------------
-
-# Let the cluster choose the replication factor (its default.replication.factor): a fixed 1
-# would make acks=all meaningless on a cluster with replicas.
-CLUSTER_DEFAULT_REPLICATION = -1
-
-
-def ensure_topics(
-    settings: KafkaSettings,
-    topics: Sequence[str],
-    partitions: int,
-    configs: dict[str, str] | None = None,
-) -> None:
-    """Create missing topics with the cluster's default replication factor."""
-    from kafka.admin import KafkaAdminClient, NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
-    admin = KafkaAdminClient(**settings.client_config())
-    try:
-        existing = set(admin.list_topics())
-        missing = [t for t in topics if t not in existing]
-        if missing:
-            try:
-                admin.create_topics(
-                    [
-                        NewTopic(t, partitions, CLUSTER_DEFAULT_REPLICATION, topic_configs=configs)
-                        for t in missing
-                    ]
-                )
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        admin.close()

@@ -267,7 +267,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return tick
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        """One input partition per Kafka partition with records in ``[start, end)``."""
+        """One input partition per Kafka partition with records in ``[start, end)``.
+
+        A partition not in ``start`` was added since the last batch (or while the pipeline
+        was down): its range starts at offset 0, all of it new to the pipeline. The reader
+        starts at its log start and reports the offsets below it, deleted before the pipeline
+        saw them, as data loss (``on_data_loss``, see :func:`~.worker.fetch_range`), never
+        skipping them silently; a replay reads the same range and reports the same way.
+        """
         parts = []
         for key in sorted(partitions_of(end), key=split_tp):
             lo = start.get(key, 0)

@@ -14,6 +14,16 @@ the marker: a ``read_committed`` reader sees every record exactly once. With
 ``transactional=False`` records are visible when acknowledged; a crash between the write
 and the delivered-mark can leave a copy (same ID, same value), counted by ``onceflow
 status`` as a possible copy and by ``onceflow audit`` in the topic.
+
+Timestamps: a record is stamped with its event time (``timestamp="event"``, as Flink and
+Kafka Streams do), unless the topic would delete it on arrival (its time retention) or refuse
+it (its timestamp limits): then it is stamped with the time of writing, and counted as
+``restamped``. The topic's settings are read once, when the sink prepares (see
+:mod:`.admin`). ``timestamp="write"`` always stamps the time of writing. Either way the event
+time travels in the ``onceflow-ts`` header, which a downstream Onceflow source reads first.
+The time of writing is the producer's clock when the record is sent: a re-send (a transaction
+redone, a task replayed) may carry another one, which changes nothing downstream, since the
+``onceflow-id`` header identifies the record and ``onceflow-ts`` holds its event time.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from onceflow.connectors.base import (
     PoisonInTransaction,
@@ -37,6 +47,7 @@ from onceflow.connectors.base import (
     TransactionalWriter,
 )
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.admin import TopicRequest, TopicTimes, prepare_topics
 from onceflow.connectors.kafka.clients import (
     PYTHON_CLIENT,
     Delivery,
@@ -44,7 +55,6 @@ from onceflow.connectors.kafka.clients import (
     ProducerFenced,
     RecordRefused,
     check_client,
-    ensure_topics,
     new_producer,
     new_reader,
     shared_producer,
@@ -71,6 +81,11 @@ DELIVERY_LOG_CONFIG = {"cleanup.policy": "compact"}
 MARKER_WAIT_S = 60  # how long a recovering task waits to learn a marker's fate
 # Record batch framing and per-record headers Kafka adds around key, value and headers.
 RECORD_OVERHEAD_BYTES = 512
+# What a record's Kafka timestamp is: its event time where the topic keeps it, or always the
+# time of writing (see the module docstring).
+TimestampMode = Literal["event", "write"]
+TIMESTAMP_MODES: tuple[TimestampMode, ...] = ("event", "write")
+RESTAMPED = "restamped"  # the writer's counter of records stamped with the time of writing
 
 
 def _key_bytes(key: Any) -> bytes | None:
@@ -92,6 +107,12 @@ class KafkaSink(SinkConnector):
     producer's library: ``"python"`` (kafka-python, the default) or ``"confluent"``
     (confluent-kafka, ``pip install 'onceflow[fast]'``; ``options`` may then also use
     librdkafka's dotted names).
+
+    ``timestamp``: ``"event"`` (default) stamps each record with its event time, or with the
+    time of writing where the topic would delete or refuse that (see the module docstring);
+    ``"write"`` always with the time of writing. ``replication_factor``: of the topics this
+    sink creates (its own and the delivery log); default min(3, brokers), with
+    ``min.insync.replicas`` min(2, factor) (see :mod:`.admin`).
     """
 
     def __init__(
@@ -108,8 +129,18 @@ class KafkaSink(SinkConnector):
         connection: dict[str, Any] | None = None,
         options: dict[str, Any] | None = None,
         client: str = PYTHON_CLIENT,
+        timestamp: TimestampMode = "event",
+        replication_factor: int | None = None,
     ) -> None:
         check_client(client, type(self).__name__)
+        if timestamp not in TIMESTAMP_MODES:
+            msg = f"{type(self).__name__} timestamp must be 'event' or 'write', got {timestamp!r}"
+            raise ConnectorError(msg)
+        self.timestamp: TimestampMode = timestamp
+        self.replication_factor = replication_factor
+        # the topic's timestamp bounds, read by prepare(); none known before
+        self.times = TopicTimes()
+        self._notes: list[str] = []
         self.client = client
         self.transactional = transactional
         self.transaction_prefix = transaction_prefix
@@ -147,15 +178,28 @@ class KafkaSink(SinkConnector):
         return f"kafka {self.topic} ({self.codec.name})"
 
     def prepare(self, pipeline: str, streaming: bool) -> None:
-        """Fix the connection settings; create the topic, and the delivery log if transactional."""
+        """Fix the connection settings; create the topic, and the delivery log if transactional.
+
+        Reads the topic's timestamp bounds (:attr:`times`, pickled to the workers with the
+        sink) and what to say about its replication (:meth:`notes`).
+        """
         self.settings  # noqa: B018 - resolved here, on the driver, and pickled to the workers
-        if self.create_topic:
-            ensure_topics(self.settings, [self.topic], self.partitions)
+        topics = [TopicRequest(self.topic, self.partitions, create=self.create_topic)]
         if self.transactional and streaming:
             self.log_topic = f"{pipeline}.{DELIVERY_LOG_SUFFIX}"
-            ensure_topics(self.settings, [self.log_topic], 1, DELIVERY_LOG_CONFIG)
+            topics.append(TopicRequest(self.log_topic, 1, DELIVERY_LOG_CONFIG))
             if self.transaction_prefix is None:
                 self.transaction_prefix = f"onceflow.{pipeline}"
+        timed = [self.topic] if self.timestamp == "event" else []
+        found = prepare_topics(
+            self.settings, topics, self.replication_factor, f"KafkaSink({self.topic!r})", timed
+        )
+        self.times = found.times.get(self.topic, TopicTimes())
+        self._notes = found.notes
+
+    def notes(self) -> list[str]:
+        """What :meth:`prepare` found that a person should know (replication, unread settings)."""
+        return list(self._notes)
 
     def open(self, task: TaskInfo) -> SinkWriter:
         """A transactional writer in exactly-once runs, else one sharing the worker's producer."""
@@ -195,19 +239,28 @@ class KafkaSink(SinkConnector):
     def record(
         self, rec: Record, limit: int
     ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
-        """Key, value and headers (its ID and event time first) of one record.
+        """Key, value and headers (its ID, if any, and event time first) of one record.
 
         ``limit`` is the most bytes a record may take; this sink leaves a larger one as it is
         (the writer refuses it), the dead-letter sink shortens it.
         """
         key, value, extra = self.encode(rec)
-        if not rec.id:
+        if not rec.id and not rec.ts:
             return key, value, extra
-        return key, value, [(ids.ID_HEADER, rec.id), (ids.TS_HEADER, ids.ts_header(rec.ts)), *extra]
+        first = [(ids.ID_HEADER, rec.id)] if rec.id else []
+        # the Kafka timestamp may be the time of writing: the event time always travels here
+        first.append((ids.TS_HEADER, ids.ts_header(rec.ts)))
+        return key, value, [*first, *extra]
 
-    def timestamp_of(self, rec: Record) -> int | None:
-        """The Kafka timestamp of a record: its event time (None: the time of writing)."""
-        return rec.ts or None
+    def timestamp_of(self, rec: Record, now_ms: int) -> int | None:
+        """The Kafka timestamp of a record: its event time, or None: the time of writing.
+
+        The time of writing where the topic would delete or refuse the event time (its
+        :attr:`times`, as of ``now_ms``), or always with ``timestamp="write"``.
+        """
+        if self.timestamp == "write" or not rec.ts:
+            return None
+        return rec.ts if self.times.keeps(rec.ts, now_ms) else None
 
     def encode(self, rec: Record) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
         """Key, value and extra headers of one record.
@@ -231,7 +284,12 @@ class KafkaSink(SinkConnector):
 
 
 class KafkaDeadLetterSink(KafkaSink):
-    """Dead letters to a topic: the original payload as the value, the reason in headers."""
+    """Dead letters to a topic: the original payload as the value, the reason in headers.
+
+    Stamped as :class:`KafkaSink` stamps records: a dead letter's event time may be what made
+    it one (a wrong clock), and a topic that would delete or refuse it gets the time of
+    writing instead; the event time is in the ``onceflow-ts`` header either way.
+    """
 
     def __init__(self, topic: str, **kwargs: Any) -> None:
         super().__init__(topic, codec="json", **kwargs)
@@ -239,14 +297,6 @@ class KafkaDeadLetterSink(KafkaSink):
     def describe(self) -> str:
         """One line for plans."""
         return f"kafka dead letters {self.topic}"
-
-    def timestamp_of(self, rec: Record) -> int | None:
-        """The time of writing, not the event time (in the ``onceflow-ts`` header).
-
-        A dead letter's event time may be what made it one: a wrong clock the broker refuses.
-        """
-        del rec
-        return None
 
     def encode(self, rec: Record) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
         """Raw payload (or the letter as JSON) and headers naming stage, error and origin."""
@@ -288,6 +338,8 @@ class _KafkaWriter(SinkWriter):
         )
         self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
         self.sent: list[tuple[Record, Delivery]] = []
+        self.stamped: set[int] = set()  # records (by id()) in flight with the time of writing
+        self.restamped = 0  # ... of which the broker took this many, for good
 
     def write(self, records: Sequence[Record]) -> list[Rejected]:
         rejected: list[Rejected] = []
@@ -313,13 +365,14 @@ class _KafkaWriter(SinkWriter):
         size = _size(key, value, headers)
         if size > self.limit:
             raise RecordRefused(_too_big(topic, size, self.sink.max_request_size))
+        stamp = self.sink.timestamp_of(rec, int(time.time() * 1000))
         try:
-            delivery = self.producer.send(
-                topic, key, value, headers or None, self.sink.timestamp_of(rec)
-            )
+            delivery = self.producer.send(topic, key, value, headers or None, stamp)
         except RecordRefused as exc:
             msg = f"Kafka topic {topic!r} refused the record: {exc}"
             raise RecordRefused(msg) from exc
+        if stamp is None and rec.ts and self.sink.timestamp == "event":
+            self.stamped.add(id(rec))
         self.sent.append((rec, delivery))
 
     def _stop_sending(self, exc: Exception) -> bool:
@@ -348,21 +401,33 @@ class _KafkaWriter(SinkWriter):
     def _outcomes(self) -> tuple[list[Rejected], list[tuple[Record, str]]]:
         """Flushed sends the broker refused for good, and those that failed otherwise."""
         sent, self.sent = self.sent, []
+        stamped, self.stamped = self.stamped, set()
         refused: list[Rejected] = []
         failed: list[tuple[Record, str]] = []
+        restamped = 0
         for rec, delivery in sent:
             if not delivery.done:
                 failed.append((rec, "no acknowledgement"))
                 continue
             failure = delivery.failure
             if failure is None:
+                restamped += id(rec) in stamped
                 continue
             if delivery.poison:
                 reason = f"Kafka topic {self.sink.topic!r} refused the record: {failure}"
                 refused.append((rec, reason))
             else:
                 failed.append((rec, failure))
+        self._written_restamped(restamped)
         return refused, failed
+
+    def _written_restamped(self, n: int) -> None:
+        """``n`` records stamped with the time of writing were acknowledged (final here)."""
+        self.restamped += n
+
+    def counts(self) -> dict[str, int]:
+        """``restamped``: records stamped with the time of writing, written for good."""
+        return {RESTAMPED: self.restamped} if self.restamped else {}
 
     def _raise_if_failed(self, failed: list[tuple[Record, str]]) -> None:
         if failed:
@@ -400,6 +465,7 @@ class _KafkaWriter(SinkWriter):
             self.producer.flush(FLUSH_TIMEOUT_S)
         finally:
             self.sent = []
+            self.stamped = set()
 
 
 def _culprits(
@@ -485,6 +551,9 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         self.log_key = f"{sink.transaction_prefix}.{task.sink}.{task.partition}".encode()
         self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
         self.sent = []
+        self.stamped = set()
+        self.restamped = 0
+        self.restamping = 0  # acknowledged in the open transaction: final once it commits
         self.entry: _Registered | None = None
         self.prepared = False  # a marker was sent in the transaction now open
         self.clean = True  # the last abort went through
@@ -629,11 +698,16 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         self.entry = _register(self.sink, self.tid)
         self.prepared = False
 
+    def _written_restamped(self, n: int) -> None:
+        self.restamping += n
+
     def commit(self) -> None:
         assert self.entry is not None
         self.entry.producer.commit()
         self.entry.open = False
         self.prepared = False
+        self.restamped += self.restamping
+        self.restamping = 0
 
     def committed(self, marker: str) -> bool:
         """Read the marker (call once every id recorded for the partition is settled)."""
@@ -648,6 +722,8 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
 
     def abort(self) -> None:
         self.sent = []
+        self.stamped = set()
+        self.restamping = 0
         self.failed = None
         if self.entry is not None and self.entry.open:
             self._abort_open()

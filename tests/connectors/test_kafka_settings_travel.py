@@ -40,7 +40,7 @@ def test_settings_resolved_on_the_driver_reach_a_worker_without_its_environment(
     for name, value in DRIVER_ENV.items():
         monkeypatch.setenv(name, value)
     connector = make()
-    connector.prepare("p", streaming=False)  # driver side; this sink creates no topic
+    connector.settings  # noqa: B018 - resolved on the driver, first thing prepare() does
     worker_side = _on_a_worker(connector, monkeypatch)
     settings = worker_side.settings
     assert settings.bootstrap_servers == "driver-side:9093"
@@ -51,7 +51,7 @@ def test_settings_resolved_on_the_driver_reach_a_worker_without_its_environment(
 def test_a_worker_does_not_pick_up_its_own_environment(monkeypatch):
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "driver-side:9093")
     sink = KafkaSink("out", create_topic=False)
-    sink.prepare("p", streaming=False)
+    sink.settings  # noqa: B018 - resolved on the driver (prepare() also reads the topic)
     data = pickle.dumps(sink)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "worker-side:9092")
     assert pickle.loads(data).settings.bootstrap_servers == "driver-side:9093"
@@ -67,7 +67,7 @@ def test_secrets_are_never_printed(monkeypatch):
     for name, value in DRIVER_ENV.items():
         monkeypatch.setenv(name, value)
     sink = KafkaSink("out", create_topic=False, connection={"sasl_oauth_token": "tok-123"})
-    sink.prepare("p", streaming=False)
+    sink.settings  # noqa: B018 - resolved on the driver (prepare() also reads the topic)
     shown = " ".join([repr(sink), str(sink), repr(sink.settings), sink.describe()])
     assert SECRET not in shown and "tok-123" not in shown
     assert "driver-side:9093" in repr(sink.settings)
