@@ -137,6 +137,8 @@ class ExactlyOnceGuard:
         self.wait_timeout_ms = factory.wait_timeout_ms
         self.master = None if factory.masters is None else factory.masters.get(ks.tag)
         self.chunk_size = factory.config.chunk_size
+        self.chunk_bytes = factory.config.chunk_bytes
+        self.delivery = factory.config.delivery
         self.params = params
         self.limit_ms: int | None = params.limit_ms
         self.watermark: int | None = params.watermark
