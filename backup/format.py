@@ -2,7 +2,8 @@
 
 A task's backup is a Redis hash ``bk:<stage>:<batch>:<partition>``: field ``c<n>`` holds the
 encoded outputs of chunk ``n``, ``final`` those produced at the end of the task (combine
-results), and ``done`` marks a finished task. Outputs are MessagePack lists, never pickles.
+results; past one chunk's bytes the task commits the first of them as chunks of their own),
+and ``done`` marks a finished task. Outputs are MessagePack lists, never pickles.
 Targets below zero are a stage's partial-combine deltas: backed up, never sent.
 
 In seen-ID layout 2 (see :mod:`onceflow.kernel.keyspace`), field ``i<n>`` holds the input IDs

@@ -16,7 +16,13 @@ made its exactly-once runs 25-45% slower on one machine than against Apache Kafk
 The baseline runs with ``PYTHONPATH`` set to its worktree: that serves commits from before the
 folders became subpackages of ``onceflow`` (they import ``pipeline``, ``dedup`` ... at the top
 level). A later commit's ``onceflow.*`` imports would reach this checkout's installed package
-instead, so such a ref is refused: give it a virtual env of its own.
+through its editable install's import hook; for such a ref ``PYTHONPATH`` is a tree of links
+laid out as installed (``tools/typecheck.py``'s, built from the ref's own ``pyproject.toml``),
+which Python's path finder serves before that hook, and both benchmarks run from a folder
+without an ``onceflow`` folder in it (Spark's Python workers put their working folder first on
+their path). Such a ref runs ``--workloads`` (the keyed count by default) as this code does:
+
+    python bench/baseline.py --ref 83c769b --pairs 2   # the byte budgets' before/after
 """
 
 from __future__ import annotations
@@ -55,8 +61,8 @@ def single_runs(output: str, mode: str) -> list[float]:
     return [_number(rate) for m, rate in _RUN.findall(output) if m == mode]
 
 
-def check_ref(ref: str) -> None:
-    """Refuse a commit whose code imports as ``onceflow.*`` (see the module docstring)."""
+def installed_layout(ref: str) -> bool:
+    """Whether a commit's code imports as ``onceflow.*`` (see the module docstring)."""
     pyproject = subprocess.run(
         ["git", "-C", str(REPO), "show", f"{ref}:pyproject.toml"],
         capture_output=True,
@@ -65,11 +71,16 @@ def check_ref(ref: str) -> None:
     )
     if pyproject.returncode != 0:
         sys.exit(f"no pyproject.toml at {ref}: {pyproject.stderr.strip()}")
-    if '"onceflow.pipeline"' in pyproject.stdout:
-        sys.exit(
-            f"{ref} installs its folders as onceflow subpackages: PYTHONPATH cannot put it "
-            "before this checkout's installed package. Run its bench in a virtual env of its own"
-        )
+    return '"onceflow.pipeline"' in pyproject.stdout
+
+
+def link_tree(worktree: Path, tree: Path) -> None:
+    """The ref's folders laid out as installed, as links (``tools/typecheck.py``'s tree)."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import typecheck
+
+    typecheck.ROOT = worktree  # its own pyproject.toml's package-dir mapping
+    typecheck.build_tree(tree)
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> str:
@@ -98,8 +109,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--workloads", default="keyed-count")
     args = parser.parse_args()
-    check_ref(args.ref)
+    installed = installed_layout(args.ref)
     sys.path.insert(0, str(HERE))
     from exactly_once import services
 
@@ -112,21 +124,24 @@ def main() -> None:
         capture_output=True,
     )
     singles: dict[str, list[float]] = {"baseline": [], "this code": []}
+    workloads = ["--workloads", args.workloads]
+    base_cmd = [sys.executable, str(worktree / "bench" / "exactly_once.py"), *sizes]
+    base_path, base_cwd, our_cwd = str(worktree), worktree, REPO
+    if installed:
+        link_tree(worktree, logs / "tree")
+        base_cmd += workloads
+        base_path, base_cwd = str(logs / "tree"), logs
+        our_cwd = logs  # the same working folder for both
     try:
         with services(False) as (redis_url, bootstrap, _):
             env = {**os.environ, "REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
-            base_env = {**env, "PYTHONPATH": str(worktree)}
+            base_env = {**env, "PYTHONPATH": base_path}
             print(f"baseline {args.ref} and this checkout, {args.records:,} records, logs {logs}")
             for pair in range(1, args.pairs + 1):
-                base = run(
-                    [sys.executable, "bench/exactly_once.py", *sizes],
-                    worktree,
-                    base_env,
-                    logs / f"baseline-{pair}.txt",
-                )
+                base = run(base_cmd, base_cwd, base_env, logs / f"baseline-{pair}.txt")
                 ours = run(
-                    [sys.executable, "bench/exactly_once.py", *sizes, "--workloads", "keyed-count"],
-                    REPO,
+                    [sys.executable, str(HERE / "exactly_once.py"), *sizes, *workloads],
+                    our_cwd,
                     env,
                     logs / f"this-{pair}.txt",
                 )

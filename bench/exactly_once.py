@@ -12,7 +12,12 @@ Workloads (``--workloads``, all by default), on the same input topic of bids
   five) -> sink: no keyed state, one dedup boundary (the sink);
 * ``sliding-window``: Nexmark q5 shape, ``key_by(auction) -> window(Sliding 10 s / 2 s) ->
   count``: each bid lands in 5 windows, final panes are emitted as the watermark passes;
-* ``fan-out``: one source into two sinks, a stateless copy and a keyed count.
+* ``fan-out``: one source into two sinks, a stateless copy and a keyed count;
+* ``large-docs``: the large-records finding's shape, ``--docs`` JSON documents of
+  ``--doc-bytes`` (250 KB by default) on one partition, read in one micro-batch, through a
+  ``map`` to a Kafka sink: what commits, deliveries and Arrow batches bounded by bytes cost
+  (:mod:`onceflow.kernel.limits`); its numbers are also printed in MB/s. Not in the default
+  set: ``--workloads large-docs``.
 
 The baseline is the same pipeline with ``guarantee="at-least-once"``: keyed state in Redis,
 but no record IDs, no backup and no dedup. A third mode, ``exactly-once/plain-sink``, is
@@ -29,7 +34,8 @@ per stored ID, and the Redis memory a run left per dedup boundary (seen IDs and 
 journal per receiver, backups per producing stage, keyed state per combine).
 
     python bench/exactly_once.py [--records 200000] [--batch 50000] [--repeat 2]
-        [--workloads keyed-count,keyed-count-ids,stateless,sliding-window,fan-out]
+        [--workloads keyed-count,keyed-count-ids,stateless,sliding-window,fan-out,large-docs]
+        [--docs 400] [--doc-bytes 250000]
         [--client python|confluent]
         [--redis-cluster] [--spark-cluster]
 
@@ -95,6 +101,14 @@ def build(
     p = Pipeline(name, event_time=EventTime.of(out_of_orderness="1s"))
     ids = {"id": lambda b: b["n"]} if workload == "keyed-count-ids" else {}
     in_task = os.environ.get(READ_IN_TASK_ENV, "1") != "0"  # for A/B runs of the reader
+
+    def sink(topic_out: str) -> KafkaSink:
+        return KafkaSink(topic_out, transactional=transactional, client=client)
+
+    if workload == "large-docs":
+        docs = p.read("docs", KafkaSource(topic, codec="json", client=client, read_in_task=in_task))
+        docs.map("stamp", lambda d: {**d, "seen": True}).write("doc-copies", sink(out))
+        return p
     bids = p.read(
         "bids",
         KafkaSource(
@@ -106,10 +120,6 @@ def build(
             **ids,
         ),
     )
-
-    def sink(topic_out: str) -> KafkaSink:
-        return KafkaSink(topic_out, transactional=transactional, client=client)
-
     if workload in ("keyed-count", "keyed-count-ids", "fan-out"):
         counts = bids.key_by("by-user", lambda b: b["user"]).count_per_key("count")
         counts.write("counts", sink(out))
@@ -125,12 +135,13 @@ def build(
             .count_per_key("count")
             .write("hot-auctions", sink(out))
         )
-    if workload not in WORKLOADS:
+    if workload not in (*WORKLOADS, LARGE_DOCS):
         raise SystemExit(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
     return p
 
 
 WORKLOADS = ("keyed-count", "keyed-count-ids", "stateless", "sliding-window", "fan-out")
+LARGE_DOCS = "large-docs"  # not in the default set (see the module's doc)
 
 
 def run_once(
@@ -445,7 +456,8 @@ def main() -> None:
     parser.add_argument(
         "--workloads",
         default=",".join(WORKLOADS),
-        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)",
+        help=f"comma-separated, of {', '.join((*WORKLOADS, LARGE_DOCS))} (default: all but "
+        f"{LARGE_DOCS})",
     )
     parser.add_argument(
         "--client",
@@ -454,7 +466,9 @@ def main() -> None:
         help="Kafka client of sources and sinks (confluent: pip install 'onceflow[fast]')",
     )
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
-    parser.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=(*WORKLOADS, LARGE_DOCS), help=argparse.SUPPRESS)
+    parser.add_argument("--docs", type=int, default=400, help="large-docs: documents")
+    parser.add_argument("--doc-bytes", type=int, default=250_000, help="large-docs: their size")
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     parser.add_argument("--redis-cluster", action="store_true")
     parser.add_argument("--spark-cluster", action="store_true")
@@ -462,7 +476,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    unknown = set(args.workloads.split(",")) - set(WORKLOADS)
+    unknown = set(args.workloads.split(",")) - {*WORKLOADS, LARGE_DOCS}
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(sorted(unknown))}")
     with contextlib.ExitStack() as stack:
@@ -497,6 +511,16 @@ def produce_bids(kafka: KafkaSettings, topic: str, records: int) -> None:
     produce(kafka, topic, bids, partitions=2)
 
 
+def produce_docs(kafka: KafkaSettings, topic: str, docs: int, size: int) -> None:
+    """The large-docs input: ``docs`` JSON documents of ``size`` bytes on one partition."""
+    body = "d" * max(0, size - 60)
+    values = (
+        (None, json.dumps({"n": i, "user": f"u{i % 100}", "body": body}).encode(), None)
+        for i in range(docs)
+    )
+    produce(kafka, topic, values, partitions=1)
+
+
 def bench_on(
     args: argparse.Namespace,
     master: str,
@@ -527,10 +551,13 @@ def bench_on(
     for workload in args.workloads.split(","):
         args.workload = workload
         print(f"\n--- workload {workload}")
+        run_args = args
+        if workload == LARGE_DOCS:
+            run_args = large_docs_args(args, kafka)
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
         for i in range(args.repeat):
             for mode in MODES:
-                r = spawn(mode, args, env)
+                r = spawn(mode, run_args, env)
                 runs[mode].append(r)
                 names.add(r["name"])
                 print(
@@ -539,12 +566,37 @@ def bench_on(
                     f"({r['batches']} batches, p50 {r['p50_s']:.2f} s, p99 {r['p99_s']:.2f} s)",
                     flush=True,
                 )
-        report(runs, args.records, connect, DedupConfig(), local=master.startswith("local"))
+        if workload == LARGE_DOCS:
+            print_megabytes(runs, args.doc_bytes)
+        report(runs, run_args.records, connect, DedupConfig(), local=master.startswith("local"))
         summary[workload] = runs
     if len(summary) > 1:
         print_summary(summary)
     if cluster is not None:
         print_nodes(cluster, before, names, connect)
+
+
+def large_docs_args(args: argparse.Namespace, kafka: KafkaSettings) -> argparse.Namespace:
+    """The large-docs workload's own input and sizes: the documents in four micro-batches."""
+    topic = f"bench-docs-{uuid.uuid4().hex[:6]}"
+    t0 = time.perf_counter()
+    produce_docs(kafka, topic, args.docs, args.doc_bytes)
+    print(
+        f"produced {args.docs:,} documents of {args.doc_bytes:,} bytes "
+        f"({args.docs * args.doc_bytes / 1e6:,.0f} MB) in {time.perf_counter() - t0:.1f} s"
+    )
+    batch = max(1, args.docs // 4)
+    sizes = {"topic": topic, "records": args.docs, "batch": batch}
+    return argparse.Namespace(**{**vars(args), **sizes})
+
+
+def print_megabytes(runs: dict[str, list[dict[str, Any]]], doc_bytes: int) -> None:
+    """Each mode's median throughput in MB/s of input documents (overall and steady)."""
+    print()
+    for mode, rs in runs.items():
+        overall = statistics.median(r["rate"] for r in rs) * doc_bytes / 1e6
+        steady = statistics.median(r["steady"] for r in rs) * doc_bytes / 1e6
+        print(f"{mode:<34} {overall:>8.1f} MB/s overall {steady:>8.1f} MB/s steady")
 
 
 def print_summary(summary: dict[str, dict[str, list[dict[str, Any]]]]) -> None:

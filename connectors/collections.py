@@ -77,8 +77,11 @@ class Collection(SourceConnector):
             for split, splits in splits_of(batch):
                 lo, hi = _bounds(len(encoded), splits, split)
                 for index in range(lo, hi):
-                    value = codec.decode(encoded[index])
-                    yield _record(source, "collection", index, value, id_fn, ts_fn, with_ids)
+                    raw = encoded[index]
+                    value = codec.decode(raw)
+                    yield _record(
+                        source, "collection", index, value, id_fn, ts_fn, with_ids, len(raw)
+                    )
 
         return decode
 
@@ -145,6 +148,7 @@ def _record(
     id_fn: Callable[[Any], Any] | None,
     ts_fn: Callable[[Any], int] | None,
     with_ids: bool,
+    size: int = 0,
 ) -> Decoded:
     try:
         rid, ts = _id_and_ts(source, split, index, value, id_fn, ts_fn, with_ids)
@@ -158,7 +162,7 @@ def _record(
             f"{split}[{index}]",
             value=repr(value)[:500],
         )
-    return Record(rid, ts, value, split, index)
+    return Record(rid, ts, value, split, index, size=size)
 
 
 def split_frame(session: SparkSession, splits: int) -> DataFrame:

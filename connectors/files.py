@@ -160,7 +160,7 @@ def _decode_line(
 ) -> Decoded:
     rid = ids.from_position(source, path, 0, offset) if with_ids else b""
     try:
-        return Record(rid, 0, codec.decode(line), path, offset)
+        return Record(rid, 0, codec.decode(line), path, offset, size=len(line))
     except Exception as exc:  # noqa: BLE001 - undecodable input becomes a dead letter
         error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
         return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line, code="undecodable")

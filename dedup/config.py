@@ -8,6 +8,15 @@ from typing import Any
 from onceflow.dedup.errors import DedupConfigError
 from onceflow.kernel.durations import DAY_MS, parse_duration_ms
 from onceflow.kernel.keyspace import floor_bucket
+from onceflow.kernel.limits import (
+    CHUNK_BYTES,
+    CHUNK_RECORDS,
+    DELIVERY_BYTES,
+    DELIVERY_RECORDS,
+    MAX_CHUNK_BYTES,
+    MIN_BYTES,
+    Budget,
+)
 
 # A commit names every seen-ID shard it touches in one script call, whose KEYS are indexed by
 # uint16 (see onceflow.dedup.addressing): this cap keeps a call far below that.
@@ -46,6 +55,13 @@ class DedupConfig:
     (:meth:`for_scope`).
     ``chunk_size``: records per atomic commit. Larger chunks amortize per-call work (2,500 ran
     ~10% faster than 1,000; more gained nothing) but a call holds Redis longer (~10 ms).
+    ``chunk_bytes``: bytes per atomic commit, of the chunk's inputs and, again, of what it
+    writes (outputs, backup, state): a chunk is cut when either bound is reached. Redis runs
+    one script at a time, so this is also how long a commit holds everyone else up (4 MiB
+    ~20-60 ms; 64 MiB ~1-1.6 s; see :mod:`onceflow.kernel.limits`). One input's outputs over
+    it are a dead letter (``too_large``).
+    ``delivery_records``/``delivery_bytes``: sink records a task holds and delivers in one
+    go (one Kafka transaction, one pending delivery, one delivery log in Redis).
     ``snapshot_every``: commits between Bloom snapshots (filters that moved replay the journal
     of commits since the last snapshot).
     """
@@ -55,8 +71,11 @@ class DedupConfig:
     bloom_capacity: int = 100_000
     bloom_error: float = 0.001
     shards: int = 1024
-    chunk_size: int = 2500
+    chunk_size: int = CHUNK_RECORDS
     snapshot_every: int = 32
+    chunk_bytes: int = CHUNK_BYTES
+    delivery_records: int = DELIVERY_RECORDS
+    delivery_bytes: int = DELIVERY_BYTES
 
     def for_scope(self, parallelism: int) -> DedupConfig:
         """The settings of one partition scope: its share of the shards and filter capacity.
@@ -91,6 +110,7 @@ class DedupConfig:
             problems.append(f"chunk_size must be in [1, {MAX_CHUNK}], got {self.chunk_size}")
         if self.snapshot_every < 1:
             problems.append(f"snapshot_every must be >= 1, got {self.snapshot_every}")
+        problems += _byte_problems(self)
         if problems:
             raise DedupConfigError("invalid dedup settings: " + "; ".join(problems))
 
@@ -118,6 +138,11 @@ class DedupConfig:
         )
 
     @property
+    def delivery(self) -> Budget:
+        """What one delivery to a sink may hold."""
+        return Budget(self.delivery_records, self.delivery_bytes)
+
+    @property
     def live_generations(self) -> int:
         """How many generations an ID is checked against, at most."""
         return -(-self.horizon_ms // self.bucket_ms) + EXTRA_GENERATIONS
@@ -126,3 +151,18 @@ class DedupConfig:
     def filter_error(self) -> float:
         """Each filter's false-positive rate, so a check across every live one meets the target."""
         return self.bloom_error / self.live_generations
+
+
+def _byte_problems(config: DedupConfig) -> list[str]:
+    """What is wrong with the byte budgets (an empty list: nothing)."""
+    problems = []
+    if not MIN_BYTES <= config.chunk_bytes <= MAX_CHUNK_BYTES:
+        problems.append(
+            f"chunk_bytes must be in [{MIN_BYTES}, {MAX_CHUNK_BYTES}] (Redis refuses one "
+            f"argument over 512 MB by default), got {config.chunk_bytes}"
+        )
+    if config.delivery_records < 1:
+        problems.append(f"delivery_records must be >= 1, got {config.delivery_records}")
+    if config.delivery_bytes < MIN_BYTES:
+        problems.append(f"delivery_bytes must be >= {MIN_BYTES}, got {config.delivery_bytes}")
+    return problems

@@ -142,6 +142,8 @@ class ExactlyOnceGuard:
         self.wait_timeout_ms = factory.wait_timeout_ms
         self.waitaof = factory.waitaof
         self.chunk_size = factory.config.chunk_size
+        self.chunk_bytes = factory.config.chunk_bytes
+        self.delivery = factory.config.delivery
         self.params = params
         self.limit_ms: int | None = params.limit_ms
         self.watermark: int | None = params.watermark
@@ -236,13 +238,15 @@ class ExactlyOnceGuard:
     def raise_floor(self, floor_ms: int) -> None:
         """GC deleted seen-IDs of records older than ``floor_ms``: they are late from now on.
 
-        The chunk whose commit said so is admitted again (its first admission is not
-        counted); see :class:`~onceflow.dedup.commit.FloorRaised`.
+        See :class:`~onceflow.dedup.commit.FloorRaised`. Late is per bucket, as admission
+        decides it: the floor's bucket is the first one admitted.
         """
         s = self.session
-        s.uncount(self._admitted_counts)
-        self._admitted_counts = {}
         s.floor = max(s.floor, -(-floor_ms // self.config.bucket_ms))
+
+    def is_late(self, ts: int) -> bool:
+        """Whether a record of event time ``ts`` is older than the dedup floor."""
+        return ts // self.config.bucket_ms < self.session.floor
 
     def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:
         """Current accumulators of ``keys`` for a stateful combine of this partition."""

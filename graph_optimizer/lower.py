@@ -15,6 +15,7 @@ from typing import Any
 from onceflow.graph_optimizer.fingerprint import fingerprint, layout
 from onceflow.graph_optimizer.ir import Combine, Exchange, FlatMap, Sink, Source
 from onceflow.graph_optimizer.plan import Plan, Stage, Via
+from onceflow.kernel.limits import RECORD_BYTES
 from onceflow.runtime.spec import (
     DEAD_LETTERS,
     InboundSpec,
@@ -33,7 +34,7 @@ def lower(
     plan: Plan,
     *,
     on_error: str = "dead_letter",
-    max_record_bytes: int = 1 << 20,
+    max_record_bytes: int = RECORD_BYTES,
     dead_letters: Any = None,
     dedup: Any = None,
     event_time: Any = None,
@@ -69,7 +70,7 @@ def stage_spec(
     producers: dict[str, StageSpec],
     *,
     on_error: str = "dead_letter",
-    max_record_bytes: int = 1 << 20,
+    max_record_bytes: int = RECORD_BYTES,
 ) -> StageSpec:
     """Describe ``stage`` of ``plan`` for the workers (``producers``: specs lowered so far)."""
     graph = plan.graph

@@ -67,6 +67,9 @@ class Record(NamedTuple):
     it, never through another task or batch, so the task's backup is all the memory of it
     that dedup needs (see :mod:`onceflow.dedup.admission`). A position ID of a source that
     cannot promise this is not ``positional``.
+
+    ``size``: the bytes the record was read from (key and value), which chunks are cut by and
+    ``max_record_bytes`` is checked against (0: the source cannot say).
     """
 
     id: bytes
@@ -75,6 +78,7 @@ class Record(NamedTuple):
     lane: str | None = None
     offset: int | None = None
     positional: bool = False
+    size: int = 0
 
 
 class Output(NamedTuple):
@@ -109,8 +113,14 @@ class DeadLetter:
     code: str = "error"
     lost: int = 1
 
-    def to_element(self) -> dict[str, Any]:
-        """The dead letter as a plain, JSON-friendly element (what dead-letter sinks write)."""
+    def to_element(self, payload_limit: int = 0) -> dict[str, Any]:
+        """The dead letter as a plain, JSON-friendly element (what dead-letter sinks write).
+
+        ``payload_limit`` (0: none) caps the payload it carries (``raw`` in bytes, ``value`` in
+        characters): a letter for a record too large to process must not be as large itself
+        (it is backed up in Redis and written to a sink like any output). A cut payload says
+        its full size in ``raw_bytes`` or ``value_chars``; ``origin`` says where the record is.
+        """
         out: dict[str, Any] = {
             "stage": self.stage,
             "error": self.error,
@@ -122,10 +132,20 @@ class DeadLetter:
         if self.lost != 1:
             out["lost"] = self.lost
         if self.raw is not None:
-            out["raw_b64"] = base64.b64encode(self.raw).decode()
+            raw = self.raw[:payload_limit] if payload_limit > 0 else self.raw
+            out["raw_b64"] = base64.b64encode(raw).decode()
+            if len(raw) < len(self.raw):
+                out["raw_bytes"] = len(self.raw)
         if self.value is not None:
-            out["value"] = self.value
+            value = self.value[:payload_limit] if payload_limit > 0 else self.value
+            out["value"] = value
+            if len(value) < len(self.value):
+                out["value_chars"] = len(self.value)
         return out
+
+    def payload_size(self) -> int:
+        """The bytes (or characters) of payload the letter carries, before any cap."""
+        return len(self.raw or b"") + len(self.value or "")
 
 
 @dataclass

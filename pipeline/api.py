@@ -33,6 +33,7 @@ from onceflow.graph_optimizer.optimizer import RULES, optimize
 from onceflow.kernel.durations import parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
+from onceflow.kernel.limits import RECORD_BYTES
 from onceflow.kernel.windows import Trigger, WindowFn, Windowing, windowing
 from onceflow.pipeline.combiners import ToList, resolve
 from onceflow.pipeline.errors import PipelineError
@@ -84,7 +85,7 @@ class Pipeline:
         *,
         dead_letters: SinkConnector | None = None,
         on_error: str = "dead_letter",
-        max_record_bytes: int = 1 << 20,
+        max_record_bytes: int = RECORD_BYTES,
         dedup: DedupConfig | None = None,
         event_time: EventTime | None = None,
     ) -> None:
@@ -100,11 +101,19 @@ class Pipeline:
         if max_record_bytes <= 0:
             msg = f"max_record_bytes must be positive, got {max_record_bytes}"
             raise PipelineError(msg)
+        dedup = dedup or DedupConfig()
+        if dedup.chunk_bytes < max_record_bytes:
+            msg = (
+                f"DedupConfig.chunk_bytes ({dedup.chunk_bytes}) is below max_record_bytes "
+                f"({max_record_bytes}): a record of the largest size allowed could not be "
+                "committed; raise chunk_bytes or lower max_record_bytes"
+            )
+            raise PipelineError(msg)
         self.name = name
         self.dead_letters = dead_letters
         self.on_error = on_error
         self.max_record_bytes = max_record_bytes
-        self.dedup = dedup or DedupConfig()
+        self.dedup = dedup
         self.event_time = event_time or EventTime()
         self._nodes: dict[str, Node] = {}
 

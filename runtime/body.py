@@ -70,6 +70,14 @@ def portable(value: Any, limit: int = 1 << 20) -> str:
         return describe(value, limit)
 
 
+def too_large(limit: int) -> str:
+    """The end of every reason a record too large to process gives."""
+    return (
+        f"the limit is {limit} bytes (Pipeline max_record_bytes): it is not processed; "
+        "raise max_record_bytes, or make records smaller"
+    )
+
+
 def error_text(exc: BaseException) -> str:
     """``Type: message`` plus the innermost user frame, for dead letters."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -600,7 +608,7 @@ class StageBody:
                 rid = deriver.child(parent, n)
             try:
                 if dead:
-                    key, value = None, codec.encode(elem.to_element())
+                    key, value = None, codec.encode(elem.to_element(limit))
                 elif keyed:
                     k, v = elem
                     key, value = codec.encode(k), codec.encode(v)
@@ -609,11 +617,23 @@ class StageBody:
             except (CodecError, TypeError, ValueError) as exc:
                 self._boundary_dead(target, parent, ts, elem, exc, dead)
                 continue
-            if len(value) > limit and not dead:  # a dead letter is never dropped for size
-                too_big = CodecError(f"encoded value is {len(value)} bytes; the limit is {limit}")
-                self._boundary_dead(target, parent, ts, elem, too_big, dead)
+            size = len(value) + (len(key) if key is not None else 0)
+            if size > limit and not dead:  # a dead letter is never dropped (its payload is cut)
+                self._too_large(target, parent, ts, elem, size, limit)
                 continue
             outputs.append(Output(index, rid, ts, key, value))
+
+    def _too_large(
+        self, target: TargetSpec, parent: bytes, ts: int, elem: Any, size: int, limit: int
+    ) -> None:
+        """An output over ``max_record_bytes``: a dead letter of its input (or a stop)."""
+        reason = f"an output for {target.name!r} is {size} bytes encoded; {too_large(limit)}"
+        if self.spec.on_error == "fail":
+            raise StageFailure(reason)
+        letter = DeadLetter(
+            parent, ts, target.name, reason, self._origin(), None, describe(elem), "too_large"
+        )
+        self.dead(letter)
 
     def _boundary_dead(
         self, target: TargetSpec, parent: bytes, ts: int, elem: Any, exc: Exception, dead: bool

@@ -20,6 +20,7 @@ from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import PendingDelivery, SinkState
 from onceflow.dedup.state import due_timers, read_state, write_state
+from onceflow.kernel.limits import CHUNK_BYTES, DELIVERY_BYTES, DELIVERY_RECORDS, Budget
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.scripts import scripts_for
@@ -33,7 +34,9 @@ class Guard(Protocol):
     """The per-task hooks that make a stage exactly-once (or not)."""
 
     mode: Guarantee
-    chunk_size: int
+    chunk_size: int  # records per chunk (0: whole Arrow batches)
+    chunk_bytes: int  # bytes per chunk, of its inputs and again of what it writes
+    delivery: Budget  # sink records held and delivered together
     limit_ms: int | None  # the newest event time admitted, if there is a limit
     watermark: int | None  # the micro-batch's watermark (None: bounded, nothing is late)
     batch_time_ms: int | None  # the micro-batch's time (processing-time triggers, ttl)
@@ -79,6 +82,10 @@ class Guard(Protocol):
 
     def raise_floor(self, floor_ms: int) -> None:
         """Records older than ``floor_ms`` are late from now on (GC deleted their history)."""
+        ...
+
+    def is_late(self, ts: int) -> bool:
+        """Whether a record of event time ``ts`` is older than the dedup floor."""
         ...
 
     def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
@@ -152,6 +159,8 @@ class NoGuard:
 
     mode = Guarantee.BOUNDED
     chunk_size = 0  # whole Arrow batches
+    chunk_bytes = CHUNK_BYTES
+    delivery = Budget(DELIVERY_RECORDS, DELIVERY_BYTES)
     limit_ms: int | None = None
     watermark: int | None = None
     batch_time_ms: int | None = None
@@ -186,6 +195,10 @@ class NoGuard:
 
     def raise_floor(self, floor_ms: int) -> None:
         """No dedup history: nothing is late."""
+
+    def is_late(self, ts: int) -> bool:
+        """No dedup history: nothing is late."""
+        return False
 
     def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
         """Nothing to store."""
@@ -262,6 +275,8 @@ class AtLeastOnceGuard(NoGuard):
 
     def __init__(self, factory: AtLeastOnceGuards, task: TaskRef) -> None:
         self.chunk_size = max(factory.config.chunk_size, AT_LEAST_ONCE_MIN_CHUNK)
+        self.chunk_bytes = factory.config.chunk_bytes
+        self.delivery = factory.config.delivery
         self.ks = Scopes(factory.namespace, factory.scoped).keyspace(task.stage, task.partition)
         self.client = redis_client(factory.redis, self.ks.tag)
         self.partition = task.partition

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.limits import ARROW_BATCH_BYTES, ARROW_BATCH_ROWS
 from onceflow.runtime.jvm import FAST_JVM, driver_options, spark_home_without_zips
 from onceflow.runtime.jvm_stderr import filtered_stderr
 
@@ -45,7 +46,6 @@ REQUIRED_SQL_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
 SPECULATION = "spark.speculation"
-ARROW_BATCH_ROWS = 10_000
 LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 log = logging.getLogger(__name__)
 LOG_FILE_PROPERTY = "onceflow.log.file"
@@ -131,6 +131,7 @@ def spark_session(
         .config(SPECULATION, "false")
         .config("spark.driver.extraJavaOptions", _driver_java_options(path, log_level))
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
+        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(ARROW_BATCH_BYTES))
     )
     from onceflow.runtime.faults import executor_conf
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from onceflow.kernel.limits import RECORD_BYTES
 from onceflow.kernel.windows import Windowing
 from onceflow.runtime.combine_fn import CombineFn
 
@@ -120,7 +121,7 @@ class StageSpec:
     source_connector: Any = None
     exchange: bool = False  # inputs are repartitioned by key before the stage runs
     on_error: str = "dead_letter"
-    max_record_bytes: int = 1 << 20
+    max_record_bytes: int = RECORD_BYTES
 
     @property
     def dead_target(self) -> int:

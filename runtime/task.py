@@ -11,9 +11,14 @@ The loop is the same for every guarantee; a *guard* decides what it costs:
    without them.
 3. Outputs leave: rows for other stages go back to Spark; sink records are held and
    delivered together (``undelivered`` filters what an earlier attempt delivered,
-   ``delivered`` marks them) once :data:`DELIVERY_RECORDS` of a sink are held, and at the end
-   of the task. Held records are already backed up: a crash before their delivery replays
-   them from the backup, so holding them changes when they become visible, not whether.
+   ``delivered`` marks them) once a delivery's worth of a sink is held (the guard's
+   ``delivery`` budget, by records and by bytes), and at the end of the task. Held records
+   are already backed up: a crash before their delivery replays them from the backup, so
+   holding them changes when they become visible, not whether.
+
+Every unit is bounded by bytes as well as by count (:mod:`onceflow.kernel.limits`): chunks
+(:mod:`~onceflow.runtime.chunking`, and again by what a chunk writes), deliveries, the Arrow
+batches handed back to Spark and the slices a source's records are decoded in.
 4. ``finish`` commits the end-of-task outputs (combine results) and marks the task done;
    what is still held is delivered.
 
@@ -24,7 +29,7 @@ exactly-once guard is :mod:`onceflow.dedup.guard`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.connectors.base import (
@@ -40,8 +45,10 @@ from onceflow.dedup.commit import FloorRaised
 from onceflow.dedup.delivery import NO_MARKER
 from onceflow.dedup.errors import FencedError
 from onceflow.kernel import codec
-from onceflow.kernel.records import DeadLetter, InRow, Output, Record, TaskRef
-from onceflow.runtime.body import StageBody, portable
+from onceflow.kernel.limits import SOURCE_SLICE_RECORDS, Budget, outputs_bytes, split_outputs
+from onceflow.kernel.records import DeadLetter, InRow, Output, Record, StateWrite, TaskRef
+from onceflow.runtime.body import StageBody, StageFailure, describe, portable, too_large
+from onceflow.runtime.chunking import Chunker, Part
 from onceflow.runtime.errors import TASK_FAILURE_MARK, RuntimeFailure, TaskFailure
 from onceflow.runtime.faults import crashpoint
 from onceflow.runtime.guard import GuardFactory
@@ -52,20 +59,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 MAX_FAILURE_CHARS = 600
-# Sink records a task holds before it delivers them in one go (one transaction, one pending
-# delivery and one mark in Redis): delivering per chunk of 2,500 inputs made a stateless
-# pipeline's transactional sink cost ~40 Kafka transactions and ~120 Redis calls per 100k.
-DELIVERY_RECORDS = 20_000
 MAX_ORIGINS = 50_000  # source records whose origin a task remembers for error messages
-# Decoded source records handed on at a time (a source's Arrow batch may stand for a whole
-# offset range its task reads itself, see onceflow.connectors.kafka.datasource).
-SOURCE_SLICE = 5000
 # Event times below this many ms (September 2001) are taken to be seconds by mistake.
 SECONDS_NOT_MS = 1_000_000_000_000
 ROW_SCHEMA = "id binary, ts long, key binary, value binary, port int"
 ROW_COLUMNS = ("id", "ts", "key", "value", "port")
-# A source's decoded rows: the rows, each one's lane, and whether each one's ID is positional.
-SourceRows = tuple[list[InRow], list["str | None"], list[bool]]
 
 
 # Spark local property holding a streaming micro-batch's guard parameters (JSON), read by
@@ -163,6 +161,8 @@ class TaskRun:
         )
         self.writers: dict[int, Any] = {}
         self.held: dict[int, list[Output]] = {}  # sink target -> outputs not yet delivered
+        self.held_bytes: dict[int, int] = {}  # sink target -> what its held outputs weigh
+        self.letter_bytes = 0  # payload of dead letters made while decoding, not yet committed
         self.counters: dict[str, int] = {}
         self.closed = False
         self.origins: dict[bytes, str] = {}  # source records of the current input batch
@@ -210,15 +210,11 @@ class TaskRun:
             return
         chunk_no = replay.next_chunk
         for rows, lanes, positional in self.chunks(batches):
-            outputs = self.process_chunk(chunk_no, rows, lanes, positional)
-            chunk_no += 1
+            outputs, chunk_no = self.process_chunk(chunk_no, rows, lanes, positional)
             yield from self.emit(outputs)
         self.close_counts()
         changes = self.body.flush_end(self.guard.read_state, self.guard.due_timers)
-        outputs = self.body.take()
-        crashpoint("before_finish", self.spec.name, self.batch, self.partition, self.attempt)
-        self.guard.finish(outputs, changes)
-        crashpoint("after_finish", self.spec.name, self.batch, self.partition, self.attempt)
+        outputs = self.finish(chunk_no, self.body.take(), changes, {o.id for o in sent})
         yield from self.emit(outputs)
         yield from self.release()
         yield from self.flush_sinks()
@@ -230,17 +226,21 @@ class TaskRun:
         rows: list[InRow],
         lanes: Mapping[str, int],
         positional: Sequence[bool] = (),
-    ) -> list[Output]:
-        """Admit, run and commit one chunk.
+    ) -> tuple[list[Output], int]:
+        """Admit, run and commit one chunk; return its outputs and the next chunk's number.
 
         ``lanes``: the newest admissible event time per source lane among the chunk's rows;
         ``positional``: per row, whether its ID is a positional one (empty: none is, see
-        :class:`~onceflow.kernel.records.Record`).
+        :class:`~onceflow.kernel.records.Record`). A chunk whose writes pass the chunk's
+        bytes is committed in parts, each numbered as a chunk of its own.
         """
         # Dead letters of records that failed to decode before the chunk was formed: they
         # leave with the chunk's first commit, whatever has to be redone.
         carried = self.body.take()
-        admission, outputs = self._attempt_chunk(chunk_no, rows, carried, lanes, positional)
+        self.letter_bytes = 0
+        admission, outputs, chunk_no = self._attempt_chunk(
+            chunk_no, rows, carried, lanes, positional
+        )
         self.count("in", len(rows))
         if admission.duplicates:
             self.count("duplicates_dropped", admission.duplicates)
@@ -250,6 +250,35 @@ class TaskRun:
             self.count("late", len(admission.late))
         if admission.ahead:
             self.count("ahead", len(admission.ahead))
+        return outputs, chunk_no
+
+    def finish(
+        self,
+        chunk_no: int,
+        outputs: list[Output],
+        changes: Mapping[str, StateWrite],
+        replayed: Collection[bytes],
+    ) -> list[Output]:
+        """Commit the end-of-task outputs with their state changes, mark the task done.
+
+        Outputs beyond one chunk's bytes go first, in commits of their own numbered on as
+        chunks; the last part goes with the state changes and the done marker (the guard's
+        ``finish``). An attempt that died between those commits left some in its backup: they
+        were replayed when this one opened (``replayed``: their IDs), and as end-of-task
+        outputs are the same again (their IDs derive from keys, windows and the batch, their
+        values from state only the done step changes) they are neither stored nor sent twice.
+        Returns the outputs to send on.
+        """
+        if replayed:
+            outputs = [o for o in outputs if o.id not in replayed]
+        parts = list(split_outputs(outputs, Budget(0, self.guard.chunk_bytes))) or [[]]
+        for part in parts[:-1]:
+            self.guard.commit(chunk_no, [], part, {}, {})
+            chunk_no += 1
+            crashpoint("after_commit", self.spec.name, self.batch, self.partition, self.attempt)
+        crashpoint("before_finish", self.spec.name, self.batch, self.partition, self.attempt)
+        self.guard.finish(parts[-1], changes)
+        crashpoint("after_finish", self.spec.name, self.batch, self.partition, self.attempt)
         return outputs
 
     def close_counts(self) -> None:
@@ -266,36 +295,12 @@ class TaskRun:
         carried: list[Output],
         lanes: Mapping[str, int],
         positional: Sequence[bool] = (),
-    ) -> tuple[Admission, list[Output]]:
-        """Admit, run and commit one chunk; admit it again if GC raised its floor meanwhile.
-
-        GC deletes the seen-IDs of records older than its floor; one that did so while the
-        batch ran makes the commit refuse a chunk holding such records (nothing is written),
-        and the chunk is admitted again with the floor, where they are late.
-        """
-        counts = self.body.counts()
-        while True:
-            try:
-                return self._commit_chunk(chunk_no, rows, carried, lanes, positional)
-            except FloorRaised as raised:
-                self.count("gc_floor_redos")
-                self.body.reset_chunk()
-                self.body.restore_counts(counts)
-                self.body.take()  # the dead letters of the refused admission: made again
-                self.guard.raise_floor(raised.floor_ms)
-
-    def _commit_chunk(
-        self,
-        chunk_no: int,
-        rows: list[InRow],
-        carried: list[Output],
-        lanes: Mapping[str, int],
-        positional: Sequence[bool] = (),
-    ) -> tuple[Admission, list[Output]]:
-        """Admit, run and commit one chunk, redoing it without conflicting records.
+    ) -> tuple[Admission, list[Output], int]:
+        """Admit a chunk, then run and commit it (in parts when its writes pass the budget).
 
         Dead letters of late and ahead records (and ``carried`` ones) are taken before the
-        loop: a redo re-runs only the fresh records, and must not lose them.
+        loop: they leave with the first part's commit, whatever has to be redone. Returns the
+        admission, the outputs committed and the number of the next chunk.
         """
         admission = self.guard.admit(rows, positional)
         for inbound, _rid, ts, kb, elem in admission.replayed:
@@ -305,18 +310,67 @@ class TaskRun:
             self._refuse(row, late_reason(row[2]), "late")
         for row in admission.ahead:
             self._refuse(row, ahead_reason(row[2], self.guard.limit_ms), "ahead")
-        fresh = admission.fresh
         before = carried + self.body.take()
-        counts = self.body.counts()
+        todo = admission.fresh
+        outputs: list[Output] = []
         while True:
-            self.body.run(fresh)
+            committed, todo = self._commit_part(chunk_no, todo, before, lanes, admission.unmarked)
+            outputs += committed
+            chunk_no += 1
+            if not todo:
+                return admission, outputs, chunk_no
+            before = []
+
+    def _commit_part(
+        self,
+        chunk_no: int,
+        fresh: list[InRow],
+        before: list[Output],
+        lanes: Mapping[str, int],
+        unmarked: Collection[bytes],
+    ) -> tuple[list[Output], list[InRow]]:
+        """Run and commit the first rows of ``fresh`` whose writes fit the chunk's bytes.
+
+        Returns the outputs committed and the rows left for the next part (the lanes go with
+        the last part). A commit that conflicts (records another task committed meanwhile) is
+        redone without them. A record whose outputs alone pass the budget becomes a dead
+        letter (``too_large``) and is committed as an input with the letter as its only
+        output, so that a retry replays it rather than run it again. A commit refused because
+        GC raised its floor meanwhile (:class:`FloorRaised`) is redone without the records
+        the floor makes late, which become dead letters as admission's late ones do.
+        """
+        counts = self.body.counts()
+        rest: list[InRow] = []
+        refused: dict[bytes, DeadLetter] = {}
+        while True:
+            self.body.run([r for r in fresh if r[1] not in refused] if refused else fresh)
+            for letter in refused.values():
+                self.body.dead(letter)
             updates = self.body.state_updates(self.guard.read_state)  # may fire late panes
-            outputs = before + self.body.take()
-            backup = outputs + self.body.partial_deltas() if self.guard.mode.ids else outputs
+            made = self.body.take()
+            deltas = self.body.partial_deltas() if self.guard.mode.ids else []
+            cut = self._cut_at(fresh, before, made + deltas, updates, refused)
+            if cut is not None:  # too much for one commit: fewer rows, or the one refused
+                self.body.reset_chunk()
+                self.body.restore_counts(counts)
+                if cut == 0:
+                    refused[fresh[0][1]] = self._too_large_letter(fresh[0], made + deltas)
+                else:
+                    fresh, rest = fresh[:cut], fresh[cut:] + rest
+                continue
+            outputs = before + made
             crashpoint("before_commit", self.spec.name, self.batch, self.partition, self.attempt)
-            conflicts = self.guard.commit(
-                chunk_no, fresh, backup, updates, lanes, admission.unmarked
-            )
+            try:
+                conflicts = self.guard.commit(
+                    chunk_no, fresh, outputs + deltas, updates, {} if rest else lanes, unmarked
+                )
+            except FloorRaised as raised:
+                self.body.reset_chunk()
+                self.body.restore_counts(counts)
+                fresh, letters = self._late_after_gc(raised.floor_ms, fresh, unmarked)
+                before = before + letters
+                counts = self.body.counts()
+                continue
             if not conflicts:
                 break
             self.count("commit_conflicts", len(conflicts))
@@ -324,51 +378,105 @@ class TaskRun:
             self.body.reset_chunk()
             self.body.restore_counts(counts)  # the redo counts its dead letters anew
             fresh = [r for r in fresh if r[1] not in conflicts]
+            refused = {rid: letter for rid, letter in refused.items() if rid not in conflicts}
         self.body.chunk_committed()
         crashpoint("after_commit", self.spec.name, self.batch, self.partition, self.attempt)
-        return admission, outputs
+        return outputs, rest
+
+    def _late_after_gc(
+        self, floor_ms: int, fresh: list[InRow], unmarked: Collection[bytes]
+    ) -> tuple[list[InRow], list[Output]]:
+        """GC deleted seen-IDs below ``floor_ms`` while the batch ran: those records are late.
+
+        Their copies' seen-marks may be gone, so they cannot be told from copies (rows without
+        seen-marks, ``unmarked`` position IDs, need none). Returns the rows left and the late
+        ones' dead letters.
+        """
+        self.guard.raise_floor(floor_ms)
+        late = [r for r in fresh if r[1] not in unmarked and self.guard.is_late(r[2])]
+        for row in late:
+            self._refuse(row, late_reason(row[2]), "late")
+        self.count("gc_floor_redos")
+        self.count("late", len(late))
+        self.guard.note("late", len(late))
+        gone = {r[1] for r in late}
+        return [r for r in fresh if r[1] not in gone], self.body.take()
+
+    def _cut_at(
+        self,
+        fresh: list[InRow],
+        before: list[Output],
+        written: list[Output],
+        updates: Mapping[str, StateWrite],
+        refused: Mapping[bytes, DeadLetter],
+    ) -> int | None:
+        """How many rows of ``fresh`` to keep so that the commit fits (None: all of them).
+
+        0 means the first row alone writes more than a commit may carry, a record too large to
+        process. Otherwise the estimate keeps the share of rows the budget has room for; if
+        that is still too much the next run cuts again.
+        """
+        budget = self.guard.chunk_bytes
+        if budget <= 0 or not fresh:
+            return None
+        out = outputs_bytes(written)
+        state = _state_bytes(updates)
+        carried = outputs_bytes(before) if before else 0
+        if out + state + carried <= budget:
+            return None
+        if len(fresh) > 1:
+            room = max(budget - carried, 0) / (out + state)
+            return min(len(fresh) - 1, max(1, int(len(fresh) * room)))
+        if out > budget and fresh[0][1] not in refused:
+            return 0
+        return None  # one row, within the budget but for carried letters or state: commit it
+
+    def _too_large_letter(self, row: InRow, written: list[Output]) -> DeadLetter:
+        """The dead letter of a record whose outputs together pass the chunk's bytes."""
+        reason = (
+            f"its outputs take {outputs_bytes(written)} bytes together, more than one commit "
+            f"may carry ({self.guard.chunk_bytes} bytes, DedupConfig.chunk_bytes): it is not "
+            "processed; raise chunk_bytes, or make the function's outputs smaller"
+        )
+        if self.spec.on_error == "fail":
+            raise StageFailure(reason)
+        self.count("too_large")
+        return self._letter(row, reason, "too_large")
 
     def _refuse(self, row: InRow, reason: str, code: str) -> None:
         """A record admission turned away becomes a dead letter (it is counted, not lost)."""
+        self.body.dead(self._letter(row, reason, code))
+
+    def _letter(self, row: InRow, reason: str, code: str) -> DeadLetter:
+        """A dead letter for an input row (where it was read, its value as JSON if it can)."""
         _inbound, rid, ts, _kb, elem = row
         origin = self.origins.get(rid) or (rid.hex() if rid else self.spec.name)
-        letter = DeadLetter(rid, ts, self.spec.name, reason, origin, None, portable(elem), code)
-        self.body.dead(letter)
+        return DeadLetter(rid, ts, self.spec.name, reason, origin, None, portable(elem), code)
 
     def chunks(
         self, batches: Iterator[pa.RecordBatch]
     ) -> Iterator[tuple[list[InRow], dict[str, int], list[bool]]]:
-        """Input rows in chunks of the guard's size (whole Arrow batches when it is 0).
+        """Input rows in chunks of the guard's records and bytes (:mod:`~.chunking`).
 
         Each chunk comes with the newest event time per source lane among its rows that are
         not too far ahead of the clock (nothing for stages that read other stages), with the
         lane heartbeats (:class:`LaneProgress`) decoded so far, and with which rows have
         positional IDs (an empty list for stages that read other stages); heartbeats after
-        the last row leave in a chunk of no rows.
+        the last row leave in a chunk of no rows, and so do dead letters made while decoding
+        once they weigh a chunk's bytes. Bounded runs (``chunk_size`` 0) cut chunks within
+        each Arrow batch, by bytes only.
         """
-        if self.spec.source:
-            parts: Iterator[SourceRows] = self.source_rows(batches)
-        else:
-            parts = ((rows, [], []) for rows in self.internal_rows(batches))
-        size = self.guard.chunk_size
-        if size <= 0:
-            for rows, lanes, positional in parts:
-                yield rows, self._lane_marks(rows, lanes), positional
-        else:
-            pending: list[InRow] = []
-            pending_lanes: list[str | None] = []
-            pending_positional: list[bool] = []
-            for rows, lanes, positional in parts:
-                pending.extend(rows)
-                pending_lanes.extend(lanes)
-                pending_positional.extend(positional)
-                while len(pending) >= size:
-                    marks = self._lane_marks(pending[:size], pending_lanes[:size])
-                    yield pending[:size], marks, pending_positional[:size]
-                    pending, pending_lanes = pending[size:], pending_lanes[size:]
-                    pending_positional = pending_positional[size:]
-            if pending:
-                yield pending, self._lane_marks(pending, pending_lanes), pending_positional
+        parts = self.source_rows(batches) if self.spec.source else self.internal_rows(batches)
+        whole_batches = self.guard.chunk_size <= 0
+        chunker = Chunker(Budget(max(self.guard.chunk_size, 0), self.guard.chunk_bytes))
+        for part in parts:
+            chunks = [*chunker.add(part), *chunker.flush()] if whole_batches else chunker.add(part)
+            for chunk in chunks:
+                yield chunk.rows, self._lane_marks(chunk.rows, chunk.lanes), chunk.positional
+            if self.letter_bytes >= self.guard.chunk_bytes or (whole_batches and not part.rows):
+                yield [], self._lane_marks([], []), []
+        for chunk in chunker.flush():
+            yield chunk.rows, self._lane_marks(chunk.rows, chunk.lanes), chunk.positional
         if self.progress:
             yield [], self._lane_marks([], []), []
 
@@ -399,27 +507,39 @@ class TaskRun:
         if ts > self.progress.get(beat.lane, ts - 1):
             self.progress[beat.lane] = ts
 
-    def source_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[SourceRows]:
-        """Decode a source's raw rows (with their lanes and whether their IDs are positional).
+    def source_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Part]:
+        """Decode a source's raw rows, in slices of at most a chunk's records and bytes.
 
-        Undecodable ones become dead letters.
+        A source's Arrow batch may stand for a whole offset range its task reads itself (see
+        :mod:`onceflow.connectors.kafka.datasource`): its records are handed on a slice at a
+        time, not all decoded first. Undecodable records, and records over
+        ``max_record_bytes`` (:meth:`_too_large_input`), become dead letters.
         """
         decoder = self.spec.source_connector.decoder(self.spec.source, self.guard.mode.ids)
         origins = self.origins
-        rows: list[InRow] = []
-        lanes: list[str | None] = []
-        positional: list[bool] = []
+        limit = self.spec.max_record_bytes
+        max_rows, max_bytes = SOURCE_SLICE_RECORDS, self.guard.chunk_bytes
+        part = Part([], [], [], [])
+        rows, lanes, positional, sizes = part
+        size = 0
         for batch in batches:
             for item in decoder(batch):
-                if len(rows) >= SOURCE_SLICE:  # a batch may stand for a whole offset range
-                    yield rows, lanes, positional
-                    rows, lanes, positional = [], [], []
+                if len(rows) >= max_rows or size >= max_bytes:
+                    yield part
+                    part = Part([], [], [], [])
+                    rows, lanes, positional, sizes = part
+                    size = 0
                     if len(origins) > MAX_ORIGINS:
                         origins.clear()
                 if isinstance(item, Record):
+                    if item.size > limit:
+                        self._too_large_input(item, limit)
+                        continue
                     rows.append((0, item.id, item.ts, None, item.elem))
                     lanes.append(item.lane)
                     positional.append(item.positional)
+                    sizes.append(item.size)
+                    size += item.size
                     if item.lane is not None:
                         origins[item.id] = f"{item.lane}@{item.offset}"
                 elif isinstance(item, LaneProgress):
@@ -429,12 +549,32 @@ class TaskRun:
                     self.count(item.code, item.lost)
                     self.guard.note(item.code, item.lost)
                     self.body.dead(item)
-            yield rows, lanes, positional
-            rows, lanes, positional = [], [], []
+                    weight = min(item.payload_size(), limit)
+                    self.letter_bytes += weight
+                    size += weight
+            yield part
+            part = Part([], [], [], [])
+            rows, lanes, positional, sizes = part
+            size = 0
             if len(origins) > MAX_ORIGINS:
                 origins.clear()
 
-    def internal_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[list[InRow]]:
+    def _too_large_input(self, rec: Record, limit: int) -> None:
+        """A source record over ``max_record_bytes`` is a dead letter, never processed.
+
+        The letter carries the start of the value only; its origin says where the record is.
+        """
+        origin = f"{rec.lane}@{rec.offset}" if rec.lane is not None else self.spec.name
+        reason = f"the record is {rec.size} bytes; {too_large(limit)}"
+        stage = self.spec.source or self.spec.name
+        letter = DeadLetter(
+            rec.id, rec.ts, stage, reason, origin, None, describe(rec.elem), "too_large"
+        )
+        self.count("too_large")
+        self.guard.note("too_large", 1)
+        self.body.dead(letter)
+
+    def internal_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Part]:
         """Decode rows written by another stage (port = this stage's inbound index)."""
         keyed = [i.keyed for i in self.spec.inbound]
         decode = codec.decode
@@ -446,45 +586,62 @@ class TaskRun:
                     rows.append((port, rid, ts, kb, (decode(kb), decode(value))))
                 else:
                     rows.append((port, rid, ts, None, decode(value)))
-            yield rows
+            yield Part(rows, [], [], _row_sizes(batch))
 
     # -- outputs -------------------------------------------------------------------------
 
     def emit(self, outputs: list[Output]) -> Iterator[pa.RecordBatch]:
         """Yield the rows other stages (or the driver) read; hold sink outputs.
 
-        A sink's held outputs are delivered once there are :data:`DELIVERY_RECORDS` of them
-        (and the rest by :meth:`release` at the end of the task).
+        Rows go back to Spark in Arrow batches of at most a chunk's bytes (a replay hands over
+        every chunk an earlier attempt committed at once). A sink's held outputs are delivered
+        once they fill the guard's ``delivery`` budget (and the rest by :meth:`release` at the
+        end of the task).
         """
         if not outputs:
             return
         targets = self.spec.targets
         rows: list[Output] = []
-        held = self.held
+        new: dict[int, list[Output]] = {}
         for out in outputs:
             if targets[out.target].is_row:
                 rows.append(out)
             else:
-                held.setdefault(out.target, []).append(out)
+                new.setdefault(out.target, []).append(out)
             self.count(f"out/{targets[out.target].name}")
-        full = [index for index, outs in held.items() if len(outs) >= DELIVERY_RECORDS]
+        for index, outs in new.items():
+            self.held.setdefault(index, []).extend(outs)
+            self.held_bytes[index] = self.held_bytes.get(index, 0) + outputs_bytes(outs)
+        budget = self.guard.delivery
+        full = [i for i, outs in self.held.items() if budget.full(len(outs), self.held_bytes[i])]
         rows += self._deliver_held(full)
+        yield from self.arrow_batches(rows)
+
+    def arrow_batches(self, rows: list[Output]) -> Iterator[pa.RecordBatch]:
+        """Rows as Arrow batches of at most a chunk's bytes (one oversized row alone)."""
         if rows:
-            yield to_arrow(rows)
+            for part in split_outputs(rows, Budget(0, self.guard.chunk_bytes)):
+                yield to_arrow(part)
 
     def release(self) -> Iterator[pa.RecordBatch]:
         """Deliver every sink output still held; yield dead letters that leave as rows."""
-        rows = self._deliver_held(list(self.held))
-        if rows:
-            yield to_arrow(rows)
+        yield from self.arrow_batches(self._deliver_held(list(self.held)))
 
     def _deliver_held(self, indexes: list[int]) -> list[Output]:
         """Deliver the held outputs of these sink targets; return dead letters as rows."""
         refused: list[Output] = []
         for index in indexes:
             outs = self.held.pop(index)
-            refused += self.deliver(self.spec.targets[index], outs)
+            self.held_bytes.pop(index, None)
+            refused += self.deliver_all(self.spec.targets[index], outs)
         return self.deliver_dead_letters(refused)
+
+    def deliver_all(self, target: TargetSpec, outputs: list[Output]) -> list[Output]:
+        """:meth:`deliver` in deliveries of at most the guard's ``delivery`` budget each."""
+        refused: list[Output] = []
+        for part in split_outputs(outputs, self.guard.delivery):
+            refused += self.deliver(target, part)
+        return refused
 
     def deliver(self, target: TargetSpec, outputs: list[Output]) -> list[Output]:
         """Write sink records that no attempt delivered yet; mark them once visible.
@@ -573,7 +730,7 @@ class TaskRun:
         dead = self.spec.targets[self.spec.dead_target]
         if dead.is_row:
             return letters
-        refused = self.deliver(dead, letters)
+        refused = self.deliver_all(dead, letters)
         if refused:
             msg = f"the dead-letter sink {dead.connector.describe()} refused a dead letter"
             raise ConnectorError(msg)
@@ -626,8 +783,7 @@ class TaskRun:
         rows = self.deliver_dead_letters(letters)
         for writer in self.writers.values():
             writer.flush()
-        if rows:
-            yield to_arrow(rows)
+        yield from self.arrow_batches(rows)
 
     def close(self, ok: bool) -> None:
         """Close (or, after a failure, abort) writers and the guard; collect counters."""
@@ -729,3 +885,23 @@ def _first_of_each_id(outputs: list[Output]) -> list[Output]:
     for o in outputs:
         first.setdefault(o.id, o)
     return outputs if len(first) == len(outputs) else list(first.values())
+
+
+def _row_sizes(batch: pa.RecordBatch) -> list[int]:
+    """What each row another stage wrote weighs: its key and value bytes."""
+    import pyarrow.compute as pc
+
+    values = pc.fill_null(pc.binary_length(batch.column("value")), 0)
+    keys = pc.fill_null(pc.binary_length(batch.column("key")), 0)
+    return pc.add(values, keys).to_pylist()  # type: ignore[no-any-return]
+
+
+def _state_bytes(updates: Mapping[str, StateWrite]) -> int:
+    """What a chunk's keyed-state writes weigh in its commit (keys, values and timers)."""
+    total = 0
+    for write in updates.values():
+        values = write.values
+        total += sum(map(len, values)) + sum(map(len, filter(None, values.values())))
+        for timers in write.timers.values():
+            total += sum(map(len, timers)) + 8 * len(timers)
+    return total

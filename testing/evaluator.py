@@ -142,6 +142,8 @@ class MemoryGuard(NoGuard):
         self.stage = task.stage
         self.partition = task.partition
         self.chunk_size = config.chunk_size
+        self.chunk_bytes = config.chunk_bytes
+        self.delivery = config.delivery
         self.bucket_ms = config.bucket_ms
         self.floor = clock.floor
         self.limit_ms: int | None = clock.limit_ms

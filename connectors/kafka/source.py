@@ -324,7 +324,8 @@ def _decode_one(
         error = f"no event time: {type(exc).__name__}: {exc}"
         raw_value = value or b""
         return DeadLetter(rid, kts, source, error, origin, raw_value, code="no_time")
-    return Record(rid, ts, elem, lane, offset, positional)
+    size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+    return Record(rid, ts, elem, lane, offset, positional, size)
 
 
 def _position(raw: RawRecord, with_ids: bool) -> bytes:

@@ -9,8 +9,9 @@ is set; event time from the ts field when TOTALS_TS_FIELD is set, else the Kafka
 Topics, the pipeline name and ``on_error`` (TOTALS_ON_ERROR) come from the environment;
 TOTALS_CLIENT (``python`` or ``confluent``) picks the Kafka client of the source and the sinks,
 TOTALS_PLAIN_SINK=1 writes the copy without Kafka transactions; TOTALS_HORIZON and
-TOTALS_CHUNK_SIZE set the dedup horizon and the records per atomic commit; TOTALS_SLOW_MS makes
-enrich take that long per record.
+TOTALS_CHUNK_SIZE set the dedup horizon and the records per atomic commit, TOTALS_CHUNK_BYTES and
+TOTALS_DELIVERY_BYTES the bytes per atomic commit and per delivery, TOTALS_MAX_RECORD_BYTES the
+pipeline's max_record_bytes; TOTALS_SLOW_MS makes enrich take that long per record.
 """
 
 import os
@@ -46,14 +47,19 @@ copy_transactional = os.environ.get("TOTALS_PLAIN_SINK") != "1"
 dedup_options = {}
 if "TOTALS_HORIZON" in os.environ:
     dedup_options["horizon"] = os.environ["TOTALS_HORIZON"]
-if "TOTALS_CHUNK_SIZE" in os.environ:
-    dedup_options["chunk_size"] = int(os.environ["TOTALS_CHUNK_SIZE"])
+for option in ("chunk_size", "chunk_bytes", "delivery_bytes"):
+    if f"TOTALS_{option.upper()}" in os.environ:
+        dedup_options[option] = int(os.environ[f"TOTALS_{option.upper()}"])
 dedup = DedupConfig.of(**dedup_options) if dedup_options else None
+limits = {}
+if "TOTALS_MAX_RECORD_BYTES" in os.environ:
+    limits["max_record_bytes"] = int(os.environ["TOTALS_MAX_RECORD_BYTES"])
 
 pipeline = Pipeline(
     os.environ["TOTALS_PIPELINE"],
     on_error=os.environ.get("TOTALS_ON_ERROR", "dead_letter"),
     dedup=dedup,
+    **limits,
 )
 enriched = pipeline.read("events", KafkaSource(os.environ["TOTALS_IN"], **source_options)).map(
     "enrich", enrich

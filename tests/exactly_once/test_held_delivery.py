@@ -1,5 +1,6 @@
 """A task holds its sink records and delivers them together: at the end of the task, or once
-``DELIVERY_RECORDS`` of a sink are held. Held records are backed up already, so an attempt
+``DedupConfig.delivery_records`` of a sink are held (or ``delivery_bytes``, see
+tests/runtime/test_byte_budgets.py). Held records are backed up already, so an attempt
 that dies holding them loses nothing: the retry replays them from the backup and delivers
 each once. Sinks are in-memory recorders of what became visible; dedup runs on a real Redis.
 """
@@ -7,12 +8,12 @@ each once. Sinks are in-memory recorders of what became visible; dedup runs on a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from onceflow.kernel import codec
 from onceflow.kernel.records import Output, TaskRef
-from onceflow.runtime import task as task_module
 from onceflow.runtime.task import TaskRun
 from tests.dedup.test_guard import _rows
 from tests.exactly_once.test_refused_records import Recorder, Transactional, _stage
@@ -77,18 +78,19 @@ def test_an_attempt_that_dies_holding_committed_records_loses_none_and_doubles_n
     assert _values(sink) == list(range(9))
 
 
-def test_a_sink_with_delivery_records_held_is_delivered_before_the_end(redis_server, monkeypatch):
-    monkeypatch.setattr(task_module, "DELIVERY_RECORDS", 4)
+def test_a_sink_with_delivery_records_held_is_delivered_before_the_end(redis_server):
     sink = Counted()
     spec, guards = _stage(redis_server, sink, Recorder())
+    guards = replace(guards, config=replace(guards.config, delivery_records=4))
     rows = _rows(9, 22)
     task = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 1))
     task.guard.open()
     _commit_chunks(task, [rows[:3], rows[3:6]])
     assert _values(sink) == list(range(6)), "six held (four or more): delivered at once"
+    assert sink.commits == 2, "in deliveries of at most four records"
     _commit_chunks(task, [rows[6:]], start=2)
-    assert sink.commits == 1, "three held: not yet"
+    assert sink.commits == 2, "three held: not yet"
     list(task.release())
     task.close(True)
     assert _values(sink) == list(range(9))
-    assert sink.commits == 2
+    assert sink.commits == 3

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -29,11 +30,11 @@ from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import NEW_LAYOUT, Keyspace
+from onceflow.kernel.limits import DELIVERY_RECORDS
 from onceflow.kernel.records import Output, TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.pipeline import Pipeline
-from onceflow.runtime import task as task_module
-from onceflow.runtime.task import DELIVERY_RECORDS, TaskRun
+from onceflow.runtime.task import TaskRun
 from tests.dedup.test_guard import TS, _rows
 
 pytestmark = pytest.mark.redis
@@ -248,8 +249,8 @@ def test_a_dead_letter_committed_by_an_attempt_that_died_is_delivered_once(
             list(first.run(iter([_raw_rows(values)])))
     first.close(False)
     assert not sink.visible and not dead.visible
-    monkeypatch.setattr(task_module, "DELIVERY_RECORDS", hold)
-    retry = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 2))
+    held = replace(guards, config=replace(guards.config, delivery_records=hold))
+    retry = TaskRun(spec, held, TaskRef(spec.name, 0, 0, 0, spec.sinks, 2))
     list(retry.run(iter([_raw_rows(values)])))
     retry.close(True)
     assert sorted(e["i"] for _id, e in sink.visible) == [0, 1, 3, 4]

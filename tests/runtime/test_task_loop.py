@@ -6,9 +6,10 @@ import pyarrow as pa
 
 from onceflow import Pipeline, sinks, sources
 from onceflow.connectors.errors import ConnectorError
+from onceflow.kernel.limits import SOURCE_SLICE_RECORDS as SOURCE_SLICE
 from onceflow.kernel.records import TaskRef
 from onceflow.runtime.guard import no_guard
-from onceflow.runtime.task import SOURCE_SLICE, TaskRun
+from onceflow.runtime.task import TaskRun
 
 
 def test_a_batch_standing_for_many_records_is_handed_on_in_slices():
@@ -21,9 +22,9 @@ def test_a_batch_standing_for_many_records_is_handed_on_in_slices():
     task = TaskRun(spec, no_guard, TaskRef(spec.name, 0, 0))
     one_split = pa.RecordBatch.from_pydict({"split": [0], "splits": [1]})
     slices = list(task.source_rows(iter([one_split])))
-    assert [len(rows) for rows, _lanes, _pos in slices] == [SOURCE_SLICE, SOURCE_SLICE, 123]
-    assert [r[4] for rows, _l, _p in slices for r in rows] == list(range(total))
-    assert all(len(lanes) == len(rows) == len(pos) for rows, lanes, pos in slices)
+    assert [len(s.rows) for s in slices] == [SOURCE_SLICE, SOURCE_SLICE, 123]
+    assert [r[4] for s in slices for r in s.rows] == list(range(total))
+    assert all(len(s.lanes) == len(s.rows) == len(s.positional) for s in slices)
 
 
 def test_a_failure_names_the_record_only_when_it_is_not_a_connectors_failure():
