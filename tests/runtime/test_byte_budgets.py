@@ -236,3 +236,30 @@ def test_a_source_hands_on_its_records_in_slices_of_a_chunks_bytes():
     assert len(slices) > 1
     assert all(sum(s.sizes) < task.guard.chunk_bytes + largest for s in slices)
     assert Budget(0, task.guard.chunk_bytes).fits(1, largest)
+
+
+def test_records_gc_made_late_while_the_batch_ran_are_dead_letters_not_admitted(redis_server):
+    """GC raised its floor past some of a part's records after the batch fixed its params
+    (the commit check of ``tests/exactly_once/test_gc.py``): the task commits the rest and
+    turns those into late dead letters, whatever budget splits the chunk."""
+    from onceflow.kernel.keyspace import GC_FLOOR_FIELD
+
+    sink, dead = Recorder(), Recorder()
+    name = f"gc-late-{uuid.uuid4().hex[:8]}"
+    dedup = DedupConfig(chunk_bytes=BUDGET, bucket_ms=1)
+    p = Pipeline(name, dead_letters=dead, max_record_bytes=BUDGET, dedup=dedup)
+    source = KafkaSource("in", bootstrap_servers="127.0.0.1:1", id=lambda e: f"e{e['i']}")
+    p.read("events", source).map("same", lambda e: e).write("out", sink)
+    spec = p.job().stages[0].with_dead_letters(dead)
+    client = redis_server.client()
+    client.incr(Keyspace(name).epoch)
+    params = BatchParams(0, TS, TS, TS, 24 * 3_600_000, 0, 0, (0,), TS * 2)
+    guards = ExactlyOnceGuards(RedisSettings(redis_server.url), name, 1, p.dedup)
+    client.hset(Keyspace(name).gc, GC_FLOOR_FIELD, TS + 6)  # GC ran after the params
+    task = _attempt(spec, guards.for_batch(params), 1)
+    list(task.run(iter([_raw_rows(_values(10, 20 * KB))])))  # event times TS .. TS + 9
+    task.close(True)
+    assert _seen(sink) == [6, 7, 8, 9], "records GC's floor made late were admitted"
+    letters = [str(d) for d in dead.visible]
+    assert len(letters) == 6 and all("older than the dedup horizon" in t for t in letters)
+    assert task.counters[f"{spec.name}/late"] == 6
