@@ -15,6 +15,12 @@ and is committed without a seen-mark (:attr:`Admission.unmarked`). This is Beam'
 ``UnboundedSource.requiresDeduping()`` being false for a Kafka reader: the offsets in the
 checkpoint, not a record-ID memory, keep a source from being read twice.
 
+A source record whose ID was seen with *other content* (its fingerprint, a checksum of the
+key and value bytes read, differs from the one the seen-mark holds) is no copy: an upstream
+app copied one ID header onto several records, or an id function names an entity rather than
+an event. It is an *ID conflict* (:attr:`Admission.conflicts`), refused as a dead letter rather
+than dropped as a copy; a copy carries its original's bytes.
+
 A record an earlier attempt of this very task already committed is *replayed*: its effect
 (its key counts as touched) is not applied again. How it is recognised depends on the
 namespace's seen-ID layout (:mod:`onceflow.kernel.keyspace`): in layout 1 its seen-mark's
@@ -32,9 +38,10 @@ from onceflow.dedup.addressing import MAX_SCRIPT_KEYS, Addressing, KeyTable
 from onceflow.dedup.config import MAX_CHUNK
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver
+from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow
 
-FRESH, REPLAY, DUP, LATE, AHEAD = "fresh", "replay", "dup", "late", "ahead"
+FRESH, REPLAY, DUP, LATE, AHEAD, CONFLICT = "fresh", "replay", "dup", "late", "ahead", "conflict"
 _LOOKUP_SPARE_KEYS = 16
 
 
@@ -48,24 +55,29 @@ class Admission:
     duplicates: int = 0
     late: list[InRow] = field(default_factory=list)  # older than the dedup horizon
     ahead: list[InRow] = field(default_factory=list)  # further ahead of the clock than allowed
+    conflicts: list[InRow] = field(default_factory=list)  # seen ID, other content
+    prints: dict[bytes, int] = field(default_factory=dict)  # fresh ID -> content fingerprint
 
 
 def admit(
     session: TaskSession,
     rx: Receiver,
     addressing: Addressing,
-    admitted: set[bytes],
+    admitted: dict[bytes, int],
     rows: list[InRow],
     earlier: frozenset[bytes] = frozenset(),
     positional: Sequence[bool] = (),
+    prints: Sequence[int] = (),
 ) -> tuple[Admission, dict[str, int]]:
     """Decide every row of a chunk; return the admission and what to count for it.
 
-    ``admitted``: IDs this attempt committed; ``earlier``: those earlier attempts of the task
-    committed, by its backup (layout 2; empty in layout 1); ``positional``: per row, whether
-    its ID is positional (empty: none is).
+    ``admitted``: IDs this attempt committed, with their fingerprints; ``earlier``: those
+    earlier attempts of the task committed, by its backup (layout 2; empty in layout 1);
+    ``positional``: per row, whether its ID is positional (empty: none is); ``prints``: per
+    row, its content fingerprint (empty, or 0: unknown).
     """
-    decision, candidates = _triage(session, admitted, earlier, rows, positional)
+    fps = prints or [0] * len(rows)
+    decision, candidates = _triage(session, admitted, earlier, rows, positional, fps)
     maybes = maybe(session, rx, [rows[i][1] for i in candidates])
     asks = [i for i, m in zip(candidates, maybes, strict=True) if m]
     for i, m in zip(candidates, maybes, strict=True):
@@ -74,8 +86,12 @@ def admit(
     if asks:
         values = lookup(session, addressing, rx.name, [rows[i][1] for i in asks])
         for i, value in zip(asks, values, strict=True):
-            decision[i] = _settle(session, value)
+            decision[i] = _settle(session, value, fps[i])
     adm = _split(rows, decision)
+    if prints:
+        adm.prints = {
+            row[1]: fp for row, d, fp in zip(rows, decision, fps, strict=True) if d == FRESH
+        }
     if positional:
         adm.unmarked = {
             row[1] for row, d, p in zip(rows, decision, positional, strict=True) if p and d == FRESH
@@ -86,6 +102,7 @@ def admit(
         "duplicates": adm.duplicates,
         "late": len(adm.late),
         "ahead": len(adm.ahead),
+        "id_conflicts": len(adm.conflicts),
     }
     for name, n in counts.items():
         session.count(name, n)
@@ -94,21 +111,23 @@ def admit(
 
 def _triage(
     session: TaskSession,
-    admitted: set[bytes],
+    admitted: dict[bytes, int],
     earlier: frozenset[bytes],
     rows: list[InRow],
-    positional: Sequence[bool] = (),
+    positional: Sequence[bool],
+    prints: Sequence[int],
 ) -> tuple[list[str], list[int]]:
     """Decide at once what needs no filter; the rest are candidates.
 
-    Late, ahead, copies within the task, earlier attempts' inputs and positional IDs.
+    Late, ahead, copies (or ID conflicts) within the task, earlier attempts' inputs and
+    positional IDs.
     """
     bucket_ms = session.config.bucket_ms
     floor = session.floor
     limit = session.limit_ms
     decision = [""] * len(rows)
     candidates: list[int] = []
-    in_chunk: set[bytes] = set()
+    in_chunk: dict[bytes, int] = {}
     by_position = positional or [False] * len(rows)
     for i, row in enumerate(rows):
         rid, ts = row[1], row[2]
@@ -119,21 +138,24 @@ def _triage(
         elif by_position[i]:  # read once per task: only an earlier attempt can have it
             decision[i] = REPLAY if rid in earlier else FRESH
         elif rid in in_chunk or rid in admitted:
-            decision[i] = DUP
+            held = in_chunk[rid] if rid in in_chunk else admitted[rid]
+            decision[i] = DUP if not held or not prints[i] or held == prints[i] else CONFLICT
         elif rid in earlier:
             decision[i] = REPLAY
-            in_chunk.add(rid)
+            in_chunk[rid] = 0
         else:
-            in_chunk.add(rid)
+            in_chunk[rid] = prints[i]
             candidates.append(i)
     return decision, candidates
 
 
-def _settle(session: TaskSession, value: bytes | None) -> str:
-    """What a Redis answer means: unseen, committed by an earlier attempt, or a copy."""
+def _settle(session: TaskSession, value: bytes | None, fingerprint: int) -> str:
+    """What a Redis answer means: unseen, an earlier attempt's, a copy, or an ID conflict."""
     if value is None:
         return FRESH
-    return REPLAY if session.committed_by_earlier_attempt(value) else DUP
+    if session.committed_by_earlier_attempt(value):
+        return REPLAY
+    return DUP if same_content(value, fingerprint) else CONFLICT
 
 
 def _split(rows: list[InRow], decision: list[str]) -> Admission:
@@ -147,6 +169,8 @@ def _split(rows: list[InRow], decision: list[str]) -> Admission:
             adm.duplicates += 1
         elif d == LATE:
             adm.late.append(row)
+        elif d == CONFLICT:
+            adm.conflicts.append(row)
         else:
             adm.ahead.append(row)
     return adm

@@ -17,11 +17,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
+import numpy as np
+
 from onceflow.backup.store import chunk_args, inputs_args
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import state_args
 from onceflow.dedup.trust import journal_entry
+from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow, Output, StateWrite
 
 CONFLICT = b"conflict"
@@ -49,13 +52,19 @@ def commit_chunk(
     lanes: Mapping[str, int],
     batch_time_ms: int,
     unmarked: Collection[bytes] = frozenset(),
-) -> tuple[int, set[bytes]]:
-    """Commit one chunk; return the receiver's commit number (or 0) and the conflicting IDs.
+    prints: Mapping[bytes, int] | None = None,
+) -> tuple[int, set[bytes], set[bytes]]:
+    """Commit one chunk; return its commit number (or 0), its conflicts and ID conflicts.
 
+    The conflicting IDs were committed by another task meanwhile; those whose seen-mark
+    holds other content are ID conflicts, not copies.
     ``lanes`` maps each source lane the chunk read to its newest admitted event time.
     ``unmarked``: IDs of ``fresh`` that take no seen-mark (positional IDs, see
     :mod:`onceflow.dedup.admission`): they are kept among the task's inputs in its backup,
     and are neither marked, journaled for the Bloom filters nor checked for conflicts.
+    ``prints``: content fingerprints of source records, which their seen-marks hold
+    (:func:`~onceflow.kernel.keyspace.print_value`); without, the marks hold the session's
+    constant value.
     """
     ks, stage, partition = session.ks, session.stage, session.partition
     keys = KeyTable(
@@ -75,6 +84,10 @@ def commit_chunk(
     marked = [row for row in fresh if row[1] not in unmarked] if unmarked else fresh
     rids = [row[1] for row in marked] if unmarked else inputs_ids
     fields, runs, order = addressing.address_runs(stage, rids, session.generation, keys)
+    values = b""
+    if prints:  # in the fields' order; 4 bytes each (kernel.keyspace.print_value)
+        known = np.fromiter((prints.get(r, 0) for r in rids), dtype=">u4", count=len(rids))
+        values = known[order].tobytes()
     if session.marks_owner or not inputs_ids:
         inputs: tuple[str, bytes] = ("", b"")
     else:
@@ -100,6 +113,7 @@ def commit_chunk(
         max((row[2] for row in marked), default=0),
         min((row[2] for row in marked), default=0),
         *inputs,
+        values,
         *lane_args,
         *writes,
         *session.stat_args(),
@@ -111,8 +125,12 @@ def commit_chunk(
         raise FloorRaised(int(reply[1]))
     if reply[0] == CONFLICT:  # nothing was stored
         session.uncount({"committed": len(fresh), "out": sent})
-        conflicts = {rids[order[int(j) - 1]] for j in reply[1]}  # positions in shard order
-        session.count("duplicates", len(conflicts))
-        return 0, conflicts
+        positions = [rids[order[int(j) - 1]] for j in reply[1]]  # positions in shard order
+        conflicts = set(positions)
+        held = dict(zip(positions, reply[2], strict=True)) if len(reply) > 2 else {}
+        other = {r for r, v in held.items() if not same_content(v, (prints or {}).get(r, 0))}
+        session.count("duplicates", len(conflicts - other))
+        session.count("id_conflicts", len(other))
+        return 0, conflicts, other
     session.pending.clear()
-    return int(reply[1]), set()
+    return int(reply[1]), set(), set()

@@ -179,7 +179,9 @@ class ExactlyOnceGuard:
             }
         )
         self.delivered_ids: dict[int, set[bytes]] = {}  # what earlier attempts delivered
-        self.admitted: set[bytes] = set()  # inputs this attempt committed
+        self.admitted: dict[bytes, int] = {}  # inputs this attempt committed -> fingerprint
+        self.prints: dict[bytes, int] = {}  # fresh inputs admitted -> content fingerprint
+        self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts did (layout 2)
         self._admitted_counts: dict[str, int] = {}
 
@@ -216,14 +218,17 @@ class ExactlyOnceGuard:
         }
         return replay
 
-    def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
+    def admit(
+        self, rows: list[InRow], positional: Sequence[bool] = (), prints: Sequence[int] = ()
+    ) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
 
         Positional IDs are told apart only where the backup knows a task's inputs (seen-ID
-        layout 2 and later): in layout 1 they are checked and marked like any ID.
+        layout 2 and later): in layout 1 they are checked and marked like any ID, and its
+        seen-marks hold their owners, not content fingerprints (``prints``).
         """
         if self.session.marks_owner:
-            positional = ()
+            positional, prints = (), ()
         adm, self._admitted_counts = admit(
             self.session,
             self.stage,
@@ -232,7 +237,9 @@ class ExactlyOnceGuard:
             rows,
             self.earlier,
             positional,
+            prints,
         )
+        self.prints = adm.prints
         return adm
 
     def raise_floor(self, floor_ms: int) -> None:
@@ -272,7 +279,7 @@ class ExactlyOnceGuard:
         if not fresh and not outputs and not any(updates.values()) and not lanes:
             return set()
         s = self.session
-        seq, conflicts = commit_chunk(
+        seq, conflicts, self.other_content = commit_chunk(
             s,
             self.addressing,
             chunk,
@@ -282,16 +289,21 @@ class ExactlyOnceGuard:
             lanes,
             self.params.time_ms,
             unmarked,
+            self.prints,
         )
         if conflicts:
             return conflicts
         if seq > 0:
             self.stage.committed(seq)
-        if unmarked:  # positional IDs cannot come again in this attempt: no need to remember
-            self.admitted.update(row[1] for row in fresh if row[1] not in unmarked)
-        else:
-            self.admitted.update(row[1] for row in fresh)
+        prints = self.prints
+        for row in fresh:  # positional IDs cannot come again in this attempt: not remembered
+            if row[1] not in unmarked:
+                self.admitted[row[1]] = prints.get(row[1], 0)
         return set()
+
+    def conflicting_content(self) -> set[bytes]:
+        """IDs among the last commit's conflicts whose seen-mark holds other content."""
+        return self.other_content
 
     def due_timers(self, node: str, watermark: int, now: int) -> list[bytes]:
         """Keys of a windowed combine of this partition with a timer due."""

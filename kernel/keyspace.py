@@ -365,6 +365,28 @@ DELIVERY_LOG_LAYOUT = 3
 NEW_LAYOUT = DELIVERY_LOG_LAYOUT  # what a namespace created now gets
 LAYOUTS = (OWNER_LAYOUT, COMPACT_LAYOUT, DELIVERY_LOG_LAYOUT)
 SEEN_MARK = b"1"  # layout 2's value (not empty: a lookup takes a falsy answer for "unseen")
+PRINT_BYTES = 4  # a seen-mark that holds its record's content fingerprint instead (sources)
+
+
+_NO_PRINT = bytes(PRINT_BYTES)
+
+
+def print_value(fingerprint: int) -> bytes:
+    """The seen-mark value of a source record with this content fingerprint (0: unknown)."""
+    return fingerprint.to_bytes(PRINT_BYTES, "big")
+
+
+def same_content(held: bytes, fingerprint: int) -> bool:
+    """Whether a seen-mark's value can be the mark of a record with ``fingerprint``.
+
+    Marks that hold no fingerprint (layout 1's owners, the constant mark, a record without
+    one) say nothing against it: only two known, different fingerprints make an ID conflict.
+    """
+    if not fingerprint or len(held) != PRINT_BYTES or held == _NO_PRINT:
+        return True
+    return held == print_value(fingerprint)
+
+
 _PREFIX_BYTES = 2  # the first bytes of an ID, which pick its shard
 _PREFIXES = 1 << (8 * _PREFIX_BYTES)
 

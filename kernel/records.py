@@ -70,6 +70,11 @@ class Record(NamedTuple):
 
     ``size``: the bytes the record was read from (key and value), which chunks are cut by and
     ``max_record_bytes`` is checked against (0: the source cannot say).
+
+    ``fingerprint``: a checksum of what the source read (key and value bytes), 0 when unknown.
+    A copy of a record carries the same; another record under the same ID (an upstream app
+    that copied one ID header onto several records, an id function naming an entity rather
+    than an event) does not, and is refused as an ID conflict rather than dropped as a copy.
     """
 
     id: bytes
@@ -79,6 +84,7 @@ class Record(NamedTuple):
     offset: int | None = None
     positional: bool = False
     size: int = 0
+    fingerprint: int = 0
 
 
 class Output(NamedTuple):

@@ -154,10 +154,13 @@ end
 #       field, 6 outputs blob, 7 journal blob, 8 n ids, 9 seen fields blob (grouped by shard),
 #       10 shard runs blob (see _SEEN_FIELDS), 11 generation, 12 newest event time of the
 #       IDs, 13 oldest event time of the IDs, 14 inputs field, 15 input IDs blob ('': not
-#       kept), then l, l x (lane, newest event time, batch time), then the state and timers
-#       (see _WRITE_STATE), then s, s x (stat field, increment)
+#       kept), 16 the seen-marks' values, 4 bytes per field in the fields' order (source
+#       records' content fingerprints; '': every mark is ARGV[4]), then l, l x (lane, newest
+#       event time, batch time), then the state and timers (see _WRITE_STATE), then s, s x
+#       (stat field, increment)
 # Returns {'ok', seq}, {'conflict', positions (1-based, in the fields blob) of the IDs
-# already seen} (a conflict undoes the call's own writes), or {'floor', GC floor} when an ID
+# already seen, their marks' values} (a conflict undoes the call's own writes: the values
+# tell a copy from another record under the same ID), or {'floor', GC floor} when an ID
 # is older than what GC already deleted (its copies' seen-marks may be gone: the task takes
 # the floor and redoes the chunk, where such records are late; nothing was written).
 # The generation's newest event time is what GC keeps it by (see keyspace.generations).
@@ -173,9 +176,15 @@ if n > 0 then
   local gc_floor = tonumber(redis.call('HGET', KEYS[10], '@GC_FLOOR@') or '-1')
   if tonumber(ARGV[13]) < gc_floor then return {'floor', tostring(gc_floor)} end
 end
-local conflicts = {}
+local conflicts, held = {}, {}
+local values = ARGV[16]
 each_field(ARGV[9], n, ARGV[10], function(own, j, id)
-  if redis.call('HSETNX', own, id, ARGV[4]) == 0 then conflicts[#conflicts + 1] = j end
+  local value = ARGV[4]
+  if values ~= '' then value = string.sub(values, 4 * j - 3, 4 * j) end
+  if redis.call('HSETNX', own, id, value) == 0 then
+    conflicts[#conflicts + 1] = j
+    held[#held + 1] = redis.call('HGET', own, id)
+  end
 end)
 if #conflicts > 0 then
   local seen = {}
@@ -183,10 +192,10 @@ if #conflicts > 0 then
   each_field(ARGV[9], n, ARGV[10], function(own, j, id)
     if not seen[j] then redis.call('HDEL', own, id) end
   end)
-  return {'conflict', conflicts}
+  return {'conflict', conflicts, held}
 end
 if n > 0 then raise_generation(KEYS[7], ARGV[11], ARGV[12]) end
-local i = 16
+local i = 17
 local l = tonumber(ARGV[i])
 i = i + 1
 for j = 1, l do

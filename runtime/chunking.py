@@ -30,16 +30,17 @@ from onceflow.kernel.records import InRow
 
 
 class Part(NamedTuple):
-    """Input rows with, per row, its source lane, whether its ID is positional and its bytes.
+    """Input rows with, per row: its source lane, positional ID or not, bytes, fingerprint.
 
-    ``lanes`` and ``positional`` are empty for rows another stage wrote (no lanes, no
-    positional IDs).
+    See :class:`~onceflow.kernel.records.Record`. ``lanes``, ``positional`` and ``prints``
+    are empty for rows another stage wrote (no lanes, no positional IDs, no fingerprints).
     """
 
     rows: list[InRow]
     lanes: list[str | None]
     positional: list[bool]
     sizes: list[int]
+    prints: list[int]
 
 
 class Chunker:
@@ -51,6 +52,7 @@ class Chunker:
         self.lanes: list[str | None] = []
         self.positional: list[bool] = []
         self.sizes: list[int] = []
+        self.prints: list[int] = []
         self.size = 0
 
     def add(self, part: Part) -> Iterator[Part]:
@@ -59,6 +61,7 @@ class Chunker:
         self.lanes += part.lanes
         self.positional += part.positional
         self.sizes += part.sizes
+        self.prints += part.prints
         self.size += sum(part.sizes)
         while self.rows and self._must_cut():
             yield self._cut()
@@ -79,8 +82,11 @@ class Chunker:
         n = len(self.rows) if records <= 0 else min(len(self.rows), records)
         if size > 0 and self.size > size:
             n = max(1, bisect_right(list(accumulate(self.sizes[:n])), size))
-        chunk = Part(self.rows[:n], self.lanes[:n], self.positional[:n], self.sizes[:n])
+        chunk = Part(
+            self.rows[:n], self.lanes[:n], self.positional[:n], self.sizes[:n], self.prints[:n]
+        )
         self.rows, self.lanes = self.rows[n:], self.lanes[n:]
         self.positional, self.sizes = self.positional[n:], self.sizes[n:]
+        self.prints = self.prints[n:]
         self.size -= sum(chunk.sizes)
         return chunk

@@ -45,10 +45,13 @@ class Guard(Protocol):
         """Start the task; return what earlier attempts committed (replayed, not recomputed)."""
         ...
 
-    def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
+    def admit(
+        self, rows: list[InRow], positional: Sequence[bool] = (), prints: Sequence[int] = ()
+    ) -> Admission:
         """Split a chunk into fresh rows and rows to skip.
 
-        ``positional``: per row, whether its ID is positional (empty: none is; see
+        ``positional``: per row, whether its ID is positional (empty: none is); ``prints``:
+        per row, its content fingerprint (empty: none known; see
         :class:`~onceflow.kernel.records.Record`).
         """
         ...
@@ -82,6 +85,10 @@ class Guard(Protocol):
 
     def raise_floor(self, floor_ms: int) -> None:
         """Records older than ``floor_ms`` are late from now on (GC deleted their history)."""
+        ...
+
+    def conflicting_content(self) -> set[bytes]:
+        """IDs among the last commit's conflicts that another record with other content has."""
         ...
 
     def is_late(self, ts: int) -> bool:
@@ -169,7 +176,9 @@ class NoGuard:
         """Nothing was committed before."""
         return TaskBackup()
 
-    def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
+    def admit(
+        self, rows: list[InRow], positional: Sequence[bool] = (), prints: Sequence[int] = ()
+    ) -> Admission:
         """Everything is fresh."""
         return Admission(rows)
 
@@ -195,6 +204,10 @@ class NoGuard:
 
     def raise_floor(self, floor_ms: int) -> None:
         """No dedup history: nothing is late."""
+
+    def conflicting_content(self) -> set[bytes]:
+        """No dedup history: no conflicts."""
+        return set()
 
     def is_late(self, ts: int) -> bool:
         """No dedup history: nothing is late."""

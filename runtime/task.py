@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from onceflow.connectors.base import (
@@ -44,7 +45,7 @@ from onceflow.dedup.admission import Admission
 from onceflow.dedup.commit import FloorRaised
 from onceflow.dedup.delivery import NO_MARKER
 from onceflow.dedup.errors import FencedError
-from onceflow.kernel import codec
+from onceflow.kernel import codec, ids
 from onceflow.kernel.limits import SOURCE_SLICE_RECORDS, Budget, outputs_bytes, split_outputs
 from onceflow.kernel.records import DeadLetter, InRow, Output, Record, StateWrite, TaskRef
 from onceflow.runtime.body import StageBody, StageFailure, describe, portable, too_large
@@ -169,6 +170,7 @@ class TaskRun:
         self.body.origins = self.origins
         self.progress: dict[str, int] = {}  # lane heartbeats not yet sent with a chunk
         self.noted: dict[int, str] = {}  # sink target -> writer identity recorded in Redis
+        self.prints: dict[int, int] = {}  # id() of a row of the chunk -> its content fingerprint
 
     def failure_line(self, exc: BaseException) -> str:
         """One line for a person: which task failed, on which record, and why."""
@@ -209,8 +211,8 @@ class TaskRun:
             yield from self.flush_sinks()
             return
         chunk_no = replay.next_chunk
-        for rows, lanes, positional in self.chunks(batches):
-            outputs, chunk_no = self.process_chunk(chunk_no, rows, lanes, positional)
+        for rows, lanes, positional, prints in self.chunks(batches):
+            outputs, chunk_no = self.process_chunk(chunk_no, rows, lanes, positional, prints)
             yield from self.emit(outputs)
         self.close_counts()
         changes = self.body.flush_end(self.guard.read_state, self.guard.due_timers)
@@ -226,20 +228,23 @@ class TaskRun:
         rows: list[InRow],
         lanes: Mapping[str, int],
         positional: Sequence[bool] = (),
+        prints: Sequence[int] = (),
     ) -> tuple[list[Output], int]:
         """Admit, run and commit one chunk; return its outputs and the next chunk's number.
 
         ``lanes``: the newest admissible event time per source lane among the chunk's rows;
         ``positional``: per row, whether its ID is a positional one (empty: none is, see
-        :class:`~onceflow.kernel.records.Record`). A chunk whose writes pass the chunk's
-        bytes is committed in parts, each numbered as a chunk of its own.
+        :class:`~onceflow.kernel.records.Record`); ``prints``: per row, its content
+        fingerprint (empty: none known). A chunk whose writes pass the chunk's bytes is
+        committed in parts, each numbered as a chunk of its own.
         """
+        self.prints = {id(row): fp for row, fp in zip(rows, prints, strict=True)} if prints else {}
         # Dead letters of records that failed to decode before the chunk was formed: they
         # leave with the chunk's first commit, whatever has to be redone.
         carried = self.body.take()
         self.letter_bytes = 0
         admission, outputs, chunk_no = self._attempt_chunk(
-            chunk_no, rows, carried, lanes, positional
+            chunk_no, rows, carried, lanes, positional, prints
         )
         self.count("in", len(rows))
         if admission.duplicates:
@@ -250,6 +255,8 @@ class TaskRun:
             self.count("late", len(admission.late))
         if admission.ahead:
             self.count("ahead", len(admission.ahead))
+        if admission.conflicts:
+            self.count("id_conflicts", len(admission.conflicts))
         return outputs, chunk_no
 
     def finish(
@@ -295,14 +302,15 @@ class TaskRun:
         carried: list[Output],
         lanes: Mapping[str, int],
         positional: Sequence[bool] = (),
+        prints: Sequence[int] = (),
     ) -> tuple[Admission, list[Output], int]:
         """Admit a chunk, then run and commit it (in parts when its writes pass the budget).
 
-        Dead letters of late and ahead records (and ``carried`` ones) are taken before the
-        loop: they leave with the first part's commit, whatever has to be redone. Returns the
-        admission, the outputs committed and the number of the next chunk.
+        Dead letters of late, ahead and ID-conflicting records (and ``carried`` ones) are
+        taken before the loop: they leave with the first part's commit, whatever has to be
+        redone. Returns the admission, the outputs committed and the next chunk's number.
         """
-        admission = self.guard.admit(rows, positional)
+        admission = self.guard.admit(rows, positional, prints)
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
@@ -310,6 +318,8 @@ class TaskRun:
             self._refuse(row, late_reason(row[2]), "late")
         for row in admission.ahead:
             self._refuse(row, ahead_reason(row[2], self.guard.limit_ms), "ahead")
+        for row in admission.conflicts:
+            self._refuse_conflict(row)
         before = carried + self.body.take()
         todo = admission.fresh
         outputs: list[Output] = []
@@ -373,15 +383,26 @@ class TaskRun:
                 continue
             if not conflicts:
                 break
+            other = self.guard.conflicting_content()  # another record's ID, not a copy
             self.count("commit_conflicts", len(conflicts))
-            self.count("duplicates_dropped", len(conflicts))
+            self.count("duplicates_dropped", len(conflicts) - len(other))
             self.body.reset_chunk()
             self.body.restore_counts(counts)  # the redo counts its dead letters anew
+            if other:
+                before = before + self._conflict_letters([r for r in fresh if r[1] in other])
+                counts = self.body.counts()
             fresh = [r for r in fresh if r[1] not in conflicts]
             refused = {rid: letter for rid, letter in refused.items() if rid not in conflicts}
         self.body.chunk_committed()
         crashpoint("after_commit", self.spec.name, self.batch, self.partition, self.attempt)
         return outputs, rest
+
+    def _conflict_letters(self, rows: list[InRow]) -> list[Output]:
+        """Dead letters of rows another task committed an ID of, with other content."""
+        for row in rows:
+            self._refuse_conflict(row)
+        self.count("id_conflicts", len(rows))
+        return self.body.take()
 
     def _late_after_gc(
         self, floor_ms: int, fresh: list[InRow], unmarked: Collection[bytes]
@@ -447,6 +468,16 @@ class TaskRun:
         """A record admission turned away becomes a dead letter (it is counted, not lost)."""
         self.body.dead(self._letter(row, reason, code))
 
+    def _refuse_conflict(self, row: InRow) -> None:
+        """A record under an ID another record with other content has: a dead letter.
+
+        Its letter's ID derives from the ID and the content, so that several such records
+        (one ID header copied onto each) make several letters, and copies of one make one.
+        """
+        fp = self.prints.get(id(row), 0)
+        letter = self._letter(row, id_conflict_reason(row[1]), "id_conflict")
+        self.body.dead(replace(letter, id=ids.from_user_key(row[1] + fp.to_bytes(4, "big"))))
+
     def _letter(self, row: InRow, reason: str, code: str) -> DeadLetter:
         """A dead letter for an input row (where it was read, its value as JSON if it can)."""
         _inbound, rid, ts, _kb, elem = row
@@ -455,13 +486,14 @@ class TaskRun:
 
     def chunks(
         self, batches: Iterator[pa.RecordBatch]
-    ) -> Iterator[tuple[list[InRow], dict[str, int], list[bool]]]:
+    ) -> Iterator[tuple[list[InRow], dict[str, int], list[bool], list[int]]]:
         """Input rows in chunks of the guard's records and bytes (:mod:`~.chunking`).
 
         Each chunk comes with the newest event time per source lane among its rows that are
         not too far ahead of the clock (nothing for stages that read other stages), with the
-        lane heartbeats (:class:`LaneProgress`) decoded so far, and with which rows have
-        positional IDs (an empty list for stages that read other stages); heartbeats after
+        lane heartbeats (:class:`LaneProgress`) decoded so far, with which rows have
+        positional IDs and with their content fingerprints (empty lists for stages that read
+        other stages); heartbeats after
         the last row leave in a chunk of no rows, and so do dead letters made while decoding
         once they weigh a chunk's bytes. Bounded runs (``chunk_size`` 0) cut chunks within
         each Arrow batch, by bytes only.
@@ -472,13 +504,15 @@ class TaskRun:
         for part in parts:
             chunks = [*chunker.add(part), *chunker.flush()] if whole_batches else chunker.add(part)
             for chunk in chunks:
-                yield chunk.rows, self._lane_marks(chunk.rows, chunk.lanes), chunk.positional
+                marks = self._lane_marks(chunk.rows, chunk.lanes)
+                yield chunk.rows, marks, chunk.positional, chunk.prints
             if self.letter_bytes >= self.guard.chunk_bytes or (whole_batches and not part.rows):
-                yield [], self._lane_marks([], []), []
+                yield [], self._lane_marks([], []), [], []
         for chunk in chunker.flush():
-            yield chunk.rows, self._lane_marks(chunk.rows, chunk.lanes), chunk.positional
+            marks = self._lane_marks(chunk.rows, chunk.lanes)
+            yield chunk.rows, marks, chunk.positional, chunk.prints
         if self.progress:
-            yield [], self._lane_marks([], []), []
+            yield [], self._lane_marks([], []), [], []
 
     def _lane_marks(self, rows: list[InRow], lanes: list[str | None]) -> dict[str, int]:
         """Newest admissible event time per lane (rows too far ahead do not count).
@@ -519,15 +553,15 @@ class TaskRun:
         origins = self.origins
         limit = self.spec.max_record_bytes
         max_rows, max_bytes = SOURCE_SLICE_RECORDS, self.guard.chunk_bytes
-        part = Part([], [], [], [])
-        rows, lanes, positional, sizes = part
+        part = Part([], [], [], [], [])
+        rows, lanes, positional, sizes, prints = part
         size = 0
         for batch in batches:
             for item in decoder(batch):
                 if len(rows) >= max_rows or size >= max_bytes:
                     yield part
-                    part = Part([], [], [], [])
-                    rows, lanes, positional, sizes = part
+                    part = Part([], [], [], [], [])
+                    rows, lanes, positional, sizes, prints = part
                     size = 0
                     if len(origins) > MAX_ORIGINS:
                         origins.clear()
@@ -539,6 +573,7 @@ class TaskRun:
                     lanes.append(item.lane)
                     positional.append(item.positional)
                     sizes.append(item.size)
+                    prints.append(item.fingerprint)
                     size += item.size
                     if item.lane is not None:
                         origins[item.id] = f"{item.lane}@{item.offset}"
@@ -553,8 +588,8 @@ class TaskRun:
                     self.letter_bytes += weight
                     size += weight
             yield part
-            part = Part([], [], [], [])
-            rows, lanes, positional, sizes = part
+            part = Part([], [], [], [], [])
+            rows, lanes, positional, sizes, prints = part
             size = 0
             if len(origins) > MAX_ORIGINS:
                 origins.clear()
@@ -586,7 +621,7 @@ class TaskRun:
                     rows.append((port, rid, ts, kb, (decode(kb), decode(value))))
                 else:
                     rows.append((port, rid, ts, None, decode(value)))
-            yield Part(rows, [], [], _row_sizes(batch))
+            yield Part(rows, [], [], _row_sizes(batch), [])
 
     # -- outputs -------------------------------------------------------------------------
 
@@ -816,6 +851,17 @@ class TaskRun:
             return
         with contextlib.suppress(Exception):
             self.guard.note_writer(index, identity, begins=False)
+
+
+def id_conflict_reason(rid: bytes) -> str:
+    """Why a record under an ID another record with other content has is not processed."""
+    return (
+        f"record ID {rid.hex()} was already used by a record with other content (key and "
+        "value bytes): no copy, another record. An app between two pipelines may have copied "
+        "one onceflow-id header onto several records, or the source's id function names an "
+        "entity (an order) rather than an event; give each event its own ID (KafkaSource(id="
+        "...) wins over the header)"
+    )
 
 
 def late_reason(ts: int) -> str:

@@ -151,8 +151,13 @@ class MemoryGuard(NoGuard):
         self.batch_time_ms: int | None = clock.time_ms
         self.counts: dict[str, int] = {}
 
-    def admit(self, rows: list[InRow], positional: Sequence[bool] = ()) -> Admission:
-        """Late, ahead, copies, fresh: the rules of :mod:`onceflow.dedup.admission`."""
+    def admit(
+        self, rows: list[InRow], positional: Sequence[bool] = (), prints: Sequence[int] = ()
+    ) -> Admission:
+        """Late, ahead, copies, fresh: the rules of :mod:`onceflow.dedup.admission`.
+
+        In-process sources read no bytes, so no record has a content fingerprint.
+        """
         seen = self.store.seen.setdefault(self.stage, set())
         in_chunk: set[bytes] = set()
         adm = Admission([])

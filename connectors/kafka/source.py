@@ -27,6 +27,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+from crc32c import crc32c
 
 from onceflow.connectors.base import Decoded, Decoder, SourceConnector
 from onceflow.connectors.errors import ConnectorError
@@ -318,6 +319,7 @@ def _decode_one(
         )
     rid = _position(raw, with_ids) if found is None else found
     positional = found is None and by_position
+    printed = fingerprint(key, value) if found is not None else 0
     try:
         ts = _event_time(hdrs, ts_fn, elem, kts)
     except Exception as exc:  # noqa: BLE001 - a bad header, or the user's timestamp function
@@ -325,7 +327,12 @@ def _decode_one(
         raw_value = value or b""
         return DeadLetter(rid, kts, source, error, origin, raw_value, code="no_time")
     size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
-    return Record(rid, ts, elem, lane, offset, positional, size)
+    return Record(rid, ts, elem, lane, offset, positional, size, printed)
+
+
+def fingerprint(key: bytes | None, value: bytes | None) -> int:
+    """A record's content checksum (see :class:`~onceflow.kernel.records.Record`); never 0."""
+    return crc32c(value or b"", crc32c(key or b"")) or 1
 
 
 def _position(raw: RawRecord, with_ids: bool) -> bytes:
@@ -365,11 +372,18 @@ def _gap_letter(source: str, origin: str, position: bytes, first: int, after: in
 def _record_id(
     headers: dict[str, bytes], id_fn: Callable[[Any], Any] | None, elem: Any
 ) -> bytes | None:
-    """The ``onceflow-id`` header, else the user's id function; None: the position is the ID."""
+    """The user's id function, else the ``onceflow-id`` header; None: the position is the ID.
+
+    What the user asked for wins over what the record carries (an app between two pipelines
+    may copy one header onto several records). An id function that returns None for a record
+    leaves it to the header; with no header either, that is an error (a dead letter).
+    """
+    if id_fn is not None:
+        key = id_fn(elem)
+        if key is not None or ids.ID_HEADER not in headers:
+            return ids.from_user_key(key)
     if ids.ID_HEADER in headers:  # a header without a value is an error, not "no header"
         return ids.from_header(headers[ids.ID_HEADER])
-    if id_fn is not None:
-        return ids.from_user_key(id_fn(elem))
     return None
 
 

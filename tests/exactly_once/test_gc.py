@@ -161,7 +161,7 @@ def test_a_commit_raises_its_generation_and_a_stale_forget_is_refused(redis_serv
     def commit(chunk, rid, newest):
         server = ""  # no server check
         args = [1, "1:7", server, b"0.0", chunk, b"", b"", 1, rid, run, 49, newest, newest]
-        args += ["", b"", 0, 0, 0, 0]
+        args += ["", b"", b"", 0, 0, 0, 0]
         # inputs not kept (layout 1), lanes 0, state values 0, timers 0, stats 0
         return client.eval(COMMIT, len(keys), *keys, *args)
 

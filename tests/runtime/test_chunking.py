@@ -11,7 +11,8 @@ from onceflow.runtime.chunking import Chunker, Part
 
 def _part(sizes: list[int], start: int = 0) -> Part:
     rows = [(0, bytes([i % 256]) * 16, i, None, i) for i in range(start, start + len(sizes))]
-    return Part(rows, [f"t:{i % 2}" for i in range(len(sizes))], [False] * len(sizes), sizes)
+    n = len(sizes)
+    return Part(rows, [f"t:{i % 2}" for i in range(n)], [False] * n, sizes, [0] * n)
 
 
 def _chunks(budget: Budget, parts: list[list[int]], whole_batches: bool = False) -> list[list[int]]:
