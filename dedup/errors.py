@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onceflow.kernel.errors import ConfigError, OnceflowError
+from onceflow.kernel.errors import ConfigError, OnceflowError, ServiceError
 
 
 class FencedError(OnceflowError):
@@ -11,3 +11,7 @@ class FencedError(OnceflowError):
 
 class DedupConfigError(ConfigError):
     """Dedup settings contradict each other or the pipeline's stored settings."""
+
+
+class FiltersAheadError(ServiceError):
+    """A worker's Bloom filters cover commits the same Redis instance no longer holds."""
