@@ -22,6 +22,13 @@ and event times are an hour's worth, the wall time is what the work takes.
 ``--workers 0``: one worker per partition (all of a batch's tasks at once); ``--workers 2`` with
 4 partitions is Spark's ``local[2]`` (two waves per batch). Uses REDIS_URL when set, else starts
 a local redis-server.
+
+Columns, every ``--every`` batches: the receiver's commits; the journal's entries and KB (Redis's
+MEMORY USAGE); the snapshot's KB and the commits after it (behind); in the window, snapshots
+taken and refused as stale (or not sent: one covering as much was there), MB of filters
+snapshots sent to Redis, journal entries a task caught up from, tasks that reloaded the whole
+snapshot, catch-up ms per task; then what a worker that starts empty reads at open (KB of the
+CATCH_UP reply), its open's ms and the journal entries it applied.
 """
 
 from __future__ import annotations
@@ -207,6 +214,7 @@ class Window:
     stale: int = 0
     entries: int = 0
     reloads: int = 0
+    sent: int = 0
     catch_up_us: int = 0
 
     def add(self, counters: dict[str, int]) -> None:
@@ -215,12 +223,13 @@ class Window:
         self.stale += counters.get("bloom_snapshots_stale", 0)
         self.entries += counters.get("bloom_journal_entries", 0)
         self.reloads += counters.get("bloom_loaded_snapshots", 0)
+        self.sent += counters.get("bloom_snapshot_bytes", 0)
         self.catch_up_us += counters.get("catch_up_us", 0)
 
 
 HEADER = (
     f"{'batch':>6}{'commits':>9}{'journal':>9}{'KB':>8}{'snap KB':>9}{'behind':>8}"
-    f"{'snaps':>7}{'stale':>7}{'entries/task':>14}{'reloads':>9}{'catch-up ms':>13}"
+    f"{'snaps':>7}{'stale':>7}{'sent MB':>9}{'entries/task':>14}{'reloads':>9}{'catch-up ms':>13}"
     f"{'new worker KB':>15}{'ms':>8}{'entries':>9}"
 )
 
@@ -275,7 +284,8 @@ def run(partitions: int, workers: int, args: argparse.Namespace, redis_url: str)
         f"({size / 1024:.0f} KB, peak {peak} entries), snapshot {snap / 1024:.0f} KB; snapshots "
         f"{total.snapshots} taken, {total.stale} refused as stale"
         f" ({100 * total.stale / max(1, tried):.0f}% of {tried} tried); {total.reloads} of "
-        f"{total.tasks} tasks reloaded the snapshot; a new worker reads "
+        f"{total.tasks} tasks reloaded the snapshot; snapshots sent {total.sent / 2**20:.0f} MB "
+        f"of filters to Redis; a new worker reads "
         f"{new_bytes / 1024:.0f} KB in {new_ms:.0f} ms at open"
     )
     return {"entries": n, "bytes": size, "peak": peak, "stale": total.stale, "tried": tried}
@@ -298,7 +308,8 @@ def _line(ns: Namespace, batch: int, text: str, w: Window) -> None:
     tasks = max(1, w.tasks)
     print(
         f"{batch + 1:>6}{seq:>9}{n:>9}{size / 1024:>8.0f}{snap / 1024:>9.0f}{seq - snap_seq:>8}"
-        f"{w.snapshots:>7}{w.stale:>7}{w.entries / tasks:>14.1f}{w.reloads:>9}"
+        f"{w.snapshots:>7}{w.stale:>7}{w.sent / 2**20:>9.0f}"
+        f"{w.entries / tasks:>14.1f}{w.reloads:>9}"
         f"{w.catch_up_us / tasks / 1e3:>13.2f}{new_bytes / 1024:>15.0f}{new_ms:>8.0f}"
         f"{new_entries:>9}",
         flush=True,
