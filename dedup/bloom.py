@@ -140,9 +140,12 @@ class ReceiverFilters:
         self.generations: dict[int, list[IdBloomFilter]] = {}
         self.seq = 0
         # commits after ``seq`` (another worker's commit in between) made through these
-        # filters: their IDs are already in, catching up skips them (trust.Receiver.committed)
-        self.ahead: set[int] = set()
+        # filters, with their generation: their IDs are already in, catching up skips them
+        # (trust.Receiver.committed), and a snapshot keeps their generation dirty (trust.snapshot)
+        self.ahead: dict[int, int] = {}
         self.dirty: set[int] = set()
+        # the Redis server instance (INFO run_id) these filters were caught up against ('' none)
+        self.server = ""
         self.shape = shape(capacity, error_rate)  # every filter here has it: one set of positions
 
     def _chain(self, generation: int) -> list[IdBloomFilter]:

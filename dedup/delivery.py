@@ -300,7 +300,7 @@ def _mark(
         # The filters may only claim this commit once they hold its IDs (a recovered
         # delivery's IDs never went through undelivered()).
         rx.filters.add(ids, session.generation)
-        rx.committed(seq)
+        rx.committed(seq, session.generation)
     # The script counts these in Redis itself: the run's metrics only.
     session.count_local("delivered", len(ids) - again)
     session.count_local("delivered_again", again)

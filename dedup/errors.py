@@ -32,3 +32,7 @@ def server_changed_message(where: str, batch: int) -> str:
         "(its run id changed): writes it had not made durable may be lost, so the batch is "
         "not committed and is run again from what Redis kept"
     )
+
+
+class FiltersAheadError(ServiceError):
+    """A worker's Bloom filters cover commits the same Redis instance no longer holds."""

@@ -202,14 +202,15 @@ class ExactlyOnceGuard:
             pipe.get(ks.filter_seq(r.name))
             pipe.hget(ks.filter_snapshot(r.name), trust.SEQ_FIELD)
         pipe.hkeys(ks.generations)
+        pipe.info("server")  # the instance the filters are caught up against (its run_id)
         replies = pipe.execute()
         s.round_trip()
         s.check(replies[0])
         for n, r in enumerate(self.receivers):
             r.redis_seq = int(replies[2 + 2 * n] or 0)
             r.snapshot_seq = int(replies[3 + 2 * n] or 0)
-        s.stored = frozenset(int(g) for g in replies[-1])
-        trust.catch_up(s, self.receivers)
+        s.stored = frozenset(int(g) for g in replies[-2])
+        trust.catch_up(s, self.receivers, str(replies[-1].get("run_id", "")))
         replay = backup.replay(replies[1])
         self.earlier = replay.inputs
         by_name = {name: index for index, name in self.sink_names.items()}
@@ -294,7 +295,7 @@ class ExactlyOnceGuard:
         if conflicts:
             return conflicts
         if seq > 0:
-            self.stage.committed(seq)
+            self.stage.committed(seq, s.generation)
         prints = self.prints
         for row in fresh:  # positional IDs cannot come again in this attempt: not remembered
             if row[1] not in unmarked:

@@ -356,30 +356,43 @@ return out
 )
 
 # What a receiver's Bloom filters need to catch up, read in one atomic step: read apart, a
-# snapshot another worker takes in between trims the journal under the offset.
+# snapshot another worker takes in between trims the journal under the offset. The journal
+# holds the commits after the snapshot hash's 'from' (the snapshot before it; absent: its
+# 'seq'), so filters a snapshot overtook catch up from it too.
 # KEYS: 1 filter seq, 2 filter journal, 3 snapshot hash
 # ARGV: 1 the commit sequence the filters cover
 # Returns {commits, snapshot seq, journal entries after the covered commit} when the journal
-# reaches back that far, else {commits, snapshot seq, the whole journal, the snapshot hash as
-# field, value, ...} (filters behind the snapshot, or ahead of Redis: start from it).
+# reaches back that far, else {commits, snapshot seq, the journal after the snapshot, the
+# snapshot hash as field, value, ...} (filters behind the journal, or ahead of Redis: start
+# from the snapshot; a covered of -1 asks for that, see onceflow.dedup.trust.RELOAD).
 CATCH_UP = """
 local commits = tonumber(redis.call('GET', KEYS[1]) or '0')
 local base = tonumber(redis.call('HGET', KEYS[3], 'seq') or '0')
+local from = tonumber(redis.call('HGET', KEYS[3], 'from') or base)
 local covered = tonumber(ARGV[1])
-if base <= covered and covered <= commits then
-  return {commits, base, redis.call('LRANGE', KEYS[2], covered - base, -1)}
+if from <= covered and covered <= commits then
+  return {commits, base, redis.call('LRANGE', KEYS[2], covered - from, -1)}
 end
-return {commits, base, redis.call('LRANGE', KEYS[2], 0, -1), redis.call('HGETALL', KEYS[3])}
+local after = redis.call('LRANGE', KEYS[2], base - from, -1)
+return {commits, base, after, redis.call('HGETALL', KEYS[3])}
 """
 
+# Filters covering commits 1..seq (a prefix: partitions commit concurrently, so a task's
+# filters rarely cover every commit) replace the snapshot's generations they changed. The
+# journal keeps the commits after the previous snapshot (its seq becomes 'from'): the other
+# workers' filters are usually past it and catch up from the journal instead of reloading
+# the snapshot. Refused ('stale') if it would move the snapshot back (another worker's covers
+# more) or past the commits Redis holds.
 # KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 snapshot hash
 # ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 seq covered, 5 n, n x (field, blob), then
 #       d, d x field
 SNAPSHOT = (
     FENCE
     + """
-if tonumber(redis.call('GET', KEYS[3]) or '0') ~= tonumber(ARGV[4]) then return {'stale'} end
 local old = tonumber(redis.call('HGET', KEYS[5], 'seq') or '0')
+local from = tonumber(redis.call('HGET', KEYS[5], 'from') or old)
+local seq = tonumber(ARGV[4])
+if seq <= old or seq > tonumber(redis.call('GET', KEYS[3]) or '0') then return {'stale'} end
 local n = tonumber(ARGV[5])
 local i = 6
 for j = 1, n do
@@ -392,8 +405,8 @@ for j = 1, d do
   redis.call('HDEL', KEYS[5], ARGV[i])
   i = i + 1
 end
-redis.call('HSET', KEYS[5], 'seq', ARGV[4])
-redis.call('LTRIM', KEYS[4], tonumber(ARGV[4]) - old, -1)
+redis.call('HSET', KEYS[5], 'seq', ARGV[4], 'from', old)
+redis.call('LTRIM', KEYS[4], old - from, -1)
 return {'ok'}
 """
 )

@@ -70,7 +70,7 @@ def test_a_snapshot_taken_during_catch_up_cannot_shift_the_journal(redis_server,
     real = trust_mod.catch_up
     raced = []
 
-    def racing(session, receivers):
+    def racing(session, receivers, *server):
         """Between a's reads at open and its catch-up: b snapshots, then commits 10 more."""
         if session.partition == 0 and not raced:
             raced.append(True)
@@ -79,7 +79,7 @@ def test_a_snapshot_taken_during_catch_up_cannot_shift_the_journal(redis_server,
             for i in range(10):
                 h.commit(_rows(20, 300 + i), partition=1)
             workers.enter("a")
-        return real(session, receivers)
+        return real(session, receivers, *server)
 
     monkeypatch.setattr(trust_mod, "catch_up", racing)
     g = _task(h, h.guards, 60, 1, (1, 0), partition=0)
@@ -137,8 +137,9 @@ def test_a_generation_live_again_after_the_horizon_was_raised_is_still_known(red
 def test_a_snapshot_made_under_another_horizon_is_not_read_with_this_shape(redis_server, horizon_h):
     h = Harness(redis_server, snapshot_every=1, horizon_ms=24 * HOUR, bucket_ms=3 * HOUR)
     rows = _rows(2_000, 3)
-    h.commit(rows)  # snapshotted at close, the journal trimmed
-    assert h.client.llen(Keyspace(h.name).filter_journal(h.spec.name)) == 0
+    h.commit(rows)  # snapshotted at close
+    h.commit(_rows(10, 4))  # snapshotted again: the journal keeps only this commit
+    assert h.client.llen(Keyspace(h.name).filter_journal(h.spec.name)) == 1
     trust_mod._FILTERS.clear()  # the restart that brings the new horizon
     config = DedupConfig(snapshot_every=1, horizon_ms=horizon_h * HOUR, bucket_ms=3 * HOUR)
     assert trust_mod._new_filters(config).shape != trust_mod._new_filters(h.guards.config).shape
