@@ -195,3 +195,16 @@ def test_a_query_with_a_source_spark_plans_takes_no_position_id_as_settled():
     assert not python.positional_ids and not python.read_in_task
     [record] = _decode([(5, 1, None, b'{"k": "a"}', [])], source=python)
     assert not record.positional and record.id == ids.from_position("src", "t", 0, 5)
+
+
+def test_an_id_function_wins_over_the_id_header_and_none_leaves_it_to_the_header():
+    """What the user asked for wins over what a record carries (an app may copy headers)."""
+    from onceflow.connectors.kafka.source import _record_id
+    from onceflow.kernel import ids
+
+    header = {"onceflow-id": b"copied-by-an-app"}
+    assert _record_id(header, lambda e: e["id"], {"id": "e-1"}) == ids.from_user_key("e-1")
+    assert _record_id(header, lambda e: e.get("id"), {}) == ids.from_header(b"copied-by-an-app")
+    assert _record_id({}, None, {}) is None  # neither: the position is the ID
+    with pytest.raises(Exception, match="id function must return"):
+        _record_id({}, lambda e: e.get("id"), {})  # None and no header: a dead letter

@@ -1,7 +1,9 @@
 """The pipeline of the real-input tests: a copy of every event and a total per user.
 
-events (Kafka; IDs from the onceflow-id header, else the event_id field when TOTALS_ID_FIELD
-is set; event time from the ts field when TOTALS_TS_FIELD is set, else the Kafka timestamp)
+events (Kafka; IDs from the event_id field when TOTALS_ID_FIELD is set (an id function wins
+over the onceflow-id header), from an "id" field where an event has one and else the header
+when it is "if-present", else from the header; event time from the ts field when
+TOTALS_TS_FIELD is set, else the Kafka timestamp)
   -> enrich (an event with "blow_up" raises; one with "pad" grows by that many bytes)
   -> copy (Kafka sink; TOTALS_COPY_MAX_BYTES caps the producer's request size)
   -> by-user -> amount -> total (sum, keyed state in Redis) -> totals (Kafka sink)
@@ -34,7 +36,9 @@ def enrich(e):
 
 client = os.environ.get("TOTALS_CLIENT", "python")
 source_options = {"client": client}
-if os.environ.get("TOTALS_ID_FIELD"):
+if os.environ.get("TOTALS_ID_FIELD") == "if-present":
+    source_options["id"] = lambda e: e.get("id")  # None: the onceflow-id header
+elif os.environ.get("TOTALS_ID_FIELD"):
     source_options["id"] = lambda e: e["event_id"]
 if os.environ.get("TOTALS_TS_FIELD"):
     source_options["timestamp"] = lambda e: e["ts"]

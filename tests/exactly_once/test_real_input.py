@@ -218,3 +218,29 @@ def test_a_fresh_checkpoint_over_an_old_namespace_is_refused_until_reset(
     again = run_pipeline(PIPELINE, run.args(), env=run.env).check()
     assert again.returncode == 0
     verify(run, redis_server.client())
+
+
+def test_one_id_header_copied_onto_other_records_makes_dead_letters_not_drops(
+    broker, redis_server, tmp_path
+):
+    """An app between two pipelines (a Kafka Streams app, a Connect SMT) copied one record's
+    onceflow-id header onto three other records: they are no copies (other bytes), so each
+    is an id_conflict dead letter, while a true re-send of a record is dropped as a copy."""
+    run = new_run(broker, redis_server.url, tmp_path)
+    run.cap = 100  # the copies come in later micro-batches than the record they copy
+    rng = random.Random(9)
+    sends, headers = [], []
+    for i in range(300):  # one partition: the original is read before its copies
+        e = event(run, f"u{i % 7}", rng.randrange(1, 9))
+        headers.append([("onceflow-id", uuid.UUID(e["event_id"]).bytes)])
+        sends.append(Send(e, 0, headers[-1]))
+    sends.append(Send(sends[7].value, 0, headers[7]))  # a re-send: the same bytes
+    for n in range(3):
+        marker = f"smt-copied-{n}"
+        run.poison[marker] = "already used by a record with other content"
+        body = {"event_id": marker, "user": "u0", "amount": 1000}
+        sends.insert(50 + 80 * n, Send(body, 0, headers[5]))
+    run.produce(sends)
+    run_pipeline(PIPELINE, run.args(), env=run.env).check()
+    verify(run, redis_server.client())  # the three letters, each with its reason
+    assert stats(redis_server.client(), run)["duplicates"] == 1

@@ -100,8 +100,8 @@ class Torture:
             headers = [("onceflow-id", uid.bytes)]
         elif way == 1:
             headers = [("onceflow-id", str(uid).encode())]
-        else:
-            headers = None  # the ID comes from the body's event_id (TOTALS_ID_FIELD)
+        else:  # the ID comes from the body (TOTALS_ID_FIELD=if-present: the others' is None)
+            return Send({**e, "id": e["event_id"]}, partition, None, ts)
         return Send(e, partition, headers, ts)
 
     def _poison(self) -> Send:
@@ -277,7 +277,7 @@ def torture(
     # several commits per task, so that a kill often lands between two of them
     env = {"TOTALS_CHUNK_SIZE": str(CHUNK), "TOTALS_SLOW_MS": str(SLOW_MS)}
     if ids == "mixed":
-        env["TOTALS_ID_FIELD"] = "1"
+        env["TOTALS_ID_FIELD"] = "if-present"
     run = Run(
         name,
         bootstrap,
