@@ -108,8 +108,8 @@ def services() -> Iterator[Services]:
             redis = (
                 DockerContainer(engine.redis_image)
                 .with_command(
-                    f"--port {redis_port} --bind 127.0.0.1 --appendonly yes --save '' "
-                    "--dir /tmp --protected-mode no"
+                    f"--port {redis_port} --bind 127.0.0.1 --appendonly yes --appendfsync always "
+                    "--save '' --dir /tmp --protected-mode no"
                 )
                 .with_kwargs(network_mode="host")
             )
@@ -140,7 +140,7 @@ def services() -> Iterator[Services]:
             )
             redis = (
                 DockerContainer(engine.redis_image)
-                .with_command("redis-server --appendonly yes --save ''")
+                .with_command("redis-server --appendonly yes --appendfsync always --save ''")
                 .with_exposed_ports(6379)
             )
             broker.start()
