@@ -1,0 +1,142 @@
+"""A Kafka broker restarted while a run is mid-way: the run rides it out and stays exact.
+
+Each test runs ``tests/e2e_pipelines/totals.py`` (a copy of every event through a
+transactional sink, a keyed total per user, dead letters) on a broker of its own, takes the
+broker away while the run is mid-way, brings it back on the same data, and then requires the
+run to finish by itself (exit status 0, no rerun) with outputs that match an independent
+count (``real_input.verify``: keyed state, each user's last total, one copy per event, read
+``read_committed``).
+
+* a single broker killed with -9 and started again ~10 s later (down ~15-20 s in all, with
+  the restart): every Kafka path of the run (offset planning, the task's range reader, the
+  transactional sinks with their delivery markers) meets the outage;
+* a three-node KRaft cluster (replication factor 3, ``min.insync.replicas`` 2) through a
+  rolling restart: each node killed with -9 and started again in turn, moving leaders and
+  transaction coordinators under the run.
+
+Without the ride-out, the first of these stopped the run with "Kafka refused a send ... in a
+transaction: KafkaTimeoutError: Expiring N record(s) ... 120000 ms has passed since batch
+creation" (or a stalled read, or a failed offset request), and the second with a failed commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from onceflow.runtime.faults import PAUSE_ENV
+from onceflow.testing.harness import Crash, Outcome, run_pipeline
+from onceflow.testing.kafka import LocalKafka, LocalKafkaCluster
+from tests.exactly_once.real_input import PIPELINE, Run, Send, event, new_run, verify
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+
+EVENTS = 6000
+CAP = 300  # records per micro-batch: ~20 batches, so that the run outlasts the outage
+SLOW_MS = "1"  # per record in enrich: ~0.3 s of work per batch and partition
+DOWN_S = 10.0  # how long the killed broker stays down before it is started again
+PAUSE_S = "1"  # the paused task goes on this long after the fault began
+
+
+@pytest.fixture
+def single_broker() -> Iterator[LocalKafka]:
+    with LocalKafka() as kafka:
+        yield kafka
+
+
+@pytest.fixture
+def cluster() -> Iterator[LocalKafkaCluster]:
+    with LocalKafkaCluster(brokers=3) as nodes:
+        yield nodes
+
+
+def _input(run: Run) -> None:
+    run.cap = CAP
+    run.produce([Send(event(run, f"u{i % 23}", 1 + i % 5), i % 2) for i in range(EVENTS)])
+
+
+class Outage:
+    """A fault made while one task of the run waits inside a sink transaction.
+
+    The run pauses a task of micro-batch ``batch`` right after it sent its records, before
+    it flushes them and writes the delivery marker (``in_sink_transaction``), for
+    :data:`PAUSE_S`; the fault starts meanwhile and takes longer: the task goes on into a
+    Kafka that is away, and the rest of the run (the other partition, the next batches'
+    planning) meets it too.
+    """
+
+    def __init__(self, fault: Callable[[], None], batch: int = 2) -> None:
+        self.fault = fault
+        self.crash = Crash("in_sink_transaction", stage="events", batch=batch, mode="pause")
+        self.ended: float | None = None
+
+    def __call__(self) -> None:
+        self.fault()
+        self.ended = time.monotonic()
+
+
+def _run_through(run: Run, outage: Outage) -> tuple[Outcome, float]:
+    """Run the pipeline to its end with the outage under it; the run's end, monotonic."""
+    env = {**run.env, PAUSE_ENV: PAUSE_S}
+    # Spark's default: a failed task fails the run (no retry could hide a failure here)
+    args = [arg if arg != "local[2,4]" else "local[2]" for arg in run.args()]
+    began = time.monotonic()
+    outcome = run_pipeline(PIPELINE, args, env=env, crash=outage.crash, fault=outage, timeout=480)
+    return outcome, began + outcome.seconds
+
+
+def _check(run: Run, outcome: Outcome, finished: float, outage: Outage, client) -> None:
+    assert not outcome.crashed and outcome.returncode == 0, outcome.output[-4000:]
+    assert outage.ended is not None, "the run never reached the point of the outage"
+    assert finished > outage.ended, "the run ended before Kafka was back"
+    verify(run, client)
+
+
+def _kill_and_restart(kafka: LocalKafka) -> Callable[[], None]:
+    def fault() -> None:
+        kafka.kill()
+        time.sleep(DOWN_S)
+        kafka.start()
+
+    return fault
+
+
+def _rolling_restart(nodes: LocalKafkaCluster) -> Callable[[], None]:
+    def fault() -> None:
+        for i in range(len(nodes.nodes)):
+            nodes.kill(i)
+            time.sleep(DOWN_S / 2)
+            nodes.start_node(i)
+            nodes.wait_in_sync()  # as an operator does before taking the next one down
+
+    return fault
+
+
+@pytest.mark.parametrize(
+    "client", ["python", pytest.param("confluent", marks=pytest.mark.long)]
+)
+def test_a_broker_killed_and_restarted_mid_run_is_ridden_out(
+    client, single_broker, redis_server, tmp_path
+):
+    run = new_run(single_broker, redis_server.url, tmp_path, TOTALS_CLIENT=client)
+    run.extra_env["TOTALS_SLOW_MS"] = SLOW_MS
+    _input(run)
+    outage = Outage(_kill_and_restart(single_broker))
+    outcome, finished = _run_through(run, outage)
+    _check(run, outcome, finished, outage, redis_server.client())
+
+
+@pytest.mark.parametrize(
+    "client", [pytest.param("python", marks=pytest.mark.long), "confluent"]
+)
+def test_a_rolling_restart_of_a_three_node_cluster_is_ridden_out(
+    client, cluster, redis_server, tmp_path
+):
+    run = new_run(cluster, redis_server.url, tmp_path, TOTALS_CLIENT=client)
+    run.extra_env["TOTALS_SLOW_MS"] = SLOW_MS
+    _input(run)
+    outage = Outage(_rolling_restart(cluster))
+    outcome, finished = _run_through(run, outage)
+    _check(run, outcome, finished, outage, redis_server.client())
