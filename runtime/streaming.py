@@ -436,6 +436,8 @@ def _run(
     for master in masters[1:]:  # the partition scopes' masters, before anything goes there
         check_durable(master, opts.allow_non_durable_redis)
     steps.mark("Redis")
+    for connector in [c for _, c in job.sources] + list(job.sinks):
+        connector.connect()  # a broker down at start: a bounded wait, then one line
     spark = session or spark_session(
         opts.master,
         app_name=job.pipeline,

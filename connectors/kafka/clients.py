@@ -23,10 +23,12 @@ connector's ``__init__``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.interface import (
     CONFLUENT_CLIENT,
     FAST_EXTRA,
@@ -37,15 +39,18 @@ from onceflow.connectors.kafka.interface import (
     Delivery,
     Fetched,
     Headers,
+    KafkaUnavailable,
     OffsetOutOfRange,
     PartitionReader,
     Producer,
+    ProducerBroken,
     ProducerFenced,
     RecordRefused,
     check_client,
     require_confluent,
 )
-from onceflow.connectors.kafka.kafka_python import PythonProducer, PythonReader
+from onceflow.connectors.kafka.kafka_python import BOOTSTRAP, PythonProducer, PythonReader
+from onceflow.connectors.kafka.outage import describe, retrying
 from onceflow.kernel.settings import KafkaSettings
 
 __all__ = [
@@ -58,15 +63,19 @@ __all__ = [
     "Delivery",
     "Fetched",
     "Headers",
+    "KafkaUnavailable",
     "OffsetOutOfRange",
     "PartitionReader",
     "Producer",
+    "ProducerBroken",
     "ProducerFenced",
     "RecordRefused",
+    "await_kafka",
     "check_client",
     "ensure_topics",
     "new_producer",
     "new_reader",
+    "renew_shared_producer",
     "require_confluent",
     "shared_producer",
     "shared_reader",
@@ -123,11 +132,62 @@ def shared_producer(client: str, settings: KafkaSettings, config: dict[str, Any]
     return producer
 
 
+def renew_shared_producer(
+    client: str, settings: KafkaSettings, config: dict[str, Any], old: Producer
+) -> Producer:
+    """Replace this process's shared producer ``old`` (it stopped making progress).
+
+    ``old`` is closed at once (what it holds is dropped: its records are sent again).
+    """
+    key = ("producer", client, _settings_key(settings, config))
+    with _shared_lock:
+        if _shared.get(key) is old:
+            del _shared[key]
+    with contextlib.suppress(Exception):
+        old.close(0)
+    return shared_producer(client, settings, config)
+
+
 # -- topics -----------------------------------------------------------------------------------
 
 # Let the cluster choose the replication factor (its default.replication.factor): a fixed 1
 # would make acks=all meaningless on a cluster with replicas.
 CLUSTER_DEFAULT_REPLICATION = -1
+
+
+_answered: set[str] = set()  # bootstrap servers that answered this process once
+
+
+def await_kafka(settings: KafkaSettings) -> None:
+    """Return once Kafka answers (a run's first connection; once per process and servers).
+
+    A Kafka that does not answer is waited for up to ``settings.start_wait_s``, with a
+    progress line every 10 s, then :class:`KafkaUnavailable` says in one line which servers
+    and what to check; a refusal (a wrong password, say) is one line at once.
+    """
+    if settings.bootstrap_servers in _answered:
+        return
+    try:
+        retrying(settings, "connecting", lambda: _list_topics(settings), start=True)
+    except KafkaUnavailable:
+        raise
+    except Exception as exc:
+        msg = (
+            f"cannot use Kafka at {settings.bootstrap_servers}: {describe(exc)}; check the "
+            "KAFKA_* settings (or the connector's connection= options)"
+        )
+        raise ConnectorError(msg) from exc
+    _answered.add(settings.bootstrap_servers)
+
+
+def _list_topics(settings: KafkaSettings) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(**{**BOOTSTRAP, **settings.client_config()})
+    try:
+        admin.list_topics()
+    finally:
+        admin.close()
 
 
 def ensure_topics(
@@ -136,10 +196,14 @@ def ensure_topics(
     partitions: int,
     configs: dict[str, str] | None = None,
 ) -> None:
-    """Create missing topics with the cluster's default replication factor."""
+    """Create missing topics with the cluster's default replication factor.
+
+    Waits for a Kafka that does not answer yet (see :func:`await_kafka`).
+    """
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
+    await_kafka(settings)
     admin = KafkaAdminClient(**settings.client_config())
     try:
         existing = set(admin.list_topics())

@@ -21,8 +21,10 @@ from onceflow.connectors.kafka.clients import (
     PYTHON_CLIENT,
     Fetched,
     OffsetOutOfRange,
+    PartitionReader,
     shared_reader,
 )
+from onceflow.connectors.kafka.outage import Wait, retrying, transient
 from onceflow.kernel.ids import GAP_HEADER
 from onceflow.kernel.settings import KafkaSettings
 
@@ -37,7 +39,8 @@ RAW_COLUMNS = ("topic", "partition", "offset", "ts", "key", "value", "headers")
 RANGE_SCHEMA = "topic string, partition int, lo long, hi long"
 RANGE_COLUMNS = ("topic", "partition", "lo", "hi")
 POLL_S = 0.5
-STALL_SECONDS = 60
+STALL_SECONDS = 60  # no record while Kafka answers: the records are not coming
+QUIET_S = 5.0  # no record for this long: is Kafka there? (asked again this often)
 
 
 ON_DATA_LOSS = ("fail", "report")
@@ -59,21 +62,24 @@ def fetch_range(
     with an error saying which; with ``"report"`` one marker row (header ``onceflow-gap``)
     stands for them, and reading goes on from the log start. A record is yielded once even
     if the client hands it over twice (only offsets at or past the read position count).
+    A Kafka that does not answer is waited for (see :mod:`.outage` and :func:`_quiet`).
     """
-    reader = shared_reader(client, settings)
+    doing = f"reading {topic}:{part}"
+    reader = retrying(settings, doing, lambda: shared_reader(client, settings))
     position = lo
-    start = reader.log_start(topic, part)
+    start = retrying(settings, doing, lambda: reader.log_start(topic, part))
     if start > position:
         yield _gap(topic, part, position, min(start, hi), hi, on_data_loss)
         position = min(start, hi)
     if position < hi:
         reader.seek(topic, part, position)
-    idle_since = time.monotonic()
+    idle_since = checked = time.monotonic()
+    outage: Wait | None = None
     while position < hi:
         try:
             fetched = reader.poll(POLL_S)
         except OffsetOutOfRange as exc:
-            start = reader.log_start(topic, part)
+            start = retrying(settings, doing, lambda: reader.log_start(topic, part))
             if start <= position:
                 msg = f"reading {topic}:{part} at offset {position} (log start {start}): {exc}"
                 raise ConnectorError(msg) from exc
@@ -88,16 +94,61 @@ def fetch_range(
         if last > first:
             position = fetched.offsets[last - 1] + 1
             yield _slice(fetched, first, last)
-            idle_since = time.monotonic()  # the stall clock counts polling, not the task's work
+            # the stall clock counts polling only
+            idle_since = checked = time.monotonic()
+            outage = None
         else:
-            position = max(position, reader.position() or position)
-            if position < hi and time.monotonic() - idle_since > STALL_SECONDS:
-                msg = (
-                    f"reading {topic}:{part} offsets {lo}..{hi} stalled at {position} for "
-                    f"{STALL_SECONDS} s; were records deleted (retention) or is the broker down?"
-                )
-                raise ConnectorError(msg)
+            position = max(position, _position(reader) or position)
+            if position < hi and time.monotonic() - checked > QUIET_S:
+                where = (topic, part, lo, hi, position)
+                outage, idle_since = _quiet(reader, settings, where, outage, idle_since)
+                checked = time.monotonic()
     reader.release()
+
+
+def _position(reader: PartitionReader) -> int | None:
+    """The reader's position, None while it cannot say (Kafka away)."""
+    try:
+        return reader.position()
+    except Exception as exc:
+        if not transient(exc):
+            raise
+        return None
+
+
+def _quiet(
+    reader: PartitionReader,
+    settings: KafkaSettings,
+    where: tuple[str, int, int, int, int],
+    outage: Wait | None,
+    idle_since: float,
+) -> tuple[Wait | None, float]:
+    """No record for a while: an outage (waited for), a stall (an error) or nothing yet.
+
+    The reader asks Kafka for the partition's log start. No answer is an outage, which goes
+    on (the returned wait) until Kafka answers or its bound passes. An answer after an
+    outage restarts the stall clock (the returned time: the reader catches up); an answer
+    after :data:`STALL_SECONDS` without a record otherwise means the records are not coming
+    (deleted by retention, or the broker lost them): the task stops.
+    """
+    topic, part, lo, hi, position = where
+    try:
+        reader.log_start(topic, part)
+    except Exception as exc:
+        if not transient(exc):
+            raise
+        outage = outage or Wait(settings, f"reading {topic}:{part}")
+        outage.failed(exc)
+        return outage, idle_since
+    if outage is not None:
+        return None, time.monotonic()
+    if time.monotonic() - idle_since <= STALL_SECONDS:
+        return None, idle_since
+    msg = (
+        f"reading {topic}:{part} offsets {lo}..{hi} stalled at {position} for "
+        f"{STALL_SECONDS} s while Kafka answered; were records deleted (retention)?"
+    )
+    raise ConnectorError(msg)
 
 
 def _slice(fetched: Fetched, first: int, last: int) -> Fetched:
