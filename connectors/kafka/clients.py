@@ -49,8 +49,8 @@ from onceflow.connectors.kafka.interface import (
     check_client,
     require_confluent,
 )
-from onceflow.connectors.kafka.kafka_python import BOOTSTRAP, PythonProducer, PythonReader
-from onceflow.connectors.kafka.outage import describe, retrying
+from onceflow.connectors.kafka.kafka_python import PythonProducer, PythonReader
+from onceflow.connectors.kafka.outage import Wait, describe, transient
 from onceflow.kernel.settings import KafkaSettings
 
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "new_producer",
     "new_reader",
     "renew_shared_producer",
+    "renew_shared_reader",
     "require_confluent",
     "shared_producer",
     "shared_reader",
@@ -122,6 +123,24 @@ def shared_reader(client: str, settings: KafkaSettings) -> PartitionReader:
     return reader
 
 
+def renew_shared_reader(
+    client: str, settings: KafkaSettings, old: PartitionReader
+) -> PartitionReader:
+    """Replace this process's shared reader ``old`` (it failed while Kafka was away).
+
+    A client that lost its way during an outage may not find it again (measured: a
+    kafka-python consumer after a rolling restart of three brokers asked for a partition's
+    offsets in vain until the run gave up); a new one does. ``old`` is closed.
+    """
+    key = ("reader", client, _settings_key(settings, {}))
+    with _shared_lock:
+        if _shared.get(key) is old:
+            del _shared[key]
+    with contextlib.suppress(Exception):
+        old.close()
+    return shared_reader(client, settings)
+
+
 def shared_producer(client: str, settings: KafkaSettings, config: dict[str, Any]) -> Producer:
     """This process's plain producer for ``client``, settings and ``config``."""
     key = ("producer", client, _settings_key(settings, config))
@@ -156,6 +175,8 @@ CLUSTER_DEFAULT_REPLICATION = -1
 
 
 _answered: set[str] = set()  # bootstrap servers that answered this process once
+# One attempt at a first connection (a progress line comes every 10 s: two attempts a line).
+CONNECT_ATTEMPT_S = 5.0
 
 
 def await_kafka(settings: KafkaSettings) -> None:
@@ -167,23 +188,28 @@ def await_kafka(settings: KafkaSettings) -> None:
     """
     if settings.bootstrap_servers in _answered:
         return
-    try:
-        retrying(settings, "connecting", lambda: _list_topics(settings), start=True)
-    except KafkaUnavailable:
-        raise
-    except Exception as exc:
-        msg = (
-            f"cannot use Kafka at {settings.bootstrap_servers}: {describe(exc)}; check the "
-            "KAFKA_* settings (or the connector's connection= options)"
-        )
-        raise ConnectorError(msg) from exc
+    wait = Wait(settings, "connecting", start=True)
+    while True:
+        try:
+            _list_topics(settings, min(CONNECT_ATTEMPT_S, max(1.0, wait.left_s)))
+            break
+        except Exception as exc:
+            if not transient(exc):
+                msg = (
+                    f"cannot use Kafka at {settings.bootstrap_servers}: {describe(exc)}; check "
+                    "the KAFKA_* settings (or the connector's connection= options)"
+                )
+                raise ConnectorError(msg) from exc
+            wait.failed(exc)
     _answered.add(settings.bootstrap_servers)
 
 
-def _list_topics(settings: KafkaSettings) -> None:
+def _list_topics(settings: KafkaSettings, timeout_s: float) -> None:
     from kafka.admin import KafkaAdminClient
 
-    admin = KafkaAdminClient(**{**BOOTSTRAP, **settings.client_config()})
+    admin = KafkaAdminClient(
+        **{"bootstrap_timeout_ms": int(timeout_s * 1000), **settings.client_config()}
+    )
     try:
         admin.list_topics()
     finally:

@@ -91,6 +91,11 @@ class Wait:
         """Seconds since the wait began."""
         return time.monotonic() - self.began
 
+    @property
+    def left_s(self) -> float:
+        """Seconds left before the bound (never below zero)."""
+        return max(0.0, self.bound_s - self.waited_s)
+
     def note(self, why: str) -> None:
         """Kafka is still away (``why``): a progress line when due; raise past the bound."""
         self.last = why[:MAX_ERROR_CHARS]

@@ -22,6 +22,7 @@ from onceflow.connectors.kafka.clients import (
     Fetched,
     OffsetOutOfRange,
     PartitionReader,
+    renew_shared_reader,
     shared_reader,
 )
 from onceflow.connectors.kafka.outage import Wait, retrying, transient
@@ -62,48 +63,123 @@ def fetch_range(
     with an error saying which; with ``"report"`` one marker row (header ``onceflow-gap``)
     stands for them, and reading goes on from the log start. A record is yielded once even
     if the client hands it over twice (only offsets at or past the read position count).
-    A Kafka that does not answer is waited for (see :mod:`.outage` and :func:`_quiet`).
+    A Kafka that does not answer is waited for (see :class:`_Range`).
     """
-    doing = f"reading {topic}:{part}"
-    reader = retrying(settings, doing, lambda: shared_reader(client, settings))
+    reading = _Range(settings, client, topic, part)
     position = lo
-    start = retrying(settings, doing, lambda: reader.log_start(topic, part))
+    start = reading.log_start(position)
     if start > position:
         yield _gap(topic, part, position, min(start, hi), hi, on_data_loss)
         position = min(start, hi)
     if position < hi:
-        reader.seek(topic, part, position)
-    idle_since = checked = time.monotonic()
-    outage: Wait | None = None
+        reading.reader.seek(topic, part, position)
     while position < hi:
         try:
-            fetched = reader.poll(POLL_S)
+            fetched = reading.reader.poll(POLL_S)
         except OffsetOutOfRange as exc:
-            start = retrying(settings, doing, lambda: reader.log_start(topic, part))
+            start = reading.log_start(position)
             if start <= position:
                 msg = f"reading {topic}:{part} at offset {position} (log start {start}): {exc}"
                 raise ConnectorError(msg) from exc
             yield _gap(topic, part, position, min(start, hi), hi, on_data_loss)
-            idle_since = time.monotonic()
+            reading.progressed()
             position = min(start, hi)
             if position < hi:
-                reader.seek(topic, part, position)
+                reading.reader.seek(topic, part, position)
             continue
         first = bisect.bisect_left(fetched.offsets, position)
         last = bisect.bisect_left(fetched.offsets, hi)
         if last > first:
             position = fetched.offsets[last - 1] + 1
             yield _slice(fetched, first, last)
-            # the stall clock counts polling only
-            idle_since = checked = time.monotonic()
-            outage = None
+            reading.progressed()  # the stall clock counts polling, not the task's work
         else:
-            position = max(position, _position(reader) or position)
-            if position < hi and time.monotonic() - checked > QUIET_S:
-                where = (topic, part, lo, hi, position)
-                outage, idle_since = _quiet(reader, settings, where, outage, idle_since)
-                checked = time.monotonic()
-    reader.release()
+            position = max(position, _position(reading.reader) or position)
+            if position < hi:
+                reading.quiet((lo, hi, position))
+    reading.reader.release()
+
+
+class _Range:
+    """The reader of one range, and what it knows of Kafka while no record comes.
+
+    No record for :data:`QUIET_S`: the reader asks Kafka for the partition's log start. No
+    answer is an outage, waited for (see :mod:`.outage`) with a new reader (a client that
+    lost its way during the outage may not find it again); an answer after an outage restarts
+    the stall clock; an answer after :data:`STALL_SECONDS` without a record means the records
+    are not coming (deleted by retention, or the broker lost them): the task stops (a new
+    reader takes over half-way, in case the old one lost its way).
+    """
+
+    def __init__(self, settings: KafkaSettings, client: str, topic: str, part: int) -> None:
+        self.settings, self.client, self.topic, self.part = settings, client, topic, part
+        self.doing = f"reading {topic}:{part}"
+        self.reader: PartitionReader = retrying(
+            settings, self.doing, lambda: shared_reader(client, settings)
+        )
+        self.outage: Wait | None = None
+        self.idle_since = self.checked = time.monotonic()
+        self.renewed = False  # a new reader since the last record
+
+    def progressed(self) -> None:
+        """Records came: the clocks start again."""
+        self.idle_since = self.checked = time.monotonic()
+        self.outage = None
+        self.renewed = False
+
+    def log_start(self, position: int) -> int:
+        """The partition's log start, waiting out Kafka (a new reader after each failure)."""
+        return retrying(
+            self.settings,
+            self.doing,
+            lambda: self.reader.log_start(self.topic, self.part),
+            on_failure=lambda: self.renew(position),
+        )
+
+    def renew(self, position: int) -> None:
+        """A new reader, reading from ``position``."""
+        self.reader = retrying(
+            self.settings,
+            self.doing,
+            lambda: renew_shared_reader(self.client, self.settings, self.reader),
+        )
+        self.reader.seek(self.topic, self.part, position)
+        self.renewed = True
+
+    def quiet(self, where: tuple[int, int, int]) -> None:
+        """No record this poll: ask Kafka when due (see the class docstring)."""
+        if time.monotonic() - self.checked <= QUIET_S:
+            return
+        position = where[2]
+        try:
+            self.reader.log_start(self.topic, self.part)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            self.outage = self.outage or Wait(self.settings, self.doing)
+            self.outage.failed(exc)
+            self.renew(position)
+        else:
+            self._answered(where)
+        self.checked = time.monotonic()
+
+    def _answered(self, where: tuple[int, int, int]) -> None:
+        """Kafka answered while no record came (see the class docstring)."""
+        if self.outage is not None:
+            self.outage = None
+            self.idle_since = time.monotonic()
+            return
+        idle = time.monotonic() - self.idle_since
+        lo, hi, position = where
+        if idle > STALL_SECONDS / 2 and not self.renewed:
+            self.renew(position)
+        if idle <= STALL_SECONDS:
+            return
+        msg = (
+            f"reading {self.topic}:{self.part} offsets {lo}..{hi} stalled at {position} for "
+            f"{STALL_SECONDS} s while Kafka answered; were records deleted (retention)?"
+        )
+        raise ConnectorError(msg)
 
 
 def _position(reader: PartitionReader) -> int | None:
@@ -114,41 +190,6 @@ def _position(reader: PartitionReader) -> int | None:
         if not transient(exc):
             raise
         return None
-
-
-def _quiet(
-    reader: PartitionReader,
-    settings: KafkaSettings,
-    where: tuple[str, int, int, int, int],
-    outage: Wait | None,
-    idle_since: float,
-) -> tuple[Wait | None, float]:
-    """No record for a while: an outage (waited for), a stall (an error) or nothing yet.
-
-    The reader asks Kafka for the partition's log start. No answer is an outage, which goes
-    on (the returned wait) until Kafka answers or its bound passes. An answer after an
-    outage restarts the stall clock (the returned time: the reader catches up); an answer
-    after :data:`STALL_SECONDS` without a record otherwise means the records are not coming
-    (deleted by retention, or the broker lost them): the task stops.
-    """
-    topic, part, lo, hi, position = where
-    try:
-        reader.log_start(topic, part)
-    except Exception as exc:
-        if not transient(exc):
-            raise
-        outage = outage or Wait(settings, f"reading {topic}:{part}")
-        outage.failed(exc)
-        return outage, idle_since
-    if outage is not None:
-        return None, time.monotonic()
-    if time.monotonic() - idle_since <= STALL_SECONDS:
-        return None, idle_since
-    msg = (
-        f"reading {topic}:{part} offsets {lo}..{hi} stalled at {position} for "
-        f"{STALL_SECONDS} s while Kafka answered; were records deleted (retention)?"
-    )
-    raise ConnectorError(msg)
 
 
 def _slice(fetched: Fetched, first: int, last: int) -> Fetched:

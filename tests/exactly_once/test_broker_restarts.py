@@ -25,6 +25,7 @@ expired it after its 120 s delivery timeout.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -33,6 +34,7 @@ import pytest
 from onceflow.runtime.faults import PAUSE_ENV
 from onceflow.testing.harness import Crash, Outcome, run_pipeline
 from onceflow.testing.kafka import LocalKafka, LocalKafkaCluster
+from onceflow.testing.services import free_port
 from tests.exactly_once.real_input import PIPELINE, Run, Send, event, new_run, verify
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -154,3 +156,37 @@ def test_a_rolling_restart_of_a_three_node_cluster_is_ridden_out(
     outage = Outage(_rolling_restart(cluster), gate)
     outcome, finished = _run_through(run, outage)
     _check(run, outcome, finished, outage, redis_server.client())
+
+
+def test_a_broker_down_at_start_ends_the_run_in_one_line_after_the_wait(redis_server, tmp_path):
+    """Before Spark starts: a progress line while waiting, then one ``error:`` line.
+
+    It was a 50-line traceback (``KafkaTimeoutError: Unable to bootstrap`` from
+    ``ensure_topics``), after the Spark session had started.
+    """
+    run = Run("down-at-start", f"127.0.0.1:{free_port()}", redis_server.url, str(tmp_path))
+    outcome = run_pipeline(PIPELINE, [*run.args(), "--kafka-start-wait", "8s"], env=run.env)
+    lines = [line for line in outcome.output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert outcome.returncode == 2 and len(errors) == 1, outcome.output[-3000:]
+    assert run.bootstrap in errors[0] and "did not answer for 8 s" in errors[0]
+    waits = [line for line in lines if line.startswith("onceflow: waiting for Kafka at")]
+    assert waits and lines == [*waits, *errors], outcome.output[-3000:]
+
+
+@pytest.mark.long  # the wait itself: tests/connectors/test_kafka_outages.py
+def test_a_broker_that_comes_up_during_the_start_wait_lets_the_run_proceed(
+    single_broker, redis_server, tmp_path
+):
+    run = new_run(single_broker, redis_server.url, tmp_path)
+    run.produce([Send(event(run, f"u{i % 5}", 1), i % 2) for i in range(600)])
+    single_broker.stop()
+
+    def start_later() -> None:
+        time.sleep(3)
+        single_broker.start()
+
+    threading.Thread(target=start_later, daemon=True).start()
+    outcome = run_pipeline(PIPELINE, [*run.args(), "--kafka-start-wait", "2m"], env=run.env)
+    assert outcome.returncode == 0, outcome.output[-3000:]
+    verify(run, redis_server.client())
