@@ -134,9 +134,10 @@ class TransactionalWriter(SinkWriter):
     transaction committed), the runtime records the delivery as pending with that marker,
     ``commit``; then the runtime marks the records delivered.
 
-    A writer writes under an :attr:`identity` (Kafka: a transactional id), which may outlive
-    the task: one per worker process and sink, reused from task to task, so that a task does
-    not pay for registering one. The runtime records the identity in Redis before a delivery's
+    A writer writes under an :attr:`identity` (Kafka: a transactional id), which outlives the
+    task: one per sink partition, whose producer each worker process registers once and
+    reuses for the partition's later tasks. The runtime records the identity in Redis before a
+    delivery's
     first ``write`` (which begins a transaction) for a sink partition, and forgets it once
     that transaction's records are marked delivered. A task that finds identities recorded for
     its sink partition first has its writer :meth:`settle` them (end their transactions: a

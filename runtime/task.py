@@ -653,8 +653,9 @@ class TaskRun:
     def _forget_writer(self, index: int, writer: Any) -> None:
         """After a failure: forget a recorded writer whose transaction aborted cleanly.
 
-        Then the next attempt need not settle it (which would fence this process's producer,
-        that later tasks here reuse). Best effort: left recorded, it is settled instead.
+        Then the next attempt need not settle it (registering the partition's id anew, which
+        costs a round trip and fences the producer later tasks here would reuse). Best
+        effort: left recorded, it is settled instead.
         """
         identity = self.noted.pop(index, None)
         if identity is None or not writer.aborted_cleanly():

@@ -34,6 +34,8 @@ from onceflow.testing.services import free_port
 pytestmark = pytest.mark.kafka
 
 DOWN_S = 2.0  # how long the broker stays away before it is started again
+RANGE_RECORDS = 400
+PADDING = b"x" * 50_000
 CLIENTS = pytest.mark.parametrize(
     "client", ["python", pytest.param("confluent", marks=pytest.mark.long)]
 )
@@ -112,13 +114,17 @@ def _ids(kafka: LocalKafka, topic: str) -> list[bytes]:
 
 @CLIENTS
 def test_a_range_is_read_across_a_broker_restart(client, broker, monkeypatch):
-    """The stall clock does not run while Kafka does not answer (here: 2 s of it would do)."""
+    """The stall clock does not run while Kafka does not answer (here: 2 s of it would do).
+
+    20 MB of records: more than either reader fetches ahead (kafka-python 1 MB a partition,
+    librdkafka 16 MB), so the rest of the range is read from the restarted broker.
+    """
     settings = KafkaSettings(broker.bootstrap)
     topic = f"range-{uuid.uuid4().hex[:8]}"
     ensure_topics(settings, [topic], 1)
     producer = new_producer("python", settings, {"acks": "all", "linger_ms": 5})
-    for i in range(3000):
-        producer.send(topic, None, b"%d" % i, None, None)
+    for i in range(RANGE_RECORDS):
+        producer.send(topic, None, b"%d:" % i + PADDING, None, None)
     producer.flush(60)
     producer.close(5)
     monkeypatch.setattr(worker, "STALL_SECONDS", 2.0)
@@ -126,14 +132,14 @@ def test_a_range_is_read_across_a_broker_restart(client, broker, monkeypatch):
     monkeypatch.setattr(worker, "POLL_S", 0.2)
     got: list[int] = []
     restart = None
-    for fetched in worker.fetch_range(settings, topic, 0, 0, 3000, client=client):
+    for fetched in worker.fetch_range(settings, topic, 0, 0, RANGE_RECORDS, client=client):
         got.extend(fetched.offsets)
         if restart is None:
             broker.kill()
             restart = _back_later(broker)
     assert restart is not None
     restart.join()
-    assert got == list(range(3000)), "every record once, in order"
+    assert got == list(range(RANGE_RECORDS)), "every record once, in order"
 
 
 @pytest.mark.parametrize("client", ["python", "confluent"])
@@ -176,9 +182,14 @@ def test_a_commit_kafka_did_not_answer_happens_once(client, broker):
 
 @CLIENTS
 def test_a_plain_sink_rides_out_a_broker_restart(client, broker):
-    """Every record arrives (a plain sink may write one twice: same ID, same value)."""
+    """Every record arrives (a plain sink may write one twice: same ID, same value).
+
+    The producer gives a record up after 3 s (its delivery timeout): the outage outlasts it,
+    as a longer one outlasts the clients' defaults (kafka-python 2 minutes, librdkafka 5).
+    """
     pipeline = f"plain-{uuid.uuid4().hex[:8]}"
-    sink = _sink(broker, client, pipeline, transactional=False)
+    quick = {"delivery_timeout_ms": 3000, "request_timeout_ms": 2000, "linger_ms": 5}
+    sink = _sink(broker, client, pipeline, transactional=False, options=quick)
     writer = sink.open(_task(pipeline))
     records = _records(300)
     assert writer.write(records[:150]) == []
