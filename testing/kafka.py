@@ -25,6 +25,10 @@ layout of an unpacked Apache Kafka binary distribution). A download goes into a 
 folder renamed into place once complete, under a lock file: two processes fetching at once
 download once, and an interrupted download leaves nothing half-done behind.
 
+**A cluster.** ``LocalKafkaCluster(brokers=3)`` runs three such nodes, each broker and
+controller, with replication factor 3 and ``min.insync.replicas`` 2, and kills, stops and
+restarts one node at a time (a rolling restart, for the broker-restart tests).
+
 >>> with LocalKafka() as kafka:
 ...     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
 """

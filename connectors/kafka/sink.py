@@ -14,6 +14,10 @@ the marker: a ``read_committed`` reader sees every record exactly once. With
 ``transactional=False`` records are visible when acknowledged; a crash between the write
 and the delivered-mark can leave a copy (same ID, same value), counted by ``onceflow
 status`` as a possible copy and by ``onceflow audit`` in the topic.
+
+A broker that goes away under a write is waited for (:mod:`.outage`): a plain writer sends
+again what Kafka did not take, a transactional one has its broken transaction ended and, if
+it did not commit, redone (see :class:`_TransactionalKafkaWriter`).
 """
 
 from __future__ import annotations

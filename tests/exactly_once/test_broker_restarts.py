@@ -114,10 +114,10 @@ def _check(run: Run, outcome: Outcome, finished: float, outage: Outage, client) 
     verify(run, client)
 
 
-def _kill_and_restart(kafka: LocalKafka) -> Callable[[], None]:
+def _kill_and_restart(kafka: LocalKafka, down_s: float = DOWN_S) -> Callable[[], None]:
     def fault() -> None:
         kafka.kill()
-        time.sleep(DOWN_S)
+        time.sleep(down_s)
         kafka.start()
 
     return fault
@@ -142,6 +142,17 @@ def test_a_broker_killed_and_restarted_mid_run_is_ridden_out(
     gate = str(tmp_path / "fault-over")
     _input(run, gate)
     outage = Outage(_kill_and_restart(single_broker), gate)
+    outcome, finished = _run_through(run, outage)
+    _check(run, outcome, finished, outage, redis_server.client())
+
+
+@pytest.mark.long
+def test_a_broker_down_for_a_minute_is_ridden_out(single_broker, redis_server, tmp_path):
+    """Longer than the transactions' timeout (60 s): the coordinator aborts them itself."""
+    run = new_run(single_broker, redis_server.url, tmp_path)
+    gate = str(tmp_path / "fault-over")
+    _input(run, gate)
+    outage = Outage(_kill_and_restart(single_broker, down_s=55.0), gate)
     outcome, finished = _run_through(run, outage)
     _check(run, outcome, finished, outage, redis_server.client())
 
