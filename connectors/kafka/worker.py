@@ -103,12 +103,13 @@ def fetch_range(
 class _Range:
     """The reader of one range, and what it knows of Kafka while no record comes.
 
-    No record for :data:`QUIET_S`: the reader asks Kafka for the partition's log start. No
-    answer is an outage, waited for (see :mod:`.outage`) with a new reader (a client that
-    lost its way during the outage may not find it again); an answer after an outage restarts
-    the stall clock; an answer after :data:`STALL_SECONDS` without a record means the records
-    are not coming (deleted by retention, or the broker lost them): the task stops (a new
-    reader takes over half-way, in case the old one lost its way).
+    No record for :data:`QUIET_S`: the reader asks Kafka for the partition's log start (again
+    every :data:`QUIET_S`). No answer is an outage, waited for (see :mod:`.outage`) with a new
+    reader (a client that lost its way during the outage may not find it again). Answers
+    start the stall clock: :data:`STALL_SECONDS` of them without a record mean the records
+    are not coming (deleted by retention, or the broker lost them), and the task stops (a new
+    reader takes over half-way, in case the old one lost its way). Time Kafka did not answer
+    (a poll that blocked through an outage included) never counts as a stall.
     """
 
     def __init__(self, settings: KafkaSettings, client: str, topic: str, part: int) -> None:
@@ -118,12 +119,14 @@ class _Range:
             settings, self.doing, lambda: shared_reader(client, settings)
         )
         self.outage: Wait | None = None
-        self.idle_since = self.checked = time.monotonic()
+        self.checked = time.monotonic()
+        self.answering_since: float | None = None  # Kafka answered, no record came since
         self.renewed = False  # a new reader since the last record
 
     def progressed(self) -> None:
         """Records came: the clocks start again."""
-        self.idle_since = self.checked = time.monotonic()
+        self.checked = time.monotonic()
+        self.answering_since = None
         self.outage = None
         self.renewed = False
 
@@ -156,6 +159,7 @@ class _Range:
         except Exception as exc:
             if not transient(exc):
                 raise
+            self.answering_since = None
             self.outage = self.outage or Wait(self.settings, self.doing)
             self.outage.failed(exc)
             self.renew(position)
@@ -165,11 +169,11 @@ class _Range:
 
     def _answered(self, where: tuple[int, int, int]) -> None:
         """Kafka answered while no record came (see the class docstring)."""
-        if self.outage is not None:
-            self.outage = None
-            self.idle_since = time.monotonic()
-            return
-        idle = time.monotonic() - self.idle_since
+        self.outage = None
+        now = time.monotonic()
+        if self.answering_since is None:
+            self.answering_since = now
+        idle = now - self.answering_since
         lo, hi, position = where
         if idle > STALL_SECONDS / 2 and not self.renewed:
             self.renew(position)

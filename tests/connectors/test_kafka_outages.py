@@ -114,7 +114,7 @@ def _ids(kafka: LocalKafka, topic: str) -> list[bytes]:
 
 @CLIENTS
 def test_a_range_is_read_across_a_broker_restart(client, broker, monkeypatch):
-    """The stall clock does not run while Kafka does not answer (here: 2 s of it would do).
+    """The stall clock does not run while Kafka does not answer (here: 3 s of it would do).
 
     20 MB of records: more than either reader fetches ahead (kafka-python 1 MB a partition,
     librdkafka 16 MB), so the rest of the range is read from the restarted broker.
@@ -127,7 +127,7 @@ def test_a_range_is_read_across_a_broker_restart(client, broker, monkeypatch):
         producer.send(topic, None, b"%d:" % i + PADDING, None, None)
     producer.flush(60)
     producer.close(5)
-    monkeypatch.setattr(worker, "STALL_SECONDS", 2.0)
+    monkeypatch.setattr(worker, "STALL_SECONDS", 3.0)
     monkeypatch.setattr(worker, "QUIET_S", 0.5)
     monkeypatch.setattr(worker, "POLL_S", 0.2)
     got: list[int] = []
