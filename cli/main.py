@@ -68,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from onceflow.cli.loader import load_pipeline
 
     conf = spark_conf(args)
+    kafka_waits(args)
     pipeline = load_pipeline(args.file, args.pipeline)
     settings = streaming_settings(args)
     ui = _start_ui(args, pipeline)
@@ -150,6 +151,27 @@ def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
     )
     values = {n: getattr(args, n, None) for n in names}
     return {n: v for n, v in values.items() if v is not None and v is not False}  # 0 counts
+
+
+def kafka_waits(args: argparse.Namespace) -> None:
+    """``--kafka-start-wait``/``--kafka-outage-wait`` for the Kafka connectors to read.
+
+    Connectors read their settings from the environment on the driver (their waits too:
+    ``ONCEFLOW_KAFKA_START_WAIT``, ``ONCEFLOW_KAFKA_OUTAGE_WAIT``), so a flag is passed on
+    there, checked first.
+    """
+    from onceflow.kernel.durations import parse_duration_ms
+    from onceflow.kernel.settings import KAFKA_OUTAGE_WAIT_ENV, KAFKA_START_WAIT_ENV
+
+    for name, variable in (
+        ("kafka_start_wait", KAFKA_START_WAIT_ENV),
+        ("kafka_outage_wait", KAFKA_OUTAGE_WAIT_ENV),
+    ):
+        value = getattr(args, name, None)
+        if value:
+            flag = "--" + name.replace("_", "-")
+            parse_duration_ms(value, flag)
+            os.environ[variable] = value
 
 
 def spark_conf(args: argparse.Namespace) -> dict[str, str]:
@@ -335,6 +357,17 @@ def _add_streaming_args(p: argparse.ArgumentParser) -> None:
         type=int,
         help="times a micro-batch is run again when its Redis server restarted or failed over "
         "during it (default 3; 0 stops the run at the first)",
+    )
+    g.add_argument(
+        "--kafka-start-wait",
+        metavar="DURATION",
+        help="how long the run waits for Kafka to answer when it starts (default 60s)",
+    )
+    g.add_argument(
+        "--kafka-outage-wait",
+        metavar="DURATION",
+        help="how long a running pipeline waits for a Kafka broker that went away (a "
+        "restart) before it stops (default 3m)",
     )
 
 

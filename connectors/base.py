@@ -94,6 +94,9 @@ class SourceConnector(abc.ABC):
     def prepare(self, pipeline: str, streaming: bool) -> None:  # noqa: B027 - optional hook
         """Driver-side checks before a run (topics exist, files readable ...)."""
 
+    def connect(self) -> None:  # noqa: B027 - optional hook
+        """Driver side, first of all: wait (a bounded time) until the source's system answers."""
+
     def local_paths(self) -> list[str]:
         """Paths on this machine's own disk that the workers read (none by default)."""
         return []
@@ -139,9 +142,10 @@ class TransactionalWriter(SinkWriter):
     transaction committed), the runtime records the delivery as pending with that marker,
     ``commit``; then the runtime marks the records delivered.
 
-    A writer writes under an :attr:`identity` (Kafka: a transactional id), which may outlive
-    the task: one per worker process and sink, reused from task to task, so that a task does
-    not pay for registering one. The runtime records the identity in Redis before a delivery's
+    A writer writes under an :attr:`identity` (Kafka: a transactional id), which outlives the
+    task: one per sink partition, whose producer each worker process registers once and
+    reuses for the partition's later tasks. The runtime records the identity in Redis before a
+    delivery's
     first ``write`` (which begins a transaction) for a sink partition, and forgets it once
     that transaction's records are marked delivered. A task that finds identities recorded for
     its sink partition first has its writer :meth:`settle` them (end their transactions: a
@@ -182,6 +186,26 @@ class TransactionalWriter(SinkWriter):
     def committed(self, marker: str) -> bool:
         """Whether an earlier writer's transaction, named by its marker, committed."""
 
+    def recover(self) -> bool:
+        """After :class:`TransactionBroken`: end the transaction; whether it committed.
+
+        The writer ends its open transaction for good (waiting for its system, within a
+        bound) and tells whether the transaction whose marker :meth:`prepare` last returned
+        committed (False when it returned none). The runtime calls it only once it made sure
+        its attempt still owns the sink partition; False, it writes the records again.
+        """
+        msg = f"{type(self).__name__} cannot recover a broken transaction"
+        raise NotImplementedError(msg)
+
+
+class TransactionBroken(Exception):  # noqa: N818 - a state of the transaction, not an error text
+    """The sink's transaction cannot commit any more: its system failed under it.
+
+    Raised by :meth:`TransactionalWriter.prepare` or :meth:`~TransactionalWriter.commit` (a
+    Kafka broker went away, or the producer was fenced). Whether a commit under way happened
+    is not known yet: :meth:`TransactionalWriter.recover` answers that.
+    """
+
 
 class PoisonInTransaction(Exception):  # noqa: N818 - it carries records, not an error text
     """Records the sink refused inside a transaction, which it aborted: send the rest again."""
@@ -211,6 +235,9 @@ class SinkConnector(abc.ABC):
         run (its log, and the progress output); never a reason to stop.
         """
         return []
+
+    def connect(self) -> None:  # noqa: B027 - optional hook
+        """Driver side, first of all: wait (a bounded time) until the sink's system answers."""
 
     def local_paths(self) -> list[str]:
         """Paths on this machine's own disk that the workers write (none by default)."""

@@ -22,8 +22,8 @@ In between, the sink partition keeps one *pending* delivery in Redis (:func:`pre
   may have reached the sink and will be written again: the next attempt counts them as
   ``possible_copies`` (``onceflow status`` shows them), with the same ID and value.
 
-A transactional writer's identity (a Kafka transactional id, one per worker process and sink,
-reused by its tasks) is recorded in the same hash before it begins a transaction for the
+A transactional writer's identity (a Kafka transactional id, one per sink partition, reused
+by the partition's tasks) is recorded in the same hash before it begins a transaction for the
 partition (:func:`note_writer`); marking the delivery deletes the hash, and with it the
 record. An attempt that opens the partition reads both (:func:`sink_state`) and settles every
 identity it finds before it asks whether a pending delivery happened: then no transaction of

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceflow.kernel.durations import parse_duration_ms
 from onceflow.kernel.errors import ConfigError, ServiceError
 
 _SECRET_WORDS = ("password", "secret", "token", "key")
@@ -182,12 +183,26 @@ def check_durable(client: Any, allow_non_durable: bool) -> str:
     return found
 
 
+KAFKA_START_WAIT_ENV = "ONCEFLOW_KAFKA_START_WAIT"
+KAFKA_OUTAGE_WAIT_ENV = "ONCEFLOW_KAFKA_OUTAGE_WAIT"
+DEFAULT_KAFKA_START_WAIT_S = 60.0
+DEFAULT_KAFKA_OUTAGE_WAIT_S = 180.0
+
+
 @dataclass(frozen=True)
 class KafkaSettings:
-    """Where Kafka is and how to log in; ``options`` go to every kafka-python client."""
+    """Where Kafka is and how to log in; ``options`` go to every kafka-python client.
+
+    ``start_wait_s``: how long a run waits for Kafka to answer at all when it starts
+    (``$ONCEFLOW_KAFKA_START_WAIT``); ``outage_wait_s``: how long a running pipeline's Kafka
+    step waits for a broker that went away, before the run stops
+    (``$ONCEFLOW_KAFKA_OUTAGE_WAIT``). See :mod:`onceflow.connectors.kafka.outage`.
+    """
 
     bootstrap_servers: str
     options: dict[str, Any] = field(default_factory=dict, hash=False)
+    start_wait_s: float = DEFAULT_KAFKA_START_WAIT_S
+    outage_wait_s: float = DEFAULT_KAFKA_OUTAGE_WAIT_S
 
     @classmethod
     def from_env(cls, bootstrap_servers: str | None = None, **options: Any) -> KafkaSettings:
@@ -208,7 +223,12 @@ class KafkaSettings:
             "ssl_certfile": "KAFKA_SSL_CERTFILE",
             "ssl_keyfile": "KAFKA_SSL_KEYFILE",
         }
-        return cls(servers, _from_environment(env, options))
+        return cls(
+            servers,
+            _from_environment(env, options),
+            _wait_from_env(KAFKA_START_WAIT_ENV, DEFAULT_KAFKA_START_WAIT_S),
+            _wait_from_env(KAFKA_OUTAGE_WAIT_ENV, DEFAULT_KAFKA_OUTAGE_WAIT_S),
+        )
 
     def client_config(self) -> dict[str, Any]:
         """Keyword arguments shared by producers, consumers and admin clients."""
@@ -216,3 +236,11 @@ class KafkaSettings:
 
     def __repr__(self) -> str:
         return f"KafkaSettings({self.bootstrap_servers!r}, {_mask(self.options)})"
+
+
+def _wait_from_env(variable: str, default_s: float) -> float:
+    """A wait in seconds from a duration in the environment (``90s``, ``3m``), else the default."""
+    text = os.environ.get(variable)
+    if not text:
+        return default_s
+    return parse_duration_ms(text, variable) / 1000

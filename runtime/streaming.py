@@ -486,7 +486,7 @@ def _run(
     steps = Phases(began)
     stop = handlers.stop
     mode = opts.mode
-    _check_sources(job)
+    _check_sources(job)  # and wait for their systems (and the sinks'): see _connect
     config = opts.dedup or job.dedup or DedupConfig()
     redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
     keyspace = Keyspace(opts.namespace or job.pipeline)
@@ -549,6 +549,15 @@ def _run(
             "stopped_by": stop.reason,
         },
     )
+
+
+def _connect(job: Job) -> None:
+    """Wait (a bounded time) until each source's and sink's system answers, before Spark starts.
+
+    A broker down at start is a progress line every 10 s, then one line, not a traceback.
+    """
+    for connector in [c for _, c in job.sources] + list(job.sinks):
+        connector.connect()
 
 
 def _checkpoint(
@@ -763,6 +772,7 @@ def _check_sources(job: Job) -> None:
                 "pipeline reads only streams (Kafka): run bounded pipelines separately"
             )
             raise ConfigError(msg)
+    _connect(job)
 
 
 def _dead_letters(job: Job, output_dir: str) -> Any:

@@ -39,6 +39,7 @@ from onceflow.connectors.base import (
     Rejected,
     TaskInfo,
     TransactionalWriter,
+    TransactionBroken,
 )
 from onceflow.connectors.errors import ConnectorError
 from onceflow.dedup.admission import Admission
@@ -715,17 +716,49 @@ class TaskRun:
         todo: list[Output],
         records: list[Record],
     ) -> list[Rejected]:
-        """Write, prepare, remember as pending, commit: the records become visible once."""
+        """Write, prepare, remember as pending, commit: the records become visible once.
+
+        A transaction its system broke (:class:`TransactionBroken`: Kafka went away under
+        it) is recovered once Redis confirms this attempt still owns the sink partition
+        (``note_writer`` is fenced: a zombie attempt stops there): the writer ends it and
+        says whether it committed; if not, the records go again in a new transaction, under
+        a new pending delivery.
+        """
         rejected: list[Rejected] = []
         self.guard.note_writer(target.index, writer.identity)  # before it begins
         self.noted[target.index] = writer.identity
         sending = records
         while True:
+            try:
+                sending = self._commit_transaction(target, writer, todo, records, sending, rejected)
+                break
+            except TransactionBroken:
+                self.guard.note_writer(target.index, writer.identity)
+                if writer.recover():
+                    break
+                self.count("sink_transactions_redone")
+        crashpoint("after_sink_commit", self.spec.name, self.batch, self.partition, self.attempt)
+        self.noted.pop(target.index, None)  # guard.delivered() deletes the record
+        return rejected
+
+    def _commit_transaction(
+        self,
+        target: TargetSpec,
+        writer: TransactionalWriter,
+        todo: list[Output],
+        records: list[Record],
+        sending: list[Record],
+        rejected: list[Rejected],
+    ) -> list[Record]:
+        """One transaction of ``sending``: refused records join ``rejected``; what was sent.
+
+        The pending delivery names what becomes visible: a recovery marks exactly that.
+        """
+        while True:
             refused = writer.write(sending)
             rejected += refused
             if refused:  # refused before sending: not again in a redone transaction
-                bad = {id(rec) for rec, _ in refused}
-                sending = [r for r in sending if id(r) not in bad]
+                sending = _without(sending, refused)
             crashpoint(
                 "in_sink_transaction", self.spec.name, self.batch, self.partition, self.attempt
             )
@@ -734,15 +767,11 @@ class TaskRun:
                 break
             except PoisonInTransaction as poison:  # the transaction was aborted: again without
                 rejected += poison.rejected
-                bad = {id(rec) for rec, _ in poison.rejected}
-                sending = [r for r in sending if id(r) not in bad]
-        # the pending delivery names what becomes visible: a recovery marks exactly that
+                sending = _without(sending, poison.rejected)
         self.guard.prepare_delivery(target.index, marker, accepted(todo, records, rejected))
         crashpoint("after_sink_write", self.spec.name, self.batch, self.partition, self.attempt)
         writer.commit()
-        crashpoint("after_sink_commit", self.spec.name, self.batch, self.partition, self.attempt)
-        self.noted.pop(target.index, None)  # guard.delivered() deletes the record
-        return rejected
+        return sending
 
     def refused_letters(self, target: TargetSpec, rejected: list[Rejected]) -> list[Output]:
         """Dead letters for records a sink refused."""
@@ -843,8 +872,9 @@ class TaskRun:
     def _forget_writer(self, index: int, writer: Any) -> None:
         """After a failure: forget a recorded writer whose transaction aborted cleanly.
 
-        Then the next attempt need not settle it (which would fence this process's producer,
-        that later tasks here reuse). Best effort: left recorded, it is settled instead.
+        Then the next attempt need not settle it (registering the partition's id anew, which
+        costs a round trip and fences the producer later tasks here would reuse). Best
+        effort: left recorded, it is settled instead.
         """
         identity = self.noted.pop(index, None)
         if identity is None or not writer.aborted_cleanly():
@@ -893,6 +923,12 @@ def accepted(todo: list[Output], records: list[Record], rejected: list[Rejected]
         return todo
     refused = {id(rec) for rec, _ in rejected}
     return [o for o, rec in zip(todo, records, strict=True) if id(rec) not in refused]
+
+
+def _without(records: list[Record], rejected: list[Rejected]) -> list[Record]:
+    """``records`` less the rejected ones (by identity: two records may be equal)."""
+    bad = {id(rec) for rec, _ in rejected}
+    return [r for r in records if id(r) not in bad]
 
 
 def decode_outputs(outputs: Iterable[Output], target: TargetSpec) -> list[Record]:

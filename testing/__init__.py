@@ -30,7 +30,7 @@ from onceflow.testing.harness import (
     run_pipeline,
     session_processes,
 )
-from onceflow.testing.kafka import LocalKafka, fetch_kafka
+from onceflow.testing.kafka import LocalKafka, LocalKafkaCluster, fetch_kafka
 from onceflow.testing.run import TestOutputs, run_test
 from onceflow.testing.services import LocalBroker, LocalRedis, free_port
 from onceflow.testing.teststream import TestStream
@@ -41,6 +41,7 @@ __all__ = [
     "Crash",
     "LocalBroker",
     "LocalKafka",
+    "LocalKafkaCluster",
     "LocalRedis",
     "LocalRedisCluster",
     "LocalSparkCluster",

@@ -25,6 +25,10 @@ layout of an unpacked Apache Kafka binary distribution). A download goes into a 
 folder renamed into place once complete, under a lock file: two processes fetching at once
 download once, and an interrupted download leaves nothing half-done behind.
 
+**A cluster.** ``LocalKafkaCluster(brokers=3)`` runs three such nodes, each broker and
+controller, with replication factor 3 and ``min.insync.replicas`` 2, and kills, stops and
+restarts one node at a time (a rolling restart, for the broker-restart tests).
+
 >>> with LocalKafka() as kafka:
 ...     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
 """
@@ -46,6 +50,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
@@ -75,6 +80,8 @@ JVM_OPTIONS = (
     "-XX:+ExitOnOutOfMemoryError",
     "-Djava.awt.headless=true",
 )
+DEFAULT_HEAP = "512m"  # -Xmx of one broker; the nodes of a cluster take less each
+CLUSTER_HEAP = "256m"
 # The broker logs to standard output, which LocalKafka sends to its log file. The settings
 # dumps (hundreds of lines, several per start) are left out: server.properties sits beside it.
 LOG4J2_PROPERTIES = """\
@@ -310,12 +317,21 @@ def new_cluster_id() -> str:
             return text
 
 
-def broker_properties(port: int, controller_port: int, log_dir: str) -> dict[str, str]:
-    """A single-node KRaft broker+controller on loopback, with ``TEST_SETTINGS``."""
+def broker_properties(
+    port: int,
+    controller_port: int,
+    log_dir: str,
+    node_id: int = NODE_ID,
+    voters: str | None = None,
+) -> dict[str, str]:
+    """A KRaft broker+controller on loopback, with ``TEST_SETTINGS``.
+
+    ``voters`` is the controller quorum (``id@host:port,...``); by default this node alone.
+    """
     return {
         "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@{LOOPBACK}:{controller_port}",
         "listeners": f"PLAINTEXT://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -354,8 +370,17 @@ class LocalKafka:
         controller_port: int | None = None,
         version: str = KAFKA_VERSION,
         properties: Mapping[str, str] | None = None,
+        *,
+        node_id: int = NODE_ID,
+        voters: str | None = None,
+        cluster_id: str | None = None,
+        heap: str = DEFAULT_HEAP,
     ) -> None:
         self._owns_directory = directory is None
+        self.node_id = node_id
+        self.voters = voters  # the controller quorum, when this node is one of a cluster
+        self.new_cluster_id = cluster_id  # the id the format step writes (None: a new one)
+        self.heap = heap
         self.directory = directory or tempfile.mkdtemp(prefix="onceflow-kafka-")
         self.port = port or free_port()
         self.controller_port = controller_port or _other_port(self.port)
@@ -390,14 +415,10 @@ class LocalKafka:
         """Start (formatting the storage the first time) and wait until the broker answers."""
         if self.running:
             return self
-        home = fetch_kafka(self.version)
         first = self.cluster_id is None
         attempts = PORT_ATTEMPTS if first and not self._fixed_ports else 1
         for attempt in range(attempts):
-            self._write_config()
-            if self.cluster_id is None:
-                self._format(home)
-            self._launch(home)
+            self.launch()
             try:
                 self._wait_ready()
                 return self
@@ -409,6 +430,28 @@ class LocalKafka:
                 self.controller_port = _other_port(self.port)
         msg = f"Kafka did not start; see {self.log_path}"  # not reached: the loop raises
         raise ServiceError(msg)
+
+    def launch(self) -> None:
+        """Start the JVM (formatting the storage the first time) without waiting for it.
+
+        The nodes of a cluster are launched together: a controller quorum needs a majority
+        of its voters up before any broker of it answers.
+        """
+        if self.running:
+            return
+        home = fetch_kafka(self.version)
+        self._write_config()
+        if self.cluster_id is None:
+            self._format(home)
+        self._launch(home)
+
+    def wait_ready(self) -> None:
+        """Until the broker answers (see :meth:`_wait_ready`); kills it if it does not."""
+        try:
+            self._wait_ready()
+        except ServiceError:
+            self.kill()
+            raise
 
     @property
     def running(self) -> bool:
@@ -424,7 +467,9 @@ class LocalKafka:
     def _write_config(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         props = {
-            **broker_properties(self.port, self.controller_port, self.data_dir),
+            **broker_properties(
+                self.port, self.controller_port, self.data_dir, self.node_id, self.voters
+            ),
             **self.overrides,
         }
         text = "".join(f"{k}={v}\n" for k, v in props.items())
@@ -435,6 +480,7 @@ class LocalKafka:
         return [
             java_binary(),
             *JVM_OPTIONS,
+            f"-Xmx{self.heap}",  # after JVM_OPTIONS' own: the last -Xmx counts
             f"-Dlog4j2.configurationFile={self._log4j_path()}",
             "-cp",
             str(home / "libs" / "*"),
@@ -443,8 +489,9 @@ class LocalKafka:
         ]
 
     def _format(self, home: Path) -> None:
+        cluster = self.new_cluster_id or new_cluster_id()
         cmd = self._java(
-            home, STORAGE_TOOL_CLASS, "format", "-t", new_cluster_id(), "-c", self._config_path()
+            home, STORAGE_TOOL_CLASS, "format", "-t", cluster, "-c", self._config_path()
         )
         with open(self.log_path, "ab") as log:
             done = subprocess.run(
@@ -488,7 +535,7 @@ class LocalKafka:
             try:
                 if self._answers():
                     return
-                last = f"broker {NODE_ID} not yet registered and unfenced"
+                last = f"broker {self.node_id} not yet registered and unfenced"
             except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
                 last = f"{type(exc).__name__}: {exc}"
             time.sleep(POLL_INTERVAL_S)
@@ -519,7 +566,7 @@ class LocalKafka:
                 f"expected {self.cluster_id}: another process has the port"
             )
             raise ServiceError(msg)
-        return NODE_ID in live
+        return self.node_id in live
 
     def _port_taken(self) -> bool:
         text = Path(self.log_path).read_text(encoding="utf-8", errors="replace")
@@ -579,3 +626,161 @@ class LocalKafka:
         self.stop()
         if self._owns_directory and exc_type is None:  # keep the log when something failed
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# A cluster of three: what replication needs for a broker to go down without a write stopping
+# (replication factor 3, min.insync.replicas 2, acks=all) and the internal topics alike.
+CLUSTER_SETTINGS: Mapping[str, str] = {
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+    "offsets.topic.replication.factor": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "share.coordinator.state.topic.replication.factor": "3",
+    "share.coordinator.state.topic.min.isr": "2",
+    # A restarted broker becomes leader of its partitions again soon (a rolling restart
+    # otherwise leaves every leader on the node restarted first).
+    "leader.imbalance.check.interval.seconds": "5",
+    # Followers catch up and rejoin the in-sync set without waiting for Kafka's defaults.
+    "replica.lag.time.max.ms": "5000",
+    "num.replica.fetchers": "1",
+}
+IN_SYNC_TIMEOUT_S = 120.0
+
+
+class LocalKafkaCluster:
+    """``brokers`` Apache Kafka nodes (KRaft) on loopback, each broker and controller at once.
+
+    Every node votes in the controller quorum, so a cluster of three keeps a quorum and two
+    in-sync replicas while any one node is down: topics get replication factor 3 and
+    ``min.insync.replicas`` 2 (:data:`CLUSTER_SETTINGS`, with :data:`TEST_SETTINGS`).
+    ``kill(i)``, ``stop(i)``, ``start_node(i)`` and ``restart(i)`` act on node ``i`` (0-based);
+    :meth:`wait_in_sync` waits until every replica is back in sync (do it between the steps of
+    a rolling restart, as an operator would). ``bootstrap`` names every node. Each JVM gets
+    :data:`CLUSTER_HEAP` of heap (the page cache holds the data).
+
+    Measured on two busy cores (shared with other tests): start (three formats, three JVMs at
+    once) ~12-20 s; a node's restart after ``kill`` ~8-10 s, back in sync ~0.1-0.5 s later;
+    ~280 MB resident per node.
+    """
+
+    def __init__(
+        self,
+        brokers: int = 3,
+        directory: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        version: str = KAFKA_VERSION,
+    ) -> None:
+        self._owns_directory = directory is None
+        self.directory = directory or tempfile.mkdtemp(prefix="onceflow-kafka-cluster-")
+        ports = _distinct_ports(2 * brokers)
+        pairs = [(ports[2 * i], ports[2 * i + 1]) for i in range(brokers)]
+        voters = ",".join(f"{i + 1}@{LOOPBACK}:{c}" for i, (_, c) in enumerate(pairs))
+        settings = {**CLUSTER_SETTINGS, **(properties or {})}
+        cluster_id = new_cluster_id()
+        self.nodes = [
+            LocalKafka(
+                os.path.join(self.directory, f"node-{i + 1}"),
+                port,
+                controller,
+                version,
+                settings,
+                node_id=i + 1,
+                voters=voters,
+                cluster_id=cluster_id,
+                heap=CLUSTER_HEAP,
+            )
+            for i, (port, controller) in enumerate(pairs)
+        ]
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node: ``127.0.0.1:P1,127.0.0.1:P2,...``."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self) -> LocalKafkaCluster:
+        """Launch every node at once (formats too: a JVM each), then wait until each answers."""
+        for node in self.nodes:
+            os.makedirs(node.directory, exist_ok=True)
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(LocalKafka.launch, self.nodes))
+        for node in self.nodes:
+            node.wait_ready()
+        return self
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node ``i``."""
+        self.nodes[i].kill()
+
+    def stop(self, i: int) -> None:
+        """Shut node ``i`` down cleanly (its leaderships move first)."""
+        self.nodes[i].stop()
+
+    def start_node(self, i: int) -> None:
+        """Start node ``i`` again on its directory and ports; wait until it answers."""
+        self.nodes[i].start()
+
+    def restart(self, i: int, kill: bool = True) -> None:
+        """Kill (or stop) node ``i`` and start it again."""
+        self.nodes[i].restart(kill=kill)
+
+    def wait_in_sync(self, timeout_s: float = IN_SYNC_TIMEOUT_S) -> None:
+        """Until every partition of every topic has all its replicas in sync."""
+        from kafka import KafkaAdminClient
+
+        deadline = time.monotonic() + timeout_s
+        lagging: list[str] = ["(not asked yet)"]
+        while time.monotonic() < deadline:
+            try:
+                admin = KafkaAdminClient(
+                    bootstrap_servers=self.bootstrap, request_timeout_ms=PROBE_TIMEOUT_MS
+                )
+                try:
+                    topics = admin.describe_topics()
+                finally:
+                    admin.close()
+                lagging = [
+                    f"{t['name']}:{p['partition_index']}"
+                    for t in topics
+                    for p in t["partitions"]
+                    if p["error_code"] or len(p["isr_nodes"]) < len(p["replica_nodes"])
+                ]
+            except Exception as exc:  # noqa: BLE001 - a node still starting: ask again
+                lagging = [f"{type(exc).__name__}: {exc}"]
+            if not lagging:
+                return
+            time.sleep(POLL_INTERVAL_S * 5)
+        msg = f"Kafka replicas not in sync within {timeout_s:.0f} s: {lagging[:5]}"
+        raise ServiceError(msg)
+
+    def close(self) -> None:
+        """Stop every node, all at once (one by one, each waits for the others' shutdown)."""
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(LocalKafka.stop, self.nodes))
+
+    def __enter__(self) -> LocalKafkaCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+        if self._owns_directory and exc_type is None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _distinct_ports(n: int) -> list[int]:
+    """``n`` different loopback ports that were free a moment ago."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports

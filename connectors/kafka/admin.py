@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.outage import Wait, describe, transient
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.settings import KafkaSettings
 
@@ -195,11 +196,57 @@ class PreparedTopics:
     notes: list[str]
 
 
-@contextlib.contextmanager
-def admin_client(settings: KafkaSettings) -> Iterator[Any]:
-    """kafka-python's admin client with these settings, closed after."""
+_answered: set[str] = set()  # bootstrap servers that answered this process once
+# One attempt at a first connection (a progress line comes every 10 s: two attempts a line).
+CONNECT_ATTEMPT_S = 5.0
+
+
+def await_kafka(settings: KafkaSettings) -> None:
+    """Return once Kafka answers (a run's first connection; once per process and servers).
+
+    A Kafka that does not answer is waited for up to ``settings.start_wait_s``, with a
+    progress line every 10 s, then :class:`KafkaUnavailable` says in one line which servers
+    and what to check; a refusal (a wrong password, say) is one line at once.
+    """
+    if settings.bootstrap_servers in _answered:
+        return
+    wait = Wait(settings, "connecting", start=True)
+    while True:
+        try:
+            _list_topics(settings, min(CONNECT_ATTEMPT_S, max(1.0, wait.left_s)))
+            break
+        except Exception as exc:
+            if not transient(exc):
+                msg = (
+                    f"cannot use Kafka at {settings.bootstrap_servers}: {describe(exc)}; check "
+                    "the KAFKA_* settings (or the connector's connection= options)"
+                )
+                raise ConnectorError(msg) from exc
+            wait.failed(exc)
+    _answered.add(settings.bootstrap_servers)
+
+
+def _list_topics(settings: KafkaSettings, timeout_s: float) -> None:
     from kafka.admin import KafkaAdminClient
 
+    admin = KafkaAdminClient(
+        **{"bootstrap_timeout_ms": int(timeout_s * 1000), **settings.client_config()}
+    )
+    try:
+        admin.list_topics()
+    finally:
+        admin.close()
+
+
+@contextlib.contextmanager
+def admin_client(settings: KafkaSettings) -> Iterator[Any]:
+    """kafka-python's admin client with these settings, closed after.
+
+    Waits for a Kafka that does not answer yet (:func:`await_kafka`).
+    """
+    from kafka.admin import KafkaAdminClient
+
+    await_kafka(settings)
     admin = KafkaAdminClient(**settings.client_config())
     try:
         yield admin

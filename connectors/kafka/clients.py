@@ -24,10 +24,11 @@ re-exported here).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
-from onceflow.connectors.kafka.admin import ensure_topics
+from onceflow.connectors.kafka.admin import await_kafka, ensure_topics
 from onceflow.connectors.kafka.interface import (
     CONFLUENT_CLIENT,
     FAST_EXTRA,
@@ -38,9 +39,11 @@ from onceflow.connectors.kafka.interface import (
     Delivery,
     Fetched,
     Headers,
+    KafkaUnavailable,
     OffsetOutOfRange,
     PartitionReader,
     Producer,
+    ProducerBroken,
     ProducerFenced,
     RecordRefused,
     check_client,
@@ -59,15 +62,20 @@ __all__ = [
     "Delivery",
     "Fetched",
     "Headers",
+    "KafkaUnavailable",
     "OffsetOutOfRange",
     "PartitionReader",
     "Producer",
+    "ProducerBroken",
     "ProducerFenced",
     "RecordRefused",
+    "await_kafka",
     "check_client",
     "ensure_topics",
     "new_producer",
     "new_reader",
+    "renew_shared_producer",
+    "renew_shared_reader",
     "require_confluent",
     "shared_producer",
     "shared_reader",
@@ -114,6 +122,24 @@ def shared_reader(client: str, settings: KafkaSettings) -> PartitionReader:
     return reader
 
 
+def renew_shared_reader(
+    client: str, settings: KafkaSettings, old: PartitionReader
+) -> PartitionReader:
+    """Replace this process's shared reader ``old`` (it failed while Kafka was away).
+
+    A client that lost its way during an outage may not find it again (measured: a
+    kafka-python consumer after a rolling restart of three brokers asked for a partition's
+    offsets in vain until the run gave up); a new one does. ``old`` is closed.
+    """
+    key = ("reader", client, _settings_key(settings, {}))
+    with _shared_lock:
+        if _shared.get(key) is old:
+            del _shared[key]
+    with contextlib.suppress(Exception):
+        old.close()
+    return shared_reader(client, settings)
+
+
 def shared_producer(client: str, settings: KafkaSettings, config: dict[str, Any]) -> Producer:
     """This process's plain producer for ``client``, settings and ``config``."""
     key = ("producer", client, _settings_key(settings, config))
@@ -122,3 +148,19 @@ def shared_producer(client: str, settings: KafkaSettings, config: dict[str, Any]
         if producer is None:
             producer = _shared[key] = new_producer(client, settings, config)
     return producer
+
+
+def renew_shared_producer(
+    client: str, settings: KafkaSettings, config: dict[str, Any], old: Producer
+) -> Producer:
+    """Replace this process's shared producer ``old`` (it stopped making progress).
+
+    ``old`` is closed at once (what it holds is dropped: its records are sent again).
+    """
+    key = ("producer", client, _settings_key(settings, config))
+    with _shared_lock:
+        if _shared.get(key) is old:
+            del _shared[key]
+    with contextlib.suppress(Exception):
+        old.close(0)
+    return shared_producer(client, settings, config)

@@ -42,10 +42,13 @@ from onceflow.connectors.kafka.interface import (
     Delivery,
     Fetched,
     Headers,
+    KafkaUnavailable,
     OffsetOutOfRange,
+    ProducerBroken,
     ProducerFenced,
     RecordRefused,
 )
+from onceflow.connectors.kafka.outage import ATTEMPT_S
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.settings import KafkaSettings
 
@@ -96,8 +99,11 @@ PRODUCER_NAMES: Mapping[str, str] = {
     "delivery_timeout_ms": "delivery.timeout.ms",
     "request_timeout_ms": "request.timeout.ms",
 }
-# kafka-python options that only steer kafka-python itself (librdkafka negotiates versions).
-PYTHON_ONLY = frozenset({"api_version", "api_version_auto_timeout_ms"})
+# kafka-python options that only steer kafka-python itself (librdkafka negotiates versions,
+# takes a timeout with each call that may block, and connects in the background).
+PYTHON_ONLY = frozenset(
+    {"api_version", "api_version_auto_timeout_ms", "max_block_ms", "bootstrap_timeout_ms"}
+)
 
 READER_GROUP = "onceflow-reader"  # required by librdkafka; never joined (assign only)
 # How much a reader fetches ahead of what it was asked for (librdkafka's default, 64 MiB a
@@ -112,10 +118,8 @@ READER_QUEUE_BACKOFF_MS = 10
 # and a fetch waiting there holds up the next partition's first fetch (librdkafka's default,
 # 500 ms, cost every task half a second).
 READER_FETCH_WAIT_MS = 10
-LIST_TIMEOUT_S = 30.0
-TXN_TIMEOUT_S = 60.0
-TXN_ATTEMPTS = 3
-QUEUE_FULL_S = 120.0
+LIST_TIMEOUT_S = ATTEMPT_S
+QUEUE_FULL_S = ATTEMPT_S
 
 
 def _codes() -> tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]:
@@ -144,6 +148,27 @@ def _codes() -> tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[
 
 
 POISON_CODES, OUT_OF_RANGE_CODES, DENIED_CODES, FENCED_CODES = _codes()
+# librdkafka's codes of a Kafka that is away or moving (some are not flagged retriable).
+TRANSIENT_CODES = frozenset(
+    {
+        E._TRANSPORT,
+        E._ALL_BROKERS_DOWN,
+        E._DESTROY_BROKER,
+        E._TIMED_OUT,
+        E._MSG_TIMED_OUT,
+        E._RESOLVE,
+        E._WAIT_COORD,
+        E.NOT_COORDINATOR,
+        E.COORDINATOR_NOT_AVAILABLE,
+        E.COORDINATOR_LOAD_IN_PROGRESS,
+        E.NOT_ENOUGH_REPLICAS,
+        E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        E.REQUEST_TIMED_OUT,
+        E.NOT_LEADER_FOR_PARTITION,
+        E.LEADER_NOT_AVAILABLE,
+        E.CONCURRENT_TRANSACTIONS,
+    }
+)
 
 
 def librdkafka_config(
@@ -213,7 +238,14 @@ class ConfluentReader:
     def log_start(self, topic: str, partition: int) -> int:
         """The first offset still in the partition's log."""
         tp = TopicPartition(topic, partition)
-        low, _ = self.consumer.get_watermark_offsets(tp, timeout=LIST_TIMEOUT_S, cached=False)
+        try:
+            low, _ = self.consumer.get_watermark_offsets(tp, timeout=LIST_TIMEOUT_S, cached=False)
+        except KafkaException as exc:
+            error = exc.args[0]
+            text = f"reading {topic}:{partition} failed: {error.name()}: {error.str()}"
+            if error.fatal() or error.code() in DENIED_CODES:
+                raise ConnectorError(text) from None
+            raise KafkaUnavailable(text) from None  # a broker away or moving: asked again
         return int(low)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
@@ -272,6 +304,28 @@ class ConfluentReader:
     def close(self) -> None:
         """Release the client."""
         self.consumer.close()
+
+
+def _translated(exc: KafkaException) -> Exception:
+    """A librdkafka error as one of the interface's (or as it is).
+
+    :class:`ProducerFenced`: a fatal error (librdkafka's producer cannot go on: fenced, or
+    its epoch lost) or a fencing code; :class:`ProducerBroken`: a transaction to be aborted
+    (the sink registers a new producer); :class:`KafkaUnavailable`: an error librdkafka
+    calls retriable (a call again goes on: a commit that timed out), a timeout or a lost
+    connection.
+    """
+    error = exc.args[0] if exc.args else None
+    if error is None or not hasattr(error, "code"):
+        return exc
+    text = f"{error.name()}: {error.str()}"
+    if error.fatal() or error.code() in FENCED_CODES:
+        return ProducerFenced(text)
+    if getattr(error, "txn_requires_abort", lambda: False)():
+        return ProducerBroken(text)
+    if error.retriable() or error.code() in TRANSIENT_CODES:
+        return KafkaUnavailable(text)
+    return exc
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -354,57 +408,67 @@ class ConfluentProducer:
                 if time.monotonic() > deadline:
                     msg = (
                         f"Kafka took no record for {topic!r} in {QUEUE_FULL_S:.0f} s (the "
-                        "producer's queue stayed full); is the broker up?"
+                        "producer's queue stayed full)"
                     )
-                    raise ConnectorError(msg) from None
+                    raise KafkaUnavailable(msg) from None
                 self.producer.poll(0.05)
             except KafkaException as exc:
                 error = exc.args[0]
                 if error.code() in POISON_CODES:
                     msg = f"{error.name()}: {error.str()}"
                     raise RecordRefused(msg) from None
-                raise
+                raise _translated(exc) from None
 
     def flush(self, timeout_s: float) -> None:
-        """Wait until every queued record is acknowledged or failed."""
-        self.producer.flush(timeout_s)
+        """Wait (at most ``timeout_s``) until every queued record is acknowledged or failed.
 
-    def init_transactions(self) -> None:
+        A producer in a fatal state (fenced) raises :class:`ProducerFenced`: confluent-kafka
+        raises its error, or a ``SystemError`` when it served a delivery report after it.
+        """
+        try:
+            self.producer.flush(timeout_s)
+        except KafkaException as exc:
+            raise _translated(exc) from None
+        except SystemError as exc:
+            raise ProducerFenced(self.fatal or str(exc)) from None
+
+    def init_transactions(self, timeout_s: float) -> None:
         """Register the transactional id (fences older producers of it)."""
-        self._retrying(self.producer.init_transactions)
+        self._call(self.producer.init_transactions, timeout_s)
 
     def begin(self) -> None:
         """Begin a transaction."""
-        try:
-            self.producer.begin_transaction()
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.fatal() or error.code() in FENCED_CODES:
-                msg = f"{error.name()}: {error.str()}"
-                raise ProducerFenced(msg) from exc
-            raise
+        self._call(self.producer.begin_transaction)
 
-    def commit(self) -> None:
-        """Commit the open transaction."""
-        self._retrying(self.producer.commit_transaction)
+    def commit(self, timeout_s: float) -> None:
+        """Commit the open transaction (after a timeout, a call again goes on with it)."""
+        self._call(self.producer.commit_transaction, timeout_s)
 
-    def abort(self) -> None:
+    def abort(self, timeout_s: float) -> None:
         """Abort the open transaction."""
-        self._retrying(self.producer.abort_transaction)
+        self._call(self.producer.abort_transaction, timeout_s)
 
-    def _retrying(self, call: Any) -> None:
-        """Call a transaction method again while librdkafka says the error is retriable."""
-        for attempt in range(TXN_ATTEMPTS):
-            try:
-                call(TXN_TIMEOUT_S)
-                return
-            except KafkaException as exc:
-                error = exc.args[0]
-                if not error.retriable() or attempt == TXN_ATTEMPTS - 1:
-                    raise
+    def _call(self, method: Any, *timeout_s: float) -> None:
+        """A transaction method; its error translated (see :func:`_translated`).
+
+        One attempt: a retriable error (a timeout, a coordinator away) is the sink's to retry,
+        with a new producer if need be (see ``connectors/kafka/sink.py``).
+        """
+        try:
+            method(*timeout_s)
+        except KafkaException as exc:
+            raise _translated(exc) from None
 
     def close(self, timeout_s: float) -> None:
-        """Release the client."""
+        """Release the client (at once with ``timeout_s`` 0: what is unsent is dropped).
+
+        A producer dropped at once (it broke while Kafka was away) is not closed: closing
+        aborts its transaction first, which would wait for the coordinator. It is destroyed
+        with its last reference; its transactional id is registered anew meanwhile.
+        """
+        if timeout_s <= 0:
+            self.producer.purge(True, True, False)
+            return
         self.producer.flush(timeout_s)
         close = getattr(self.producer, "close", None)  # confluent-kafka 2.11 and later
         if close is not None:

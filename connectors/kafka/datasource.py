@@ -26,7 +26,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -37,7 +37,8 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka.clients import PYTHON_CLIENT
+from onceflow.connectors.kafka.clients import PYTHON_CLIENT, KafkaUnavailable
+from onceflow.connectors.kafka.kafka_python import ATTEMPT_MS, BOOTSTRAP
 from onceflow.connectors.kafka.offsets import (
     TICK,
     canonical,
@@ -46,11 +47,16 @@ from onceflow.connectors.kafka.offsets import (
     split_tp,
     tp_key,
 )
+from onceflow.connectors.kafka.outage import retrying, transient
 from onceflow.connectors.kafka.worker import RANGE_SCHEMA, RAW_SCHEMA, fetch_range, raw_rows
 from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pyarrow as pa
+
+T = TypeVar("T")
 
 FORMAT = "onceflow_kafka"
 ISOLATION = "read_committed"  # records of aborted or open transactions are never read
@@ -65,7 +71,7 @@ def probe_consumer(settings: KafkaSettings, group_id: str | None = None) -> Any:
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
-        **settings.client_config(),
+        **{**BOOTSTRAP, **settings.client_config()},
         enable_auto_commit=False,
         group_id=group_id,
         isolation_level=ISOLATION,
@@ -73,6 +79,10 @@ def probe_consumer(settings: KafkaSettings, group_id: str | None = None) -> Any:
         fetch_max_bytes=1,
         fetch_max_wait_ms=10,
     )
+
+
+class TopicMissing(ConnectorError):
+    """A source topic is not in Kafka's metadata (at start: it does not exist)."""
 
 
 def topic_partitions(consumer: Any, settings: KafkaSettings, topics: list[str]) -> list[Any]:
@@ -87,7 +97,7 @@ def topic_partitions(consumer: Any, settings: KafkaSettings, topics: list[str]) 
                 f"Kafka topic {topic!r} does not exist at {settings.bootstrap_servers}; "
                 "create it (or produce to it) before starting the pipeline"
             )
-            raise ConnectorError(msg)
+            raise TopicMissing(msg)
         found.extend(TopicPartition(topic, p) for p in sorted(parts))
     return found
 
@@ -103,7 +113,7 @@ def readable_ends(consumer: Any, tps: list[Any]) -> dict[str, int]:
     """
     if os.environ.get(END_OFFSETS_ENV) == HIGHWATER_MODE:
         return fetched_highwater(consumer, tps)
-    ends = consumer.end_offsets(tps)
+    ends = consumer.end_offsets(tps, timeout_ms=ATTEMPT_MS)
     return {tp_key(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
 
 
@@ -111,7 +121,7 @@ def fetched_highwater(consumer: Any, tps: list[Any]) -> dict[str, int]:
     """High-water marks from one tiny fetch per partition."""
     consumer.unsubscribe()
     consumer.assign(tps)
-    begin = consumer.beginning_offsets(tps)
+    begin = consumer.beginning_offsets(tps, timeout_ms=ATTEMPT_MS)
     for tp in tps:
         consumer.seek(tp, begin[tp])
     marks: dict[str, int] = {}
@@ -127,11 +137,8 @@ def fetched_highwater(consumer: Any, tps: list[Any]) -> dict[str, int]:
     missing = [
         tp_key(tp.topic, tp.partition) for tp in tps if tp_key(tp.topic, tp.partition) not in marks
     ]
-    msg = (
-        f"no high-water mark from Kafka for {missing} within {HIGHWATER_TIMEOUT_S} s; "
-        "is the broker up?"
-    )
-    raise ConnectorError(msg)
+    msg = f"no high-water mark from Kafka for {missing} within {HIGHWATER_TIMEOUT_S} s"
+    raise KafkaUnavailable(msg)
 
 
 def went_back(ends: dict[str, int], start: dict[str, int]) -> None:
@@ -197,6 +204,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._probe = probe_consumer(self.settings, self.group_id)
         return self._probe
 
+    def _drop_probe(self) -> None:
+        """Forget the driver-side consumer (after a failure: the next attempt makes a new one)."""
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            try:
+                probe.close(timeout_ms=0)
+            except Exception:  # noqa: BLE001, S110 - it failed already; a new one is made
+                pass
+
+    def _asking(self, doing: str, call: Callable[[], T], running: bool = True) -> T:
+        """``call()``, waiting out a Kafka that does not answer (see ``.outage``).
+
+        ``running``: the query is under way, so a source topic missing from the metadata
+        (it was there at the start) is Kafka still coming back, not a wrong name.
+        """
+
+        def passing(exc: BaseException) -> bool:
+            return transient(exc) or (running and isinstance(exc, TopicMissing))
+
+        return retrying(
+            self.settings, doing, call, is_transient=passing, on_failure=self._drop_probe
+        )
+
     def _partitions(self) -> list[Any]:
         return topic_partitions(self._consumer(), self.settings, self.topics)
 
@@ -204,11 +234,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return readable_ends(self._consumer(), tps)
 
     def _beginnings(self, tps: list[Any]) -> dict[str, int]:
-        begin = self._consumer().beginning_offsets(tps)
+        begin = self._consumer().beginning_offsets(tps, timeout_ms=ATTEMPT_MS)
         return {tp_key(tp.topic, tp.partition): off for tp, off in begin.items()}
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802 - Spark's name
         """Where a new query starts: earliest, latest or the group's committed offsets."""
+        return self._asking("planning the first offsets", self._initial, running=False)
+
+    def _initial(self) -> dict[str, int]:
         tps = self._partitions()
         if self.starting == "latest":
             return canonical(self._highwater(tps))
@@ -216,7 +249,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.starting == "committed" and self.group_id:
             consumer = self._consumer()
             for tp in tps:
-                committed = consumer.committed(tp)
+                committed = consumer.committed(tp, timeout_ms=ATTEMPT_MS)
                 if committed is not None:
                     start[tp_key(tp.topic, tp.partition)] = committed
         return canonical(start)
@@ -227,10 +260,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
         """Remember today's high-water marks: the query stops there."""
-        self.target = self._highwater(self._partitions())
+        self.target = self._asking(
+            "reading where the topics end", lambda: self._highwater(self._partitions())
+        )
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
         """Where the next batch ends: the high-water marks, capped by the target and limit."""
+        return self._asking("planning the next micro-batch", lambda: self._latest(start, limit))
+
+    def _latest(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         tps = self._partitions()
         marks = self._highwater(tps)
         begin = None

@@ -31,8 +31,20 @@ class RecordRefused(ConnectorError):
     """The client refused a record before sending it, for good (too large for it)."""
 
 
-class ProducerFenced(ConnectorError):
+class ProducerBroken(ConnectorError):
+    """A transactional producer cannot go on with its transaction (it must be replaced)."""
+
+
+class ProducerFenced(ProducerBroken):
     """A newer producer registered the same transactional id: this one may not go on."""
+
+
+class KafkaUnavailable(ConnectorError):
+    """Kafka did not answer in time, or a client lost its way while a broker was away.
+
+    Transient: the step is tried again until Kafka is back or the outage bound has passed
+    (see :mod:`.outage`, whose last one is raised with the line the run ends with).
+    """
 
 
 def check_client(client: str, who: str, others: Sequence[str] = ()) -> None:
@@ -146,19 +158,27 @@ class Producer(Protocol):
         """Queue a record; raises :class:`RecordRefused` for one the client refuses for good."""
 
     def flush(self, timeout_s: float) -> None:
-        """Wait until every queued record is acknowledged or failed."""
+        """Wait (at most ``timeout_s``) until every queued record is acknowledged or failed."""
 
-    def init_transactions(self) -> None:
-        """Register the transactional id: fences older producers of it, ends their transaction."""
+    def init_transactions(self, timeout_s: float) -> None:
+        """Register the transactional id: fences older producers of it, ends their transaction.
+
+        Raises :class:`KafkaUnavailable` when Kafka does not answer within ``timeout_s``.
+        """
 
     def begin(self) -> None:
         """Begin a transaction; raises :class:`ProducerFenced` when a newer producer took over."""
 
-    def commit(self) -> None:
-        """Commit the open transaction."""
+    def commit(self, timeout_s: float) -> None:
+        """Commit the open transaction.
 
-    def abort(self) -> None:
-        """Abort the open transaction."""
+        Raises :class:`KafkaUnavailable` when it is not answered within ``timeout_s`` (its fate
+        is then unknown; a call again goes on waiting for it), :class:`ProducerBroken` when it
+        failed (:class:`ProducerFenced`: a newer producer of the id took over).
+        """
+
+    def abort(self, timeout_s: float) -> None:
+        """Abort the open transaction (raises as :meth:`commit` does)."""
 
     def close(self, timeout_s: float) -> None:
         """Release the producer."""

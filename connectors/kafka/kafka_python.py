@@ -14,10 +14,13 @@ from onceflow.connectors.kafka.interface import (
     Delivery,
     Fetched,
     Headers,
+    KafkaUnavailable,
     OffsetOutOfRange,
+    ProducerBroken,
     ProducerFenced,
     RecordRefused,
 )
+from onceflow.connectors.kafka.outage import ATTEMPT_S, transient
 from onceflow.kernel.settings import KafkaSettings
 
 # kafka-python's errors after which the same record would be refused again.
@@ -33,6 +36,23 @@ POISON_ERRORS = frozenset(
 )
 # kafka-python's errors of a producer whose transactional id another producer registered.
 FENCED_ERRORS = frozenset({"ProducerFencedError", "InvalidProducerEpochError", "IllegalStateError"})
+ATTEMPT_MS = int(ATTEMPT_S * 1000)
+# How long creating a client may wait for a first broker (kafka-python's default is 30 s):
+# a wait for Kafka then says so every ATTEMPT_S (see .outage).
+BOOTSTRAP = {"bootstrap_timeout_ms": ATTEMPT_MS}
+FORCE_CLOSE_S = 5.0  # how long a producer's I/O thread may take to stop when told to
+
+
+def translated(exc: Exception) -> Exception:
+    """A kafka-python error as :class:`ProducerFenced` or :class:`KafkaUnavailable` if it is one.
+
+    Anything else is returned as it is.
+    """
+    if type(exc).__name__ in FENCED_ERRORS:
+        return ProducerFenced(str(exc))
+    if transient(exc):
+        return KafkaUnavailable(str(exc))
+    return exc
 
 
 class PythonReader:
@@ -42,7 +62,7 @@ class PythonReader:
         from kafka import KafkaConsumer
 
         self.consumer = KafkaConsumer(
-            **settings.client_config(),
+            **{**BOOTSTRAP, **settings.client_config()},
             enable_auto_commit=False,
             max_poll_records=READ_BATCH,
             group_id=None,
@@ -56,7 +76,10 @@ class PythonReader:
         from kafka import TopicPartition
 
         tp = TopicPartition(topic, partition)
-        return int(self.consumer.beginning_offsets([tp])[tp])
+        try:
+            return int(self.consumer.beginning_offsets([tp], timeout_ms=ATTEMPT_MS)[tp])
+        except Exception as exc:
+            raise translated(exc) from exc
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Read this partition (and only it) from ``offset`` on."""
@@ -86,7 +109,10 @@ class PythonReader:
 
     def position(self) -> int | None:
         """The offset the next read starts at, if known."""
-        return int(self.consumer.position(self.tp))
+        try:
+            return int(self.consumer.position(self.tp, timeout_ms=ATTEMPT_MS))
+        except Exception as exc:
+            raise translated(exc) from exc
 
     def release(self) -> None:
         """Nothing to do: kafka-python fetches only while polled."""
@@ -134,7 +160,9 @@ class PythonProducer:
     def __init__(self, settings: KafkaSettings, config: dict[str, Any]) -> None:
         from kafka import KafkaProducer
 
-        self.producer = KafkaProducer(**{**settings.client_config(), **config})
+        self.producer = KafkaProducer(**{**BOOTSTRAP, **settings.client_config(), **config})
+        # the end of a transaction asked for and not answered yet: (committed, its result)
+        self._ending: tuple[bool, Any] | None = None
 
     def send(
         self,
@@ -153,33 +181,103 @@ class PythonProducer:
             )
         except MessageSizeTooLargeError as exc:
             raise RecordRefused(str(exc)) from exc
+        except Exception as exc:
+            raise translated(exc) from exc
         return PythonDelivery(future)
 
     def flush(self, timeout_s: float) -> None:
-        """Wait until every queued record is acknowledged or failed."""
-        self.producer.flush(timeout=timeout_s)
+        """Wait (at most about ``timeout_s``) until every queued record is answered.
 
-    def init_transactions(self) -> None:
-        """Register the transactional id (fences older producers of it)."""
-        self.producer.init_transactions()
+        kafka-python raises when a record batch is not done in time; what is not done is
+        read from the deliveries instead.
+        """
+        from kafka.errors import KafkaTimeoutError
+
+        try:
+            self.producer.flush(timeout=timeout_s)
+        except KafkaTimeoutError:
+            pass
+
+    def init_transactions(self, timeout_s: float) -> None:
+        """Register the transactional id (fences older producers of it).
+
+        kafka-python waits ``max_block_ms`` (set to ``timeout_s`` by the sink) and keeps the
+        request: asked again after a timeout, it goes on waiting for the same answer.
+        """
+        del timeout_s
+        try:
+            self.producer.init_transactions()
+        except Exception as exc:
+            raise translated(exc) from exc
 
     def begin(self) -> None:
         """Begin a transaction."""
         try:
             self.producer.begin_transaction()
         except Exception as exc:
-            if type(exc).__name__ not in FENCED_ERRORS:
-                raise
-            raise ProducerFenced(str(exc)) from exc
+            raise translated(exc) from exc
 
-    def commit(self) -> None:
-        """Commit the open transaction."""
-        self.producer.commit_transaction()
+    def commit(self, timeout_s: float) -> None:
+        """Commit the open transaction, waiting at most ``timeout_s`` for the answer.
 
-    def abort(self) -> None:
-        """Abort the open transaction."""
-        self.producer.abort_transaction()
+        Asked again after a timeout, it waits for the same commit's answer.
+        """
+        self._end(committed=True, timeout_s=timeout_s)
+
+    def abort(self, timeout_s: float) -> None:
+        """Abort the open transaction, waiting at most ``timeout_s`` for the answer."""
+        self._end(committed=False, timeout_s=timeout_s)
+
+    def _end(self, committed: bool, timeout_s: float) -> None:
+        """``commit_transaction``/``abort_transaction``, with a bound on the wait.
+
+        kafka-python 3's own methods wait for the coordinator's answer without a limit (for
+        ever, while a broker is away); these are their bodies with one, and the request is
+        kept for the next call to wait on.
+        """
+        producer = self.producer
+        manager = getattr(producer, "_transaction_manager", None)
+        sender = getattr(producer, "_sender", None)
+        try:
+            if manager is None or sender is None:  # another kafka-python: its own, unbounded
+                end = producer.commit_transaction if committed else producer.abort_transaction
+                end()
+                return
+            if self._ending is None or self._ending[0] != committed:
+                result = manager.begin_commit() if committed else manager.begin_abort()
+                self._ending = (committed, result)
+                sender.wakeup()
+            answered = self._ending[1].wait(timeout_ms=timeout_s * 1000)
+        except Exception as exc:  # it failed for good: this producer cannot go on
+            self._ending = None
+            if type(exc).__name__ in FENCED_ERRORS:
+                raise ProducerFenced(str(exc)) from exc
+            raise ProducerBroken(str(exc)) from exc
+        if not answered:
+            what = "commit" if committed else "abort"
+            msg = f"Kafka did not answer the transaction's {what} within {timeout_s:.0f} s"
+            raise KafkaUnavailable(msg)
+        self._ending = None
 
     def close(self, timeout_s: float) -> None:
-        """Release the client."""
-        self.producer.close(timeout=timeout_s)
+        """Release the client (at once with ``timeout_s`` 0: what is unsent is dropped).
+
+        kafka-python's ``close`` flushes first and gives up there, the producer still open,
+        when records are unanswered in time (a broker away): its I/O thread is then stopped
+        without sending them, which fails them, and the close goes through.
+        """
+        from kafka.errors import KafkaTimeoutError
+
+        if timeout_s <= 0:
+            self._force_close()
+        try:
+            self.producer.close(timeout=timeout_s)
+        except KafkaTimeoutError:
+            self._force_close()
+            self.producer.close(timeout=0)
+
+    def _force_close(self) -> None:
+        sender = getattr(self.producer, "_sender", None)
+        if sender is not None and sender.is_alive():
+            sender.force_close()
+            sender.join(FORCE_CLOSE_S)

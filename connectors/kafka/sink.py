@@ -24,6 +24,10 @@ time travels in the ``onceflow-ts`` header, which a downstream Onceflow source r
 The time of writing is the producer's clock when the record is sent: a re-send (a transaction
 redone, a task replayed) may carry another one, which changes nothing downstream, since the
 ``onceflow-id`` header identifies the record and ``onceflow-ts`` holds its event time.
+
+A broker that goes away under a write is waited for (:mod:`.outage`): a plain writer sends
+again what Kafka did not take, a transactional one has its broken transaction ended and, if
+it did not commit, redone (see :class:`_TransactionalKafkaWriter`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import contextlib
 import json
 import os
 import time
-import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -45,20 +49,26 @@ from onceflow.connectors.base import (
     SinkWriter,
     TaskInfo,
     TransactionalWriter,
+    TransactionBroken,
 )
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.admin import TopicRequest, TopicTimes, prepare_topics
 from onceflow.connectors.kafka.clients import (
     PYTHON_CLIENT,
     Delivery,
+    KafkaUnavailable,
+    PartitionReader,
     Producer,
-    ProducerFenced,
+    ProducerBroken,
     RecordRefused,
+    await_kafka,
     check_client,
     new_producer,
     new_reader,
+    renew_shared_producer,
     shared_producer,
 )
+from onceflow.connectors.kafka.outage import ATTEMPT_S, Wait, describe, retrying, transient
 from onceflow.kernel import ids
 from onceflow.kernel.codec import value_codec
 from onceflow.kernel.errors import CodecError
@@ -72,13 +82,18 @@ STAGE_HEADER = "onceflow-stage"
 TRUNCATED_HEADER = "onceflow-truncated"
 WINDOW_HEADER = "onceflow-window"  # "start,end" in ms, for window panes
 PANE_HEADER = "onceflow-pane"  # "timing,index,final" (on_time,0,1), for window panes
-FLUSH_TIMEOUT_S = 120
+# A producer that answers no record for this long while some wait is replaced (see
+# _KafkaWriter._await_answers); it is flushed in slices this long meanwhile.
+STUCK_S = 20.0
+FLUSH_SLICE_S = 1.0
+REGISTER_TIMEOUT_S = ATTEMPT_S  # one attempt at registering a transactional id
+COMMIT_TIMEOUT_S = 20.0  # a commit not answered by then is settled by registering anew
+ABORT_TIMEOUT_S = 10.0
 MAX_ERROR_HEADER = 2000
 DEFAULT_MAX_REQUEST_SIZE = 1_048_576  # kafka-python's and the broker's default
 DELIVERY_LOG_SUFFIX = "onceflow-deliveries"
 # The delivery log only needs each sink partition's newest marker.
 DELIVERY_LOG_CONFIG = {"cleanup.policy": "compact"}
-MARKER_WAIT_S = 60  # how long a recovering task waits to learn a marker's fate
 # Record batch framing and per-record headers Kafka adds around key, value and headers.
 RECORD_OVERHEAD_BYTES = 512
 # What a record's Kafka timestamp is: its event time where the topic keeps it, or always the
@@ -177,6 +192,10 @@ class KafkaSink(SinkConnector):
         """One line for plans."""
         return f"kafka {self.topic} ({self.codec.name})"
 
+    def connect(self) -> None:
+        """Wait for Kafka to answer: a bounded time, with a progress line, then one line."""
+        await_kafka(self.settings)
+
     def prepare(self, pipeline: str, streaming: bool) -> None:
         """Fix the connection settings; create the topic, and the delivery log if transactional.
 
@@ -218,6 +237,9 @@ class KafkaSink(SinkConnector):
             "batch_size": 256 * 1024,
             "retries": 10,
             "max_request_size": self.max_request_size,
+            # kafka-python: how long a send (or a registration) may block while Kafka is away
+            # before it says so; the sink then waits on (see .outage). librdkafka has none.
+            "max_block_ms": int(ATTEMPT_S * 1000),
         }
         if transactional_id is None:
             # Dedup is by onceflow-id; the broker's idempotent producer is not relied on.
@@ -329,30 +351,48 @@ class KafkaDeadLetterSink(KafkaSink):
 
 
 class _KafkaWriter(SinkWriter):
-    """Sends a task's records through the worker's shared producer."""
+    """Sends a task's records through the worker's shared producer.
+
+    A Kafka that goes away is waited for (see :mod:`.outage`): a send that cannot be queued
+    and a record Kafka did not take (not refused for good) are tried again, with a new
+    producer if the old one stopped making progress. A plain sink may so write a second copy
+    of a record whose acknowledgement was lost (same ID, same value), as after a crash.
+    """
 
     def __init__(self, sink: KafkaSink, task: TaskInfo) -> None:
         self.sink = sink
-        self.producer: Producer = shared_producer(
-            sink.client, sink.settings, {**sink.producer_config(), **sink.user_options}
+        self.config = {**sink.producer_config(), **sink.user_options}
+        self.producer: Producer = retrying(
+            sink.settings,
+            f"writing to Kafka topic {sink.topic!r}",
+            lambda: shared_producer(sink.client, sink.settings, self.config),
         )
         self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
         self.sent: list[tuple[Record, Delivery]] = []
         self.stamped: set[int] = set()  # records (by id()) in flight with the time of writing
         self.restamped = 0  # ... of which the broker took this many, for good
+        self.outage: Wait | None = None  # from a first failure until Kafka answers again
 
     def write(self, records: Sequence[Record]) -> list[Rejected]:
         rejected: list[Rejected] = []
         for rec in records:
+            reason = self._send_waiting(rec)
+            if reason is not None:
+                rejected.append((rec, reason))
+        return rejected
+
+    def _send_waiting(self, rec: Record) -> str | None:
+        """Queue one record, waiting for Kafka if need be; why it is refused for good, if it is."""
+        while True:
             try:
                 self._send(rec)
+                return None
             except RecordRefused as exc:
-                rejected.append((rec, str(exc)))
+                return str(exc)
             except Exception as exc:
-                if not self._stop_sending(exc):
+                if not transient(exc):
                     raise
-                break
-        return rejected
+                self._waiting().failed(exc)
 
     def _send(self, rec: Record) -> None:
         """Encode and queue one record; :class:`RecordRefused` if it can never be written."""
@@ -375,28 +415,71 @@ class _KafkaWriter(SinkWriter):
             self.stamped.add(id(rec))
         self.sent.append((rec, delivery))
 
-    def _stop_sending(self, exc: Exception) -> bool:
-        """Whether a failed send ends this write quietly (to be settled later); here never."""
-        del exc
-        return False
+    def _waiting(self) -> Wait:
+        """The wait for Kafka under way (one is begun at the first failure)."""
+        if self.outage is None:
+            self.outage = Wait(self.sink.settings, f"writing to Kafka topic {self.sink.topic!r}")
+        return self.outage
 
     def flush(self) -> list[Rejected]:
         """Return once the broker acknowledged everything written.
 
         Records the broker refuses for good (too large for it, invalid) come back as
-        rejected; any other failure raises, so the task is retried. When the broker refused
-        a record batch, the records that failed with it are sent again one at a time: the
-        ones it refuses alone are the culprits (see :meth:`_culprits`).
+        rejected; records Kafka did not take otherwise are sent again once it answers (the
+        run stops if it stays away past the outage bound). When the broker refused a record
+        batch, the records that failed with it are sent again one at a time: the ones it
+        refuses alone are the culprits (see :func:`_culprits`).
         """
-        if not self.sent:
-            return []
-        self.producer.flush(FLUSH_TIMEOUT_S)
-        refused, failed = self._outcomes()
-        if not refused:
-            self._raise_if_failed(failed)
-            return []
-        certain, again = _culprits(refused, failed)
-        return certain + self._one_at_a_time(again)
+        rejected: list[Rejected] = []
+        while self.sent:
+            refused, failed = self._answers()
+            if refused:
+                certain, again = _culprits(refused, failed)
+                return rejected + certain + self._one_at_a_time(again)
+            rejected += self._again(failed)
+        self.outage = None
+        return rejected
+
+    def _answers(self) -> tuple[list[Rejected], list[tuple[Record, str]]]:
+        """Wait for an answer to every record sent: those refused for good, those failed else.
+
+        A producer that stopped making progress (see :meth:`_await_answers`) is replaced;
+        what it did not answer counts as failed.
+        """
+        stuck = self._await_answers()
+        outcomes = self._outcomes()
+        if stuck:
+            self._renew()
+        return outcomes
+
+    def _await_answers(self, *more: Delivery) -> bool:
+        """Flush until every sent record (and ``more``) is answered; True if the producer got stuck.
+
+        Stuck: no record answered for :data:`STUCK_S` while some wait, or the producer cannot
+        go on (fenced, or in a fatal state). A client can hang on to
+        records after a broker came back (kafka-python 3.0's transactional producer, measured:
+        a batch added to the transaction while the coordinator was away is never sent, and
+        expires after its 120 s delivery timeout); a new producer sends them at once.
+        """
+        deliveries = [delivery for _, delivery in self.sent] + list(more)
+        answered = sum(d.done for d in deliveries)
+        quiet_since = time.monotonic()
+        while answered < len(deliveries):
+            try:
+                self.producer.flush(FLUSH_SLICE_S)
+            except (KafkaUnavailable, ProducerBroken):
+                return True  # it cannot go on: as good as stuck
+            now = sum(d.done for d in deliveries)
+            if now > answered:
+                answered, quiet_since = now, time.monotonic()
+                continue
+            quiet = time.monotonic() - quiet_since
+            if quiet > STUCK_S:
+                return True
+            if quiet > FLUSH_SLICE_S:
+                left = len(deliveries) - answered
+                self._waiting().note(f"{left} record(s) not acknowledged for {quiet:.0f} s")
+        return False
 
     def _outcomes(self) -> tuple[list[Rejected], list[tuple[Record, str]]]:
         """Flushed sends the broker refused for good, and those that failed otherwise."""
@@ -429,27 +512,40 @@ class _KafkaWriter(SinkWriter):
         """``restamped``: records stamped with the time of writing, written for good."""
         return {RESTAMPED: self.restamped} if self.restamped else {}
 
-    def _raise_if_failed(self, failed: list[tuple[Record, str]]) -> None:
-        if failed:
-            msg = (
-                f"Kafka did not accept {len(failed)} record(s) for {self.sink.topic!r}: "
-                f"{failed[0][1]}; is the broker up and the topic writable?"
-            )
-            raise ConnectorError(msg)
+    def _again(self, failed: list[tuple[Record, str]]) -> list[Rejected]:
+        """Records Kafka did not take: wait for it, then send them again."""
+        if not failed:
+            return []
+        why = f"{len(failed)} record(s) not written: {failed[0][1]}"
+        self._waiting().failed(KafkaUnavailable(why))
+        return self.write([rec for rec, _ in failed])
+
+    def _renew(self) -> None:
+        """Replace the process's shared producer, which stopped making progress."""
+        old = self.producer
+        while True:
+            try:
+                self.producer = renew_shared_producer(
+                    self.sink.client, self.sink.settings, self.config, old
+                )
+                return
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                self._waiting().failed(exc)
 
     def _one_at_a_time(self, records: list[Record]) -> list[Rejected]:
         """Send each record in a request of its own; return those the broker refuses."""
         rejected: list[Rejected] = []
         for rec in records:
-            try:
-                self._send(rec)
-            except RecordRefused as exc:
-                rejected.append((rec, str(exc)))
+            reason = self._send_waiting(rec)
+            if reason is not None:
+                rejected.append((rec, reason))
                 continue
-            self.producer.flush(FLUSH_TIMEOUT_S)
-            refused, failed = self._outcomes()
-            self._raise_if_failed(failed)
-            rejected += refused
+            while self.sent:
+                refused, failed = self._answers()
+                rejected += refused
+                rejected += self._again(failed)
         return rejected
 
     def close(self) -> None:
@@ -460,9 +556,9 @@ class _KafkaWriter(SinkWriter):
             raise ConnectorError(msg)
 
     def abort(self) -> None:
-        """Wait for what is in flight (so nothing of this attempt lands after it ended)."""
+        """Wait a little for what is in flight (so that little of it lands after the attempt)."""
         try:
-            self.producer.flush(FLUSH_TIMEOUT_S)
+            self.producer.flush(ABORT_TIMEOUT_S)
         finally:
             self.sent = []
             self.stamped = set()
@@ -483,19 +579,22 @@ def _culprits(
     return [], [rec for rec, _ in refused] + [rec for rec, _ in failed]
 
 
-# This worker process's transactional producers, one per transactional id (one per sink):
-# registered once, then reused from task to task and across sink partitions.
-_TXN_PRODUCERS: dict[str, _Registered] = {}
-_PROCESS_TOKEN: tuple[int, str] | None = None
+def transactional_id(prefix: str | None, sink: str, partition: int) -> str:
+    """The transactional id of a sink partition's writers: ``<prefix>.<sink>.<partition>``.
+
+    One per (pipeline, sink, stage partition), whichever process writes it: a new attempt
+    of the partition registering it fences every older writer of that partition, and only
+    of that partition.
+    """
+    return f"{prefix}.{sink}.{partition}"
 
 
-def process_token() -> str:
-    """A token naming this worker process (a forked child gets a token of its own)."""
-    global _PROCESS_TOKEN  # noqa: PLW0603 - one per process, made when first asked
-    pid = os.getpid()
-    if _PROCESS_TOKEN is None or _PROCESS_TOKEN[0] != pid:
-        _PROCESS_TOKEN = (pid, uuid.uuid4().hex[:12])
-    return _PROCESS_TOKEN[1]
+# This worker process's transactional producers, by transactional id (one per sink partition
+# it wrote): registered once, then reused by that partition's later tasks here. Bounded: the
+# least recently used one without an open transaction is closed beyond the limit.
+_TXN_PRODUCERS: OrderedDict[str, _Registered] = OrderedDict()
+MAX_TXN_PRODUCERS = 64
+_TXN_PID = [os.getpid()]  # a forked child starts with none of its parent's producers
 
 
 @dataclass
@@ -506,56 +605,92 @@ class _Registered:
     open: bool = False
 
 
+def _cached(tid: str) -> _Registered | None:
+    """This process's registered producer of ``tid``, if it has one."""
+    if _TXN_PID[0] != os.getpid():
+        _TXN_PRODUCERS.clear()
+        _TXN_PID[0] = os.getpid()
+    entry = _TXN_PRODUCERS.get(tid)
+    if entry is not None:
+        _TXN_PRODUCERS.move_to_end(tid)
+    return entry
+
+
 def _register(sink: KafkaSink, tid: str) -> _Registered:
     """A new producer of ``tid``, registered with Kafka (kept as this process's for ``tid``).
 
-    Registering fences every older producer of ``tid`` and ends its open transaction.
+    Registering fences every older producer of ``tid`` and ends its open transaction (a
+    commit under way is completed, anything else aborted).
     """
     _drop(tid)
     producer = new_producer(
         sink.client, sink.settings, {**sink.producer_config(tid), **sink.user_options}
     )
-    producer.init_transactions()
+    try:
+        producer.init_transactions(REGISTER_TIMEOUT_S)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            producer.close(timeout_s=0)
+        raise
+    _cached(tid)  # the cache belongs to this process
     entry = _TXN_PRODUCERS[tid] = _Registered(producer)
+    _evict()
     return entry
 
 
-def _drop(tid: str) -> None:
-    """Forget (and close) this process's producer of ``tid``, if any."""
+def _evict() -> None:
+    """Close the least recently used producers beyond :data:`MAX_TXN_PRODUCERS` (none open)."""
+    idle = [tid for tid, entry in _TXN_PRODUCERS.items() if not entry.open]
+    for tid in idle[: max(0, len(_TXN_PRODUCERS) - MAX_TXN_PRODUCERS)]:
+        _drop(tid, timeout_s=1)
+
+
+def _drop(tid: str, timeout_s: float = 0) -> None:
+    """Forget (and close) this process's producer of ``tid``, if any.
+
+    At once by default: a producer dropped because it broke may wait for ever otherwise.
+    """
     entry = _TXN_PRODUCERS.pop(tid, None)
     if entry is not None:
         with contextlib.suppress(Exception):
-            entry.producer.close(timeout_s=1)
-
-
-def _fence(sink: KafkaSink, tid: str) -> None:
-    """End whatever transaction ``tid`` holds open, wherever its producer runs."""
-    _register(sink, tid)
-    _drop(tid)
+            entry.producer.close(timeout_s=timeout_s)
 
 
 class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
     """Writes a task's records in Kafka transactions (see the module docstring).
 
-    Its transactional id is this worker process's for the sink (``<prefix>.<sink>.<process
-    token>``), registered once and reused by every task of the process; the runtime records it
-    in Redis before a transaction begins, and a later attempt of the sink partition settles it
-    (:meth:`settle`) when it finds it recorded.
+    Its transactional id is the sink partition's (:func:`transactional_id`); this worker
+    process registers it once and its later tasks of the partition reuse the producer. The
+    runtime records the id in Redis before a transaction begins, and a later attempt of the
+    partition settles it (:meth:`settle`) when it finds it recorded. A producer some other
+    registration fenced (the partition's task ran in another process since) is replaced
+    without a word: its transaction fails, and the runtime has it :meth:`recover`.
+
+    **A Kafka that goes away** under an open transaction (its producer's sends or commit
+    fail, or it stops making progress) ends that producer's use: :meth:`prepare` and
+    :meth:`commit` wait (see :mod:`.outage`), then raise :class:`TransactionBroken`; the
+    runtime checks in Redis that its attempt still owns the partition and calls
+    :meth:`recover`, which registers the id anew (ending the transaction: a commit that
+    reached the coordinator completes, anything else is aborted, so nothing of it can still
+    change) and reads the prepared marker: committed, the delivery happened; else the
+    runtime writes the records again in a new transaction, under a new pending delivery.
     """
 
     def __init__(self, sink: KafkaSink, task: TaskInfo) -> None:
         self.sink = sink
         self.task = task
-        self.tid = f"{sink.transaction_prefix}.{task.sink}.{process_token()}"
+        self.tid = transactional_id(sink.transaction_prefix, task.sink, task.partition)
         # the delivery log keeps each sink partition's newest marker (compacted by key)
-        self.log_key = f"{sink.transaction_prefix}.{task.sink}.{task.partition}".encode()
+        self.log_key = self.tid.encode()
         self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
         self.sent = []
         self.stamped = set()
         self.restamped = 0
         self.restamping = 0  # acknowledged in the open transaction: final once it commits
+        self.outage = None
         self.entry: _Registered | None = None
         self.prepared = False  # a marker was sent in the transaction now open
+        self.marker: str | None = None  # the marker prepare() returned for the open transaction
         self.clean = True  # the last abort went through
         self.deliveries = 0
         # the first send refused synchronously in this transaction: after a record fails, a
@@ -566,39 +701,58 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
 
     @property
     def identity(self) -> str:
-        """The transactional id: this worker process's for the sink."""
+        """The transactional id: the sink partition's."""
         return self.tid
 
     @property
     def producer(self) -> Producer:  # type: ignore[override]
         """This process's registered producer of the id (registered when first needed)."""
         if self.entry is None:
-            entry = _TXN_PRODUCERS.get(self.tid)
+            entry = _cached(self.tid)
             if entry is None:
-                entry = _register(self.sink, self.tid)
+                self._renew()
             elif entry.open:  # an earlier task of this process left it open: end it first
                 self.entry = entry
                 self._abort_open()
-                entry = self.entry or _register(self.sink, self.tid)
-            self.entry = entry
+                if self.entry is None:
+                    self._renew()
+            else:
+                self.entry = entry
+        assert self.entry is not None
         return self.entry.producer
 
-    def settle(self, identities: Sequence[str]) -> None:
-        """End the transactions these ids may hold open (another process's: by fencing it)."""
-        for tid in dict.fromkeys(identities):
-            if tid != self.tid:
-                _fence(self.sink, tid)
-                continue
-            entry = _TXN_PRODUCERS.get(tid)
-            if entry is None:  # this process's producer of it is gone: register anew
-                self.entry = _register(self.sink, tid)
-            elif entry.open:
-                self.entry = entry
-                self._abort_open()
+    def _renew(self) -> None:
+        """Register the id anew (waiting out Kafka): this process's producer of it is new.
 
-    def _stop_sending(self, exc: Exception) -> bool:
-        self.failed = exc
-        return True
+        Ends the id's open transaction wherever its producer runs (see :func:`_register`).
+        """
+        self.entry = None
+        while self.entry is None:
+            try:
+                self.entry = _register(self.sink, self.tid)
+            except Exception as exc:
+                if not (transient(exc) or isinstance(exc, ProducerBroken)):
+                    raise
+                self._waiting().failed(exc)
+        self.prepared = False
+
+    def _waiting(self) -> Wait:
+        if self.outage is None:
+            doing = f"writing to Kafka topic {self.sink.topic!r} in transaction {self.tid!r}"
+            self.outage = Wait(self.sink.settings, doing)
+        return self.outage
+
+    def settle(self, identities: Sequence[str]) -> None:
+        """End the transactions these ids may hold open, by registering each anew.
+
+        The partition's own id included: its last writer may be this process's producer or
+        another's. Registering fences only producers of that id, so of this partition.
+        """
+        for tid in dict.fromkeys(identities):
+            if tid == self.tid:
+                self._renew()
+            else:  # an id of another form (an older Onceflow, another prefix)
+                _fence(self.sink, tid)
 
     def _begin(self) -> None:
         producer = self.producer
@@ -607,21 +761,35 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
             return
         try:
             producer.begin()
-        except ProducerFenced:
+        except (ProducerBroken, KafkaUnavailable):
             # another process registered this id since (settling it after a failure of ours)
-            self.entry = _register(self.sink, self.tid)
-            self.entry.producer.begin()
+            self._renew()
+            self.producer.begin()
+        assert self.entry is not None
         self.entry.open = True
         self.prepared = False
+        self.marker = None
 
     def write(self, records: Sequence[Record]) -> list[Rejected]:
         self._begin()
         if self.failed is not None:
-            return []  # settled by prepare(), which aborts, and the transaction is redone
-        if not self.suspects:
-            return super().write(records)
-        rejected = super().write([r for r in records if id(r) not in self.suspects])
+            return []  # prepare() finds the transaction broken, and it is redone
+        rejected = self._send_all([r for r in records if id(r) not in self.suspects])
         return rejected + self._write_alone([r for r in records if id(r) in self.suspects])
+
+    def _send_all(self, records: Sequence[Record]) -> list[Rejected]:
+        """Queue records until one fails other than for good (then the transaction is broken)."""
+        rejected: list[Rejected] = []
+        for rec in records:
+            if self.failed is not None:
+                break
+            try:
+                self._send(rec)
+            except RecordRefused as exc:
+                rejected.append((rec, str(exc)))
+            except Exception as exc:  # noqa: BLE001 - the transaction cannot commit: prepare() says so
+                self.failed = exc
+        return rejected
 
     def _write_alone(self, records: list[Record]) -> list[Rejected]:
         """Send each record in a request of its own, until the broker refuses one.
@@ -632,11 +800,13 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         """
         rejected: list[Rejected] = []
         for rec in records:
-            if self.failed is not None:
+            if self.failed is not None or self._await_answers():
+                self.failed = self.failed or KafkaUnavailable("records were not acknowledged")
                 break
-            self.producer.flush(FLUSH_TIMEOUT_S)
-            rejected += super().write([rec])
-            self.producer.flush(FLUSH_TIMEOUT_S)
+            rejected += self._send_all([rec])
+            if self._await_answers():
+                self.failed = KafkaUnavailable("a record sent alone was not acknowledged")
+                break
             sent = self.sent[-1][1] if self.sent and self.sent[-1][0] is rec else None
             if sent is None or not sent.done:
                 continue
@@ -651,7 +821,8 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
 
         Records the broker refused abort the transaction (:class:`PoisonInTransaction`): when
         it is not certain which of them are poison, none is named and they are sent on their
-        own in the next transaction (:meth:`_write_alone`).
+        own in the next transaction (:meth:`_write_alone`). A transaction Kafka did not take
+        otherwise raises :class:`TransactionBroken` (see the class docstring).
         """
         assert self.sink.log_topic is not None
         self._begin()
@@ -668,23 +839,48 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
                 )
             except Exception as exc:  # noqa: BLE001 - a record failed before: settled below
                 self.failed = exc
-        self.producer.flush(FLUSH_TIMEOUT_S)
+        stuck = self._await_answers(*([marker] if marker is not None else []))
         refused, failed = self._outcomes()
         stopped, self.failed = self.failed, None
-        if refused:
+        if refused and not stuck:
             self._abort_and_renew()
             if len(refused) == 1:  # certain (see _culprits); the rest is sent again
                 raise PoisonInTransaction(refused)
             self.suspects.update(id(rec) for rec, _ in refused)
             raise PoisonInTransaction([])
-        if stopped is not None or failed or marker is None or marker.failure or not marker.done:
-            self.abort()
-            why = stopped or (failed[0][1] if failed else "the delivery marker was not written")
-            msg = f"Kafka refused a send to {self.sink.topic!r} in a transaction: {why}"
-            raise ConnectorError(msg)
+        if stuck or stopped is not None or failed or not _took(marker):
+            why = describe(stopped) if stopped is not None else None
+            why = why or (failed[0][1] if failed else "the delivery marker was not written")
+            msg = f"Kafka did not take the transaction's records: {why}"
+            raise self._broken(msg)
         self.suspects.clear()
+        assert marker is not None
         topic, partition, offset = marker.where()
-        return f"{topic}|{partition}|{offset}|{delivery}"
+        self.marker = f"{topic}|{partition}|{offset}|{delivery}"
+        return self.marker
+
+    def _broken(self, why: str) -> TransactionBroken:
+        """The open transaction cannot commit: wait a little for Kafka, then say so.
+
+        The producer is not used again: :meth:`recover` registers a new one, whose
+        registration ends the transaction; until then it stays recorded for the partition
+        (not aborted cleanly), so that an attempt after a crash settles it. Past the outage
+        bound this raises :class:`KafkaUnavailable` instead: the run stops.
+        """
+        self._discard()
+        self.clean = False
+        self._waiting().failed(KafkaUnavailable(why))
+        return TransactionBroken(why)
+
+    def _discard(self) -> None:
+        """Stop using this writer's producer: close it, and forget it if it is the process's."""
+        entry, self.entry = self.entry, None
+        if entry is None:
+            return
+        if _TXN_PRODUCERS.get(self.tid) is entry:
+            del _TXN_PRODUCERS[self.tid]
+        with contextlib.suppress(Exception):
+            entry.producer.close(timeout_s=0)
 
     def _abort_and_renew(self) -> None:
         """Abort, then register the id afresh.
@@ -695,19 +891,54 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         aborted with its marker unsent or refused: nothing of it can become visible.
         """
         self.abort()
-        self.entry = _register(self.sink, self.tid)
-        self.prepared = False
+        self._renew()
 
     def _written_restamped(self, n: int) -> None:
         self.restamping += n
 
     def commit(self) -> None:
+        """Commit; a commit Kafka does not answer within :data:`COMMIT_TIMEOUT_S` is broken.
+
+        The wait says so every 10 s (see :mod:`.outage`); a broken commit's fate is learnt
+        by :meth:`recover`.
+        """
         assert self.entry is not None
-        self.entry.producer.commit()
+        deadline = time.monotonic() + COMMIT_TIMEOUT_S
+        while True:
+            try:
+                self.entry.producer.commit(FLUSH_SLICE_S)
+                break
+            except KafkaUnavailable as exc:
+                if time.monotonic() < deadline:
+                    self._waiting().note(f"the commit is not answered yet: {describe(exc)}")
+                    continue
+                msg = f"the commit was not answered: {describe(exc)}"
+                raise self._broken(msg) from exc
+            except ProducerBroken as exc:
+                msg = f"the commit failed: {describe(exc)}"
+                raise self._broken(msg) from exc
         self.entry.open = False
         self.prepared = False
         self.restamped += self.restamping
         self.restamping = 0
+        self.clean = True
+        self.outage = None  # Kafka answered: a later outage is waited for from its start
+
+    def recover(self) -> bool:
+        """End the broken transaction (registering the id anew); whether its marker committed.
+
+        Waits for Kafka as long as the outage bound allows, registering and then reading the
+        marker :meth:`prepare` returned, if it returned one. Records stamped with the time of
+        writing in it count as restamped only if it committed.
+        """
+        marker, self.marker = self.marker, None
+        self._discard()
+        self._renew()
+        done = marker is not None and self.committed(marker)
+        if done:
+            self.restamped += self.restamping
+        self.restamping = 0
+        return done
 
     def committed(self, marker: str) -> bool:
         """Read the marker (call once every id recorded for the partition is settled)."""
@@ -732,12 +963,11 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         """Abort the open transaction; a producer that cannot is dropped (registered anew)."""
         assert self.entry is not None
         try:
-            self.entry.producer.abort()
+            self.entry.producer.abort(ABORT_TIMEOUT_S)
             self.entry.open = False
             self.clean = True
         except Exception:  # noqa: BLE001 - a fenced or broken producer: start afresh next time
-            _drop(self.tid)
-            self.entry = None
+            self._discard()
             self.clean = False
 
     def aborted_cleanly(self) -> bool:
@@ -745,34 +975,68 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
         return self.clean and not self.prepared
 
 
+def _took(marker: Delivery | None) -> bool:
+    """Whether the broker acknowledged the delivery marker."""
+    return marker is not None and marker.done and marker.failure is None
+
+
+def _fence(sink: KafkaSink, tid: str) -> None:
+    """End whatever transaction ``tid`` holds open, wherever its producer runs."""
+    retrying(
+        sink.settings,
+        f"registering transactional id {tid!r}",
+        lambda: _register(sink, tid),
+        is_transient=lambda exc: transient(exc) or isinstance(exc, ProducerBroken),
+    )
+    _drop(tid)
+
+
 def marker_committed(settings: KafkaSettings, marker: str, client: str = PYTHON_CLIENT) -> bool:
     """Whether the delivery marker ``topic|partition|offset|delivery`` was committed.
 
     A ``read_committed`` reader at the marker's offset gets the marker if its transaction
     committed, and skips past it if it was aborted. Call only once the transaction is over
-    (a producer of the same transactional id was registered since).
+    (a producer of the same transactional id was registered since). Kafka away is waited
+    for, within the outage bound (see :mod:`.outage`).
     """
     topic, partition, offset_text, delivery = marker.split("|", 3)
     offset = int(offset_text)
-    reader = new_reader(client, settings)
+    wait = Wait(settings, f"reading the delivery marker at {topic}:{partition}@{offset}")
+    reader: PartitionReader | None = None
     try:
-        reader.seek(topic, int(partition), offset)
-        deadline = time.monotonic() + MARKER_WAIT_S
-        while time.monotonic() < deadline:
-            fetched = reader.poll(0.5)
-            at = bisect.bisect_left(fetched.offsets, offset)
-            if at < len(fetched):
-                return fetched.offsets[at] == offset and fetched.values[at] == delivery.encode()
-            position = reader.position()
-            if position is not None and position > offset:
-                return False
+        while True:
+            try:
+                if reader is None:
+                    reader = new_reader(client, settings)
+                    reader.seek(topic, int(partition), offset)
+                found = _marker_found(reader, offset, delivery)
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                if reader is not None:
+                    with contextlib.suppress(Exception):
+                        reader.close()
+                reader = None
+                wait.failed(exc)
+                continue
+            if found is not None:
+                return found
+            wait.note("no answer to a read of the marker yet")
     finally:
-        reader.close()
-    msg = (
-        f"could not learn within {MARKER_WAIT_S} s whether Kafka committed the delivery "
-        f"marked at {topic}:{partition}@{offset}; is the broker up?"
-    )
-    raise ConnectorError(msg)
+        if reader is not None:
+            reader.close()
+
+
+def _marker_found(reader: PartitionReader, offset: int, delivery: str) -> bool | None:
+    """One poll at the marker: committed (True), aborted (False) or not known yet (None)."""
+    fetched = reader.poll(0.5)
+    at = bisect.bisect_left(fetched.offsets, offset)
+    if at < len(fetched):
+        return fetched.offsets[at] == offset and fetched.values[at] == delivery.encode()
+    position = reader.position()
+    if position is not None and position > offset:
+        return False
+    return None
 
 
 def _size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> int:

@@ -31,7 +31,10 @@ from crc32c import crc32c
 
 from onceflow.connectors.base import Decoded, Decoder, SourceConnector
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.clients import await_kafka
+from onceflow.connectors.kafka.kafka_python import BOOTSTRAP
 from onceflow.connectors.kafka.offsets import partitions_of, split_tp, tp_key
+from onceflow.connectors.kafka.outage import retrying
 from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client
 from onceflow.connectors.kafka.worker import ON_DATA_LOSS, RANGE_COLUMNS, fetch_range
 from onceflow.kernel import ids
@@ -131,6 +134,10 @@ class KafkaSource(SourceConnector):
         """Fail early and clearly when Kafka or a topic is missing."""
         self.settings  # noqa: B018 - raises a ConfigError when nothing is configured
 
+    def connect(self) -> None:
+        """Wait for Kafka to answer: a bounded time, with a progress line, then one line."""
+        await_kafka(self.settings)
+
     def committed(self, offsets: Any) -> None:
         """Store the end of the last committed batch in the consumer group, if one is named.
 
@@ -140,11 +147,18 @@ class KafkaSource(SourceConnector):
         """
         if not self.group_id or not isinstance(offsets, dict) or not offsets:
             return
+        retrying(
+            self.settings, f"committing group {self.group_id!r}", lambda: self._commit(offsets)
+        )
+
+    def _commit(self, offsets: dict[str, Any]) -> None:
         from kafka import KafkaConsumer, TopicPartition
         from kafka.structs import OffsetAndMetadata
 
         consumer = KafkaConsumer(
-            **self.settings.client_config(), group_id=self.group_id, enable_auto_commit=False
+            **{**BOOTSTRAP, **self.settings.client_config()},
+            group_id=self.group_id,
+            enable_auto_commit=False,
         )
         try:
             consumer.commit(

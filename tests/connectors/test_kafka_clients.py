@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from onceflow.connectors.base import PoisonInTransaction, TaskInfo
+from onceflow.connectors.base import PoisonInTransaction, TaskInfo, TransactionBroken
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka import KafkaSink, KafkaSource
 from onceflow.connectors.kafka.clients import (
@@ -217,43 +217,93 @@ def test_a_newer_writer_of_the_same_partition_fences_the_older(client, kafka_bro
 
 @pytest.mark.kafka
 @CLIENTS
-def test_a_worker_process_registers_its_transactional_id_once(client, kafka_broker, topic_name):
-    """Tasks of one process reuse its producer, whatever sink partition they write."""
+def test_a_worker_process_registers_each_partitions_transactional_id_once(
+    client, kafka_broker, topic_name
+):
+    """Tasks of one process reuse the producer of the sink partition they write."""
     settings = KafkaSettings(kafka_broker.bootstrap)
     topic, pipeline = topic_name("reuse"), topic_name("p")
     sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
-    producers = []
+    producers = {}
     for batch, partition in [(1, 0), (1, 1), (2, 0), (2, 1)]:
         writer = sink.open(TaskInfo(pipeline, "out", batch, partition, 0, True, 10 * batch))
         writer.write(_records(5, _now()))
         writer.prepare()
         writer.commit()
         writer.close()
-        producers.append(writer.producer)
-    assert all(p is producers[0] for p in producers), "one registered producer per process"
+        producers.setdefault(writer.identity, []).append(writer.producer)
+    assert sorted(producers) == [f"onceflow.{pipeline}.out.0", f"onceflow.{pipeline}.out.1"]
+    assert all(a is b for a, b in producers.values()), "one registered producer per partition"
     assert len(read_topic(settings, topic)) == 20
 
 
 @pytest.mark.kafka
 @CLIENTS
-def test_settling_ends_a_transaction_a_killed_process_left_open(
-    client, kafka_broker, topic_name, monkeypatch
+def test_settling_one_partition_leaves_another_partitions_writer_able_to_commit(
+    client, kafka_broker, topic_name
 ):
-    """Readers are not held up until the transaction times out (here: ten minutes)."""
-    from onceflow.connectors.kafka import sink as sink_module
+    """A retried task settles its partition's writers: never a healthy one of another.
 
+    Two partitions' writers in one process, each with a transaction open; a retry of
+    partition 0 (a task of another process, after a failure) settles what partition 0's
+    attempt recorded. Partition 1's transaction still commits, at the first try.
+    """
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("settle"), topic_name("p")
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
+    failed = sink.open(TaskInfo(pipeline, "out", 1, 0, 0, True, 1))
+    healthy = sink.open(TaskInfo(pipeline, "out", 1, 1, 0, True, 2))
+    failed.write(_records(7, _now()))
+    healthy.write(_records(9, _now()))
+    healthy.prepare()
+    _TXN_PRODUCERS.clear()  # the retry runs in another process
+    retry = sink.open(TaskInfo(pipeline, "out", 1, 0, 1, True, 3))
+    retry.settle([failed.identity])  # what the runtime found recorded for partition 0
+    healthy.commit()  # raises if the settle fenced its producer
+    retry.write(_records(4, _now()))
+    retry.prepare()
+    retry.commit()
+    assert len(read_topic(settings, topic)) == 9 + 4
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_a_cached_producer_another_process_fenced_is_replaced_without_a_word(
+    client, kafka_broker, topic_name
+):
+    """The partition's task ran in another process since: its registration fenced ours."""
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("hop"), topic_name("p")
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
+    here = sink.open(_task(pipeline, 1, 1))
+    here.write(_records(3, _now()))
+    here.prepare()
+    here.commit()
+    ours = dict(_TXN_PRODUCERS)
+    _TXN_PRODUCERS.clear()
+    elsewhere = sink.open(_task(pipeline, 2, 2))  # another process registers the id
+    _deliver(elsewhere, _records(5, _now()))
+    _TXN_PRODUCERS.clear()
+    _TXN_PRODUCERS.update(ours)  # back in this process, with its fenced producer
+    again = sink.open(_task(pipeline, 3, 3))
+    _deliver(again, _records(6, _now()))
+    assert len(read_topic(settings, topic)) == 3 + 5 + 6
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_settling_ends_a_transaction_a_killed_process_left_open(client, kafka_broker, topic_name):
+    """Readers are not held up until the transaction times out (here: ten minutes)."""
     settings = KafkaSettings(kafka_broker.bootstrap)
     topic, pipeline = topic_name("orphan"), topic_name("p")
     slow = {"transaction_timeout_ms": 600_000}
     sink = _sink(client, kafka_broker.bootstrap, topic, pipeline, options=slow)
-    monkeypatch.setattr(sink_module, "process_token", lambda: "killed")
     killed = sink.open(_task(pipeline, 1, 1))
     killed.write(_records(30, _now()))
     killed.producer.flush(30)  # its records are in the log, in a transaction left open
     _TXN_PRODUCERS.clear()  # the process is gone (its producer is never used again)
-    monkeypatch.setattr(sink_module, "process_token", lambda: "restarted")
     retry = sink.open(_task(pipeline, 1, 2))
-    assert retry.identity != killed.identity
+    assert retry.identity == killed.identity, "the sink partition's id, whichever process"
     retry.settle([killed.identity])
     retry.write(_records(12, _now()))
     retry.prepare()
@@ -262,19 +312,28 @@ def test_settling_ends_a_transaction_a_killed_process_left_open(
 
 
 def _deliver(writer, records: list[Record]) -> list[tuple[Record, str]]:
-    """What the runtime does with a transactional writer (runtime/task.py)."""
+    """What the runtime does with a transactional writer (runtime/task.py), Redis aside."""
     rejected: list[tuple[Record, str]] = []
     while True:
-        rejected += writer.write(records)
+        try:
+            rejected += _prepare(writer, records, rejected)
+            writer.commit()
+            return rejected
+        except TransactionBroken:
+            if writer.recover():
+                return rejected
+
+
+def _prepare(writer, records: list[Record], rejected) -> list[tuple[Record, str]]:
+    refused: list[tuple[Record, str]] = []
+    while True:
+        bad = {id(rec) for rec, _ in [*rejected, *refused]}
+        refused += writer.write([r for r in records if id(r) not in bad])
         try:
             writer.prepare()
-            break
+            return refused
         except PoisonInTransaction as poison:
-            rejected += poison.rejected
-            bad = {id(rec) for rec, _ in poison.rejected}
-            records = [r for r in records if id(r) not in bad]
-    writer.commit()
-    return rejected
+            refused += poison.rejected
 
 
 def _alter(bootstrap: str, topic: str, config: dict[str, str]) -> None:

@@ -13,7 +13,9 @@ TOTALS_CLIENT (``python`` or ``confluent``) picks the Kafka client of the source
 TOTALS_PLAIN_SINK=1 writes the copy without Kafka transactions; TOTALS_HORIZON and
 TOTALS_CHUNK_SIZE set the dedup horizon and the records per atomic commit, TOTALS_CHUNK_BYTES and
 TOTALS_DELIVERY_BYTES the bytes per atomic commit and per delivery, TOTALS_MAX_RECORD_BYTES the
-pipeline's max_record_bytes; TOTALS_SLOW_MS makes enrich take that long per record.
+pipeline's max_record_bytes; TOTALS_SLOW_MS makes enrich take that long per record; with
+TOTALS_GATE (a path) an event with "gate" waits in enrich until that file exists (a test holds
+the run's end until an outside fault is over).
 """
 
 import os
@@ -22,11 +24,16 @@ import time
 from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
 
 slow_s = float(os.environ.get("TOTALS_SLOW_MS", "0")) / 1000
+gate = os.environ.get("TOTALS_GATE")
 
 
 def enrich(e):
     if slow_s:
         time.sleep(slow_s)
+    if gate and e.get("gate"):
+        deadline = time.monotonic() + 600
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.2)
     if e.get("blow_up"):
         raise ValueError(f"event {e.get('event_id')} asked to blow up")
     if e.get("pad"):

@@ -90,7 +90,7 @@ class Run:
     def produce(self, sends: list[Send]) -> None:
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap)
         try:
-            admin.create_topics([NewTopic(self.topics["in"], self.partitions, 1)])
+            admin.create_topics([NewTopic(self.topics["in"], self.partitions, -1)])
         except Exception:  # noqa: BLE001 - exists already (a second produce)
             pass
         finally:
