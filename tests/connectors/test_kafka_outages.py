@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from onceflow.connectors.base import PoisonInTransaction, TaskInfo, TransactionBroken
-from onceflow.connectors.kafka import KafkaSink, clients, worker
+from onceflow.connectors.kafka import KafkaSink, admin, worker
 from onceflow.connectors.kafka import sink as sink_module
 from onceflow.connectors.kafka.clients import (
     KafkaUnavailable,
@@ -234,7 +234,7 @@ def test_a_broker_down_at_start_is_waited_for_then_one_line():
 
 
 def test_a_broker_that_comes_up_during_the_start_wait_is_used(broker, monkeypatch):
-    monkeypatch.setattr(clients, "_answered", set())
+    monkeypatch.setattr(admin, "_answered", set())
     broker.stop()
     restart = _back_later(broker, 1.0)
     await_kafka(KafkaSettings(broker.bootstrap, start_wait_s=60))
