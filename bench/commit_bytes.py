@@ -4,8 +4,7 @@ A chunk's outputs travel to Redis as one argument of the commit script
 (:func:`onceflow.dedup.commit.commit_chunk`, the real path: fence, seen-marks, backup field,
 journal, counters). Redis runs one script at a time, so while it runs every other client
 waits: other tasks' commits, lookups, the driver. This measures, against a fresh local Redis
-with AOF on (``appendfsync everysec``, as the README recommends), for commits carrying
-outputs of each size:
+with AOF on (``appendfsync everysec``), for commits carrying outputs of each size:
 
 * the commit's wall time as the task sees it (sending the blob included);
 * Redis's own time in the script (``INFO commandstats``, per call);

@@ -33,7 +33,7 @@ next to the Bloom filters' configured false-positive rate, Bloom filter memory, 
 per stored ID, and the Redis memory a run left per dedup boundary (seen IDs and filter
 journal per receiver, backups per producing stage, keyed state per combine).
 
-    python bench/exactly_once.py [--records 200000] [--batch 50000] [--repeat 2]
+    python bench/exactly_once.py [--records 200000] [--batch 50000] [--repeat 3]
         [--workloads keyed-count,keyed-count-ids,stateless,sliding-window,fan-out,large-docs]
         [--docs 400] [--doc-bytes 250000]
         [--client python|confluent]

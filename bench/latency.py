@@ -64,7 +64,7 @@ orders = pipeline.read(
     "orders",
     KafkaSource(
         os.environ["LATENCY_IN"],
-        id=lambda o: o["order_id"],
+        id=lambda o: o["event_id"],
         timestamp=lambda o: o["ts"],
         read_in_task=os.environ.get("ONCEFLOW_BENCH_READ_IN_TASK", "1") != "0",
     ),
@@ -232,6 +232,7 @@ class Traffic:
             if now < next_at:
                 time.sleep(next_at - now)
             order = {
+                "event_id": uuid.uuid4().hex,
                 "order_id": uuid.uuid4().hex,
                 "customer": f"c{self.sent % 500}",
                 "status": "paid",

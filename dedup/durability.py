@@ -16,6 +16,19 @@ the pipeline's hash tags, see :mod:`onceflow.kernel.scopes`):
   the user accepts the risk (``--allow-unconfirmed-fsync``);
 * ``WAIT n`` when replicas are required: acknowledged by ``n`` replicas.
 
+**A torn transaction in the AOF.** A host crash can cut the AOF in the middle of a command.
+Redis (``aof-load-truncated yes``, its default) then loads the file up to the last whole
+command and truncates it there; when that command lies inside a ``MULTI`` block (how Redis
+writes a script's effects to the AOF) the block stays open at the file's end: the data in
+memory is right, the file is not. The next transaction written after it completes the open
+block, so the *next* start of the server applies the torn half of a script — seen-marks
+without the backup they were committed with, say: a loss no replay repairs. So before
+anything writes a script on a server that has not rewritten its AOF since it started,
+:func:`settle_aof` has Redis rewrite it (``BGREWRITEAOF``: the files are made again from
+memory, the torn block is gone) and waits for it; every batch starts on settled servers
+(:meth:`Durability.for_batch`), and the driver's own multi-write script between batches
+checks the server as tasks' scripts do.
+
 Redis serializes writes and its AOF is a prefix of them, so a marker written after the
 batch's tasks finished covers them all; the marker (field ``durable`` of every hash tag's
 clock) is the last micro-batch the driver saw durable. If the wait times out the batch is not
@@ -39,6 +52,8 @@ older backup, or a host crash without confirmed fsync — which is a clear stop
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +61,8 @@ from typing import Any
 from onceflow.dedup.errors import RedisBehindError, ServerChangedError, server_changed_message
 from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.keyspace import Keyspace
+
+log = logging.getLogger(__name__)
 
 WAITAOF_VERSION = (7, 2)
 DEFAULT_TIMEOUT_MS = 10_000
@@ -68,13 +85,15 @@ class Durability:
         partition scopes) with its client. One ``INFO`` per client gives its master's run id
         and replicas; in the automatic setting each master is waited on for one replica if it
         has one now (after a failover the promoted master has none until the old node returns).
+        A server that has not rewritten its AOF since it started is settled first
+        (:func:`settle_aof`), so the batch's scripts only ever write on settled servers.
         """
         infos: dict[int, Any] = {}
         replicas: dict[str, int] = {}
         servers: dict[str, str] = {}
         for tag, client in targets:
             if id(client) not in infos:
-                infos[id(client)] = client.info("server", "replication")
+                infos[id(client)] = settled_info(client)
             info = infos[id(client)]
             wanted = self.replicas
             if self.auto:
@@ -184,6 +203,85 @@ def _where(client: Any) -> str:
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
     host, port = kwargs.get("host"), kwargs.get("port")
     return f"{host}:{port}" if host else "the configured address"
+
+
+_SETTLED: set[str] = set()  # run ids whose AOF this process saw rewritten since they started
+SETTLE_TIMEOUT_S = 600.0
+
+
+def settled_info(client: Any) -> Any:
+    """``INFO server replication persistence`` of a settled server (see :func:`settle_aof`)."""
+    while True:
+        info = client.info("server", "replication", "persistence")
+        run_id = str(info.get("run_id", ""))
+        if run_id in _SETTLED or not _needs_rewrite(info):
+            _SETTLED.add(run_id)
+            return info
+        settle_aof(client)
+
+
+def _needs_rewrite(info: Mapping[str, Any]) -> bool:
+    """An AOF this server has not rewritten since it started (it may end in a torn block)."""
+    if not info.get("aof_enabled"):
+        return False
+    rewrites = info.get("aof_rewrites")
+    return rewrites is None or int(rewrites) == 0
+
+
+def settle_aof(client: Any, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
+    """Have a server rewrite its AOF unless it did since it started; return its run id.
+
+    See the module docstring (a torn transaction in the AOF). Idempotent, and cheap after
+    the first call per server start. A Redis that forbids ``BGREWRITEAOF`` (some managed
+    services) is used as it is, with one warning: its files are the provider's to keep.
+    """
+    info = client.info("server", "persistence")
+    run_id = str(info.get("run_id", ""))
+    if run_id in _SETTLED or not _needs_rewrite(info):
+        _SETTLED.add(run_id)
+        return run_id
+    try:
+        client.execute_command("BGREWRITEAOF")
+    except Exception as exc:  # noqa: BLE001 - one in progress, scheduled, or forbidden
+        text = str(exc).lower()
+        if "progress" not in text and "scheduled" not in text and "already" not in text:
+            log.warning(
+                "Redis at %s refused BGREWRITEAOF (%s): a torn transaction its AOF may end "
+                "in after a host crash cannot be removed from here",
+                _where(client),
+                exc,
+            )
+            _SETTLED.add(run_id)
+            return run_id
+    deadline = time.monotonic() + timeout_s
+    said = time.monotonic()
+    while True:
+        now = client.info("server", "persistence")
+        if str(now.get("run_id", "")) != run_id:
+            return settle_aof(client, max(1.0, deadline - time.monotonic()))  # it restarted
+        busy = int(now.get("aof_rewrite_in_progress", 0)) or int(
+            now.get("aof_rewrite_scheduled", 0)
+        )
+        if not busy and not _needs_rewrite(now):
+            _SETTLED.add(run_id)
+            return run_id
+        if not busy and str(now.get("aof_last_bgrewrite_status", "ok")) != "ok":
+            msg = (
+                f"Redis at {_where(client)} failed to rewrite its AOF after a restart "
+                f"(aof_last_bgrewrite_status {now.get('aof_last_bgrewrite_status')}); see "
+                "its log (disk full?)"
+            )
+            raise ServiceError(msg)
+        if time.monotonic() > deadline:
+            msg = (
+                f"Redis at {_where(client)} did not finish rewriting its AOF within "
+                f"{timeout_s:.0f} s after a restart; see its log"
+            )
+            raise ServiceError(msg)
+        if time.monotonic() - said > 10:
+            log.warning("waiting for Redis at %s to rewrite its AOF", _where(client))
+            said = time.monotonic()
+        time.sleep(0.02)
 
 
 def server_id(client: Any) -> str:

@@ -204,11 +204,13 @@ def raise_epochs(scopes: Scopes, epoch: int, connect: Connect) -> None:
             raise ConfigError(msg)
 
 
-def merge_generations(client: Any, scopes: Scopes, connect: Connect) -> int:
+def merge_generations(client: Any, scopes: Scopes, connect: Connect, server: str = "") -> int:
     """Raise the namespace's generations to the newest event time any scope committed.
 
     Returns how many generations were raised. Idempotent (a raise never lowers), so a
-    replayed batch merges again harmlessly.
+    replayed batch merges again harmlessly. ``server``: the run id the batch started on
+    (:mod:`onceflow.dedup.durability`); if the namespace's server changed since, nothing is
+    written and -1 is returned.
     """
     partitions = scopes.partition_keyspaces()
     if not partitions:
@@ -227,7 +229,7 @@ def merge_generations(client: Any, scopes: Scopes, connect: Connect) -> int:
                 newest[g] = max(newest.get(g, -1), int(ts))
     if not newest:
         return 0
-    args: list[Any] = []
+    args: list[Any] = [server]
     for g, ts in sorted(newest.items()):
         args += [g, ts]
     home = Keyspace(scopes.namespace)

@@ -462,10 +462,14 @@ return ARGV[1]
 
 # The driver folds partition scopes' generations into the namespace's (see kernel.scopes);
 # GC raises its floor field with it too (any hash whose fields only rise).
-# KEYS: 1 generations. ARGV: g x (generation, newest event time). Returns how many rose.
-RAISE_GENERATIONS = """
+# KEYS: 1 generations. ARGV: 1 server (see _SERVER; '' checks nothing), then g x
+# (generation, newest event time). Returns how many rose, or -1 if the server changed.
+RAISE_GENERATIONS = (
+    _SERVER
+    + """
+if server_changed(ARGV[1]) then return -1 end
 local n = 0
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   if tonumber(ARGV[i + 1]) > tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1') then
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
     n = n + 1
@@ -473,6 +477,7 @@ for i = 1, #ARGV, 2 do
 end
 return n
 """
+)
 
 # The at-least-once baseline raises source lanes' event-time marks (what the watermark is
 # computed from) without anything else. KEYS: 1 lanes, 2 lane activity.

@@ -37,6 +37,7 @@ from typing import Any
 
 from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import BatchParams, read_batch_params
+from onceflow.dedup.durability import settle_aof
 from onceflow.dedup.trust import GENERATION_FIELD
 from onceflow.kernel.durations import DAY_MS, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
@@ -211,6 +212,7 @@ def collect(
         )
         raise GcError(msg)
     bucket_ms = int(meta["bucket_ms"])
+    _settle(client, dry_run)
     acked = acknowledged(client, ks)
     params = read_batch_params(client, ks, acked) if acked >= 0 else None
     following = read_batch_params(client, ks, acked + 1)
@@ -221,7 +223,7 @@ def collect(
     if threshold is not None and not dry_run:
         # before anything is deleted: later batches never admit older records again (a raised
         # horizon would otherwise admit copies whose seen-IDs are gone)
-        scripts_for(client).raise_generations(keys=[ks.gc], args=[GC_FLOOR_FIELD, threshold])
+        scripts_for(client).raise_generations(keys=[ks.gc], args=["", GC_FLOOR_FIELD, threshold])
     garbage = _forget_generations(client, ks, threshold, limit, dry_run)
     result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, threshold, garbage)
     expired_by = params.time_ms if params is not None else None
@@ -230,9 +232,10 @@ def collect(
         tagged = tag_client(client, tag, connect)
         tag_garbage = garbage
         if tag.scope is not None:
+            _settle(tagged, dry_run)
             if threshold is not None and not dry_run:  # the scope's commits check its own
                 scripts_for(tagged).raise_generations(
-                    keys=[tag.gc], args=[GC_FLOOR_FIELD, threshold]
+                    keys=[tag.gc], args=["", GC_FLOOR_FIELD, threshold]
                 )
             tag_garbage = _forget_generations(tagged, tag, threshold, limit, dry_run)
             forgotten |= tag_garbage.forgotten
@@ -252,6 +255,15 @@ def collect(
     if not dry_run:
         _record(client, ks, result)
     return result
+
+
+def _settle(client: Any, dry_run: bool) -> None:
+    """Before GC writes, a torn transaction a restarted Redis's AOF may end in goes first.
+
+    See :func:`onceflow.dedup.durability.settle_aof`.
+    """
+    if not dry_run:
+        settle_aof(client)
 
 
 def _forget_generations(

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 import threading
 import time
@@ -127,6 +128,8 @@ _LOGICAL = "L_"  # DOT id prefix of the logical graph's nodes
 _SVG_NS = "http://www.w3.org/2000/svg"
 _XLINK_NS = "http://www.w3.org/1999/xlink"
 _JSON = "application/json"
+
+log = logging.getLogger(__name__)
 
 
 # --- the drawing -------------------------------------------------------------------------
@@ -310,6 +313,7 @@ class UiServer(ThreadingHTTPServer):
         self.page = page.encode("utf-8")
         self.svg = svg.encode("utf-8")
         self.source = source
+        self.errors: list[str] = []  # why a status read failed (the page shows the latest)
         self._thread: threading.Thread | None = None
 
     @property
@@ -359,6 +363,8 @@ class UiHandler(BaseHTTPRequestHandler):
             found = source.read()
         except Exception as exc:  # any failure is shown on the page, as it is
             error = source.scrub(f"cannot read the status from Redis: {type(exc).__name__}: {exc}")
+            self.server.errors.append(error)
+            log.warning("%s", error)
             body = json.dumps({"error": error}).encode()
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, _JSON, body)
             return

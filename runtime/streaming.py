@@ -41,9 +41,10 @@ from onceflow.dedup.durability import (
     Durability,
     check_markers,
     plan_durability,
+    settle_aof,
     wait_durable,
 )
-from onceflow.dedup.errors import FencedError, ServerChangedError
+from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
@@ -227,7 +228,8 @@ class StreamingRun:
         phases.mark("params")
         self._run_job(df, batch_id, guards, phases)
         if self.mode is Guarantee.EXACTLY_ONCE and self.scopes is not None and self.connect:
-            merge_generations(self.client, self.scopes, self.connect)
+            if merge_generations(self.client, self.scopes, self.connect, server) < 0:
+                raise ServerChangedError(server_changed_message("the namespace", batch_id))
         if self.durability is not None and this_batch is not None:
             wait_durable(targets, batch_id, self.durability, this_batch)
         phases.mark("durable")
@@ -587,6 +589,7 @@ def _pin_namespace(
     exactly_once = opts.mode is Guarantee.EXACTLY_ONCE
     check_durable(client, opts.allow_non_durable_redis)  # before anything is written
     if exactly_once:
+        settle_aof(client)  # a torn transaction its AOF may end in goes before any write
         _durability(opts, [client])
     new = not client.hexists(keyspace.meta, "parallelism")
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
@@ -598,6 +601,8 @@ def _pin_namespace(
     masters = _masters(scopes, redis)
     for master in masters[1:]:  # the partition scopes' masters, before anything goes there
         check_durable(master, opts.allow_non_durable_redis)
+        if exactly_once:
+            settle_aof(master)
     return scopes, _durability(opts, masters) if exactly_once else None
 
 

@@ -68,11 +68,15 @@ class CrashableRedis(LocalRedis):
                         sizes[path] = int(size)
         return sizes
 
-    def crash_host(self, rng: random.Random | None = None) -> dict[str, tuple[int, int, int]]:
+    def crash_host(
+        self, rng: random.Random | None = None, keep_sizes: dict[str, int] | None = None
+    ) -> dict[str, tuple[int, int, int]]:
         """SIGKILL, cut every AOF file back into its unsynced tail, start again.
 
-        With ``rng`` each file keeps a random part of its unsynced tail, else none of it.
-        Returns, per file, (durable size, size at the crash, size kept).
+        With ``rng`` each file keeps a random part of its unsynced tail, else none of it;
+        ``keep_sizes`` (file name -> size) cuts a file at a given size instead, for a test
+        that needs the cut at one place. Returns, per file, (durable size, size at the crash,
+        size kept).
         """
         self.kill()
         durable = self.durable_sizes()
@@ -81,6 +85,8 @@ class CrashableRedis(LocalRedis):
             had = path.stat().st_size
             safe = min(durable.get(str(path), 0), had)
             keep = rng.randint(safe, had) if rng is not None else safe
+            if keep_sizes is not None and path.name in keep_sizes:
+                keep = min(keep_sizes[path.name], had)
             if keep < had:
                 os.truncate(path, keep)
             cut[path.name] = (safe, had, keep)

@@ -20,6 +20,7 @@ from onceflow.windows import Pane
 # --8<-- [start:orders]
 def order(order_id, customer, amount, status="paid"):
     return {
+        "event_id": f"e{order_id}",
         "order_id": order_id,
         "customer": customer,
         "amount": amount,
@@ -43,7 +44,7 @@ def test_an_order_sent_twice_counts_once():
 
 
 def test_an_order_without_customer_is_a_dead_letter():
-    no_customer = {"order_id": 9, "amount": 1, "status": "paid", "ts": 1_000}
+    no_customer = {"event_id": "e9", "order_id": 9, "amount": 1, "status": "paid", "ts": 1_000}
     out = run_test(orders, {"orders": [order(1, "c1", 10), no_customer]})
     assert_that(out["revenue-out"]).contains_exactly([("c1", 10)])
     assert_that(out.dead_letters).map(lambda d: (d["stage"], d["code"])).contains_exactly(

@@ -116,7 +116,9 @@ class Torture:
             self.run.poison[marker] = "header is empty"
             body = {"event_id": marker, "user": "u0", "amount": 100}
             return Send(body, partition, [("onceflow-id", b"")], ts)
-        body = {"event_id": marker, "user": "u0", "amount": 100}
+        # an ID of its own in the body (TOTALS_ID_FIELD=if-present), so that what is tested is
+        # the fault below, not a missing ID
+        body = {"event_id": marker, "user": "u0", "amount": 100, "id": marker}
         if kind == 2:
             self.run.poison[marker] = "asked to blow up"
             return Send({**body, "blow_up": True}, partition, None, ts)

@@ -304,7 +304,7 @@ def test_the_page_shows_a_running_pipeline(redis_server, broker, tmp_path):
 
         _screenshot(driver, ARTIFACTS / "ui_status_page.png")
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-        assert not errors, errors
+        assert not errors, (errors, server.errors)
     finally:
         if proc is not None:
             kill_session(proc.pid)

@@ -24,7 +24,7 @@ def orders_pipeline():
     p = Pipeline("orders")
     orders = p.read(
         "orders",
-        KafkaSource("orders", id=lambda o: o["order_id"], timestamp=lambda o: o["ts"]),
+        KafkaSource("orders", id=lambda o: o["event_id"], timestamp=lambda o: o["ts"]),
     )
     orders.filter("paid", lambda o: o["status"] == "paid").write("paid-out", KafkaSink("paid"))
     (
@@ -37,7 +37,14 @@ def orders_pipeline():
 
 
 def order(n, customer, amount, status="paid", ts=1_000):
-    return {"order_id": n, "customer": customer, "amount": amount, "status": status, "ts": ts}
+    return {
+        "event_id": f"e{n}",
+        "order_id": n,
+        "customer": customer,
+        "amount": amount,
+        "status": status,
+        "ts": ts,
+    }
 
 
 def windowed(window, **options):
