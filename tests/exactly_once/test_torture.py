@@ -12,6 +12,8 @@ The Redis host-crash torture (``redis-host-crash``) runs a Redis 8 with ``append
 everysec`` whose host crashes twice in each attempt, at random moments while the pipeline
 runs: it loses what it had not fsynced (``onceflow.testing.hostcrash``), comes back on the
 same files, and the run must carry on from what it kept; each attempt is also killed -9.
+Its long variant (``--long``) runs five kills over bigger waves; ``python -m
+tests.exactly_once.torture --redis-host-crash --minutes 30`` keeps going for as long as asked.
 """
 
 from __future__ import annotations
@@ -50,16 +52,20 @@ def crashable_redis() -> Iterator[CrashableRedis]:
         server.stop()
 
 
+@pytest.mark.parametrize(
+    ("seed", "kills", "wave"),
+    [(23, 2, 1200), pytest.param(41, 5, 3000, marks=pytest.mark.long, id="long")],
+)
 def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
-    broker, crashable_redis, tmp_path
+    broker, crashable_redis, tmp_path, seed, kills, wave
 ):
     t = torture(
         broker.bootstrap,
         crashable_redis.url,
         str(tmp_path),
-        seed=23,
-        kills=2,
-        wave=1200,
+        seed=seed,
+        kills=kills,
+        wave=wave,
         cap=400,
         min_kill_s=0.5,
         max_kill_s=2.0,
