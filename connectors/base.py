@@ -49,7 +49,10 @@ class TaskInfo:
     """Where a sink writer runs: which sink, batch, partition and attempt.
 
     ``exactly_once`` is True in exactly-once streaming runs (a sink may then write
-    transactionally); ``attempt_id`` is unique per task attempt (Spark's).
+    transactionally); ``attempt_id`` is unique per task attempt (Spark's). ``keyed`` is True
+    when the sink reads a keyed stream (after ``key_by`` or a combine per key): only then are
+    its elements ``(key, value)`` pairs. The plan knows; a sink never guesses it from an
+    element's shape (an unkeyed stream's element may be any tuple).
     """
 
     pipeline: str
@@ -59,6 +62,7 @@ class TaskInfo:
     attempt: int
     exactly_once: bool = False
     attempt_id: int = 0
+    keyed: bool = False
 
 
 class SourceConnector(abc.ABC):
