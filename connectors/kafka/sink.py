@@ -50,6 +50,7 @@ from onceflow.connectors.base import (
     TaskInfo,
     TransactionalWriter,
     TransactionBroken,
+    renamed,
 )
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.admin import TopicRequest, TopicTimes, prepare_topics
@@ -122,10 +123,17 @@ class KafkaSink(SinkConnector):
     ``read_committed`` readers exactly once (see the module docstring); False writes plainly
     (a crash may leave a copy with the same ID). ``transaction_prefix`` names the
     transactional ids (default ``onceflow.<pipeline>``: give two deployments of one pipeline
-    on one Kafka different prefixes). ``options`` go to the producer. ``client`` picks the
-    producer's library: ``"python"`` (kafka-python, the default) or ``"confluent"``
-    (confluent-kafka, ``pip install 'onceflow[fast]'``; ``options`` may then also use
-    librdkafka's dotted names).
+    on one Kafka different prefixes).
+
+    ``bootstrap_servers`` and ``connection`` (kafka-python's names: ``security_protocol``,
+    ``sasl_*``, ``ssl_*`` ...) say where Kafka is and how to log in, for every client the sink
+    uses (producers, topic administration, the delivery log's reader), as on ``KafkaSource``;
+    they fall back to the ``KAFKA_*`` environment variables. ``producer_options`` go to the
+    producers only (``linger_ms``, ``max_request_size``, ``transaction_timeout_ms`` ...),
+    over Onceflow's own. ``client`` picks the producer's library: ``"python"`` (kafka-python,
+    the default) or ``"confluent"`` (confluent-kafka, ``pip install 'onceflow[fast]'``;
+    ``producer_options`` may then also use librdkafka's dotted names). (``options`` is the old
+    name of ``producer_options``, deprecated.)
 
     ``timestamp``: ``"event"`` (default) stamps each record with its event time, or with the
     time of writing where the topic would delete or refuse that (see the module docstring);
@@ -146,10 +154,11 @@ class KafkaSink(SinkConnector):
         transactional: bool = True,
         transaction_prefix: str | None = None,
         connection: dict[str, Any] | None = None,
-        options: dict[str, Any] | None = None,
+        producer_options: dict[str, Any] | None = None,
         client: str = PYTHON_CLIENT,
         timestamp: TimestampMode = "event",
         replication_factor: int | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         check_client(client, type(self).__name__)
         if timestamp not in TIMESTAMP_MODES:
@@ -168,12 +177,18 @@ class KafkaSink(SinkConnector):
         self._bootstrap = bootstrap_servers
         self._connection = dict(connection or {})
         self._resolved: KafkaSettings | None = None
-        self._options = dict(options or {})
+        hint = "connection settings (security_protocol, sasl_*, ssl_*) go in connection="
+        producer_options = renamed(
+            type(self).__name__, "options", "producer_options", options, producer_options, hint
+        )
+        self._producer_options = dict(producer_options or {})
         self.codec = value_codec(codec)
         self.key_fn = key
         self.partitions = partitions
         self.create_topic = create_topic
-        self.max_request_size = int(self._options.get("max_request_size", DEFAULT_MAX_REQUEST_SIZE))
+        self.max_request_size = int(
+            self._producer_options.get("max_request_size", DEFAULT_MAX_REQUEST_SIZE)
+        )
 
     @property
     def settings(self) -> KafkaSettings:
@@ -190,7 +205,7 @@ class KafkaSink(SinkConnector):
     @property
     def user_options(self) -> dict[str, Any]:
         """The producer options the user gave (they override Onceflow's)."""
-        return dict(self._options)
+        return dict(self._producer_options)
 
     def describe(self) -> str:
         """One line for plans."""
@@ -233,7 +248,7 @@ class KafkaSink(SinkConnector):
     def producer_config(self, transactional_id: str | None = None) -> dict[str, Any]:
         """Settings of a producer of this sink (shared in a worker, or one per transaction id).
 
-        The user's ``options`` come last, so they can change any of these.
+        The user's ``producer_options`` come last, so they can change any of these.
         """
         config: dict[str, Any] = {
             "acks": "all",
