@@ -7,7 +7,8 @@ A pipeline file exposes its pipeline in one of three ways, tried in this order:
 3. exactly one module-level ``Pipeline`` object (any variable name).
 
 The file runs with ``__name__ == "__onceflow__"``, so its ``if __name__ == "__main__":``
-block (handy for ``python file.py``) does not run.
+block (handy for ``python file.py``) does not run. Deprecation warnings its own calls raise
+(an argument renamed) are shown, as Python shows them for a ``__main__`` script.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import warnings
 from typing import Any
 
 from onceflow.cli.errors import PipelineFileError
 from onceflow.pipeline.api import Pipeline
+
+RUN_NAME = "__onceflow__"
 
 
 def load_pipeline(path: str, attr: str | None = None) -> Pipeline:
@@ -29,7 +33,8 @@ def load_pipeline(path: str, attr: str | None = None) -> Pipeline:
     folder = os.path.dirname(os.path.abspath(path))
     if folder not in sys.path:
         sys.path.insert(0, folder)  # let the file import its neighbours
-    namespace = runpy.run_path(path, run_name="__onceflow__")
+    warnings.filterwarnings("default", category=DeprecationWarning, module=RUN_NAME)
+    namespace = runpy.run_path(path, run_name=RUN_NAME)
     if attr is not None:
         if attr not in namespace:
             msg = f"{path} has no attribute {attr!r}; pass the name of a Pipeline or a builder"

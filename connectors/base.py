@@ -13,10 +13,12 @@ Connectors must pickle (Spark ships them to workers): never open clients in ``__
 from __future__ import annotations
 
 import abc
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel.records import DeadLetter, Record
 
 if TYPE_CHECKING:
@@ -49,7 +51,10 @@ class TaskInfo:
     """Where a sink writer runs: which sink, batch, partition and attempt.
 
     ``exactly_once`` is True in exactly-once streaming runs (a sink may then write
-    transactionally); ``attempt_id`` is unique per task attempt (Spark's).
+    transactionally); ``attempt_id`` is unique per task attempt (Spark's). ``keyed`` is True
+    when the sink reads a keyed stream (after ``key_by`` or a combine per key): only then are
+    its elements ``(key, value)`` pairs. The plan knows; a sink never guesses it from an
+    element's shape (an unkeyed stream's element may be any tuple).
     """
 
     pipeline: str
@@ -59,6 +64,7 @@ class TaskInfo:
     attempt: int
     exactly_once: bool = False
     attempt_id: int = 0
+    keyed: bool = False
 
 
 class SourceConnector(abc.ABC):
@@ -253,3 +259,30 @@ class SinkConnector(abc.ABC):
 
     def finish(self) -> None:  # noqa: B027 - optional hook
         """Driver side, after a bounded run or a micro-batch."""
+
+
+T = TypeVar("T")
+
+
+def renamed(
+    owner: str, old: str, new: str, old_value: T | None, value: T | None, hint: str
+) -> T | None:
+    """``value``, or ``old_value`` if it was given under the argument's old name.
+
+    An old name keeps working for one release, with a DeprecationWarning that names the new
+    one (attributed to the caller of ``owner``); both at once is refused: which one is meant
+    cannot be told. ``hint`` is added to either message. Values are never shown (they may
+    hold passwords).
+    """
+    if old_value is None:
+        return value
+    if value is not None:
+        msg = f"{owner}: pass {new}= only ({old}= is its old name); {hint}"
+        raise ConnectorError(msg)
+    warnings.warn(
+        f"{owner}({old}=...) is deprecated and goes in the next release: pass {new}=... "
+        f"instead; {hint}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return old_value

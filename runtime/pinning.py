@@ -1,11 +1,12 @@
 """What a streaming pipeline's stored state depends on, pinned on its first run.
 
 Parallelism, the seen-ID bucket and shard layout, and the physical plan's layout (stages,
-boundaries, keyed state; see :mod:`onceflow.graph_optimizer.fingerprint`) are stored in the
-namespace's meta hash on the first run and compared on every start. A change is refused with
-a message that says what changed and how to proceed. The seen-ID layout (how a seen ID is
-stored, see :mod:`onceflow.kernel.keyspace`) is pinned the same way: a new namespace gets the
-newest, one that already holds state from before layouts existed keeps layout 1.
+boundaries, keyed state and its combiners; see :mod:`onceflow.graph_optimizer.fingerprint`)
+are stored in the namespace's meta hash on the first run and compared on every start. A
+change is refused with a message that says what changed and how to proceed. The seen-ID
+layout (how a seen ID is stored, see :mod:`onceflow.kernel.keyspace`) is pinned the same way:
+a new namespace gets the newest, one that already holds state from before layouts existed
+keeps layout 1.
 
 The namespace and the Spark checkpoint are two halves of one pipeline's progress: Spark knows
 which input was read, Redis what it did. Both hold the same identity (:func:`pin_checkpoint`):
@@ -129,8 +130,8 @@ def pin_plan(
         f"pipeline namespace {keyspace.namespace!r} holds state built by another physical "
         f"plan:\n  - {listed}\nStage names key dedup history, backups and state, so resuming "
         "would silently start part of it over. Run the same plan (same --rules / "
-        "--no-optimize and stages), or start afresh with a new --namespace and --checkpoint, "
-        "or pass --accept-plan-change to resume anyway"
+        "--no-optimize, stages and combiners), or start afresh with a new --namespace and "
+        "--checkpoint, or pass --accept-plan-change to resume anyway"
     )
     raise PlanChangedError(msg)
 

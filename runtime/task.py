@@ -818,6 +818,7 @@ class TaskRun:
                 self.attempt,
                 self.guard.mode.ids,
                 self.attempt_id,
+                target.keyed,
             )
             writer = target.connector.open(info)
             self.writers[target.index] = writer

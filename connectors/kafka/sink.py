@@ -50,6 +50,7 @@ from onceflow.connectors.base import (
     TaskInfo,
     TransactionalWriter,
     TransactionBroken,
+    renamed,
 )
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.admin import TopicRequest, TopicTimes, prepare_topics
@@ -112,16 +113,27 @@ def _key_bytes(key: Any) -> bytes | None:
 
 
 class KafkaSink(SinkConnector):
-    """Writes to a topic, each record carrying its ID; keyed elements ``(k, v)`` use ``k``.
+    """Writes to a topic, each record carrying its ID; a keyed stream's ``(k, v)`` uses ``k``.
+
+    Only the elements of a keyed stream (after ``key_by`` or a combine per key: the plan says
+    so, see :class:`~onceflow.connectors.base.TaskInfo`) are split into record key and value;
+    an unkeyed stream's element is the value whatever its type, a tuple included.
 
     ``transactional`` (default True): in exactly-once runs records become visible to
     ``read_committed`` readers exactly once (see the module docstring); False writes plainly
     (a crash may leave a copy with the same ID). ``transaction_prefix`` names the
     transactional ids (default ``onceflow.<pipeline>``: give two deployments of one pipeline
-    on one Kafka different prefixes). ``options`` go to the producer. ``client`` picks the
-    producer's library: ``"python"`` (kafka-python, the default) or ``"confluent"``
-    (confluent-kafka, ``pip install 'onceflow[fast]'``; ``options`` may then also use
-    librdkafka's dotted names).
+    on one Kafka different prefixes).
+
+    ``bootstrap_servers`` and ``connection`` (kafka-python's names: ``security_protocol``,
+    ``sasl_*``, ``ssl_*`` ...) say where Kafka is and how to log in, for every client the sink
+    uses (producers, topic administration, the delivery log's reader), as on ``KafkaSource``;
+    they fall back to the ``KAFKA_*`` environment variables. ``producer_options`` go to the
+    producers only (``linger_ms``, ``max_request_size``, ``transaction_timeout_ms`` ...),
+    over Onceflow's own. ``client`` picks the producer's library: ``"python"`` (kafka-python,
+    the default) or ``"confluent"`` (confluent-kafka, ``pip install 'onceflow[fast]'``;
+    ``producer_options`` may then also use librdkafka's dotted names). (``options`` is the old
+    name of ``producer_options``, deprecated.)
 
     ``timestamp``: ``"event"`` (default) stamps each record with its event time, or with the
     time of writing where the topic would delete or refuse that (see the module docstring);
@@ -142,10 +154,11 @@ class KafkaSink(SinkConnector):
         transactional: bool = True,
         transaction_prefix: str | None = None,
         connection: dict[str, Any] | None = None,
-        options: dict[str, Any] | None = None,
+        producer_options: dict[str, Any] | None = None,
         client: str = PYTHON_CLIENT,
         timestamp: TimestampMode = "event",
         replication_factor: int | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         check_client(client, type(self).__name__)
         if timestamp not in TIMESTAMP_MODES:
@@ -164,12 +177,18 @@ class KafkaSink(SinkConnector):
         self._bootstrap = bootstrap_servers
         self._connection = dict(connection or {})
         self._resolved: KafkaSettings | None = None
-        self._options = dict(options or {})
+        hint = "connection settings (security_protocol, sasl_*, ssl_*) go in connection="
+        producer_options = renamed(
+            type(self).__name__, "options", "producer_options", options, producer_options, hint
+        )
+        self._producer_options = dict(producer_options or {})
         self.codec = value_codec(codec)
         self.key_fn = key
         self.partitions = partitions
         self.create_topic = create_topic
-        self.max_request_size = int(self._options.get("max_request_size", DEFAULT_MAX_REQUEST_SIZE))
+        self.max_request_size = int(
+            self._producer_options.get("max_request_size", DEFAULT_MAX_REQUEST_SIZE)
+        )
 
     @property
     def settings(self) -> KafkaSettings:
@@ -186,7 +205,7 @@ class KafkaSink(SinkConnector):
     @property
     def user_options(self) -> dict[str, Any]:
         """The producer options the user gave (they override Onceflow's)."""
-        return dict(self._options)
+        return dict(self._producer_options)
 
     def describe(self) -> str:
         """One line for plans."""
@@ -229,7 +248,7 @@ class KafkaSink(SinkConnector):
     def producer_config(self, transactional_id: str | None = None) -> dict[str, Any]:
         """Settings of a producer of this sink (shared in a worker, or one per transaction id).
 
-        The user's ``options`` come last, so they can change any of these.
+        The user's ``producer_options`` come last, so they can change any of these.
         """
         config: dict[str, Any] = {
             "acks": "all",
@@ -259,14 +278,15 @@ class KafkaSink(SinkConnector):
         return config
 
     def record(
-        self, rec: Record, limit: int
+        self, rec: Record, limit: int, keyed: bool = False
     ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
         """Key, value and headers (its ID, if any, and event time first) of one record.
 
         ``limit`` is the most bytes a record may take; this sink leaves a larger one as it is
-        (the writer refuses it), the dead-letter sink shortens it.
+        (the writer refuses it), the dead-letter sink shortens it. ``keyed``: the record is
+        an element of a keyed stream, a ``(key, value)`` pair.
         """
-        key, value, extra = self.encode(rec)
+        key, value, extra = self.encode(rec, keyed)
         if not rec.id and not rec.ts:
             return key, value, extra
         first = [(ids.ID_HEADER, rec.id)] if rec.id else []
@@ -284,12 +304,15 @@ class KafkaSink(SinkConnector):
             return None
         return rec.ts if self.times.keeps(rec.ts, now_ms) else None
 
-    def encode(self, rec: Record) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
-        """Key, value and extra headers of one record.
+    def encode(
+        self, rec: Record, keyed: bool = False
+    ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+        """Key, value and extra headers of one record (``keyed``: of a keyed stream).
 
         A window pane ``(key, Pane)`` is written as its value, with the window's bounds and
         the pane's timing, index and finality in the ``onceflow-window`` and
-        ``onceflow-pane`` headers.
+        ``onceflow-pane`` headers (on any stream: a :class:`Pane` is Onceflow's own, never a
+        shape of the user's data). Any other pair is split only on a keyed stream.
         """
         elem = rec.elem
         pair = isinstance(elem, tuple) and len(elem) == 2
@@ -300,7 +323,7 @@ class KafkaSink(SinkConnector):
             return _key_bytes(key), self.codec.encode(pane.value), headers
         if self.key_fn is not None:
             return _key_bytes(self.key_fn(elem)), self.codec.encode(elem), []
-        if pair:
+        if pair and keyed:
             return _key_bytes(elem[0]), self.codec.encode(elem[1]), []
         return None, self.codec.encode(elem), []
 
@@ -320,7 +343,9 @@ class KafkaDeadLetterSink(KafkaSink):
         """One line for plans."""
         return f"kafka dead letters {self.topic}"
 
-    def encode(self, rec: Record) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    def encode(
+        self, rec: Record, keyed: bool = False
+    ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
         """Raw payload (or the letter as JSON) and headers naming stage, error and origin."""
         import base64
 
@@ -335,14 +360,14 @@ class KafkaDeadLetterSink(KafkaSink):
         return None, value, headers
 
     def record(
-        self, rec: Record, limit: int
+        self, rec: Record, limit: int, keyed: bool = False
     ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
         """As :meth:`KafkaSink.record`, but a dead letter too big for the topic is shortened.
 
         A dead letter is never dropped: its payload is cut to fit and the original size is
         named in the ``onceflow-truncated`` header.
         """
-        key, value, headers = super().record(rec, limit)
+        key, value, headers = super().record(rec, limit, keyed)
         room = limit - _size(key, None, headers) - MAX_ERROR_HEADER
         if value is not None and len(value) > room:
             headers = [*headers, (TRUNCATED_HEADER, str(len(value)).encode())]
@@ -361,6 +386,7 @@ class _KafkaWriter(SinkWriter):
 
     def __init__(self, sink: KafkaSink, task: TaskInfo) -> None:
         self.sink = sink
+        self.keyed = task.keyed
         self.config = {**sink.producer_config(), **sink.user_options}
         self.producer: Producer = retrying(
             sink.settings,
@@ -398,7 +424,7 @@ class _KafkaWriter(SinkWriter):
         """Encode and queue one record; :class:`RecordRefused` if it can never be written."""
         topic = self.sink.topic
         try:
-            key, value, headers = self.sink.record(rec, self.limit)
+            key, value, headers = self.sink.record(rec, self.limit, self.keyed)
         except CodecError as exc:
             msg = f"cannot write to Kafka topic {topic!r}: {exc}"
             raise RecordRefused(msg) from exc
@@ -679,6 +705,7 @@ class _TransactionalKafkaWriter(_KafkaWriter, TransactionalWriter):
     def __init__(self, sink: KafkaSink, task: TaskInfo) -> None:
         self.sink = sink
         self.task = task
+        self.keyed = task.keyed
         self.tid = transactional_id(sink.transaction_prefix, task.sink, task.partition)
         # the delivery log keeps each sink partition's newest marker (compacted by key)
         self.log_key = self.tid.encode()

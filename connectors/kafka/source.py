@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from crc32c import crc32c
 
-from onceflow.connectors.base import Decoded, Decoder, SourceConnector
+from onceflow.connectors.base import Decoded, Decoder, SourceConnector, renamed
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import await_kafka
 from onceflow.connectors.kafka.kafka_python import BOOTSTRAP
@@ -53,7 +53,13 @@ _probes: dict[str, Any] = {}  # driver-side consumers for readable_ends, per set
 
 
 class KafkaSource(SourceConnector):
-    """Reads one or more topics as a stream (see the module docstring)."""
+    """Reads one or more topics as a stream (see the module docstring).
+
+    ``bootstrap_servers`` and ``connection`` (kafka-python's names: ``security_protocol``,
+    ``sasl_*``, ``ssl_*`` ...) say where Kafka is and how to log in, for every client the
+    source uses; they fall back to the ``KAFKA_*`` environment variables. ``KafkaSink`` takes
+    the same ``connection``. (``options`` is its old name, deprecated.)
+    """
 
     bounded = False
 
@@ -71,9 +77,10 @@ class KafkaSource(SourceConnector):
         envelope: bool = False,
         key_codec: str = "raw",
         on_data_loss: str = "fail",
-        options: dict[str, Any] | None = None,
+        connection: dict[str, Any] | None = None,
         client: str = "python",
         read_in_task: bool = True,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
@@ -97,7 +104,11 @@ class KafkaSource(SourceConnector):
         check_client(client, group_id)
         self.client = client
         self._bootstrap = bootstrap_servers
-        self._options = dict(options or {})
+        hint = "connection settings have the same name on KafkaSink"
+        connection = renamed(
+            type(self).__name__, "options", "connection", options, connection, hint
+        )
+        self._connection = dict(connection or {})
         self._resolved: KafkaSettings | None = None
         self.codec = value_codec(codec)
         self.key_codec = value_codec(key_codec)
@@ -123,7 +134,7 @@ class KafkaSource(SourceConnector):
         their own environment.
         """
         if self._resolved is None:
-            self._resolved = KafkaSettings.from_env(self._bootstrap, **self._options)
+            self._resolved = KafkaSettings.from_env(self._bootstrap, **self._connection)
         return self._resolved
 
     def describe(self) -> str:

@@ -127,3 +127,24 @@ def test_python_dash_m_onceflow_is_the_cli():
     )
     assert result.returncode == 0
     assert "explain" in result.stdout and "run" in result.stdout
+
+
+def test_a_renamed_argument_in_a_pipeline_file_is_shown(tmp_path):
+    """Python hides DeprecationWarnings outside __main__: the loader shows the file's own."""
+    path = tmp_path / "old_names.py"
+    path.write_text(
+        "from onceflow import KafkaSink, KafkaSource, Pipeline\n"
+        "p = Pipeline('old-names')\n"
+        "p.read('in', KafkaSource('in', bootstrap_servers='k:1', options={'client_id': 'x'}))"
+        ".write('out', KafkaSink('out', bootstrap_servers='k:1'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "onceflow", "explain", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"{path}:3: DeprecationWarning: KafkaSource(options=...) is deprecated" in result.stderr
+    assert "pass connection=... instead" in result.stderr

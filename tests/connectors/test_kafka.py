@@ -116,6 +116,33 @@ def test_where_a_new_query_starts(client, spark, broker, redis_server, tmp_path,
     assert _run(earliest, spark, redis_server, tmp_path).records_in == 70
 
 
+def test_only_a_keyed_streams_pairs_become_record_keys(
+    spark, broker, redis_server, tmp_path, topic_name
+):
+    """An unkeyed stream of tuples writes each tuple whole as the value; a keyed one splits."""
+    settings = KafkaSettings(broker.bootstrap)
+    src, pairs, totals = topic_name("src"), topic_name("pairs"), topic_name("totals")
+    events = [{"user": f"u{i % 3}", "a": f"a{i}", "b": i} for i in range(30)]
+    produce(settings, src, [(None, json.dumps(e).encode(), None) for e in events])
+
+    p = Pipeline(topic_name("pairs"))
+    read = p.read("events", KafkaSource(src, bootstrap_servers=broker.bootstrap))
+    read.map("pair", lambda e: (e["a"], e["b"])).write(
+        "pairs", KafkaSink(pairs, bootstrap_servers=broker.bootstrap)
+    )
+    read.key_by("by-user", lambda e: e["user"]).map_values("b", lambda e: e["b"]).combine_per_key(
+        "total", "sum"
+    ).write("totals", KafkaSink(totals, bootstrap_servers=broker.bootstrap))
+    _run(p, spark, redis_server, tmp_path)
+
+    written = read_topic(settings, pairs)
+    assert {r.key for r in written} == {None}, "an unkeyed tuple was split into a key"
+    values = sorted((json.loads(r.value) for r in written), key=lambda v: v[1])
+    assert values == [[f"a{i}", i] for i in range(30)], "the tuple is the value, whole"
+    summed = {r.key: json.loads(r.value) for r in read_topic(settings, totals)}
+    assert summed == {f"u{u}".encode(): sum(range(u, 30, 3)) for u in range(3)}
+
+
 def test_bad_source_settings_are_clear_errors():
     from onceflow.connectors.errors import ConnectorError
 

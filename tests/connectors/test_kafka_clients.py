@@ -297,7 +297,7 @@ def test_settling_ends_a_transaction_a_killed_process_left_open(client, kafka_br
     settings = KafkaSettings(kafka_broker.bootstrap)
     topic, pipeline = topic_name("orphan"), topic_name("p")
     slow = {"transaction_timeout_ms": 600_000}
-    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline, options=slow)
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline, producer_options=slow)
     killed = sink.open(_task(pipeline, 1, 1))
     killed.write(_records(30, _now()))
     killed.producer.flush(30)  # its records are in the log, in a transaction left open

@@ -189,7 +189,7 @@ def test_a_plain_sink_rides_out_a_broker_restart(client, broker):
     """
     pipeline = f"plain-{uuid.uuid4().hex[:8]}"
     quick = {"delivery_timeout_ms": 3000, "request_timeout_ms": 2000, "linger_ms": 5}
-    sink = _sink(broker, client, pipeline, transactional=False, options=quick)
+    sink = _sink(broker, client, pipeline, transactional=False, producer_options=quick)
     writer = sink.open(_task(pipeline))
     records = _records(300)
     assert writer.write(records[:150]) == []

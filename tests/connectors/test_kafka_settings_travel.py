@@ -2,6 +2,8 @@
 
 On a cluster a worker's environment holds none of the driver's ``KAFKA_*`` variables: a
 sink or source unpickled there must use what the driver resolved, and never print secrets.
+They have one name on both sides (``connection=``); the sink's producer settings another
+(``producer_options=``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import pickle
 
 import pytest
 
+from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka import KafkaSink, KafkaSource
 from onceflow.kernel.errors import ConfigError
 
@@ -71,3 +74,49 @@ def test_secrets_are_never_printed(monkeypatch):
     shown = " ".join([repr(sink), str(sink), repr(sink.settings), sink.describe()])
     assert SECRET not in shown and "tok-123" not in shown
     assert "driver-side:9093" in repr(sink.settings)
+
+
+LOGIN = {"security_protocol": "SASL_SSL", "sasl_plain_password": SECRET}
+
+
+def _no_kafka_environment(monkeypatch):
+    for name in DRIVER_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_connection_settings_have_one_name_on_both_sides(monkeypatch):
+    _no_kafka_environment(monkeypatch)
+    source = KafkaSource("in", bootstrap_servers="k:9092", connection=LOGIN)
+    sink = KafkaSink(
+        "out",
+        bootstrap_servers="k:9092",
+        connection=LOGIN,
+        producer_options={"linger_ms": 50, "max_request_size": 5000},
+    )
+    assert source.settings.options == sink.settings.options == LOGIN
+    assert "linger_ms" not in sink.settings.options, "producer settings reached every client"
+    assert sink.user_options == {"linger_ms": 50, "max_request_size": 5000}
+    assert sink.max_request_size == 5000
+
+
+@pytest.mark.parametrize(
+    ("make", "new"),
+    [
+        (lambda **kw: KafkaSource("in", bootstrap_servers="k:9092", **kw), "connection"),
+        (lambda **kw: KafkaSink("out", bootstrap_servers="k:9092", **kw), "producer_options"),
+    ],
+    ids=["source", "sink"],
+)
+def test_the_old_options_name_still_works_for_one_release_and_says_the_new_one(
+    make, new, monkeypatch
+):
+    _no_kafka_environment(monkeypatch)
+    with pytest.warns(DeprecationWarning, match=rf"\(options=\.\.\.\) is deprecated.*{new}=") as w:
+        connector = make(options=LOGIN)
+    assert SECRET not in str(w[0].message)
+    assert w[0].filename == __file__, "the warning points at the user's call"
+    kept = connector.settings.options if new == "connection" else connector.user_options
+    assert kept == LOGIN, "the old name changed meaning"
+    with pytest.raises(ConnectorError, match=f"pass {new}= only") as both:
+        make(options=LOGIN, **{new: LOGIN})
+    assert SECRET not in str(both.value)

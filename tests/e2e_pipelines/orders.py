@@ -60,7 +60,10 @@ enriched = pipeline.read(
 enriched.write(
     "copy",
     KafkaSink(
-        os.environ["ORDERS_COPY"], transactional=transactional, client=client, options=options
+        os.environ["ORDERS_COPY"],
+        transactional=transactional,
+        client=client,
+        producer_options=options,
     ),
 )
 (
@@ -72,7 +75,7 @@ enriched.write(
             os.environ["ORDERS_COUNTS"],
             transactional=transactional,
             client=client,
-            options=options,
+            producer_options=options,
         ),
     )
 )

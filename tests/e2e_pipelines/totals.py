@@ -79,7 +79,7 @@ enriched.write(
     "copy",
     KafkaSink(
         os.environ["TOTALS_COPY"],
-        options=copy_options,
+        producer_options=copy_options,
         client=client,
         transactional=copy_transactional,
     ),
