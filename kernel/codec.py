@@ -164,7 +164,11 @@ def _json_decode(data: bytes) -> Any:
 
 
 def _json_encode(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:  # bytes, sets, dicts with tuple keys, cycles, ...
+        msg = f"the json codec cannot write a {type(value).__name__}: {exc}"
+        raise CodecError(msg) from exc
 
 
 def _utf8_decode(data: bytes) -> str:

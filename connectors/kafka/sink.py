@@ -109,7 +109,11 @@ def _key_bytes(key: Any) -> bytes | None:
         return key
     if isinstance(key, str):
         return key.encode()
-    return json.dumps(key, separators=(",", ":")).encode()
+    try:
+        return json.dumps(key, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        msg = f"a Kafka record key must be str, bytes or JSON-able, got {type(key).__name__}"
+        raise CodecError(msg) from exc
 
 
 class KafkaSink(SinkConnector):
@@ -427,6 +431,9 @@ class _KafkaWriter(SinkWriter):
             key, value, headers = self.sink.record(rec, self.limit, self.keyed)
         except CodecError as exc:
             msg = f"cannot write to Kafka topic {topic!r}: {exc}"
+            raise RecordRefused(msg) from exc
+        except Exception as exc:  # noqa: BLE001 - the sink's key function failed on this record
+            msg = f"cannot write to Kafka topic {topic!r}: {type(exc).__name__}: {exc}"
             raise RecordRefused(msg) from exc
         size = _size(key, value, headers)
         if size > self.limit:

@@ -136,3 +136,18 @@ def test_the_json_codec_reads_what_orjson_would_read_otherwise_like_json(raw):
 @pytest.mark.parametrize("raw", ['{"a": [1, 2.5, "x"]}', '"text"', "12345678901234567890"])
 def test_the_json_codec_reads_text_as_json_does(raw):
     assert repr(value_codec("json").decode(raw)) == repr(json.loads(raw))
+
+
+@pytest.mark.parametrize("value", [b"raw bytes", {1, 2}, {("a", 1): 2}, object()], ids=repr)
+def test_what_json_cannot_write_is_a_codec_error_so_a_sink_makes_it_a_dead_letter(value):
+    # a TypeError here failed the task (the sink turns only CodecError into a dead letter)
+    with pytest.raises(CodecError, match="json codec cannot write"):
+        value_codec("json").encode(value)
+
+
+def test_a_kafka_key_json_cannot_write_is_a_codec_error():
+    from onceflow.connectors.kafka.sink import _key_bytes
+
+    assert _key_bytes(("a", 1)) == b'["a",1]'
+    with pytest.raises(CodecError, match="record key"):
+        _key_bytes(object())
