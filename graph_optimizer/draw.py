@@ -4,12 +4,16 @@ The drawing puts the logical graph (before optimization) on the left and the phy
 (after) on the right. In the physical plan every fused stage is a shaded box; exchanges are
 bold dashed edges; the boundaries where the exactly-once runtime backs records up and
 deduplicates them are marked with a red dot.
+
+A drawing ``for_page`` (the live page, :mod:`onceflow.operations.ui`) is the physical plan
+alone, with every stage box and node named by ``data-stage`` / ``data-node`` attributes.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 import zlib
 
 from onceflow.graph_optimizer.errors import GraphError
@@ -107,13 +111,30 @@ def _node_attrs(node: Node) -> str:
     return f'label={_quote(label)}, shape={shape}, style="filled,rounded", fillcolor="{fill}"'
 
 
-def to_dot(before: Graph, plan: Plan) -> str:
-    """Graphviz DOT with the logical graph and the physical plan side by side."""
+def to_dot(before: Graph, plan: Plan, *, for_page: bool = False) -> str:
+    """Graphviz DOT with the logical graph and the physical plan side by side.
+
+    ``for_page`` draws the physical plan alone, without the logical graph and the legend (a
+    page explains the drawing itself), and gives every stage box and node an SVG id that
+    ``to_svg`` turns into its ``data-stage`` / ``data-node`` name.
+    """
     out = [
         "digraph onceflow {",
         "  rankdir=TB; compound=true; newrank=true;",
         '  node [fontname="Helvetica", fontsize=11]; edge [fontname="Helvetica", fontsize=9];',
         f"  label={_quote(f'pipeline {before.name}')}; labelloc=t; fontsize=16;",
+    ]
+    if not for_page:
+        out.extend(_logical_dot(before))
+    out.extend(_physical_dot(plan, for_page))
+    if not for_page:
+        out.append(_LEGEND)
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _logical_dot(before: Graph) -> list[str]:
+    out = [
         "  subgraph cluster_logical {",
         '    label="logical graph (before optimization)"; style=dashed; color="#999999";',
     ]
@@ -123,16 +144,25 @@ def to_dot(before: Graph, plan: Plan) -> str:
         for i in node.inputs:
             out.append(f"    L_{_id(i)} -> L_{_id(node.name)};")
     out.append("  }")
-    out.extend(_physical_dot(plan))
-    out.append("}")
-    return "\n".join(out) + "\n"
+    return out
+
+
+_LEGEND = (
+    '  legend [shape=note, fontsize=9, label="shaded box = one fused stage (one Python pass)\\n'
+    "red edge with a dot = boundary: backed up before, deduplicated after\\n"
+    'dashed red = exchange (repartition by key)"];'
+)
+# A page's drawing: the SVG ids ``<kind>:<name>``, by kind: the attribute that names the
+# group, and its title's prefix.
+_PAGE_IDS = {"stage": ("data-stage", "stage "), "node": ("data-node", "")}
+_SVG_NS = "http://www.w3.org/2000/svg"
 
 
 def _id(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name) + f"_{zlib.crc32(name.encode()):08x}"
 
 
-def _physical_dot(plan: Plan) -> list[str]:
+def _physical_dot(plan: Plan, for_page: bool) -> list[str]:
     graph = plan.graph
     out = [
         "  subgraph cluster_physical {",
@@ -144,9 +174,11 @@ def _physical_dot(plan: Plan) -> list[str]:
         out.append(
             f"      label={_quote('stage ' + stage.name)}; style=filled; "
             'fillcolor="#f4f4fb"; color="#7777aa";'
+            + (f" id={_quote('stage:' + stage.name)};" if for_page else "")
         )
         for name in stage.nodes:
-            out.append(f"      P_{_id(name)} [{_node_attrs(graph[name])}];")
+            page_id = f", id={_quote('node:' + name)}" if for_page else ""
+            out.append(f"      P_{_id(name)} [{_node_attrs(graph[name])}{page_id}];")
         out.append("    }")
     boundary_edges = {(b.name, b.kind) for b in plan.boundaries()}
     for node in graph:
@@ -176,11 +208,6 @@ def _physical_dot(plan: Plan) -> list[str]:
         removed = _quote("removed: " + ", ".join(plan.removed))
         out.append(f"    removed [shape=note, label={removed}];")
     out.append("  }")
-    out.append(
-        '  legend [shape=note, fontsize=9, label="shaded box = one fused stage (one Python pass)\\n'
-        "red edge with a dot = boundary: backed up before, deduplicated after\\n"
-        'dashed red = exchange (repartition by key)"];'
-    )
     return out
 
 
@@ -200,3 +227,34 @@ def render(dot: str, fmt: str) -> bytes:
         msg = f"dot failed ({result.returncode}): {result.stderr.decode(errors='replace')[:500]}"
         raise GraphError(msg)
     return result.stdout
+
+
+def to_svg(before: Graph, plan: Plan, *, for_page: bool = False) -> str:
+    """The drawing as SVG (needs Graphviz's ``dot``).
+
+    ``for_page``: ``to_dot``'s page drawing, ready to inline into HTML (no XML declaration or
+    DOCTYPE), every stage box and node named by ``data-stage`` / ``data-node``.
+    """
+    svg = render(to_dot(before, plan, for_page=for_page), "svg").decode("utf-8")
+    return _named(svg) if for_page else svg
+
+
+def _named(svg: str) -> str:
+    """The ids ``to_dot`` gave a page's stage boxes and nodes, as their data attributes.
+
+    Graphviz writes no attributes of ours but ids. Titles (shown on hover) become names too,
+    instead of DOT ids.
+    """
+    ET.register_namespace("", _SVG_NS)
+    ET.register_namespace("xlink", "http://www.w3.org/1999/xlink")
+    root = ET.fromstring(svg)
+    for group in root.iter(f"{{{_SVG_NS}}}g"):
+        kind, colon, name = group.get("id", "").partition(":")
+        if not colon or kind not in _PAGE_IDS:
+            continue  # Graphviz's own ids (graph0, clust1, node1, edge1) have no colon
+        attribute, title_prefix = _PAGE_IDS[kind]
+        group.set(attribute, name)
+        title = group.find(f"{{{_SVG_NS}}}title")
+        if title is not None:
+            title.text = title_prefix + name
+    return ET.tostring(root, encoding="unicode")

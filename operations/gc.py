@@ -65,6 +65,10 @@ class GcError(ConfigError):
     """A GC pass cannot run; the message says what to check."""
 
 
+class NoStateError(GcError):
+    """A namespace has no exactly-once state in this Redis: not started yet, or another name."""
+
+
 @dataclass(frozen=True)
 class Garbage:
     """Generations a pass deletes: forgotten ones, and all below ``below``."""
@@ -156,7 +160,7 @@ def read_meta(client: Any, ks: Keyspace) -> dict[str, str]:
             f"namespace {ks.namespace!r} has no exactly-once state in this Redis (no {ks.meta}): "
             "check the namespace (default: the pipeline's name) and REDIS_URL"
         )
-        raise GcError(msg)
+        raise NoStateError(msg)
     return meta
 
 

@@ -4,14 +4,17 @@
 ``ThreadingHTTPServer``, on loopback unless told otherwise) in a thread and returns it with its
 address. It serves three things:
 
-- ``/``: one HTML page, with no external assets. It shows the physical plan as Graphviz drew it
-  (fused stages boxed, boundaries in red), each receiver's counters in a box beside its stage
-  or sink, a table of every receiver's counters, the watermark (UTC, and how far it is behind
-  now), each source partition's event time, the last committed micro-batch, backups pending,
-  the GC floor and last pass, and Redis memory by kind. A script polls ``status.json`` once a
-  second and updates the numbers in place.
+- ``/``: one HTML page, with no external assets (``ui.html``, ``ui.css`` and ``ui.js`` beside
+  this module, read once). It shows the physical plan as Graphviz drew it (fused stages boxed,
+  boundaries in red), each receiver's counters in a box beside its stage or sink, a table of
+  every receiver's counters, the watermark (UTC, and how far it is behind now), each source
+  partition's event time, the last committed micro-batch, backups pending, the GC floor and
+  last pass, and Redis memory by kind. A script polls ``status.json`` once a second and
+  updates the numbers in place.
 - ``/status.json``: exactly ``status(client, namespace).as_dict()``, the object that
-  ``onceflow status --json`` prints for the namespace.
+  ``onceflow status --json`` prints for the namespace. While the namespace has no state (its
+  pipeline has not started yet, or the name is wrong) it is ``{"namespace", "waiting"}``, the
+  latter saying why, and the page says it waits; a failed read answers 503 and ``{"error"}``.
 - ``/plan.svg``: the drawing alone.
 
 Every number on the page carries ``data-field`` naming where it comes from in ``status.json``
@@ -22,10 +25,10 @@ the bare name for top-level numbers (``watermark_ms``, ``acked_batch``, ``backup
 ``memory_by_kind:seen``, ``lanes:<topic>:<partition>.event_time_ms``). Values computed in the
 page (the watermark's lag behind now) carry ``data-derived`` instead.
 
-``plan_svg(graph, plan)`` draws a plan for the page: the physical half of ``to_dot`` (the
-logical graph and the legend go; the page explains the drawing itself), with every stage box
-and node marked ``data-stage`` / ``data-node`` by name. ``pipeline_svg(pipeline)`` does the
-same from a ``Pipeline``.
+``plan_svg(graph, plan)`` draws a plan for the page (``to_svg(..., for_page=True)``): the
+physical plan alone (the page explains the drawing itself), with every stage box and node
+marked ``data-stage`` / ``data-node`` by name. ``pipeline_svg(pipeline)`` does the same from
+a ``Pipeline``.
 
 The page reads Redis once per poll, through ``status``: one SCAN of the namespace in bounded
 steps. Results are shared between requests for ``STATUS_MAX_AGE_S``, and one read runs at a
@@ -34,23 +37,25 @@ time, so several open pages cost no more than one. The Redis URL's password is n
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import logging
 import re
 import threading
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from onceflow.graph_optimizer.draw import render, to_dot
+from onceflow.graph_optimizer.draw import to_svg
 from onceflow.kernel.keyspace import Kind
 from onceflow.kernel.scopes import Connect
 from onceflow.kernel.settings import RedisSettings, new_redis_client
+from onceflow.operations.gc import NoStateError
 from onceflow.operations.status import Status, status
 
 if TYPE_CHECKING:
@@ -119,15 +124,10 @@ KIND_LABELS = {
     "other": "other",
 }
 
-# What ``to_dot`` writes around the parts the page leaves out (see ``physical_dot``).
-_LOGICAL_CLUSTER = "  subgraph cluster_logical {"
-_CLUSTER_END = "  }"
-_LEGEND = "  legend ["
-_STAGE_LABEL = "stage "
-_LOGICAL = "L_"  # DOT id prefix of the logical graph's nodes
-_SVG_NS = "http://www.w3.org/2000/svg"
-_XLINK_NS = "http://www.w3.org/1999/xlink"
 _JSON = "application/json"
+# The page's files (package data beside this module): the HTML with ``__NAME__`` slots, its
+# style and its script.
+_PAGE_FILES = {"PAGE": "ui.html", "STYLE": "ui.css", "SCRIPT": "ui.js"}
 
 log = logging.getLogger(__name__)
 
@@ -135,54 +135,9 @@ log = logging.getLogger(__name__)
 # --- the drawing -------------------------------------------------------------------------
 
 
-def physical_dot(graph: Graph, plan: Plan) -> str:
-    """``to_dot`` without the logical graph and the legend: the plan that runs, for the page.
-
-    When ``to_dot``'s layout is not the one expected, the whole drawing is returned unchanged.
-    """
-    lines = to_dot(graph, plan).splitlines()
-    if _LOGICAL_CLUSTER in lines:
-        start = lines.index(_LOGICAL_CLUSTER)
-        ends = [i for i in range(start, len(lines)) if lines[i] == _CLUSTER_END]
-        if ends:
-            lines = lines[:start] + lines[ends[0] + 1 :]
-    lines = [line for line in lines if not line.startswith(_LEGEND)]
-    return "\n".join(lines) + "\n"
-
-
-def mark_svg(svg: str) -> str:
-    """Name every stage box ``data-stage`` and every node ``data-node``, with readable titles.
-
-    Graphviz titles a node by its DOT id; the page finds a receiver's stage or sink by name.
-    In a full ``to_dot`` drawing the logical graph's nodes (DOT ids ``L_...``) stay unmarked,
-    so names lead to the physical plan. The XML declaration and DOCTYPE go, so the result can
-    be inlined into HTML.
-    """
-    ET.register_namespace("", _SVG_NS)
-    ET.register_namespace("xlink", _XLINK_NS)
-    root = ET.fromstring(svg)
-    for group in root.iter(f"{{{_SVG_NS}}}g"):
-        kind = group.get("class")
-        label = group.find(f"{{{_SVG_NS}}}text")
-        title = group.find(f"{{{_SVG_NS}}}title")
-        if label is None or label.text is None:
-            continue
-        text = label.text.strip()
-        dot_id = (title.text or "") if title is not None else ""
-        if kind == "cluster" and text.startswith(_STAGE_LABEL):
-            group.set("data-stage", text[len(_STAGE_LABEL) :])
-        elif kind == "node" and not dot_id.startswith(_LOGICAL):
-            group.set("data-node", text)
-        else:
-            continue
-        if title is not None:
-            title.text = text
-    return ET.tostring(root, encoding="unicode")
-
-
 def plan_svg(graph: Graph, plan: Plan) -> str:
     """The page's drawing of ``plan`` (needs Graphviz's ``dot``)."""
-    return mark_svg(render(physical_dot(graph, plan), "svg").decode("utf-8"))
+    return to_svg(graph, plan, for_page=True)
 
 
 def pipeline_svg(pipeline: Pipeline, rules: Iterable[Callable[[Plan], Plan]] | None = None) -> str:
@@ -361,6 +316,10 @@ class UiHandler(BaseHTTPRequestHandler):
         source = self.server.source
         try:
             found = source.read()
+        except NoStateError as exc:  # not an error: the pipeline has not written anything yet
+            waiting = {"namespace": source.namespace, "waiting": source.scrub(str(exc))}
+            self._send(HTTPStatus.OK, _JSON, json.dumps(waiting).encode())
+            return
         except Exception as exc:  # any failure is shown on the page, as it is
             error = source.scrub(f"cannot read the status from Redis: {type(exc).__name__}: {exc}")
             self.server.errors.append(error)
@@ -426,8 +385,15 @@ def _inline_svg(svg: str) -> str:
     return svg[start:] if start >= 0 else ""
 
 
+@functools.cache
+def _page_files() -> dict[str, str]:
+    """The page's HTML, style and script, read once."""
+    folder = resources.files("onceflow.operations")
+    return {slot: (folder / name).read_text(encoding="utf-8") for slot, name in _PAGE_FILES.items()}
+
+
 def page_html(namespace: str, svg: str, redis: str) -> str:
-    """The page, with its configuration and drawing inlined."""
+    """The page, with its style, script, configuration and drawing inlined."""
     config = {
         "namespace": namespace,
         "poll_ms": POLL_INTERVAL_MS,
@@ -436,483 +402,14 @@ def page_html(namespace: str, svg: str, redis: str) -> str:
         "counter_labels": COUNTER_LABELS,
         "kind_labels": KIND_LABELS,
     }
+    files = _page_files()
     values = {
+        "STYLE": files["STYLE"],
+        "SCRIPT": files["SCRIPT"],
         "TITLE": html.escape(f"{namespace} · onceflow"),
         "NAMESPACE": html.escape(namespace),
         "REDIS": html.escape(redis),
         "CONFIG": json.dumps(config).replace("</", "<\\/"),
         "SVG": _inline_svg(svg),
     }
-    return re.sub(r"__([A-Z]+)__", lambda m: values.get(m.group(1), m.group(0)), _PAGE)
-
-
-_PAGE = r"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__TITLE__</title>
-<link rel="icon" href="data:,">
-<style>
-:root {
-  --ink: #1f2430; --muted: #6b7280; --line: #e3e6ec; --bg: #f4f5f8; --card: #fff;
-  --accent: #4b4fa8; --ok: #1a7f37; --bad: #c62828; --flash: #fff3bf;
-  font: 14px/1.4 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;
-  color: var(--ink); background: var(--bg);
-}
-* { box-sizing: border-box; }
-body { margin: 0; }
-header {
-  display: flex; align-items: baseline; gap: 18px; flex-wrap: wrap;
-  padding: 12px 24px; background: #232845; color: #fff;
-}
-header .brand { font-weight: 700; letter-spacing: .04em; color: #aab0ff; }
-header h1 { margin: 0; font-size: 18px; font-weight: 600; }
-header .meta { margin-left: auto; color: #c9cce8; font-size: 13px; }
-.conn::before {
-  content: ""; display: inline-block; width: 8px; height: 8px; border-radius: 50%;
-  margin-right: 6px; background: #999; vertical-align: 1px;
-}
-.conn.ok::before { background: #3ddc84; }
-.conn.bad::before { background: #ff5252; }
-#error {
-  margin: 12px 24px 0; padding: 10px 14px; border-radius: 6px;
-  background: #fdecea; color: var(--bad); border: 1px solid #f5c2c0;
-}
-main {
-  display: grid; gap: 16px; padding: 16px 24px 24px;
-  grid-template-columns: minmax(0, 3fr) minmax(300px, 2fr);
-}
-.card {
-  background: var(--card); border: 1px solid var(--line); border-radius: 8px;
-  padding: 14px 16px; box-shadow: 0 1px 2px rgba(20, 24, 40, .05);
-}
-.card h2 {
-  margin: 0 0 10px; font-size: 12px; font-weight: 600; color: var(--muted);
-  text-transform: uppercase; letter-spacing: .06em;
-}
-aside, .column { display: grid; gap: 16px; align-content: start; min-width: 0; }
-#plan { overflow-x: auto; }
-#plan svg { display: block; width: 100%; height: auto; margin: 0 auto; }
-#plan svg text { font-family: Helvetica, Arial, sans-serif; }
-.legend { margin: 8px 0 0; color: var(--muted); font-size: 12px; }
-.legend b { color: var(--ink); font-weight: 600; }
-.rx-badge rect.frame { fill: #fff; stroke: var(--accent); stroke-width: 1; }
-.rx-badge rect.head { fill: #ececf8; }
-.rx-badge text { font-size: 11px; fill: var(--ink); }
-.rx-badge text.name { font-weight: 700; }
-.rx-badge text.kind, .rx-badge text.label { fill: var(--muted); }
-.rx-badge text.value { font-variant-numeric: tabular-nums; }
-.rx-leader { stroke: var(--accent); stroke-dasharray: 3 3; fill: none; }
-text.bump { fill: #d9480f; }
-.big { font-size: 22px; font-weight: 600; font-variant-numeric: tabular-nums; }
-.sub { color: var(--muted); }
-dl { display: grid; grid-template-columns: auto 1fr; gap: 4px 16px; margin: 10px 0 0; }
-dt { color: var(--muted); }
-dd { margin: 0; text-align: right; font-variant-numeric: tabular-nums; }
-table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
-th, td { padding: 4px 8px; border-bottom: 1px solid var(--line); white-space: nowrap; }
-thead th {
-  font-size: 12px; color: var(--muted); font-weight: 600; text-align: right;
-  border-bottom: 1px solid #cfd4de;
-}
-thead th:first-child, tbody th { text-align: left; }
-tbody th .where { display: block; font-weight: 400; font-size: 12px; color: var(--muted); }
-td { text-align: right; transition: background-color .6s; }
-td.bump, dd.bump, span.bump { background: var(--flash); transition: none; }
-td.none { color: #c0c4cc; }
-tbody tr:last-child th, tbody tr:last-child td { border-bottom: 0; }
-.bar { height: 6px; background: #e7e8f6; border-radius: 3px; overflow: hidden; }
-.bar span { display: block; height: 100%; background: var(--accent); }
-#memory-kinds td:first-child { text-align: left; }
-#memory-kinds td.barcell { width: 40%; }
-.empty { color: var(--muted); font-style: italic; }
-@media (max-width: 900px) { main { grid-template-columns: 1fr; } }
-</style>
-</head>
-<body>
-<header>
-  <span class="brand">onceflow</span>
-  <h1>pipeline <span id="namespace">__NAMESPACE__</span></h1>
-  <span class="meta">Redis __REDIS__ &middot;
-    <span id="conn" class="conn">connecting</span>
-    <span id="updated"></span></span>
-</header>
-<div id="error" hidden></div>
-<main>
-  <div class="column">
-  <section class="card" id="plan-card">
-    <h2>Physical plan &mdash; live counters per receiver</h2>
-    <div id="plan">__SVG__</div>
-    <p class="legend"><b>Shaded box</b>: one fused stage (one Python pass).
-      <b>Red edge with a dot</b>: a boundary (backed up before, deduplicated after).
-      <b>Dashed red</b>: exchange (repartition by key).
-      <b>Boxes on the right</b>: each receiver's counters, updated every second.</p>
-  </section>
-  <section class="card">
-    <h2>Receivers</h2>
-    <table id="receivers">
-      <thead><tr><th>receiver</th></tr></thead>
-      <tbody><tr><td class="empty">no counters yet</td></tr></tbody>
-    </table>
-  </section>
-  </div>
-  <aside>
-    <section class="card">
-      <h2>Event time</h2>
-      <div class="big"><span data-field="watermark_ms" data-format="time"
-        data-value="">&ndash;</span></div>
-      <div class="sub">watermark &middot; <span data-derived="watermark_lag_ms"
-        data-value="">&ndash;</span></div>
-      <dl>
-        <dt>dedup time</dt>
-        <dd data-field="dedup_time_ms" data-format="time" data-value="">&ndash;</dd>
-        <dt>dedup horizon</dt>
-        <dd data-field="horizon_ms" data-format="duration" data-value="">&ndash;</dd>
-        <dt>last committed micro-batch</dt>
-        <dd data-field="acked_batch" data-format="count" data-value="">&ndash;</dd>
-        <dt>driver epoch</dt>
-        <dd data-field="epoch" data-format="count" data-value="">&ndash;</dd>
-      </dl>
-    </section>
-    <section class="card">
-      <h2>Source partitions</h2>
-      <table id="lanes">
-        <thead><tr><th>partition</th><th>event time</th><th>last records</th></tr></thead>
-        <tbody><tr><td class="empty" colspan="3">none yet</td></tr></tbody>
-      </table>
-    </section>
-    <section class="card">
-      <h2>Backups &amp; GC</h2>
-      <dl>
-        <dt>backups pending</dt>
-        <dd data-field="backups_pending" data-format="count" data-value="">&ndash;</dd>
-        <dt>acknowledged, awaiting GC</dt>
-        <dd data-field="backups_garbage" data-format="count" data-value="">&ndash;</dd>
-        <dt>seen-ID generations kept</dt>
-        <dd data-derived="generations_kept" data-value="">&ndash;</dd>
-        <dt>GC last pass</dt>
-        <dd data-field="gc:last_pass_ms" data-format="time" data-value=""
-          data-empty="never">&ndash;</dd>
-        <dt>GC passes</dt>
-        <dd data-field="gc:passes" data-format="count" data-value=""
-          data-empty="0">&ndash;</dd>
-      </dl>
-    </section>
-    <section class="card">
-      <h2>Redis</h2>
-      <div class="big"><span data-field="memory_bytes" data-format="bytes"
-        data-value="">&ndash;</span></div>
-      <div class="sub">in <span data-field="keys" data-format="count"
-        data-value="">&ndash;</span> keys</div>
-      <table id="memory-kinds"><tbody></tbody></table>
-    </section>
-  </aside>
-</main>
-<script type="application/json" id="onceflow-config">__CONFIG__</script>
-<script>
-(() => {
-  "use strict";
-  const config = JSON.parse(document.getElementById("onceflow-config").textContent);
-  const SVG = "http://www.w3.org/2000/svg";
-  const BADGE = { width: 190, head: 34, line: 15, pad: 8, gap: 28, spacing: 10 };
-  const numbers = new Intl.NumberFormat("en-US");
-  const plan = document.querySelector("#plan svg");
-  const graph = plan ? plan.querySelector("g.graph") : null;
-  let shapes = { receivers: "", lanes: "", kinds: "" };
-  let seen = false;
-
-  // --- formatting -------------------------------------------------------------------
-  function duration(ms) {
-    const s = Math.round(Math.abs(ms) / 1000);
-    const parts = (big, bigUnit, small, smallUnit) =>
-      big + " " + bigUnit + (small ? " " + small + " " + smallUnit : "");
-    if (s < 60) return s + " s";
-    if (s < 3600) return parts(Math.floor(s / 60), "min", s % 60, "s");
-    if (s < 100 * 3600) return parts(Math.floor(s / 3600), "h", Math.floor((s % 3600) / 60), "min");
-    return parts(Math.floor(s / 86400), "d", Math.floor((s % 86400) / 3600), "h");
-  }
-  function bytes(n) {
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
-    return (i === 0 ? n.toFixed(0) : n.toFixed(1)) + " " + units[i];
-  }
-  function utc(ms) {
-    return new Date(ms).toISOString().slice(0, 19).replace("T", " ") + " UTC";
-  }
-  const FORMATS = {
-    count: (v) => numbers.format(Number(v)),
-    time: (v) => (Number(v) ? utc(Number(v)) : "none"),
-    ago: (v) => (Number(v) ? duration(Date.now() - Number(v)) + " ago" : "never"),
-    duration: (v) => duration(Number(v)),
-    bytes: (v) => bytes(Number(v)),
-    text: (v) => String(v),
-  };
-  function show(el, value) {
-    if (value === null || value === undefined || value === "") {
-      return el.dataset.empty || "\u2013";
-    }
-    return (FORMATS[el.dataset.format] || FORMATS.text)(value);
-  }
-
-  // --- where each number comes from ---------------------------------------------------
-  function values(s) {
-    const out = new Map();
-    for (const [name, v] of Object.entries(s)) {
-      if (v === null || typeof v !== "object") out.set(name, v);
-    }
-    for (const [rx, counters] of Object.entries(s.receivers || {})) {
-      for (const [c, v] of Object.entries(counters)) out.set(rx + "." + c, v);
-    }
-    for (const [lane, v] of Object.entries(s.lanes || {})) {
-      for (const [k, x] of Object.entries(v)) out.set("lanes:" + lane + "." + k, x);
-    }
-    for (const [k, v] of Object.entries(s.gc || {})) out.set("gc:" + k, v);
-    for (const [k, v] of Object.entries(s.memory_by_kind || {})) {
-      out.set("memory_by_kind:" + k, v);
-    }
-    return out;
-  }
-  function el(tag, attrs, text) {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
-  function svgEl(tag, attrs, text) {
-    const node = document.createElementNS(SVG, tag);
-    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
-  function number(tag, field, format, extra) {
-    return el(tag, Object.assign({ "data-field": field, "data-format": format,
-      "data-value": "" }, extra || {}), "\u2013");
-  }
-
-  // --- the drawing: stages and sinks by name --------------------------------------------
-  function anchorOf(rx) {
-    if (!plan) return null;
-    const byName = (attr, name) => {
-      for (const g of plan.querySelectorAll("[" + attr + "]")) {
-        if (g.getAttribute(attr) === name) return g;
-      }
-      return null;
-    };
-    if (rx.endsWith(config.delivered_suffix)) {
-      const sink = rx.slice(0, -config.delivered_suffix.length);
-      const g = byName("data-node", sink);
-      if (g) return { g, where: "sink " + sink + " \u00b7 delivery" };
-    }
-    const stage = byName("data-stage", rx);
-    if (stage) return { g: stage, where: "stage " + rx };
-    const node = byName("data-node", rx);
-    return node ? { g: node, where: "node " + rx } : null;
-  }
-  function byCounterOrder(a, b) {
-    const order = config.counter_order;
-    const ia = order.indexOf(a) < 0 ? order.length : order.indexOf(a);
-    const ib = order.indexOf(b) < 0 ? order.length : order.indexOf(b);
-    return ia - ib || a.localeCompare(b);
-  }
-  function countersOf(receivers, rx) {
-    return Object.keys(receivers[rx]).sort(byCounterOrder);
-  }
-  function receiverOrder(receivers) {
-    const top = (rx) => {
-      const a = anchorOf(rx);
-      return a ? a.g.getBBox().y : Infinity;
-    };
-    return Object.keys(receivers).sort((a, b) => top(a) - top(b) || a.localeCompare(b));
-  }
-  function drawBadges(receivers, order) {
-    if (!plan || !graph) return;
-    plan.querySelectorAll(".rx-badge, .rx-leader").forEach((n) => n.remove());
-    const box = graph.getBBox();
-    const x = box.x + box.width + BADGE.gap;
-    let next = -Infinity;
-    for (const rx of order) {
-      const a = anchorOf(rx);
-      if (!a) continue;
-      const at = a.g.getBBox();
-      const counters = countersOf(receivers, rx);
-      const h = BADGE.head + counters.length * BADGE.line + BADGE.pad;
-      const y = Math.max(at.y, next + BADGE.spacing);
-      next = y + h;
-      graph.appendChild(svgEl("path", { class: "rx-leader",
-        d: `M${at.x + at.width},${at.y + Math.min(at.height / 2, 16)} L${x},${y + 16}` }));
-      const badge = svgEl("g", { class: "rx-badge", "data-badge": rx,
-        transform: `translate(${x},${y})` });
-      badge.appendChild(svgEl("rect", { class: "frame", width: BADGE.width, height: h,
-        rx: 6 }));
-      badge.appendChild(svgEl("rect", { class: "head", x: 1, y: 1, width: BADGE.width - 2,
-        height: BADGE.head - 6, rx: 5 }));
-      badge.appendChild(svgEl("text", { class: "name", x: 10, y: 14 }, rx));
-      badge.appendChild(svgEl("text", { class: "kind", x: 10, y: 25 }, a.where));
-      counters.forEach((c, i) => {
-        const ty = BADGE.head + 8 + i * BADGE.line;
-        badge.appendChild(svgEl("text", { class: "label", x: 10, y: ty },
-          config.counter_labels[c] || c));
-        badge.appendChild(svgEl("text", { class: "value", x: BADGE.width - 10, y: ty,
-          "text-anchor": "end", "data-field": rx + "." + c, "data-format": "count",
-          "data-value": "" }, "\u2013"));
-      });
-      graph.appendChild(badge);
-    }
-    const all = plan.getBBox();
-    plan.setAttribute("viewBox", [all.x - 6, all.y - 6, all.width + 12, all.height + 12]
-      .join(" "));
-    plan.style.maxWidth = Math.round((all.width + 12) * 1.25) + "px";
-  }
-  function fitPlan() {
-    if (!plan) return;
-    plan.removeAttribute("width");
-    plan.removeAttribute("height");
-    const all = plan.getBBox();
-    plan.style.maxWidth = Math.round(all.width * 1.25) + "px";
-  }
-
-  // --- tables whose rows follow the data --------------------------------------------------
-  function buildReceivers(receivers) {
-    const order = receiverOrder(receivers);
-    const columns = [];
-    for (const rx of order) {
-      for (const c of countersOf(receivers, rx)) if (!columns.includes(c)) columns.push(c);
-    }
-    columns.sort(byCounterOrder);
-    const table = document.getElementById("receivers");
-    const head = el("tr");
-    head.appendChild(el("th", {}, "receiver"));
-    for (const c of columns) {
-      head.appendChild(el("th", { title: c }, config.counter_labels[c] || c));
-    }
-    table.tHead.replaceChildren(head);
-    const body = document.createDocumentFragment();
-    for (const rx of order) {
-      const row = el("tr", { "data-receiver": rx });
-      const name = el("th", {}, rx);
-      const a = anchorOf(rx);
-      name.appendChild(el("span", { class: "where" }, a ? a.where : "not in the drawing"));
-      row.appendChild(name);
-      for (const c of columns) {
-        row.appendChild(c in receivers[rx] ? number("td", rx + "." + c, "count")
-          : el("td", { class: "none" }, "\u00b7"));
-      }
-      body.appendChild(row);
-    }
-    if (!order.length) {
-      body.appendChild(el("tr")).appendChild(el("td", { class: "empty" }, "no counters yet"));
-    }
-    table.tBodies[0].replaceChildren(body);
-    drawBadges(receivers, order);
-  }
-  function buildLanes(lanes) {
-    const body = document.createDocumentFragment();
-    for (const lane of Object.keys(lanes).sort()) {
-      const row = el("tr", { "data-lane": lane });
-      row.appendChild(el("th", {}, lane));
-      row.appendChild(number("td", "lanes:" + lane + ".event_time_ms", "time"));
-      row.appendChild(number("td", "lanes:" + lane + ".active_ms", "ago"));
-      body.appendChild(row);
-    }
-    if (!Object.keys(lanes).length) {
-      body.appendChild(el("tr")).appendChild(el("td", { class: "empty", colspan: 3 },
-        "none yet"));
-    }
-    document.querySelector("#lanes tbody").replaceChildren(body);
-  }
-  function buildKinds(kinds) {
-    const body = document.createDocumentFragment();
-    for (const kind of Object.keys(kinds).sort((a, b) => kinds[b] - kinds[a])) {
-      const row = el("tr", { "data-kind": kind });
-      row.appendChild(el("td", { title: kind }, config.kind_labels[kind] || kind));
-      const bar = el("td", { class: "barcell" });
-      bar.appendChild(el("div", { class: "bar" })).appendChild(el("span", {
-        "data-share": kind }));
-      row.appendChild(bar);
-      row.appendChild(number("td", "memory_by_kind:" + kind, "bytes"));
-      body.appendChild(row);
-    }
-    document.querySelector("#memory-kinds tbody").replaceChildren(body);
-  }
-  function shape(obj, inner) {
-    return JSON.stringify(Object.keys(obj || {}).sort().map(
-      (k) => (inner ? [k, Object.keys(obj[k]).sort()] : k)));
-  }
-
-  // --- one update ---------------------------------------------------------------------------
-  function flash(node) {
-    node.classList.add("bump");
-    setTimeout(() => node.classList.remove("bump"), 600);
-  }
-  function update(s) {
-    const next = { receivers: shape(s.receivers, true), lanes: shape(s.lanes),
-      kinds: shape(s.memory_by_kind) };
-    if (next.receivers !== shapes.receivers) buildReceivers(s.receivers || {});
-    if (next.lanes !== shapes.lanes) buildLanes(s.lanes || {});
-    if (next.kinds !== shapes.kinds) buildKinds(s.memory_by_kind || {});
-    shapes = next;
-    const found = values(s);
-    for (const node of document.querySelectorAll("[data-field]")) {
-      const value = found.get(node.dataset.field);
-      const raw = value === null || value === undefined ? "" : String(value);
-      const before = node.dataset.value;
-      if (raw !== before || !seen || node.dataset.format === "ago") {
-        node.dataset.value = raw;
-        node.textContent = show(node, value);
-        if (seen && before !== "" && Number(raw) > Number(before)) flash(node);
-      }
-    }
-    const kept = document.querySelector('[data-derived="generations_kept"]');
-    const generations = Object.keys(s.generations || {}).length;
-    kept.dataset.value = String(generations);
-    kept.textContent = String(generations);
-    const lag = document.querySelector('[data-derived="watermark_lag_ms"]');
-    if (s.watermark_ms) {
-      const ms = Date.now() - s.watermark_ms;
-      lag.dataset.value = String(ms);
-      lag.textContent = duration(ms) + (ms >= 0 ? " behind now" : " ahead of now");
-    } else {
-      lag.dataset.value = "";
-      lag.textContent = "none yet";
-    }
-    const total = s.memory_bytes || 0;
-    for (const bar of document.querySelectorAll("[data-share]")) {
-      const part = (s.memory_by_kind || {})[bar.dataset.share] || 0;
-      bar.style.width = (total ? (100 * part) / total : 0).toFixed(1) + "%";
-    }
-    seen = true;
-  }
-
-  // --- polling ------------------------------------------------------------------------------
-  const conn = document.getElementById("conn");
-  const updated = document.getElementById("updated");
-  const banner = document.getElementById("error");
-  async function poll() {
-    try {
-      const answer = await fetch("status.json", { cache: "no-store" });
-      const body = await answer.json();
-      if (!answer.ok) throw new Error(body.error || "HTTP " + answer.status);
-      update(body);
-      conn.className = "conn ok";
-      conn.textContent = "live";
-      updated.dataset.value = String(Date.now());
-      updated.textContent = "\u00b7 updated " + utc(Date.now()).slice(11);
-      banner.hidden = true;
-    } catch (err) {
-      conn.className = "conn bad";
-      conn.textContent = "no data";
-      banner.textContent = String(err.message || err);
-      banner.hidden = false;
-    } finally {
-      setTimeout(poll, config.poll_ms);
-    }
-  }
-  fitPlan();
-  poll();
-})();
-</script>
-</body>
-</html>
-"""
+    return re.sub(r"__([A-Z]+)__", lambda m: values.get(m.group(1), m.group(0)), files["PAGE"])

@@ -1,10 +1,11 @@
 """The live page (``onceflow.operations.ui``) in a real headless browser, on a running pipeline.
 
 A streaming keyed count runs in a child process against the session's Redis and broker; the
-page is served for its namespace and opened in Debian's chromium through chromedriver. The
-page must show counters while the pipeline runs, update them, and once the pipeline is
-stopped show exactly what ``onceflow status --json`` prints. A screenshot is kept under
-``tests/artifacts/``.
+page is served for its namespace and opened in Debian's chromium through chromedriver before
+the pipeline starts. The page must wait for the pipeline without an error, show counters
+while it runs, update them, and once the pipeline is stopped show exactly what
+``onceflow status --json`` prints, at window widths 1280, 1440 and 1920 with no counter
+covered or cut off. A screenshot per width is kept under ``tests/artifacts/``.
 
 Needs ``chromium`` and ``chromium-driver`` (apt) and ``selenium`` (pip); skipped without them.
 """
@@ -45,12 +46,18 @@ CHROME_FLAGS = (
     "--window-size=1440,1000",
 )
 RECORDS = 4000
+COPIES = 200  # re-sent copies of the first events, after all of them: dropped as duplicates
+LATE = 5  # events older than the dedup horizon (24 h): dead letters
+READ = RECORDS + COPIES + LATE
+# The dead letters' sink is not a node of the plan: its counters are in the table only.
+DEAD_LETTERS = "events/dead-letters/delivered"
 USERS = 13
 PARTITIONS = 2
 FIRST_COUNTS_TIMEOUT_S = 240
 DRAINED_TIMEOUT_S = 240
 SETTLED_S = 3.0
 PAGE_MATCH_TIMEOUT_S = 15
+WIDTHS = (1280, 1440, 1920)
 
 PIPELINE = """\
 from onceflow import KafkaSink, KafkaSource, Pipeline
@@ -73,6 +80,38 @@ return Array.from(document.querySelectorAll('[data-field]')).map(
   (e) => [e.dataset.field, e.dataset.value, e.textContent]);
 """
 
+# The layout at the window's width: [counter boxes, counters, counter boxes meeting a side
+# panel, counters not readable]. A counter is readable when, scrolled into view, it lies
+# within the viewport's width and is what the browser finds at its centre (nothing covers it).
+LAYOUT_JS = """
+const meets = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom
+  && b.top < a.bottom;
+const panels = Array.from(document.querySelectorAll('aside .card'));
+const boxes = Array.from(document.querySelectorAll('#plan [data-badge]'));
+const overlaps = [];
+for (const box of boxes) {
+  for (const panel of panels) {
+    if (meets(box.getBoundingClientRect(), panel.getBoundingClientRect())) {
+      overlaps.push(box.dataset.badge + ' under ' + panel.querySelector('h2').textContent);
+    }
+  }
+}
+const counters = document.querySelectorAll(
+  '#plan [data-badge] [data-field], #receivers [data-field]');
+const hidden = [];
+for (const e of counters) {
+  e.scrollIntoView({ block: 'center', inline: 'center' });
+  const r = e.getBoundingClientRect();
+  const found = document.elementFromPoint((r.left + r.right) / 2, (r.top + r.bottom) / 2);
+  const inside = r.width > 0 && r.left >= 0
+    && r.right <= document.documentElement.clientWidth;
+  if (!inside || !(found === e || e.contains(found))) hidden.push(e.dataset.field);
+}
+window.scrollTo(0, 0);
+document.querySelectorAll('.card, #plan').forEach((c) => { c.scrollLeft = 0; });
+return [boxes.length, counters.length, overlaps, hidden];
+"""
+
 
 def _chrome(profile: Path):
     webdriver = pytest.importorskip("selenium.webdriver", reason="pip install selenium")
@@ -90,15 +129,14 @@ def _chrome(profile: Path):
 
 
 def _produce(bootstrap: str, topic: str) -> None:
+    """Events, then copies of some and a few late ones: the table gets dups and late too."""
     base = (int(time.time()) // 3600 - 1) * 3_600_000  # event times of the last hour or two
-    records = [
-        (
-            None,
-            json.dumps({"id": f"e{i}", "user": f"u{i % USERS}", "ts": base + 100 * i}).encode(),
-            None,
-        )
-        for i in range(RECORDS)
+    events = [
+        {"id": f"e{i}", "user": f"u{i % USERS}", "ts": base + 100 * i} for i in range(RECORDS)
     ]
+    events += events[:COPIES]
+    events += [{"id": f"late{i}", "user": "u0", "ts": base - 3 * 86_400_000} for i in range(LATE)]
+    records = [(None, json.dumps(e).encode(), None) for e in events]
     produce(KafkaSettings(bootstrap), topic, records, partitions=PARTITIONS)
 
 
@@ -177,6 +215,16 @@ def _screenshot(driver, path: Path) -> None:
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
+def _check_layout(driver, width: int, boxes: int) -> None:
+    """At ``width``: no counter box under a side panel, every counter readable; a screenshot."""
+    driver.set_window_size(width, 1000)
+    _screenshot(driver, ARTIFACTS / f"ui_status_page_{width}.png")
+    drawn, counters, overlaps, hidden = driver.execute_script(LAYOUT_JS)
+    assert drawn == boxes and counters > 0, (width, drawn, counters)
+    assert not overlaps, f"at {width} px counter boxes meet side panels: {overlaps}"
+    assert not hidden, f"at {width} px counters cannot be read: {hidden}"
+
+
 def _wait(condition, timeout: float, what: str, proc=None, log: Path | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -210,15 +258,22 @@ def test_the_page_shows_a_running_pipeline(redis_server, broker, tmp_path):
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}
     server = driver = proc = None
     try:
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        # Before the pipeline starts its namespace has no state, and the page waits without an
+        # error (a page opened first, or a run slow to start under load, used to see a 503).
         server, url = serve(name, redis_server.url, svg)
         assert url.startswith("http://127.0.0.1:")
         driver = _chrome(tmp_path / "chrome-profile")
         driver.get(url)
         assert name in driver.title
+        conn = "return document.getElementById('conn').textContent;"
+        _wait(lambda: driver.execute_script(conn) != "connecting", 30, "the first poll")
+        assert driver.execute_script(conn) == "waiting", server.errors
+        code, _, body = _get(url + "status.json")
+        assert code == 200 and "no exactly-once state" in json.loads(body)["waiting"], body
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
         # While it runs: counters appear, then grow (the page polls status.json every second).
         def events_in() -> int:
@@ -233,9 +288,9 @@ def test_the_page_shows_a_running_pipeline(redis_server, broker, tmp_path):
         def drained() -> bool:
             seen.add(events_in())
             rx = _served_status(url)["receivers"]
-            return rx.get("events", {}).get("in", 0) >= RECORDS and "counts/delivered" in rx
+            return rx.get("events", {}).get("in", 0) >= READ and "counts/delivered" in rx
 
-        _wait(drained, DRAINED_TIMEOUT_S, f"all {RECORDS} records read", proc, log)
+        _wait(drained, DRAINED_TIMEOUT_S, f"all {READ} records read", proc, log)
 
         def settled() -> bool:  # no counter moved for SETTLED_S: the last batch is done
             before = _served_status(url)["receivers"]
@@ -250,7 +305,9 @@ def test_the_page_shows_a_running_pipeline(redis_server, broker, tmp_path):
 
         # Stopped: the page, /status.json and `onceflow status --json` say the same.
         cli = _cli_status(name, redis_server.url)
-        assert cli["receivers"]["events"]["in"] == RECORDS
+        assert cli["receivers"]["events"]["in"] == READ
+        assert cli["receivers"]["events"]["duplicates"] == COPIES
+        assert cli["receivers"]["events"]["late"] == LATE
         assert cli["receivers"]["counts/delivered"]["delivered"] > 0
         assert _served_status(url) == cli
         deadline = time.monotonic() + PAGE_MATCH_TIMEOUT_S
@@ -287,7 +344,7 @@ def test_the_page_shows_a_running_pipeline(redis_server, broker, tmp_path):
             "return Array.from(document.querySelectorAll('#plan svg [data-badge]'))"
             ".map((g) => g.dataset.badge);"
         )
-        assert set(badges) == set(cli["receivers"]), badges
+        assert set(badges) == set(cli["receivers"]) - {DEAD_LETTERS}, badges
         where = driver.execute_script(
             "return Object.fromEntries(Array.from("
             "document.querySelectorAll('#receivers tr[data-receiver]')).map("
@@ -297,12 +354,14 @@ def test_the_page_shows_a_running_pipeline(redis_server, broker, tmp_path):
             "events": "stage events",
             "count": "stage count",
             "counts/delivered": "sink counts · delivery",
+            DEAD_LETTERS: "not in the drawing",
         }
         code, kind, body = _get(url + "plan.svg")
         assert (code, kind) == (200, "image/svg+xml")
         assert 'data-stage="events"' in body and "stage count" in body
 
-        _screenshot(driver, ARTIFACTS / "ui_status_page.png")
+        for width in WIDTHS:
+            _check_layout(driver, width, len(badges))
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, (errors, server.errors)
     finally:

@@ -74,6 +74,8 @@ def test_the_wheel_holds_one_top_level_package(wheel):
     assert any(
         n.startswith("onceflow/runtime/log4j2.properties") for n in tops | set(zf.namelist())
     )
+    page = {f"onceflow/operations/ui.{ext}" for ext in ("html", "css", "js")}
+    assert page <= set(zf.namelist()), "the live page's files are not in the wheel"
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +154,14 @@ def test_a_pipeline_next_to_users_own_pipeline_backup_and_dedup_modules_runs(fre
     rows = sorted(json.loads(line)["n"] for line in out.read_text().splitlines())
     assert rows == sorted(2 * x for x in range(30) if x % 3 != 0)
     assert all(json.loads(line)["by"] == "OK" for line in out.read_text().splitlines())
+    page = subprocess.check_output(
+        [
+            str(python),
+            "-c",
+            "from onceflow.operations.ui import page_html as p; print(p('n', '', ''))",
+        ],
+        cwd=tmp_path,
+        text=True,
+        env=CLEAN_ENV,
+    )
+    assert "--accent:" in page and "async function poll()" in page  # its style and script
