@@ -30,7 +30,7 @@ from onceflow.graph_optimizer.ir import (
 )
 from onceflow.graph_optimizer.lower import lower
 from onceflow.graph_optimizer.optimizer import RULES, optimize
-from onceflow.kernel.durations import parse_duration_ms
+from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.limits import RECORD_BYTES
@@ -206,13 +206,13 @@ def _identity(x: Any) -> tuple[Any]:
     return (x,)
 
 
-def _ttl_ms(name: str, ttl: float | str) -> int:
+def _ttl_ms(name: str, ttl: Duration) -> int:
     try:
-        ms = round(ttl * 1000) if isinstance(ttl, int | float) else parse_duration_ms(ttl, "ttl")
+        ms = parse_duration_ms(ttl, "ttl")
     except ConfigError as exc:
         msg = f"combine_per_key {name!r}: {exc}"
         raise PipelineError(msg) from None
-    if isinstance(ttl, bool) or ms <= 0:
+    if ms <= 0:
         msg = f"combine_per_key {name!r}: ttl must be a positive duration, got {ttl!r}"
         raise PipelineError(msg)
     return ms
@@ -281,10 +281,10 @@ class Stream:
     def window(
         self,
         name: str,
-        windows: WindowFn | float | str,
+        windows: WindowFn | Duration,
         *,
         trigger: Trigger | None = None,
-        allowed_lateness: float | str = 0,
+        allowed_lateness: Duration = 0,
         accumulation: str = "accumulating",
     ) -> Stream:
         """Window a keyed stream by event time; the next ``combine_per_key`` folds per window.
@@ -314,7 +314,7 @@ class Stream:
         return stream
 
     def combine_per_key(
-        self, name: str, combiner: CombineFn | str, *, ttl: float | str | None = None
+        self, name: str, combiner: CombineFn | str, *, ttl: Duration | None = None
     ) -> Stream:
         """Fold the values of each key: ``(key, result)``.
 
