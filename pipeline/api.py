@@ -116,6 +116,7 @@ class Pipeline:
         self.dedup = dedup
         self.event_time = event_time or EventTime()
         self._nodes: dict[str, Node] = {}
+        self._windows: list[str] = []  # window stages, checked to reach a combine
 
     # -- building ----------------------------------------------------------------------------
 
@@ -163,7 +164,10 @@ class Pipeline:
     @property
     def graph(self) -> Graph:
         """The validated logical graph."""
-        return validate(Graph(self.name, tuple(self._nodes.values())))
+        graph = validate(Graph(self.name, tuple(self._nodes.values())))
+        for window in self._windows:
+            _check_combined(graph, window)
+        return graph
 
     def plan(self, rules: Iterable[Callable[[Plan], Plan]] | None = None) -> Plan:
         """The physical plan, optimized with ``rules`` (all rules by default, () for none)."""
@@ -195,6 +199,35 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return f"Pipeline({self.name!r}, {len(self._nodes)} stages)"
+
+
+def _check_combined(graph: Graph, window: str) -> None:
+    """Refuse a window whose records reach a sink, or nothing, without a combine on the way.
+
+    A window only tells the combine after it to fold per window and emit panes; without one
+    it would silently do nothing (the optimizer sees an identity step there, and windows
+    only as a Combine's ``windowing``). Element-wise steps in between are fine.
+    """
+    todo, seen = [window], {window}
+    while todo:
+        name = todo.pop()
+        readers = graph.consumers[name]
+        if isinstance(graph[name], Combine):
+            continue
+        if isinstance(graph[name], Sink):
+            problem = f"sink {name!r} gets its records without one"
+        elif not readers:
+            problem = f"nothing reads {name!r}"
+        else:
+            fresh = [r for r in readers if r not in seen]
+            seen.update(fresh)
+            todo += fresh
+            continue
+        msg = (
+            f"window {window!r} only acts in a combine after it, but {problem}; add "
+            f".combine_per_key(...), .count_per_key(...) or .group_by_key(...) after {window!r}"
+        )
+        raise PipelineError(msg)
 
 
 def _fn_name(fn: object) -> str:
@@ -311,6 +344,7 @@ class Stream:
             raise PipelineError(msg) from None
         stream = self._flat(name, spec.describe(), _identity, keyed=True)
         stream.windowing = spec
+        self.pipeline._windows.append(name)
         return stream
 
     def combine_per_key(
