@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from onceflow.dedup.errors import DedupConfigError
-from onceflow.kernel.durations import DAY_MS, parse_duration_ms
+from onceflow.kernel.durations import DAY_MS, Duration, parse_duration_ms
 from onceflow.kernel.keyspace import floor_bucket
 from onceflow.kernel.limits import (
     CHUNK_BYTES,
@@ -116,9 +116,12 @@ class DedupConfig:
 
     @classmethod
     def of(
-        cls, horizon: str | int = "24h", bucket: str | int | None = None, **more: Any
+        cls, horizon: Duration = "24h", bucket: Duration | None = None, **more: Any
     ) -> DedupConfig:
-        """Settings from durations: ``DedupConfig.of(horizon="7d", bucket="12h")``."""
+        """Settings from durations: ``DedupConfig.of(horizon="7d", bucket="12h")``.
+
+        A bare number is seconds (``horizon=3600`` is an hour), as everywhere in the API.
+        """
         horizon_ms = parse_duration_ms(horizon, "horizon")
         bucket_ms = (
             parse_duration_ms(bucket, "bucket")

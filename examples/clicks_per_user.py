@@ -6,7 +6,7 @@
 from onceflow import EventTime, KafkaSink, KafkaSource, Pipeline, Trigger
 from onceflow.windows import Fixed
 
-pipeline = Pipeline("clicks", event_time=EventTime.of(out_of_orderness="5s"))
+pipeline = Pipeline("clicks-per-user", event_time=EventTime.of(out_of_orderness="5s"))
 (
     pipeline.read(
         "clicks",
@@ -17,5 +17,5 @@ pipeline = Pipeline("clicks", event_time=EventTime.of(out_of_orderness="5s"))
     .map_values("one", lambda c: 1)
     .window("minute", Fixed("1m"), trigger=Trigger(early_every=3), allowed_lateness="30s")
     .combine_per_key("clicks-per-minute", "sum")
-    .write("per-minute", KafkaSink("clicks-per-minute"))
+    .write("per-minute", KafkaSink("clicks-per-user-per-minute"))
 )

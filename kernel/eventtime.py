@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
-from onceflow.kernel.durations import HOUR_MS, MINUTE_MS, parse_duration_ms
+from onceflow.kernel.durations import HOUR_MS, MINUTE_MS, Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 
 DEFAULT_IDLE_MS = MINUTE_MS
@@ -39,8 +40,8 @@ class EventTime:
     on time. ``idle_timeout``: processing time after which a lane with no new records stops
     holding the watermark back. ``max_ahead``: how far ahead of the clock an event may be.
     ``max_clock_skew``: how far Redis's clock and the driver machine's may disagree before a
-    micro-batch refuses to start (see :mod:`onceflow.dedup.clock`). Durations are ms or
-    strings such as ``"5s"``, ``"10m"``.
+    micro-batch refuses to start (see :mod:`onceflow.dedup.clock`). The fields are ms;
+    :meth:`of` takes durations as users write them (seconds, ``"5s"``, ``"10m"``, a timedelta).
     """
 
     out_of_orderness_ms: int = 0
@@ -58,12 +59,15 @@ class EventTime:
     @classmethod
     def of(
         cls,
-        out_of_orderness: str | int = 0,
-        idle_timeout: str | int = DEFAULT_IDLE_MS,
-        max_ahead: str | int = DEFAULT_MAX_AHEAD_MS,
-        max_clock_skew: str | int = DEFAULT_MAX_CLOCK_SKEW_MS,
+        out_of_orderness: Duration = 0,
+        idle_timeout: Duration = timedelta(milliseconds=DEFAULT_IDLE_MS),
+        max_ahead: Duration = timedelta(milliseconds=DEFAULT_MAX_AHEAD_MS),
+        max_clock_skew: Duration = timedelta(milliseconds=DEFAULT_MAX_CLOCK_SKEW_MS),
     ) -> EventTime:
-        """Settings from durations: ``EventTime.of(out_of_orderness="5s", max_ahead="1h")``."""
+        """Settings from durations: ``EventTime.of(out_of_orderness="5s", max_ahead="1h")``.
+
+        A bare number is seconds (``max_ahead=3600`` is an hour), as everywhere in the API.
+        """
         return cls(
             parse_duration_ms(out_of_orderness, "out_of_orderness"),
             parse_duration_ms(idle_timeout, "idle_timeout"),

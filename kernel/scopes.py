@@ -120,7 +120,8 @@ def pin_scopes(
             f"stage(s) {', '.join(map(repr, moved))} of namespace {ks.namespace!r} now "
             "follow a key exchange and did not before, or the other way round: their stored "
             "state is laid out for the old place. Keep the old plan, or start over with "
-            f"onceflow reset --namespace {ks.namespace} (or a new namespace)"
+            f"onceflow reset --namespace {ks.namespace} --checkpoint CHECKPOINT --yes (or "
+            "rename the pipeline: its name is its namespace)"
         )
         raise ConfigError(msg)
     if not wanted <= stored:  # exchange stages new to the plan
@@ -198,8 +199,8 @@ def raise_epochs(scopes: Scopes, epoch: int, connect: Connect) -> None:
             msg = (
                 f"partition scope {ks.tag!r} holds driver epoch {now}, newer than namespace "
                 f"{scopes.namespace!r}'s ({epoch}): it is state left by another run. Start "
-                f"over with onceflow reset --namespace {scopes.namespace}, or use another "
-                "namespace"
+                f"over with onceflow reset --namespace {scopes.namespace} --checkpoint "
+                "CHECKPOINT --yes, or rename the pipeline (its name is its namespace)"
             )
             raise ConfigError(msg)
 

@@ -29,7 +29,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceflow.kernel.durations import parse_duration_ms
+from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 
 # The bounds of the global window (inside the 64-bit range msgpack and Redis scores keep).
@@ -37,16 +37,6 @@ GLOBAL_START = -(1 << 53)
 GLOBAL_END = 1 << 53
 
 Span = tuple[int, int]  # [start, end) in ms
-
-
-def _ms(value: float | str, what: str) -> int:
-    """A duration: a number of seconds, or text such as ``10m`` or ``500ms``."""
-    if isinstance(value, bool):
-        msg = f"{what} must be a duration such as 10m or a number of seconds, got {value!r}"
-        raise ConfigError(msg)
-    if isinstance(value, int | float):
-        return round(value * 1000)
-    return parse_duration_ms(value, what)
 
 
 class WindowFn:
@@ -74,18 +64,20 @@ def _span_text(ms: int) -> str:
 class Fixed(WindowFn):
     """Back-to-back windows of ``size`` (a number of seconds or ``"1m"``), shifted by ``offset``."""
 
-    size: float | str
-    offset: float | str = 0
+    size: Duration
+    offset: Duration = 0
     size_ms: int = field(init=False, repr=False)
     offset_ms: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        size = _ms(self.size, "window size")
+        size = parse_duration_ms(self.size, "window size")
         if size <= 0:
             msg = f"a window size must be positive, got {self.size!r}"
             raise ConfigError(msg)
         object.__setattr__(self, "size_ms", size)
-        object.__setattr__(self, "offset_ms", _ms(self.offset, "window offset") % size)
+        object.__setattr__(
+            self, "offset_ms", parse_duration_ms(self.offset, "window offset") % size
+        )
 
     def assign(self, ts: int) -> list[Span]:
         """The one window holding ``ts``."""
@@ -101,16 +93,16 @@ class Fixed(WindowFn):
 class Sliding(WindowFn):
     """Windows of ``size`` starting every ``every``; a record is in ``size / every`` of them."""
 
-    size: float | str
-    every: float | str
-    offset: float | str = 0
+    size: Duration
+    every: Duration
+    offset: Duration = 0
     size_ms: int = field(init=False, repr=False)
     every_ms: int = field(init=False, repr=False)
     offset_ms: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        size = _ms(self.size, "window size")
-        every = _ms(self.every, "window period")
+        size = parse_duration_ms(self.size, "window size")
+        every = parse_duration_ms(self.every, "window period")
         if size <= 0 or every <= 0:
             msg = (
                 "sliding windows need a positive size and period, got "
@@ -125,7 +117,9 @@ class Sliding(WindowFn):
             raise ConfigError(msg)
         object.__setattr__(self, "size_ms", size)
         object.__setattr__(self, "every_ms", every)
-        object.__setattr__(self, "offset_ms", _ms(self.offset, "window offset") % every)
+        object.__setattr__(
+            self, "offset_ms", parse_duration_ms(self.offset, "window offset") % every
+        )
 
     def assign(self, ts: int) -> list[Span]:
         """Every window whose span holds ``ts``, oldest first."""
@@ -142,12 +136,12 @@ class Sliding(WindowFn):
 class Sessions(WindowFn):
     """A window per burst of a key's activity: records less than ``gap`` apart share one."""
 
-    gap: float | str
+    gap: Duration
     gap_ms: int = field(init=False, repr=False)
     merging = True
 
     def __post_init__(self) -> None:
-        gap = _ms(self.gap, "session gap")
+        gap = parse_duration_ms(self.gap, "session gap")
         if gap <= 0:
             msg = f"a session gap must be positive, got {self.gap!r}"
             raise ConfigError(msg)
@@ -203,21 +197,27 @@ class Trigger:
 
     ``early_every``: an early pane once at least this many records arrived since the last
     pane; ``early_seconds``: an early pane once this much processing time passed since the
-    first record of the pane (checked at every micro-batch). ``on_time``: a pane when the
-    watermark passes the window's end. ``late``: ``"batch"``, ``"record"`` or ``"none"``.
+    first record of the pane (checked at every micro-batch; a number of seconds, ``"5m"`` or
+    a timedelta). ``on_time``: a pane when the watermark passes the window's end. ``late``:
+    ``"batch"``, ``"record"`` or ``"none"``.
     Every window ends with exactly one final pane, when it closes.
     """
 
     early_every: int | None = None
-    early_seconds: float | None = None
+    early_seconds: Duration | None = None
     on_time: bool = True
     late: Late | str = Late.BATCH
+    early_ms: int | None = field(init=False, repr=False)  # early_seconds in ms
 
     def __post_init__(self) -> None:
+        early = self.early_seconds
+        object.__setattr__(
+            self, "early_ms", None if early is None else parse_duration_ms(early, "early_seconds")
+        )
         if self.early_every is not None and self.early_every < 1:
             msg = f"early_every must be at least 1, got {self.early_every}"
             raise ConfigError(msg)
-        if self.early_seconds is not None and self.early_seconds <= 0:
+        if self.early_ms is not None and self.early_ms <= 0:
             msg = f"early_seconds must be positive, got {self.early_seconds}"
             raise ConfigError(msg)
         try:
@@ -230,11 +230,6 @@ class Trigger:
     def late_mode(self) -> Late:
         """``late`` as a :class:`Late`."""
         return Late(self.late)
-
-    @property
-    def early_ms(self) -> int | None:
-        """``early_seconds`` in ms."""
-        return None if self.early_seconds is None else round(self.early_seconds * 1000)
 
     @property
     def has_early(self) -> bool:
@@ -251,8 +246,8 @@ class Trigger:
         parts = []
         if self.early_every is not None:
             parts.append(f"early every {self.early_every} records")
-        if self.early_seconds is not None:
-            parts.append(f"early every {self.early_seconds:g}s")
+        if self.early_ms is not None:
+            parts.append(f"early every {self.early_ms / 1000:g}s")
         if self.on_time:
             parts.append("on time")
         if self.late_mode is not Late.NONE:
@@ -302,16 +297,16 @@ class Windowing:
 
 
 def windowing(
-    fn: WindowFn | float | str,
+    fn: WindowFn | Duration,
     *,
     trigger: Trigger | None = None,
-    allowed_lateness: float | str = 0,
+    allowed_lateness: Duration = 0,
     accumulation: Accumulation | str = Accumulation.ACCUMULATING,
 ) -> Windowing:
     """Check and assemble a :class:`Windowing` from the arguments of ``Stream.window``."""
     if not isinstance(fn, WindowFn):
         fn = Fixed(fn)
-    lateness = _ms(allowed_lateness, "allowed_lateness")
+    lateness = parse_duration_ms(allowed_lateness, "allowed_lateness")
     if lateness < 0:
         msg = f"allowed_lateness must not be negative, got {allowed_lateness!r}"
         raise ConfigError(msg)

@@ -39,7 +39,7 @@ from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import BatchParams, read_batch_params
 from onceflow.dedup.durability import settle_aof
 from onceflow.dedup.trust import GENERATION_FIELD
-from onceflow.kernel.durations import DAY_MS, parse_duration_ms
+from onceflow.kernel.durations import DAY_MS, Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import (
     GC_FLOOR_FIELD,
@@ -194,7 +194,7 @@ def collect(
     namespace: str,
     *,
     dry_run: bool = False,
-    horizon: str | int | None = None,
+    horizon: Duration | None = None,
     scan_count: int = DEFAULT_SCAN_COUNT,
     delete_batch: int = DEFAULT_DELETE_BATCH,
     connect: Connect | None = None,
@@ -302,7 +302,7 @@ def _forget_generations(
 
 def _horizon(
     meta: dict[str, str],
-    horizon: str | int | None,
+    horizon: Duration | None,
     namespace: str,
     *batches: BatchParams | None,
 ) -> int:

@@ -30,7 +30,7 @@ from onceflow.graph_optimizer.ir import (
 )
 from onceflow.graph_optimizer.lower import lower
 from onceflow.graph_optimizer.optimizer import RULES, optimize
-from onceflow.kernel.durations import parse_duration_ms
+from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.limits import RECORD_BYTES
@@ -116,6 +116,7 @@ class Pipeline:
         self.dedup = dedup
         self.event_time = event_time or EventTime()
         self._nodes: dict[str, Node] = {}
+        self._windows: list[str] = []  # window stages, checked to reach a combine
 
     # -- building ----------------------------------------------------------------------------
 
@@ -163,7 +164,10 @@ class Pipeline:
     @property
     def graph(self) -> Graph:
         """The validated logical graph."""
-        return validate(Graph(self.name, tuple(self._nodes.values())))
+        graph = validate(Graph(self.name, tuple(self._nodes.values())))
+        for window in self._windows:
+            _check_combined(graph, window)
+        return graph
 
     def plan(self, rules: Iterable[Callable[[Plan], Plan]] | None = None) -> Plan:
         """The physical plan, optimized with ``rules`` (all rules by default, () for none)."""
@@ -197,6 +201,35 @@ class Pipeline:
         return f"Pipeline({self.name!r}, {len(self._nodes)} stages)"
 
 
+def _check_combined(graph: Graph, window: str) -> None:
+    """Refuse a window whose records reach a sink, or nothing, without a combine on the way.
+
+    A window only tells the combine after it to fold per window and emit panes; without one
+    it would silently do nothing (the optimizer sees an identity step there, and windows
+    only as a Combine's ``windowing``). Element-wise steps in between are fine.
+    """
+    todo, seen = [window], {window}
+    while todo:
+        name = todo.pop()
+        readers = graph.consumers[name]
+        if isinstance(graph[name], Combine):
+            continue
+        if isinstance(graph[name], Sink):
+            problem = f"sink {name!r} gets its records without one"
+        elif not readers:
+            problem = f"nothing reads {name!r}"
+        else:
+            fresh = [r for r in readers if r not in seen]
+            seen.update(fresh)
+            todo += fresh
+            continue
+        msg = (
+            f"window {window!r} only acts in a combine after it, but {problem}; add "
+            f".combine_per_key(...), .count_per_key(...) or .group_by_key(...) after {window!r}"
+        )
+        raise PipelineError(msg)
+
+
 def _fn_name(fn: object) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     return "lambda" if name is None or "<lambda>" in name else str(name)
@@ -206,13 +239,13 @@ def _identity(x: Any) -> tuple[Any]:
     return (x,)
 
 
-def _ttl_ms(name: str, ttl: float | str) -> int:
+def _ttl_ms(name: str, ttl: Duration) -> int:
     try:
-        ms = round(ttl * 1000) if isinstance(ttl, int | float) else parse_duration_ms(ttl, "ttl")
+        ms = parse_duration_ms(ttl, "ttl")
     except ConfigError as exc:
         msg = f"combine_per_key {name!r}: {exc}"
         raise PipelineError(msg) from None
-    if isinstance(ttl, bool) or ms <= 0:
+    if ms <= 0:
         msg = f"combine_per_key {name!r}: ttl must be a positive duration, got {ttl!r}"
         raise PipelineError(msg)
     return ms
@@ -281,10 +314,10 @@ class Stream:
     def window(
         self,
         name: str,
-        windows: WindowFn | float | str,
+        windows: WindowFn | Duration,
         *,
         trigger: Trigger | None = None,
-        allowed_lateness: float | str = 0,
+        allowed_lateness: Duration = 0,
         accumulation: str = "accumulating",
     ) -> Stream:
         """Window a keyed stream by event time; the next ``combine_per_key`` folds per window.
@@ -311,10 +344,11 @@ class Stream:
             raise PipelineError(msg) from None
         stream = self._flat(name, spec.describe(), _identity, keyed=True)
         stream.windowing = spec
+        self.pipeline._windows.append(name)
         return stream
 
     def combine_per_key(
-        self, name: str, combiner: CombineFn | str, *, ttl: float | str | None = None
+        self, name: str, combiner: CombineFn | str, *, ttl: Duration | None = None
     ) -> Stream:
         """Fold the values of each key: ``(key, result)``.
 

@@ -68,7 +68,8 @@ def pin_settings(client: Any, keyspace: Keyspace, parallelism: int, config: Dedu
             msg = (
                 f"pipeline namespace {keyspace.namespace!r} was created with {name}="
                 f"{stored.get(name)}, this run asks for {value}: keyed state and dedup history "
-                f"depend on it. Keep {name}={stored.get(name)}, or start a new namespace"
+                f"depend on it. Keep {name}={stored.get(name)}, or start a new namespace "
+                "(rename the pipeline)"
             )
             raise ConfigError(msg)
 
@@ -130,8 +131,8 @@ def pin_plan(
         f"pipeline namespace {keyspace.namespace!r} holds state built by another physical "
         f"plan:\n  - {listed}\nStage names key dedup history, backups and state, so resuming "
         "would silently start part of it over. Run the same plan (same --rules / "
-        "--no-optimize, stages and combiners), or start afresh with a new --namespace and "
-        "--checkpoint, or pass --accept-plan-change to resume anyway"
+        "--no-optimize, stages and combiners), or start afresh under a new pipeline name (its "
+        "namespace) with a new --checkpoint, or pass --accept-plan-change to resume anyway"
     )
     raise PlanChangedError(msg)
 
@@ -191,8 +192,8 @@ def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
 def _reset_hint(keyspace: Keyspace, checkpoint: Checkpoint) -> str:
     return (
         f"To start this pipeline over, delete both halves: onceflow reset --namespace "
-        f"{keyspace.namespace} --checkpoint {checkpoint.location} (or give the run a new "
-        "--namespace and a new --checkpoint)"
+        f"{keyspace.namespace} --checkpoint {checkpoint.location} --yes (or rename the "
+        "pipeline, whose name is its namespace, and give onceflow run a new --checkpoint)"
     )
 
 

@@ -146,3 +146,45 @@ def test_keyedness_is_tracked():
         False,
         True,
     )
+
+
+def _keyed(p):
+    return p.read("s", sources.Collection([("a", 1)])).key_by("k", lambda kv: kv[0])
+
+
+def _unread(s):
+    s.window("w", 60)  # the windowed stream is dropped: s itself is written
+    s.write("out", sinks.Collect())
+
+
+def _branch_without(w):
+    w.count_per_key("c").write("out", sinks.Collect())
+    w.write("raw", sinks.Collect())
+
+
+@pytest.mark.parametrize(
+    ("build", "problem"),
+    [
+        (lambda s: s.window("w", 60).write("out", sinks.Collect()), "sink 'out'"),
+        (
+            lambda s: s.window("w", 60).map_values("v", str).write("out", sinks.Collect()),
+            "sink 'out'",
+        ),
+        (_unread, "nothing reads 'w'"),
+        (lambda s: _branch_without(s.window("w", 60)), "sink 'raw'"),
+    ],
+    ids=["written", "mapped-then-written", "read-by-nothing", "one-branch-without"],
+)
+def test_a_window_without_a_combine_after_it_is_refused(build, problem):
+    p = Pipeline("p")
+    build(_keyed(p))
+    with pytest.raises(PipelineError, match=f"window 'w' only acts in a combine .*{problem}.*"):
+        p.plan()
+
+
+def test_a_window_reaches_its_combine_through_element_wise_steps():
+    p = Pipeline("p")
+    keyed = _keyed(p).window("w", 60).map_values("v", lambda kv: kv[1]).filter("f", bool)
+    keyed.count_per_key("c").write("out", sinks.Collect())
+    p.plan()
+    assert p.graph["c"].windowing.fn.size_ms == 60_000

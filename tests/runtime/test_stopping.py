@@ -9,6 +9,7 @@ compared with an independent count of the input (``tests/exactly_once/scenario.p
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -30,6 +31,12 @@ def streaming_args(scn, cap=1000):
     at = args.index("--max-records-per-batch")
     args[at + 1] = str(cap)
     return ["run", PIPELINE, *args, "--trigger-seconds", "0.5"]
+
+
+def summary_rows(lines):
+    """The stage names of the summary table's rows, in order (``count  34  17  0  0``)."""
+    row = re.compile(r"^(\S+)\s+[\d,]+\s+[\d,]+\s+[\d,]+\s+[\d,]+$")
+    return [m.group(1) for line in lines if (m := row.match(line))]
 
 
 def committed_batches(scn):
@@ -63,6 +70,9 @@ def test_a_signal_finishes_the_batch_exits_0_and_a_rerun_resumes_exactly(
     notice = next(i for i, line in enumerate(run.lines) if ": finishing the current" in line)
     assert any("] batch 1: " in line for line in run.lines[notice:]), "batch 1 finished"
     assert f"pipeline '{scn.name}'" in run.output  # the summary of a normal end
+    rows = summary_rows(run.lines)  # issue 29: first rows printed twice after a Ctrl-C?
+    assert rows == ["events", "count"], run.output[-4000:]
+    assert sum(line.startswith("stage ") for line in run.lines) == 1
     done = committed_batches(scn)
     assert done and done[-1] >= 1
     assert "onceflow: stop requested" not in run.output
