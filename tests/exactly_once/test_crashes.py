@@ -254,6 +254,7 @@ def test_kill_9_then_resume_is_exact_with_the_confluent_client(
         assert len(seen_by_all) > len(seen_committed), "the aborted records were never written"
 
 
+@pytest.mark.long  # CI time: the host-crash torture restarts Redis from its AOF, and harder
 def test_redis_killed_and_restarted_from_its_aof(broker, redis_factory, tmp_path):
     """Redis 7.2+ with appendfsync everysec: each batch and delivery waits for the fsync
     (WAITAOF). Redis before 7.2 with everysec, which cannot confirm it, is refused (below)."""
