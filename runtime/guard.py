@@ -148,8 +148,8 @@ class BatchGuards(GuardFactory, Protocol):
     once per run, serves every micro-batch.
     """
 
-    def for_batch(self, params: Any) -> GuardFactory:
-        """The factory for the tasks of one micro-batch."""
+    def for_batch(self, params: Any, durability: Any = None) -> GuardFactory:
+        """The factory for the tasks of one micro-batch (``durability``: what it waits for)."""
         ...
 
     def batch_json(self) -> str:
@@ -263,8 +263,8 @@ class AtLeastOnceGuards:
     params: Any = None
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
 
-    def for_batch(self, params: Any) -> AtLeastOnceGuards:
-        """The factory for the tasks of one micro-batch."""
+    def for_batch(self, params: Any, durability: Any = None) -> AtLeastOnceGuards:
+        """The factory for the tasks of one micro-batch (at least once waits for nothing)."""
         return replace(self, params=params)
 
     def batch_json(self) -> str:

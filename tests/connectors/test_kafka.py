@@ -143,6 +143,28 @@ def test_only_a_keyed_streams_pairs_become_record_keys(
     assert summed == {f"u{u}".encode(): sum(range(u, 30, 3)) for u in range(3)}
 
 
+def test_an_at_least_once_streaming_run_writes_every_record(
+    spark, broker, redis_server, tmp_path, topic_name
+):
+    """The baseline guarantee streams too (its guards take a batch's parameters alike)."""
+    settings = KafkaSettings(broker.bootstrap)
+    src, copy, totals = topic_name("src"), topic_name("copy"), topic_name("totals")
+    events = [{"user": f"u{i % 3}", "n": i} for i in range(40)]
+    produce(settings, src, [(None, json.dumps(e).encode(), None) for e in events])
+    p = Pipeline(topic_name("alo"))
+    read = p.read("events", KafkaSource(src, bootstrap_servers=broker.bootstrap))
+    read.write("copy", KafkaSink(copy, bootstrap_servers=broker.bootstrap))
+    read.key_by("by-user", lambda e: e["user"]).map_values("n", lambda e: e["n"]).combine_per_key(
+        "total", "sum"
+    ).write("totals", KafkaSink(totals, bootstrap_servers=broker.bootstrap))
+    result = _run(p, spark, redis_server, tmp_path, guarantee="at-least-once")
+    assert result.records_in == 40
+    copied = sorted(json.loads(r.value)["n"] for r in read_topic(settings, copy))
+    assert copied == list(range(40))  # a clean run: once each
+    summed = {r.key: json.loads(r.value) for r in read_topic(settings, totals)}
+    assert summed == {f"u{u}".encode(): sum(range(u, 40, 3)) for u in range(3)}
+
+
 def test_bad_source_settings_are_clear_errors():
     from onceflow.connectors.errors import ConnectorError
 
