@@ -6,13 +6,18 @@ file (``--config PATH`` or ``$ONCEFLOW_CONFIG``), the built-in default.
 * Environment: ``ONCEFLOW_<OPTION>`` for any option (``--metrics-port`` is
   ``ONCEFLOW_METRICS_PORT``, ``--no-progress`` is ``ONCEFLOW_NO_PROGRESS=1``); ``--redis-url``
   also reads ``REDIS_URL`` and ``--bootstrap-servers`` ``KAFKA_BOOTSTRAP_SERVERS``. Repeatable
-  options (``--conf``, ``--namespace``) are not read from the environment.
+  options (``--conf``, ``--namespace``) are not read from the environment. An ``ONCEFLOW_``
+  variable that is no option but nearly the name of one (``ONCEFLOW_METRICS_PROT``) is an
+  error naming the option; one far from every option is left alone (it may be the user's).
 * Config file: top-level keys are option names (``redis-url = "redis://..."``) and apply to
   every command that has the option; a table named after a command (``[run]``, ``[gc]``) applies
   to that command only and wins over the top level; a ``[spark]`` table (top level or
   ``[run.spark]``) holds Spark settings, ``--conf`` with the ``spark.`` prefix left out
   (``executor.memory = "2g"``). A key no command knows, or a value of the wrong type, is an
-  error naming the key and the file.
+  error naming the key and the file (and the closest option, when one is close).
+
+The options of ``onceflow run`` are generated from :class:`~onceflow.runtime.run_config.RunConfig`,
+so this module checks the file and the environment against that one list.
 
 ``--yes`` and ``--force`` (the confirmations of ``onceflow reset``) are never read from a
 file or the environment.
@@ -55,7 +60,7 @@ OTHER_VARIABLES = frozenset(
         "ONCEFLOW_WORKER_PRELOAD",
     }
 )
-MISSPELT = 0.8  # how alike a variable's name and an option's must be to call it a misspelling
+MISSPELT = 0.85  # how alike a variable's name and an option's must be to call it a misspelling
 ENV_ALIASES = {"redis_url": ("REDIS_URL",), "bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS",)}
 # Said on the command line or not at all.
 NOT_LAYERED = frozenset({"help", "version", "config", "yes", "force"})
