@@ -249,6 +249,7 @@ def add_config_options(p: argparse._ActionsContainer, group: str) -> None:
         if option.switch:
             p.add_argument(option.flag, action="store_true", help=option.help)
             continue
+        unit = " (seconds)" if option.unit == "s" and "second" not in option.help else ""
         kind = value_type(f)
         default = f.default.value if isinstance(f.default, enum.Enum) else f.default
         typed: dict[str, Any] = {} if option.choices or kind is str else {"type": kind}
@@ -257,7 +258,7 @@ def add_config_options(p: argparse._ActionsContainer, group: str) -> None:
             choices=option.choices,
             default=default,
             metavar=option.metavar,
-            help=option.help,
+            help=option.help + unit,
             **typed,
         )
 

@@ -117,15 +117,22 @@ def sample(f):
 
 
 @pytest.mark.parametrize("f", flagged(), ids=lambda f: f.metadata["option"].flag)
-def test_every_generated_flag_round_trips_into_the_config(f):
+def test_every_generated_flag_round_trips_into_the_config(f, tmp_path):
+    """Its flag, its variable and its file key each set the field; unset, it is the default."""
     argv, expected = sample(f)
+    assert getattr(run_config(parse_args(["run", "pipe.py"], {})), f.name) == f.default
     flag_config = run_config(parse_args(["run", "pipe.py", *argv], {}))
     assert getattr(flag_config, f.name) == expected
-    assert getattr(run_config(parse_args(["run", "pipe.py"], {})), f.name) == f.default
+    switch = f.metadata["option"].switch
     variable = "ONCEFLOW_" + dest(f).upper()
-    raw = "1" if f.metadata["option"].switch else argv[-1]
-    env_config = run_config(parse_args(["run", "pipe.py"], {variable: raw}))
+    env_config = run_config(parse_args(["run", "pipe.py"], {variable: "1" if switch else argv[-1]}))
     assert getattr(env_config, f.name) == expected
+    raw = argv[-1] if value_type(f) in (int, float) and not f.metadata["option"].choices else None
+    value = "true" if switch else raw or f'"{argv[-1]}"'
+    path = tmp_path / "onceflow.toml"
+    path.write_text(f"[run]\n{f.metadata['option'].flag[2:]} = {value}\n")
+    file_config = run_config(parse_args(["--config", str(path), "run", "pipe.py"], {}))
+    assert getattr(file_config, f.name) == expected
 
 
 def test_run_has_a_flag_for_each_flagged_field_and_no_other_setting():
