@@ -80,7 +80,7 @@ class RunConfig:
 
     master: str = _option(
         DEFAULT_MASTER,
-        "Spark master URL (default local[2]; spark://host:7077 for a cluster)",
+        f"Spark master URL (default {DEFAULT_MASTER}; spark://host:7077 for a cluster)",
         flag="--master",
         group=SPARK_GROUP,
         streaming=False,
