@@ -6,13 +6,18 @@ file (``--config PATH`` or ``$ONCEFLOW_CONFIG``), the built-in default.
 * Environment: ``ONCEFLOW_<OPTION>`` for any option (``--metrics-port`` is
   ``ONCEFLOW_METRICS_PORT``, ``--no-progress`` is ``ONCEFLOW_NO_PROGRESS=1``); ``--redis-url``
   also reads ``REDIS_URL`` and ``--bootstrap-servers`` ``KAFKA_BOOTSTRAP_SERVERS``. Repeatable
-  options (``--conf``, ``--namespace``) are not read from the environment.
+  options (``--conf``, ``--namespace``) are not read from the environment. An ``ONCEFLOW_``
+  variable that is no option but nearly the name of one (``ONCEFLOW_METRICS_PROT``) is an
+  error naming the option; one far from every option is left alone (it may be the user's).
 * Config file: top-level keys are option names (``redis-url = "redis://..."``) and apply to
   every command that has the option; a table named after a command (``[run]``, ``[gc]``) applies
   to that command only and wins over the top level; a ``[spark]`` table (top level or
   ``[run.spark]``) holds Spark settings, ``--conf`` with the ``spark.`` prefix left out
   (``executor.memory = "2g"``). A key no command knows, or a value of the wrong type, is an
-  error naming the key and the file.
+  error naming the key and the file (and the closest option, when one is close).
+
+The options of ``onceflow run`` are generated from :class:`~onceflow.runtime.run_config.RunConfig`,
+so this module checks the file and the environment against that one list.
 
 ``--yes`` and ``--force`` (the confirmations of ``onceflow reset``) are never read from a
 file or the environment.
@@ -27,9 +32,35 @@ from collections.abc import Mapping
 from typing import Any
 
 from onceflow.cli.errors import ConfigFileError
+from onceflow.runtime.run_config import ENV_PREFIX, closest
 
 CONFIG_ENV = "ONCEFLOW_CONFIG"
-ENV_PREFIX = "ONCEFLOW_"
+# Variables of Onceflow that are not options: never mistaken for a misspelt one.
+OTHER_VARIABLES = frozenset(
+    {
+        CONFIG_ENV,
+        "ONCEFLOW_BENCH_BROKER_PID",
+        "ONCEFLOW_BENCH_READ_IN_TASK",
+        "ONCEFLOW_CACHE",
+        "ONCEFLOW_CACHE_DIR",
+        "ONCEFLOW_CLOCK_OFFSET_MS",
+        "ONCEFLOW_CRASH",
+        "ONCEFLOW_CRASH_FILE",
+        "ONCEFLOW_CRASH_PAUSE_S",
+        "ONCEFLOW_FSYNC_LOG",
+        "ONCEFLOW_JVM_ARCHIVE",
+        "ONCEFLOW_JVM_ARCHIVE_DUMP",
+        "ONCEFLOW_KAFKA_END_OFFSETS",
+        "ONCEFLOW_KAFKA_HOME",
+        "ONCEFLOW_LONG_TESTS",
+        "ONCEFLOW_SHARED_DIRS",
+        "ONCEFLOW_SPARK_KAFKA_JARS",
+        "ONCEFLOW_TEST_BROKER",
+        "ONCEFLOW_WARM_WORKERS",
+        "ONCEFLOW_WORKER_PRELOAD",
+    }
+)
+MISSPELT = 0.85  # how alike a variable's name and an option's must be to call it a misspelling
 ENV_ALIASES = {"redis_url": ("REDIS_URL",), "bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS",)}
 # Said on the command line or not at all.
 NOT_LAYERED = frozenset({"help", "version", "config", "yes", "force"})
@@ -82,19 +113,51 @@ def check_config(
                 if inner == SPARK_TABLE and SPARK_CONF_DEST in own:
                     _check_table(item, f"[{key}.{SPARK_TABLE}]", path)
                 elif _key(inner) not in own:
+                    near = closest(_flag(_key(inner)), [_flag(k) for k in own])
                     flags = ", ".join(sorted(_flag(k) for k in own)) or "none"
+                    hint = f"did you mean {near!r}?" if near else f"its options: {flags}"
                     msg = (
                         f"unknown key {inner!r} in [{key}] of {path}: `onceflow {key}` has no "
-                        f"--{_flag(_key(inner))} option (its options: {flags})"
+                        f"--{_flag(_key(inner))} option ({hint})"
                     )
                     raise ConfigFileError(msg)
         elif key == SPARK_TABLE:
             _check_table(value, f"[{SPARK_TABLE}]", path)
         elif _key(key) not in known:
+            near = closest(_flag(_key(key)), [_flag(k) for k in known])
+            if near is not None:
+                msg = f"unknown key {key!r} in {path}: did you mean {near!r}?"
+            else:
+                msg = (
+                    f"unknown key {key!r} in {path}: expected an option name (e.g. redis-url, "
+                    f"master, metrics-port), a command table "
+                    f"({', '.join(f'[{c}]' for c in commands)}) or [{SPARK_TABLE}]"
+                )
+            raise ConfigFileError(msg)
+
+
+def check_environment(
+    environ: Mapping[str, str], commands: Mapping[str, argparse.ArgumentParser]
+) -> None:
+    """Refuse an ``ONCEFLOW_`` variable that is no option but close to one (a misspelling).
+
+    A variable far from every option is left alone: it may be the user's own.
+    """
+    variables = {
+        ENV_PREFIX + dest.upper()
+        for parser in commands.values()
+        for dest, action in options_of(parser).items()
+        if not isinstance(action, argparse._AppendAction)  # noqa: SLF001 - not from the env
+    }
+    own = {v[len(ENV_PREFIX) :] for v in variables}
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in variables | OTHER_VARIABLES:
+            continue
+        near = closest(name[len(ENV_PREFIX) :], own, cutoff=MISSPELT)
+        if near is not None:
             msg = (
-                f"unknown key {key!r} in {path}: expected an option name (e.g. redis-url, "
-                f"master, metrics-port), a command table ({', '.join(f'[{c}]' for c in commands)})"
-                f" or [{SPARK_TABLE}]"
+                f"environment variable {name} is no option of onceflow; did you mean "
+                f"{ENV_PREFIX}{near}?"
             )
             raise ConfigFileError(msg)
 

@@ -7,15 +7,30 @@ non-zero exit status: 2 for a wrong command line, file or setting, 1 for a faile
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from onceflow.cli.config import CONFIG_ENV, check_config, layered_defaults, read_config
+from onceflow.cli.config import (
+    CONFIG_ENV,
+    check_config,
+    check_environment,
+    layered_defaults,
+    read_config,
+)
 from onceflow.cli.ops import add_commands
 from onceflow.kernel.errors import ConfigError, OnceflowError
-from onceflow.runtime.session import DEFAULT_LOG_LEVEL, LOG_LEVELS
+from onceflow.runtime.run_config import (
+    SPARK_GROUP,
+    STREAMING_GROUP,
+    RunConfig,
+    closest,
+    dest,
+    flagged,
+    value_type,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -67,28 +82,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a pipeline file and print its summary."""
     from onceflow.cli.loader import load_pipeline
 
-    conf = spark_conf(args)
-    kafka_waits(args)
+    code_dir = os.path.dirname(os.path.abspath(args.file))
+    config = run_config(args, code_dir=code_dir, spark_conf=spark_conf(args))
+    kafka_waits(config)
     pipeline = load_pipeline(args.file, args.pipeline)
-    settings = streaming_settings(args)
-    ui = _start_ui(args, pipeline)
+    ui = _start_ui(args, config, pipeline)
     try:
-        result = pipeline.run(
-            master=args.master,
-            parallelism=args.parallelism,
-            rules=_rules(args),
-            progress=not args.no_progress,
-            output_dir=args.output_dir,
-            code_dir=os.path.dirname(os.path.abspath(args.file)),
-            log_level=args.log_level,
-            spark_conf=conf,
-            **settings,
-        )
+        result = pipeline.run(_rules(args), config=config)
     finally:
         if ui is not None:
             ui.stop()
     print(result.summary())
     return 0
+
+
+def run_config(args: argparse.Namespace, **settings: Any) -> RunConfig:
+    """The run's configuration from its generated flags (those the command has), and more.
+
+    A switch's flag sets its field (``--no-progress`` clears ``progress``); a flag left unset
+    (None) keeps the field's default. ``settings`` are fields the command derives itself.
+    """
+    values: dict[str, Any] = {}
+    for f in flagged():
+        if not hasattr(args, dest(f)):
+            continue  # a command with only some of the flags (demo)
+        value = getattr(args, dest(f))
+        option = f.metadata["option"]
+        if option.switch:
+            value = bool(value) != option.invert
+        if value is not None:
+            values[f.name] = value
+    return RunConfig.from_settings({**values, **settings}, "onceflow run", api_only=False)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -114,9 +138,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         server.stop()
 
 
-def _start_ui(args: argparse.Namespace, pipeline: Any) -> Any:
+def _start_ui(args: argparse.Namespace, config: RunConfig, pipeline: Any) -> Any:
     """The live page of a run (``--ui-port``), or None."""
-    if getattr(args, "ui_port", None) is None:
+    if config.ui_port is None:
         return None
     from onceflow.graph_optimizer.errors import GraphError
     from onceflow.operations.ui import pipeline_svg, serve
@@ -125,51 +149,26 @@ def _start_ui(args: argparse.Namespace, pipeline: Any) -> Any:
         svg = pipeline_svg(pipeline, _rules(args))
     except GraphError:  # no Graphviz: the page works without the drawing
         svg = ""
-    server, url = serve(pipeline.name, args.redis_url, svg, port=args.ui_port)
+    server, url = serve(pipeline.name, config.redis_url, svg, port=config.ui_port)
     print(f"[{pipeline.name}] live page: {url}", file=sys.stderr, flush=True)
     return server
 
 
-def streaming_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Streaming options given on the command line (only those set)."""
-    names = (
-        "redis_url",
-        "checkpoint",
-        "guarantee",
-        "trigger_seconds",
-        "available_now",
-        "max_records_per_batch",
-        "allow_non_durable_redis",
-        "allow_unconfirmed_fsync",
-        "redis_wait_replicas",
-        "redis_restarts",
-        "accept_plan_change",
-        "stop_after_batches",
-        "metrics_port",
-        "metrics_host",
-        "metrics_linger",
-    )
-    values = {n: getattr(args, n, None) for n in names}
-    return {n: v for n, v in values.items() if v is not None and v is not False}  # 0 counts
-
-
-def kafka_waits(args: argparse.Namespace) -> None:
+def kafka_waits(config: RunConfig) -> None:
     """``--kafka-start-wait``/``--kafka-outage-wait`` for the Kafka connectors to read.
 
-    Connectors read their settings from the environment on the driver (their waits too:
-    ``ONCEFLOW_KAFKA_START_WAIT``, ``ONCEFLOW_KAFKA_OUTAGE_WAIT``), so a flag is passed on
-    there, checked first.
+    Connectors read their settings from the environment on the driver when the pipeline file
+    builds them (their waits too: ``ONCEFLOW_KAFKA_START_WAIT``,
+    ``ONCEFLOW_KAFKA_OUTAGE_WAIT``), so a flag is passed on there, checked first.
     """
     from onceflow.kernel.durations import parse_duration_ms
     from onceflow.kernel.settings import KAFKA_OUTAGE_WAIT_ENV, KAFKA_START_WAIT_ENV
 
-    for name, variable in (
-        ("kafka_start_wait", KAFKA_START_WAIT_ENV),
-        ("kafka_outage_wait", KAFKA_OUTAGE_WAIT_ENV),
+    for value, flag, variable in (
+        (config.kafka_start_wait, "--kafka-start-wait", KAFKA_START_WAIT_ENV),
+        (config.kafka_outage_wait, "--kafka-outage-wait", KAFKA_OUTAGE_WAIT_ENV),
     ):
-        value = getattr(args, name, None)
         if value:
-            flag = "--" + name.replace("_", "-")
             parse_duration_ms(value, flag)
             os.environ[variable] = value
 
@@ -221,14 +220,7 @@ def demo_wordcount(args: argparse.Namespace) -> int:
     plan = pipeline.plan()
     print(explain_text(pipeline.graph, plan))
     print()
-    result = pipeline.run(
-        master=args.master,
-        parallelism=args.parallelism,
-        progress=not args.no_progress,
-        output_dir=args.output_dir,
-        log_level=args.log_level,
-        spark_conf=spark_conf(args),
-    )
+    result = pipeline.run(config=run_config(args, spark_conf=spark_conf(args)))
     top = sorted(sink.results, key=lambda kv: (-kv[1], kv[0]))[:15]
     print("Most frequent words:")
     for word, n in top:
@@ -250,29 +242,29 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--rules", help="comma-separated optimizer rules to apply (default: all)")
 
 
+def add_config_options(p: argparse._ActionsContainer, group: str) -> None:
+    """The flags of the :class:`RunConfig` fields of ``group``: name, type, help, default."""
+    for f in flagged(group):
+        option = f.metadata["option"]
+        if option.switch:
+            p.add_argument(option.flag, action="store_true", help=option.help)
+            continue
+        unit = " (seconds)" if option.unit == "s" and "second" not in option.help else ""
+        kind = value_type(f)
+        default = f.default.value if isinstance(f.default, enum.Enum) else f.default
+        typed: dict[str, Any] = {} if option.choices or kind is str else {"type": kind}
+        p.add_argument(
+            option.flag,
+            choices=option.choices,
+            default=default,
+            metavar=option.metavar,
+            help=option.help + unit,
+            **typed,
+        )
+
+
 def _add_spark_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--master",
-        default="local[2]",
-        help="Spark master URL (default local[2]; spark://host:7077 for a cluster)",
-    )
-    p.add_argument(
-        "--parallelism",
-        type=int,
-        default=2,
-        help="partitions per exchange (fixed for the life of a streaming pipeline)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--output-dir", default="onceflow-output", help="where default outputs (dead letters) go"
-    )
-    p.add_argument(
-        "--log-level",
-        choices=LOG_LEVELS,
-        default=DEFAULT_LOG_LEVEL,
-        help="level of Spark's and Onceflow's log, which goes to a file (its path is printed "
-        "when a run fails, or at start with a level other than warn); default warn",
-    )
+    add_config_options(p, SPARK_GROUP)
     p.add_argument(
         "--spark-ui",
         action="store_true",
@@ -288,86 +280,8 @@ def _add_spark_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_streaming_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("streaming (pipelines with Kafka sources)")
-    g.add_argument("--redis-url", help="Redis for exactly-once state (default $REDIS_URL)")
-    g.add_argument(
-        "--checkpoint",
-        help="Spark checkpoint directory or URL of the query (default "
-        "<output-dir>/<pipeline>/checkpoint, resolved against the current folder: resume "
-        "from the same folder or pass an absolute path; on a cluster, a URL or path every "
-        "machine shares)",
-    )
-    g.add_argument(
-        "--guarantee",
-        choices=("exactly-once", "at-least-once"),
-        help="exactly-once (default) or at-least-once (no IDs, backup or dedup)",
-    )
-    g.add_argument("--trigger-seconds", type=float, help="micro-batch interval")
-    g.add_argument(
-        "--available-now", action="store_true", help="process what is in the topics now, then stop"
-    )
-    g.add_argument("--max-records-per-batch", type=int, help="cap on records per micro-batch")
-    g.add_argument("--stop-after-batches", type=int, help="stop after this many micro-batches")
-    g.add_argument(
-        "--accept-plan-change",
-        action="store_true",
-        help="resume a namespace whose stored plan differs from this one (the dedup history "
-        "of stages that changed starts over)",
-    )
-    g.add_argument(
-        "--ui-port", type=int, help="serve a live page of the run on this port (loopback)"
-    )
-    g.add_argument(
-        "--metrics-port",
-        type=int,
-        help="serve Prometheus metrics of the run on this port (path /metrics; 0: any free port)",
-    )
-    g.add_argument(
-        "--metrics-host",
-        help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for a "
-        "Prometheus on another host)",
-    )
-    g.add_argument(
-        "--metrics-linger",
-        type=float,
-        help="keep serving metrics this many seconds after the run ends, for a last scrape "
-        "(SIGTERM or Ctrl-C ends it sooner)",
-    )
-    g.add_argument(
-        "--redis-wait-replicas",
-        type=int,
-        help="Redis replicas that must acknowledge each micro-batch before Spark commits it "
-        "(default: 1 if Redis has a replica, else 0)",
-    )
-    g.add_argument(
-        "--allow-non-durable-redis",
-        action="store_true",
-        help="run even if Redis persistence (AOF) is off: exactly-once is then lost "
-        "when Redis restarts",
-    )
-    g.add_argument(
-        "--allow-unconfirmed-fsync",
-        action="store_true",
-        help="run on a Redis before 7.2 with appendfsync everysec and no replica, which cannot "
-        "confirm that a batch reached its disk: a crash of its host may then lose committed "
-        "results (a later run stops and says so)",
-    )
-    g.add_argument(
-        "--redis-restarts",
-        type=int,
-        help="times a micro-batch is run again when its Redis server restarted or failed over "
-        "during it (default 3; 0 stops the run at the first)",
-    )
-    g.add_argument(
-        "--kafka-start-wait",
-        metavar="DURATION",
-        help="how long the run waits for Kafka to answer when it starts (default 60s)",
-    )
-    g.add_argument(
-        "--kafka-outage-wait",
-        metavar="DURATION",
-        help="how long a running pipeline waits for a Kafka broker that went away (a "
-        "restart) before it stops (default 3m)",
+    add_config_options(
+        p.add_argument_group("streaming (pipelines with Kafka sources)"), STREAMING_GROUP
     )
 
 
@@ -460,9 +374,12 @@ def parse_args(
 ) -> argparse.Namespace:
     """The command line over the environment over the config file (see ``cli.config``)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
+    args, extra = parser.parse_known_args(argv)
     commands = commands_of(parser)
+    if extra:
+        raise ConfigError(unknown_arguments(args.command, commands[args.command], extra))
+    check_environment(environ, commands)
+    path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
     config: dict[str, Any] = {}
     if path:
         config = read_config(path)
@@ -472,6 +389,17 @@ def parse_args(
         return args
     commands[args.command].set_defaults(**defaults)
     return parser.parse_args(argv)
+
+
+def unknown_arguments(command: str, parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """One line for arguments ``onceflow COMMAND`` does not know, with the closest option."""
+    flags = [s for a in parser._actions for s in a.option_strings]  # noqa: SLF001
+    unknown = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
+    if not unknown:
+        return f"`onceflow {command}` got unexpected arguments {' '.join(extra)}"
+    near = closest(unknown[0], [f for f in flags if f.startswith("--")])
+    guess = f"; did you mean {near}?" if near else ""
+    return f"`onceflow {command}` has no option {unknown[0]}{guess} (see onceflow {command} --help)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

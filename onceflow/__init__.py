@@ -25,6 +25,7 @@ from onceflow.pipeline.windows import Fixed, Global, Pane, Sessions, Sliding, Tr
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.result import RunResult
+from onceflow.runtime.run_config import RunConfig
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "Pane",
     "Pipeline",
     "PipelineError",
+    "RunConfig",
     "RunError",
     "RunResult",
     "Sessions",

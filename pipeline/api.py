@@ -38,8 +38,11 @@ from onceflow.kernel.windows import Trigger, WindowFn, Windowing, windowing
 from onceflow.pipeline.combiners import ToList, resolve
 from onceflow.pipeline.errors import PipelineError
 from onceflow.runtime.combine_fn import CombineFn
+from onceflow.runtime.run_config import RunConfig
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from onceflow.connectors.base import SinkConnector, SourceConnector
     from onceflow.graph_optimizer.plan import Plan
     from onceflow.runtime.result import RunResult
@@ -185,17 +188,28 @@ class Pipeline:
         )
 
     def run(
-        self, rules: Iterable[Callable[[Plan], Plan]] | None = None, **settings: Any
+        self,
+        rules: Iterable[Callable[[Plan], Plan]] | None = None,
+        *,
+        session: SparkSession | None = None,
+        config: RunConfig | None = None,
+        **settings: Any,
     ) -> RunResult:
         """Run the pipeline: bounded when every source ends, else a streaming query.
 
-        ``rules`` picks optimizer rules (default: all; ``()`` runs the unoptimized plan). For
-        the other settings see :func:`onceflow.runtime.runner.run` and
-        :func:`onceflow.runtime.streaming.run_streaming`.
+        ``rules`` picks optimizer rules (default: all; ``()`` runs the unoptimized plan);
+        ``session`` is a SparkSession to run on instead of starting one. The settings are those
+        of :class:`~onceflow.runtime.run_config.RunConfig` (``master``, ``redis_url``,
+        ``guarantee`` ...): given as ``config``, as keywords, or both (keywords win). A name it
+        does not know is an error naming the closest one it knows, before anything starts.
         """
         from onceflow.runtime.runner import run
 
-        return run(self.job(rules), **settings)
+        if config is None:
+            config = RunConfig.from_settings(settings)
+        elif settings:
+            config = config.replace(**settings)
+        return run(self.job(rules), config, session)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.name!r}, {len(self._nodes)} stages)"

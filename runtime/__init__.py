@@ -3,5 +3,6 @@
 :mod:`~.spec` the job and stage descriptions the optimizer lowers plans into; :mod:`~.body`
 and :mod:`~.task` the executor (one task of one stage); :mod:`~.guard` what a task asks of
 the exactly-once machinery; :mod:`~.spark` a job as DataFrames; :mod:`~.bounded` and
-:mod:`~.streaming` the two drivers; :mod:`~.session`, :mod:`~.progress`, :mod:`~.metrics`.
+:mod:`~.streaming` the two drivers, and :mod:`~.run_config` the one typed configuration
+they take; :mod:`~.session`, :mod:`~.progress`, :mod:`~.metrics`.
 """

@@ -104,7 +104,7 @@ def _warm_up() -> None:
         InputPartition,
     )
 
-    from onceflow.runtime.session import spark_session
+    from onceflow.runtime.session import DEFAULT_MASTER, spark_session
 
     class _Reader(DataSourceStreamReader):
         def initialOffset(self) -> dict[str, int]:  # noqa: N802 - Spark's name
@@ -135,7 +135,7 @@ def _warm_up() -> None:
         def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
             return _Reader()
 
-    session = spark_session("local[2]", app_name="onceflow-jvm-cache")
+    session = spark_session(DEFAULT_MASTER, app_name="onceflow-jvm-cache")
     session.dataSource.register(_Source)
     schema = "id long, value binary"
 

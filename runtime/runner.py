@@ -2,68 +2,42 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.runtime.bounded import run_bounded
 from onceflow.runtime.result import RunResult
-from onceflow.runtime.session import DEFAULT_LOG_LEVEL
+from onceflow.runtime.run_config import RunConfig
 from onceflow.runtime.spec import Job
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-DEFAULT_OUTPUT_DIR = "onceflow-output"
 
-
-def run(
-    job: Job,
-    *,
-    master: str = "local[2]",
-    parallelism: int = 2,
-    progress: bool = True,
-    session: SparkSession | None = None,
-    output_dir: str = DEFAULT_OUTPUT_DIR,
-    code_dir: str | None = None,
-    log_level: str = DEFAULT_LOG_LEVEL,
-    spark_conf: dict[str, str] | None = None,
-    **streaming: Any,
-) -> RunResult:
+def run(job: Job, config: RunConfig, session: SparkSession | None = None) -> RunResult:
     """Run ``job``: one Spark action when it is bounded, else a streaming query.
 
-    ``code_dir`` is the folder of the user's own modules to ship to the workers (the
-    pipeline file's folder, for ``onceflow run``). ``log_level`` and ``spark_conf`` apply when
-    the run starts the session (see :func:`onceflow.runtime.session.spark_session`). Streaming
-    settings (Redis, checkpoint, trigger, guarantee, metrics ...) are described in
-    :func:`onceflow.runtime.streaming.run_streaming`.
+    ``config`` holds every setting (see :class:`~onceflow.runtime.run_config.RunConfig`);
+    ``session`` is a SparkSession to run on instead of starting one (then ``log_level`` and
+    ``spark_conf`` do not apply). A bounded job refuses settings only a streaming run reads.
     """
     if not job.bounded:
         from onceflow.runtime.streaming import run_streaming
 
-        return run_streaming(
-            job,
-            session=session,
-            master=master,
-            parallelism=parallelism,
-            progress=progress,
-            output_dir=output_dir,
-            code_dir=code_dir,
-            log_level=log_level,
-            spark_conf=spark_conf,
-            **streaming,
-        )
+        return run_streaming(job, config, session)
+    streaming = config.streaming_settings()
     if streaming:
         names = ", ".join(sorted(streaming))
         msg = f"settings {names} only apply to streaming runs; every source here is bounded"
         raise ConfigError(msg)
     return run_bounded(
         job,
-        master=master,
-        parallelism=parallelism,
-        progress=progress,
+        master=config.master,
+        parallelism=config.parallelism,
+        progress=config.progress,
         session=session,
-        output_dir=output_dir,
-        code_dir=code_dir,
-        log_level=log_level,
-        spark_conf=spark_conf,
+        output_dir=config.output_dir,
+        code_dir=config.code_dir,
+        log_level=config.log_level,
+        spark_conf=config.spark_conf,
     )

@@ -50,6 +50,7 @@ LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 log = logging.getLogger(__name__)
 LOG_FILE_PROPERTY = "onceflow.log.file"
 LOG_LEVEL_PROPERTY = "onceflow.log.level"
+DEFAULT_MASTER = "local[2]"  # the one default Spark master of every entry point
 DEFAULT_LOG_LEVEL = "warn"
 LOG_LEVELS = ("error", "warn", "info", "debug", "trace")
 _PYTHON_LEVELS = {
@@ -90,7 +91,7 @@ def default_log_file(app_name: str, folder: str | None = None) -> str:
 
 
 def spark_session(
-    master: str = "local[2]",
+    master: str = DEFAULT_MASTER,
     *,
     app_name: str = "onceflow",
     parallelism: int = 2,

@@ -70,8 +70,8 @@ from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.pinning import check_not_behind, pin_checkpoint, pin_plan, pin_settings
 from onceflow.runtime.placement import check_paths
 from onceflow.runtime.result import RunResult, explain_failure
+from onceflow.runtime.run_config import DEFAULT_REDIS_RESTARTS, DEFAULT_TRIGGER_SECONDS, RunConfig
 from onceflow.runtime.session import (
-    DEFAULT_LOG_LEVEL,
     adopt,
     default_log_file,
     log_file,
@@ -93,11 +93,7 @@ from onceflow.runtime.ticks import Ticker
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-GUARANTEES = ("exactly-once", "at-least-once")
-DEFAULT_TRIGGER_SECONDS = 1.0
 AWAIT_STEP_SECONDS = 0.5
-DEFAULT_METRICS_HOST = "127.0.0.1"
-DEFAULT_REDIS_RESTARTS = 3
 
 log = logging.getLogger(__name__)
 
@@ -392,52 +388,6 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
-@dataclass(frozen=True)
-class StreamOptions:
-    """The settings of a streaming run (see :func:`run_streaming`)."""
-
-    master: str = "local[2]"
-    parallelism: int = 2
-    progress: bool = True
-    output_dir: str = "onceflow-output"
-    redis_url: str | None = None
-    redis_options: dict[str, Any] | None = None
-    namespace: str | None = None
-    checkpoint: str | None = None
-    guarantee: str = "exactly-once"
-    trigger_seconds: float | None = None
-    available_now: bool = False
-    max_records_per_batch: int | None = None
-    allow_non_durable_redis: bool = False
-    allow_unconfirmed_fsync: bool = False
-    redis_wait_replicas: int | None = None
-    redis_restarts: int = DEFAULT_REDIS_RESTARTS
-    accept_plan_change: bool = False
-    stop_after_batches: int | None = None
-    timeout_seconds: float | None = None
-    dedup: DedupConfig | None = None
-    code_dir: str | None = None
-    log_level: str = DEFAULT_LOG_LEVEL
-    spark_conf: dict[str, str] | None = None
-    metrics_port: int | None = None
-    metrics_host: str = DEFAULT_METRICS_HOST
-    metrics_linger: float | None = None
-
-    @property
-    def mode(self) -> Guarantee:
-        """The guarantee asked for."""
-        if self.guarantee not in GUARANTEES:
-            msg = f"guarantee must be one of {', '.join(GUARANTEES)}, got {self.guarantee!r}"
-            raise ConfigError(msg)
-        return (
-            Guarantee.EXACTLY_ONCE if self.guarantee == "exactly-once" else Guarantee.AT_LEAST_ONCE
-        )
-
-    def checkpoint_of(self, job: Job) -> str:
-        """The checkpoint location (see :func:`checkpoint_location`)."""
-        return checkpoint_location(self.checkpoint, self.output_dir, job.pipeline)
-
-
 def checkpoint_location(given: str | None, output_dir: str, pipeline: str) -> str:
     """Where a query's checkpoint is: ``given``, else ``<output_dir>/<pipeline>/checkpoint``.
 
@@ -453,8 +403,8 @@ def checkpoint_location(given: str | None, output_dir: str, pipeline: str) -> st
     return os.path.abspath(location)
 
 
-def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: Any) -> RunResult:
-    """Run an unbounded job as a streaming query; ``settings`` are :class:`StreamOptions`.
+def run_streaming(job: Job, opts: RunConfig, session: SparkSession | None = None) -> RunResult:
+    """Run an unbounded job as a streaming query, with the settings of ``opts``.
 
     ``available_now`` processes what the topics hold at start, in capped micro-batches, then
     stops (tests, backfills); otherwise a micro-batch starts every ``trigger_seconds`` (1 s)
@@ -471,7 +421,6 @@ def run_streaming(job: Job, *, session: SparkSession | None = None, **settings: 
     (loopback by default; see :mod:`.exporter`), ``metrics_linger`` seconds past the run's
     end; ``spark_conf`` and ``log_level`` apply to the session the run starts.
     """
-    opts = StreamOptions(**settings)
     stop = StopRequest()
     with stop_on_signals(stop, lambda line: _say(job.pipeline, line)) as handlers:
         return _run(job, session, opts, handlers)
@@ -482,12 +431,12 @@ def _say(pipeline: str, line: str) -> None:
 
 
 def _run(
-    job: Job, session: SparkSession | None, opts: StreamOptions, handlers: SignalHandlers
+    job: Job, session: SparkSession | None, opts: RunConfig, handlers: SignalHandlers
 ) -> RunResult:
     began = time.monotonic()
     steps = Phases(began)
     stop = handlers.stop
-    mode = opts.mode
+    mode = opts.guarantee
     _check_sources(job)  # and wait for their systems (and the sinks'): see _connect
     config = opts.dedup or job.dedup or DedupConfig()
     redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
@@ -563,12 +512,12 @@ def _connect(job: Job) -> None:
 
 
 def _checkpoint(
-    spark: SparkSession, client: Any, keyspace: Keyspace, job: Job, opts: StreamOptions
+    spark: SparkSession, client: Any, keyspace: Keyspace, job: Job, opts: RunConfig
 ) -> Checkpoint:
     """The run's checkpoint, pinned to its namespace, with its file manager chosen."""
-    cp = Checkpoint(spark, opts.checkpoint_of(job))
+    cp = Checkpoint(spark, checkpoint_location(opts.checkpoint, opts.output_dir, job.pipeline))
     pin_checkpoint(client, keyspace, cp)
-    if opts.mode is Guarantee.EXACTLY_ONCE:
+    if opts.guarantee is Guarantee.EXACTLY_ONCE:
         check_not_behind(client, keyspace, cp)
     choose_manager(spark, cp, opts.spark_conf or {})
     return cp
@@ -576,7 +525,7 @@ def _checkpoint(
 
 def _pin_namespace(
     job: Job,
-    opts: StreamOptions,
+    opts: RunConfig,
     config: DedupConfig,
     redis: RedisSettings,
     client: Any,
@@ -586,7 +535,7 @@ def _pin_namespace(
 
     Returns the namespace's partition scopes and, for exactly-once, what each batch waits for.
     """
-    exactly_once = opts.mode is Guarantee.EXACTLY_ONCE
+    exactly_once = opts.guarantee is Guarantee.EXACTLY_ONCE
     check_durable(client, opts.allow_non_durable_redis)  # before anything is written
     if exactly_once:
         settle_aof(client)  # a torn transaction its AOF may end in goes before any write
@@ -606,7 +555,7 @@ def _pin_namespace(
     return scopes, _durability(opts, masters) if exactly_once else None
 
 
-def _durability(opts: StreamOptions, masters: list[Any]) -> Durability:
+def _durability(opts: RunConfig, masters: list[Any]) -> Durability:
     """What each batch waits for on ``masters``; a Redis that cannot confirm it is refused."""
     allow = opts.allow_unconfirmed_fsync or opts.allow_non_durable_redis
     return plan_durability(masters, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS, allow)
@@ -637,7 +586,7 @@ def _session_conf(job: Job, extra: dict[str, str] | None) -> dict[str, str]:
     return conf
 
 
-def _exporter(state: StreamingRun, opts: StreamOptions) -> Any:
+def _exporter(state: StreamingRun, opts: RunConfig) -> Any:
     """The metrics endpoint (``metrics_port``), serving; None without one."""
     if opts.metrics_port is None:
         return None
@@ -662,7 +611,7 @@ def _exporter(state: StreamingRun, opts: StreamOptions) -> Any:
     return exporter
 
 
-def _prepare_connectors(job: Job, opts: StreamOptions) -> tuple[Job, Any, list[Any]]:
+def _prepare_connectors(job: Job, opts: RunConfig) -> tuple[Job, Any, list[Any]]:
     """The job with its dead-letter sink, and every sink, prepared for a streaming run."""
     dead = _dead_letters(job, opts.output_dir)
     job = job.with_dead_letters(dead)
@@ -681,7 +630,7 @@ def _new_run(
     client: Any,
     keyspace: Keyspace,
     config: DedupConfig,
-    opts: StreamOptions,
+    opts: RunConfig,
     scopes: Scopes,
     durability: Durability | None,
 ) -> StreamingRun:
@@ -723,7 +672,7 @@ def _new_run(
     return run
 
 
-def _ticker(state: StreamingRun, opts: StreamOptions) -> Ticker | None:
+def _ticker(state: StreamingRun, opts: RunConfig) -> Ticker | None:
     """A ticker when the job has windows and a source that can tick (see ``runtime.ticks``)."""
     sources = [
         c

@@ -36,6 +36,7 @@ from onceflow.graph_optimizer.ir import Graph, Node, Sink, Source
 from onceflow.graph_optimizer.lower import lower
 from onceflow.graph_optimizer.optimizer import RULES, optimize
 from onceflow.kernel import codec
+from onceflow.runtime.session import DEFAULT_MASTER
 from onceflow.testing.errors import TestInputError
 from onceflow.testing.evaluator import Evaluator
 from onceflow.testing.teststream import TestStream
@@ -92,7 +93,7 @@ def run_test(
     start_time_ms: int | None = None,
     session: SparkSession | None = None,
     redis_url: str | None = None,
-    master: str = "local[2]",
+    master: str = DEFAULT_MASTER,
     parallelism: int = 2,
     workdir: str | None = None,
 ) -> TestOutputs:
@@ -198,6 +199,7 @@ def _run_on_spark(
     workdir: str | None,
 ) -> RunResult:
     """A real exactly-once streaming run of ``job`` (available-now), on local Spark."""
+    from onceflow.runtime.run_config import RunConfig
     from onceflow.runtime.streaming import run_streaming
 
     own_dir = workdir is None
@@ -209,9 +211,7 @@ def _run_on_spark(
             for _, stream in job.sources:
                 stream.clock_file = clock_file
             try:
-                return run_streaming(
-                    job,
-                    session=session,
+                config = RunConfig(
                     master=master,
                     parallelism=parallelism,
                     progress=False,
@@ -221,6 +221,7 @@ def _run_on_spark(
                     namespace=namespace,
                     available_now=True,
                 )
+                return run_streaming(job, config, session)
             finally:
                 if redis_url is not None:  # a Redis of yours keeps no test state
                     _forget(url, namespace)

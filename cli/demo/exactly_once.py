@@ -29,6 +29,7 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import node_state
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.operations.audit import audit
+from onceflow.runtime.session import DEFAULT_MASTER
 from onceflow.testing.harness import Crash, compare_counts, crash_and_resume
 from onceflow.testing.kafka import KAFKA_VERSION, LocalKafka
 from onceflow.testing.services import LocalRedis
@@ -203,5 +204,5 @@ def _report(
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=20000)
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default=DEFAULT_MASTER)
     sys.exit(main(parser.parse_args()))
