@@ -24,7 +24,7 @@ from typing import Any
 from onceflow.kernel import codec
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, StateWrite
+from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Redrive, StateWrite
 from onceflow.kernel.windows import Pane
 from onceflow.runtime.errors import RuntimeFailure
 from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec, TargetKind, TargetSpec
@@ -64,10 +64,15 @@ def describe(value: Any, limit: int = 500) -> str:
 
 def portable(value: Any, limit: int = 1 << 20) -> str:
     """A value as JSON when it is JSON-friendly (so it can be sent again), else printable."""
+    return as_json(value, limit)[0]
+
+
+def as_json(value: Any, limit: int = 1 << 20) -> tuple[str, bool]:
+    """``(JSON, True)`` for a JSON-friendly value (it can be replayed), else a printed form."""
     try:
-        return json.dumps(value)
+        return json.dumps(value), True
     except (TypeError, ValueError):
-        return describe(value, limit)
+        return describe(value, limit), False
 
 
 def too_large(limit: int) -> str:
@@ -330,6 +335,7 @@ class StageBody:
         if self.spec.on_error == "fail":
             msg = f"stage {node!r} failed on {describe(elem, 200)}: {error_text(exc)}"
             raise StageFailure(msg) from exc
+        value, replayable = as_json(elem)
         letter = DeadLetter(
             self.cursor.parent,
             self.cursor.ts,
@@ -337,8 +343,9 @@ class StageBody:
             error_text(exc),
             self._origin(),
             None,
-            describe(elem),
+            value,
             "user_error",
+            json_value=replayable,
         )
         self.dead(letter)
 
@@ -379,7 +386,33 @@ class StageBody:
         for inbound, rid, ts, kb, elem in rows:
             cursor.parent = rid
             cursor.ts = ts
+            if elem.__class__ is Redrive:
+                self._redrive(elem)
+                continue
             dispatch[inbound](elem, kb)
+
+    def _redrive(self, replayed: Redrive) -> None:
+        """A record replayed from a dead letter goes straight to the node it failed in."""
+        push = self.push.get(replayed.node)
+        if push is not None:
+            push(replayed.value)
+            return
+        reason = (
+            f"a replayed dead letter names node {replayed.node!r}, which stage "
+            f"{self.spec.name!r} does not run (the pipeline changed, or the letter came from "
+            "a stage after a shuffle): send its value to the pipeline's input yourself"
+        )
+        letter = DeadLetter(
+            self.cursor.parent,
+            self.cursor.ts,
+            self.spec.name,
+            reason,
+            self._origin(),
+            None,
+            portable(replayed.value),
+            "not_replayable",
+        )
+        self.dead(letter)
 
     def _dispatcher(self, inbound: int) -> Callable[[Any, bytes | None], None]:
         """Feed one input; a combine reading an exchange reuses the key bytes it arrived with."""

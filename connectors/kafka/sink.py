@@ -80,6 +80,7 @@ from onceflow.kernel.windows import Pane
 ERROR_HEADER = "onceflow-error"
 ORIGIN_HEADER = "onceflow-origin"
 STAGE_HEADER = "onceflow-stage"
+CODE_HEADER = "onceflow-code"  # the letter's reason in one word (DeadLetter.code)
 TRUNCATED_HEADER = "onceflow-truncated"
 WINDOW_HEADER = "onceflow-window"  # "start,end" in ms, for window panes
 PANE_HEADER = "onceflow-pane"  # "timing,index,final" (on_time,0,1), for window panes
@@ -350,18 +351,24 @@ class KafkaDeadLetterSink(KafkaSink):
     def encode(
         self, rec: Record, keyed: bool = False
     ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
-        """Raw payload (or the letter as JSON) and headers naming stage, error and origin."""
+        """Raw payload (or the letter as JSON) and headers naming stage, error and origin.
+
+        A letter for an undecodable record keeps its Kafka key as the key, so that the
+        record, key and value, can be sent again once the cause is fixed.
+        """
         import base64
 
         letter = rec.elem
         raw = letter.get("raw_b64")
         value = base64.b64decode(raw) if raw is not None else json.dumps(letter).encode()
+        raw_key = letter.get("key_b64") if raw is not None else None
         headers = [
             (ERROR_HEADER, str(letter.get("error", ""))[:MAX_ERROR_HEADER].encode()),
             (ORIGIN_HEADER, str(letter.get("origin", "")).encode()),
             (STAGE_HEADER, str(letter.get("stage", "")).encode()),
+            (CODE_HEADER, str(letter.get("code", "")).encode()),
         ]
-        return None, value, headers
+        return (base64.b64decode(raw_key) if raw_key else None), value, headers
 
     def record(
         self, rec: Record, limit: int, keyed: bool = False
