@@ -124,3 +124,26 @@ def test_object_store_paths_are_refused_with_the_reason():
 
     with pytest.raises(ConnectorError, match="atomically"):
         ParquetSink("s3a://bucket/out")
+
+
+def test_json_lines_in_an_exactly_once_run_are_staged_and_hold_their_ids(tmp_path):
+    """The JSON-lines sink takes the same transaction (its own suffix and lines)."""
+    import json
+
+    from onceflow.connectors.files import JsonLinesSink
+
+    sink = JsonLinesSink(str(tmp_path / "lines"))
+    sink.prepare("p", streaming=True)
+    zombie = _writer(sink)
+    zombie.write(_records(3))
+    marker = zombie.prepare()
+    retry = _writer(sink, 1)
+    retry.settle([retry.identity])
+    assert not retry.committed(marker) and sink.read() == []
+    retry.write(_records(3))
+    retry.prepare()
+    retry.commit()
+    lines = sink.read()
+    assert [line["value"]["n"] for line in lines] == [0, 1, 2]
+    assert lines[0]["id"] == (0).to_bytes(16, "big").hex()
+    assert not json.loads(marker)[0].startswith("/"), "markers are relative to the folder"

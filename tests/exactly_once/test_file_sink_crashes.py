@@ -1,4 +1,4 @@
-"""The Parquet sink after kill -9 of every process at each point of a delivery.
+"""The Parquet (and JSON-lines) sink after kill -9 of every process at each point of a delivery.
 
 The run is killed inside a sink transaction (files staged), after the delivery is recorded
 as pending (staged, not renamed), after the rename (visible, not yet marked delivered) and
@@ -9,6 +9,7 @@ the non-deterministic noise.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 
@@ -21,7 +22,7 @@ from tests.exactly_once.scenario import make_scenario
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
 PIPELINE = os.path.join(
-    os.path.dirname(os.path.dirname(__file__)), "e2e_pipelines", "parquet_orders.py"
+    os.path.dirname(os.path.dirname(__file__)), "e2e_pipelines", "files_orders.py"
 )
 KILLS = [
     # staged and recorded as pending, not renamed: the default suite's point (the others are
@@ -33,16 +34,28 @@ KILLS = [
 ]
 
 
+def _read_files(out: str, fmt: str) -> list[dict]:
+    if fmt == "parquet":
+        return ds.dataset(out, format="parquet", partitioning="hive").to_table().to_pylist()
+    rows = []
+    for name in sorted(os.listdir(out)):
+        if name.startswith("part-"):
+            with open(os.path.join(out, name), encoding="utf-8") as fh:
+                rows += [json.loads(line)["value"] for line in fh if line.strip()]
+    return rows
+
+
+@pytest.mark.parametrize("fmt", ["parquet", pytest.param("jsonl", marks=pytest.mark.long)])
 @pytest.mark.parametrize("crash", KILLS, ids=lambda c: c.env())
 def test_kill_9_at_each_delivery_point_leaves_every_event_once(
-    crash, broker, redis_server, tmp_path
+    crash, fmt, broker, redis_server, tmp_path
 ):
     scn = make_scenario(broker, redis_server.url, tmp_path, resent_percent=6)
-    out = os.path.join(str(tmp_path), "parquet")
-    scn.extra_env["PARQUET_OUT"] = out
+    out = os.path.join(str(tmp_path), "files")
+    scn.extra_env.update(PARQUET_OUT=out, FILES_FORMAT=fmt)
     first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
     assert first.crashed and second.returncode == 0, second.output[-2000:]
-    rows = ds.dataset(out, format="parquet", partitioning="hive").to_table().to_pylist()
+    rows = _read_files(out, fmt)
     ids = Counter(r["event_id"] for r in rows)
     assert set(ids) == scn.unique_ids, "an event is missing"
     assert max(ids.values()) == 1, f"{sum(ids.values()) - len(ids)} events written twice"
