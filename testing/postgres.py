@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from onceflow.kernel.errors import ServiceError
-from onceflow.testing.services import _wait_port, free_port, track_process
+from onceflow.testing.services import wait_port, free_port, track_process
 
 USER = "onceflow"
 PASSWORD = "onceflow-test-password"  # a test server's; real ones come from PGPASSWORD
@@ -76,7 +76,7 @@ class LocalPostgres:
         cmd = [*self._as_postgres(), f"{binaries}/postgres", "-D", data, *settings]
         log = open(os.path.join(self.folder, "server.log"), "ab")  # noqa: SIM115
         self.proc = track_process(subprocess.Popen(cmd, stdout=log, stderr=log))
-        _wait_port(self.port, self.proc, "postgres", 60)
+        wait_port(self.port, self.proc, "postgres", 60)
         deadline = time.monotonic() + 60
         ready = [f"{binaries}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q"]
         while subprocess.run(ready, check=False).returncode != 0:  # the port opens first
