@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from onceflow.kernel.errors import ServiceError
-from onceflow.testing.services import wait_port, free_port, track_process
+from onceflow.testing.services import free_port, track_process, wait_port
 
 USER = "onceflow"
 PASSWORD = "onceflow-test-password"  # a test server's; real ones come from PGPASSWORD

@@ -53,6 +53,7 @@ def free_port() -> int:
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float) -> None:
+    """Return once ``port`` accepts connections; a clear error if ``proc`` died or timed out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
