@@ -4,9 +4,9 @@ The pipeline reads the benchmarks' bids (see ``bench/exactly_once.py``, IDs from
 ``n``), converts the price (a ``map``) and writes every bid to one sink: a transactional Kafka
 topic (the baseline), Parquet files (partitioned by auction modulo 10), JSON-lines files, or a
 PostgreSQL table (Debian's server, started here). Exactly-once, ``--repeat`` rounds, sinks in
-a rotating order, one Spark session (after one warm-up run that is not counted). After each run an outside reader (a ``read_committed``
-consumer, pyarrow, a file read, a psycopg query) counts the records in the sink: a run that
-lost or doubled one is reported, not timed.
+a rotating order, one Spark session (after one warm-up run that is not counted). After each
+run an outside reader (a ``read_committed`` consumer, pyarrow, a file read, a psycopg query)
+counts the records in the sink: a run that lost or doubled one says so in the table.
 
 Prints records/s (whole run, and steady state without the query's first micro-batch), median
 and spread over the rounds, and the ratio to the Kafka sink's.
