@@ -5,8 +5,8 @@ transactional id (:mod:`.transactional_producers` registers it, which fences old
 producers), each with a marker record in the pipeline's delivery log (:mod:`.delivery_log`).
 The runtime records the delivery as pending in Redis with the marker's place before
 committing, and marks the records delivered after; a crash in between is resolved by the next
-attempt from the marker. Records the broker refuses are told apart from their batch here
-(:meth:`TransactionalKafkaWriter._write_alone`).
+attempt from the marker. Sending the records and telling apart those the broker refuses is
+:mod:`.transactional_sends`'s part.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ from onceflow.connectors.base import (
     TransactionalWriter,
     TransactionBroken,
 )
-from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import (
     Delivery,
     KafkaUnavailable,
     Producer,
     ProducerBroken,
-    RecordRefused,
 )
 from onceflow.connectors.kafka.delivery_log import (
     delivery_id,
@@ -36,18 +34,18 @@ from onceflow.connectors.kafka.delivery_log import (
     took,
 )
 from onceflow.connectors.kafka.outage import Wait, describe
-from onceflow.connectors.kafka.serialization import RECORD_OVERHEAD_BYTES
 from onceflow.connectors.kafka.transactional_producers import (
     TransactionalProducer,
     transactional_id,
 )
-from onceflow.connectors.kafka.writer import FLUSH_SLICE_S, KafkaWriter, WritingSink
+from onceflow.connectors.kafka.transactional_sends import TransactionalSends
+from onceflow.connectors.kafka.writer import FLUSH_SLICE_S, WritingSink
 from onceflow.kernel.records import Record
 
 COMMIT_TIMEOUT_S = 20.0  # a commit not answered by then is settled by registering anew
 
 
-class TransactionalKafkaWriter(KafkaWriter, TransactionalWriter):
+class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
     """Writes a task's records in Kafka transactions (see the module docstring).
 
     Its transactional id is the sink partition's (:func:`transactional_id`); this worker
@@ -69,26 +67,14 @@ class TransactionalKafkaWriter(KafkaWriter, TransactionalWriter):
     """
 
     def __init__(self, sink: WritingSink, task: TaskInfo) -> None:
-        self.sink = sink
+        super().__init__(sink, task)
         self.task = task
-        self.keyed = task.keyed
         self.tid = transactional_id(sink.transaction_prefix, task.sink, task.partition)
         # the delivery log keeps each sink partition's newest marker (compacted by key)
         self.log_key = self.tid.encode()
-        self.limit = sink.max_request_size - RECORD_OVERHEAD_BYTES
-        self.sent = []
-        self.stamped = set()
-        self.restamped = 0
-        self.restamping = 0  # acknowledged in the open transaction: final once it commits
-        self.outage = None
         self.txn = TransactionalProducer(sink, self.tid, self._waiting)
         self.marker: str | None = None  # the marker prepare() returned for the open transaction
         self.deliveries = 0
-        # the first send refused synchronously in this transaction: after a record fails, a
-        # transactional producer refuses every later send until the transaction is aborted
-        self.failed: Exception | None = None
-        # records (by id()) of a batch the broker refused, to send on their own next time
-        self.suspects: set[int] = set()
 
     @property
     def identity(self) -> str:
@@ -122,60 +108,18 @@ class TransactionalKafkaWriter(KafkaWriter, TransactionalWriter):
         if self.txn.begin():
             self.marker = None
 
-    # -- writing, and finding the records the broker refuses ------------------------------------
+    # -- the commit protocol -----------------------------------------------------------------
 
     def write(self, records: Sequence[Record]) -> list[Rejected]:
         """Queue the records in the open transaction (begun if none is); those refused at once."""
         self._begin()
-        if self.failed is not None:
-            return []  # prepare() finds the transaction broken, and it is redone
-        rejected = self._send_all([r for r in records if id(r) not in self.suspects])
-        return rejected + self._write_alone([r for r in records if id(r) in self.suspects])
-
-    def _send_all(self, records: Sequence[Record]) -> list[Rejected]:
-        """Queue records until one fails other than for good (then the transaction is broken)."""
-        rejected: list[Rejected] = []
-        for rec in records:
-            if self.failed is not None:
-                break
-            try:
-                self._send(rec)
-            except RecordRefused as exc:
-                rejected.append((rec, str(exc)))
-            except Exception as exc:  # noqa: BLE001 - the transaction cannot commit: prepare() says so
-                self.failed = exc
-        return rejected
-
-    def _write_alone(self, records: list[Record]) -> list[Rejected]:
-        """Send each record in a request of its own, until the broker refuses one.
-
-        The refused one is then the only refusal :meth:`prepare` finds: certainly poison.
-        One the broker took is no longer a suspect: the next transaction sends it with the
-        others, so each suspect goes alone once (and each culprit costs one transaction).
-        """
-        rejected: list[Rejected] = []
-        for rec in records:
-            if self.failed is not None or self._await_answers():
-                self.failed = self.failed or KafkaUnavailable("records were not acknowledged")
-                break
-            rejected += self._send_all([rec])
-            if self._await_answers():
-                self.failed = KafkaUnavailable("a record sent alone was not acknowledged")
-                break
-            sent = self.sent[-1][1] if self.sent and self.sent[-1][0] is rec else None
-            if sent is None or not sent.done:
-                continue
-            if sent.failure is not None:
-                self.failed = ConnectorError(sent.failure)
-            else:
-                self.suspects.discard(id(rec))
-        return rejected
+        return self._queue(records)
 
     def _poisoned(self, refused: list[Rejected]) -> PoisonInTransaction:
         """The broker refused records: abort, and name them if it is certain which are poison.
 
         When it is not (see :func:`~.writer.culprits`), none is named and they are sent on
-        their own in the next transaction (:meth:`_write_alone`).
+        their own in the next transaction (see :mod:`.transactional_sends`).
         """
         self._abort_and_renew()
         if len(refused) == 1:  # certain (see culprits); the rest is sent again
@@ -193,8 +137,6 @@ class TransactionalKafkaWriter(KafkaWriter, TransactionalWriter):
         """
         self.abort()
         self.txn.renew()
-
-    # -- the commit protocol -----------------------------------------------------------------
 
     def prepare(self) -> str:
         """Send the marker, flush, and return ``log topic|partition|offset|delivery id``.
@@ -248,9 +190,6 @@ class TransactionalKafkaWriter(KafkaWriter, TransactionalWriter):
         self.txn.abandon()
         self._waiting().failed(KafkaUnavailable(why))
         return TransactionBroken(why)
-
-    def _written_restamped(self, n: int) -> None:
-        self.restamping += n
 
     def commit(self) -> None:
         """Commit; a commit Kafka does not answer within :data:`COMMIT_TIMEOUT_S` is broken.
