@@ -25,8 +25,9 @@ class TransactionalSends(KafkaWriter):
 
     The transactional writer (:mod:`.transactional_writer`) builds its commit protocol on
     this: it opens the transaction before :meth:`_queue` and settles what was sent when it
-    prepares. Records acknowledged with the time of writing count as restamped only once the
-    transaction commits (:attr:`restamping` until then).
+    prepares, and gives it its :attr:`producer` (the partition's transactional one). Records
+    acknowledged with the time of writing count as restamped only once the transaction
+    commits (:attr:`restamping` until then).
     """
 
     def __init__(self, sink: WritingSink, task: TaskInfo) -> None:
