@@ -2,8 +2,8 @@
 
 A chunk's outputs are written by the commit script (:data:`~onceflow.kernel.scripts.COMMIT`)
 in the same atomic step that marks its inputs seen; :func:`chunk_args` prepares the two
-arguments that step takes, and :func:`inputs_args` the two for the chunk's input IDs (kept in
-seen-ID layout 2). The end-of-task outputs and the ``done`` marker are written by
+arguments that step takes, and :func:`inputs_args` the two for the chunk's input IDs. The
+end-of-task outputs and the ``done`` marker are written by
 :func:`finish`, with the state changes that go with them. :func:`replay` reads what earlier
 attempts committed. Backups of micro-batches Spark has committed are acknowledged
 (:func:`acknowledge`) and then are garbage (:func:`is_garbage`, used by ``onceflow gc`` and

@@ -15,10 +15,7 @@ for every driver and GC), computes the pipeline watermark from the source lanes
   floor. Every one is looked up, so a copy is recognised whatever timestamp it carries, as
   long as its original's event time is within the horizon; a generation whose newest event
   is older could only hold originals of late records, and is garbage;
-* the newest event time admitted;
-* the namespace's seen-ID layout (pinned in its meta hash, see
-  :mod:`onceflow.kernel.keyspace`), so that the batch's tasks, wherever their keys live,
-  read and write seen-IDs as the namespace keeps them.
+* the newest event time admitted.
 
 :func:`fix_batch_params` stores them unless the batch already has some: a replayed batch (a
 task retry, or a driver restarted after a crash) then admits, places and dead-letters records
@@ -35,13 +32,7 @@ from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.kernel.eventtime import EventTime, watermark
-from onceflow.kernel.keyspace import (
-    GC_FLOOR_FIELD,
-    LAYOUT_FIELD,
-    NEW_LAYOUT,
-    OWNER_LAYOUT,
-    Keyspace,
-)
+from onceflow.kernel.keyspace import GC_FLOOR_FIELD, Keyspace
 from onceflow.kernel.scripts import scripts_for
 
 _MS_PER_S = 1000
@@ -61,7 +52,6 @@ class BatchParams:
     generation: int  # the bucket of the dedup time: where the batch's seen-IDs go
     live: tuple[int, ...]  # generations still looked up, newest first (the batch's included)
     limit_ms: int  # the newest event time admitted (the batch time plus max_ahead)
-    layout: int = NEW_LAYOUT  # the namespace's seen-ID layout
 
     @property
     def floor_ms(self) -> int:
@@ -79,15 +69,11 @@ class BatchParams:
             "generation": self.generation,
             "live": ",".join(str(g) for g in self.live),
             "limit_ms": self.limit_ms,
-            "layout": self.layout,
         }
 
     @classmethod
     def from_fields(cls, batch: int, fields: dict[str, Any]) -> BatchParams:
-        """Back from the batch's Redis hash (``HGETALL``, bytes or str).
-
-        A batch stored without a layout was fixed by an Onceflow that knew only layout 1.
-        """
+        """Back from the batch's Redis hash (``HGETALL``, bytes or str)."""
         text = {_text(k): _text(v) for k, v in fields.items()}
         f = {k: int(v) for k, v in text.items() if k != "live"}
         return cls(
@@ -100,7 +86,6 @@ class BatchParams:
             f["generation"],
             tuple(int(g) for g in text["live"].split(",") if g),
             f["limit_ms"],
-            f.get("layout", OWNER_LAYOUT),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -166,9 +151,8 @@ def fix_batch_params(
         return existing
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(ks.clock)
-    pipe.hget(ks.meta, LAYOUT_FIELD)
     pipe.hget(ks.gc, GC_FLOOR_FIELD)
-    clock_fields, layout, deleted_below = pipe.execute()
+    clock_fields, deleted_below = pipe.execute()
     stored = {_text(k): int(_text(v)) for k, v in clock_fields.items()}
     # batch times never go back, even if Redis's clock does (TTLs and GC rely on that)
     clock_of_run = clock or BatchClock(event_time.max_clock_skew_ms)
@@ -195,7 +179,6 @@ def fix_batch_params(
         # (late is per bucket), so the generations holding them must still be looked up
         live_generations(client, ks, generation, floor * config.bucket_ms),
         event_time.limit(now),
-        int(layout or OWNER_LAYOUT),  # a namespace pinned before layouts existed: layout 1
     )
     args: list[Any] = [epoch, server, wm, tau, now]
     for name, value in params.as_fields().items():

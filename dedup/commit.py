@@ -1,15 +1,15 @@
 """The atomic commit: a chunk's seen-marks together with its effects.
 
 One call of :data:`~onceflow.kernel.scripts.COMMIT` checks-and-marks the chunk's IDs in the
-batch's generation, writes the chunk's backup (:func:`onceflow.backup.store.chunk_args`; in
-seen-ID layout 2 its input IDs too, :func:`~onceflow.backup.store.inputs_args`), the keyed
-state and timers it changed, its Bloom journal entry (full IDs, whatever the layout), counters
+batch's generation, writes the chunk's backup (:func:`onceflow.backup.store.chunk_args`, and
+its input IDs, :func:`~onceflow.backup.store.inputs_args`), the keyed state and timers it
+changed, its Bloom journal entry (full IDs, not seen fields), counters
 and the newest event time of each source lane (what the watermark is computed from), fenced
 by the driver epoch and the task token. If any ID was seen meanwhile (a copy committed by
 another task of the same batch: the batch's tasks share one generation) nothing is stored and
-the script says which of the chunk's IDs conflicted (by position, so the answer means the
-same in every layout). The commit also raises the generation's newest event time, which
-decides how long it is kept.
+the script says which of the chunk's IDs conflicted (by position in the fields it was
+sent). The commit also raises the generation's newest event time, which decides how long it
+is kept.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def commit_chunk(
     if prints:  # in the fields' order; 4 bytes each (kernel.keyspace.print_value)
         known = np.fromiter((prints.get(r, 0) for r in rids), dtype=">u4", count=len(rids))
         values = known[order].tobytes()
-    if session.marks_owner or not inputs_ids:
+    if not inputs_ids:
         inputs: tuple[str, bytes] = ("", b"")
     else:
         inputs = inputs_args(chunk, inputs_ids)

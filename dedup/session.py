@@ -13,7 +13,7 @@ from typing import Any
 
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
-from onceflow.kernel.keyspace import NEW_LAYOUT, OWNER_LAYOUT, SEEN_MARK, Keyspace
+from onceflow.kernel.keyspace import SEEN_MARK, Keyspace
 from onceflow.kernel.scripts import Scripts
 
 FENCED = b"fenced"
@@ -38,38 +38,19 @@ class TaskSession:
     generation: int = 0  # where this batch's seen-IDs go
     live: tuple[int, ...] = ()  # generations still looked up, newest first
     limit_ms: int | None = None  # the newest event time admitted (None: no limit)
-    layout: int = NEW_LAYOUT  # the namespace's seen-ID layout (see kernel.keyspace)
     # generations Redis still holds (GC has not forgotten them) when the task opened
     stored: frozenset[int] = frozenset()
     counters: dict[str, int] = field(default_factory=dict)
     pending: dict[str, int] = field(default_factory=dict)
 
     @property
-    def owner(self) -> bytes:
-        """This task, as layout 1's seen-marks record it: ``batch.partition``."""
-        return f"{self.batch}.{self.partition}".encode()
-
-    @property
-    def marks_owner(self) -> bool:
-        """Whether seen-marks record their owner (layout 1).
-
-        Otherwise (layout 2) each commit keeps its input IDs in the task's backup, and a
-        later attempt of the task learns from there what an earlier one committed.
-        """
-        return self.layout == OWNER_LAYOUT
-
-    @property
     def seen_value(self) -> bytes:
-        """The value of this task's seen-marks: its owner in layout 1, a constant in layout 2."""
-        return self.owner if self.marks_owner else SEEN_MARK
+        """The value of this task's seen-marks (a source record's may hold its fingerprint).
 
-    def committed_by_earlier_attempt(self, value: bytes) -> bool:
-        """Whether a seen-mark's value says an earlier attempt of this task made it (layout 1).
-
-        In layout 2 a value never says so: such inputs are known from the backup before any
-        lookup (:mod:`onceflow.dedup.admission`).
+        Marks do not say who made them: each commit keeps its input IDs in the task's backup,
+        and a later attempt of the task learns from there what an earlier one committed.
         """
-        return self.marks_owner and value == self.owner
+        return SEEN_MARK
 
     @property
     def live_generations(self) -> list[int]:

@@ -254,11 +254,9 @@ def _rebuild(session: TaskSession, r: Receiver) -> None:
 
 
 def _ids_of(session: TaskSession, fields: list[bytes], shard: int) -> list[bytes]:
-    """The IDs a seen-ID shard's fields stand for (layout 2 fields are not whole IDs)."""
-    if session.marks_owner:
-        return fields
-    shards, layout = session.config.shards, session.layout
-    return [seen_id(f, shard, shards, layout) for f in fields]
+    """The IDs a seen-ID shard's fields stand for (fields are not whole IDs)."""
+    shards = session.config.shards
+    return [seen_id(f, shard, shards) for f in fields]
 
 
 def snapshot(session: TaskSession, r: Receiver) -> None:

@@ -12,8 +12,8 @@ a newer attempt.
 
 :data:`COMMIT` is the heart of exactly-once: in one atomic step it checks that none of the
 chunk's IDs was seen before in the batch's generation, marks them seen, stores the chunk's
-outputs (the upstream backup for the next boundary) and, in seen-ID layout 2, its input IDs
-(how a later attempt of the task knows what it committed), writes keyed state, appends the IDs
+outputs (the upstream backup for the next boundary) and its input IDs (how a later attempt
+of the task knows what it committed), writes keyed state, appends the IDs
 to the receiver's Bloom journal, raises the source lanes' event-time marks and bumps counters.
 If any ID was already seen it undoes its marks before returning (the script is atomic, so
 nobody sees them), returns the positions of those IDs in the chunk, and the task redoes the
@@ -21,9 +21,9 @@ chunk without them. One ``HSETNX`` per ID does the check and the mark together. 
 idempotent: run twice (a retried call after a lost reply), the second run sees its chunk
 already stored and changes nothing.
 
-Seen-IDs are fields of sharded hashes, in the namespace's layout (see
+Seen-IDs are fields of sharded hashes, in the seen-ID layout (see
 :mod:`onceflow.kernel.keyspace`): the scripts take them as Python built them, one blob of
-``n`` fields of one width (16 bytes in layout 1, fewer in layout 2), and the value to store.
+``n`` fields of one width (what the shard does not say of each ID), and the value to store.
 """
 
 from __future__ import annotations
@@ -82,10 +82,10 @@ return {'ok'}
 """
 )
 
-# Seen fields travel as one blob of n fields of one width (the blob's length over n: the same
-# scripts serve every seen-ID layout), with their seen-ID shards' KEYS indices as a blob: a
+# Seen fields travel as one blob of n fields of one width (the blob's length over n: it
+# depends on the shard count), with their seen-ID shards' KEYS indices as a blob: a
 # little-endian uint16 per field (LOOKUP, per generation), or, where fields come grouped by
-# shard (COMMIT, MARK_DELIVERED), one run per shard (see onceflow.dedup.addressing.RUN). A
+# shard (COMMIT), one run per shard (see onceflow.dedup.addressing.RUN). A
 # chunk is then a handful of arguments instead of thousands.
 _SEEN_FIELDS = """
 local function width_of(blob, n)
@@ -109,7 +109,7 @@ local function each_field(ids, n, runs, visit)
 end
 """
 
-# Raise a generation's newest event time (never lower it). Used by COMMIT and MARK_DELIVERED.
+# Raise a generation's newest event time (never lower it). Used by COMMIT.
 _RAISE_GENERATION = """
 local function raise_generation(key, generation, ts)
   if tonumber(ts) > tonumber(redis.call('HGET', key, generation) or '-1') then
@@ -150,7 +150,7 @@ end
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 filter seq, 5 filter journal, 6 stats,
 #       7 generations, 8 lanes, 9 lane activity, 10 GC hash, 11.. seen shards, state hashes
 #       and timer sorted sets (by index)
-# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 seen value (layout 1: the owner), 5 chunk
+# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 seen value (SEEN_MARK), 5 chunk
 #       field, 6 outputs blob, 7 journal blob, 8 n ids, 9 seen fields blob (grouped by shard),
 #       10 shard runs blob (see _SEEN_FIELDS), 11 generation, 12 newest event time of the
 #       IDs, 13 oldest event time of the IDs, 14 inputs field, 15 input IDs blob ('': not
@@ -245,38 +245,6 @@ return {'ok', 'done'}
 """
 )
 
-# Marks sink records delivered and ends the sink partition's pending delivery (when asked).
-# KEYS: 1 epoch, 2 task token, 3 filter seq, 4 filter journal, 5 stats, 6 pending,
-#       7 generations, 8.. seen shards
-# ARGV: 1 epoch, 2 token, 3 server (see FENCE), 4 seen value (layout 1: the owner), 5 journal
-#       blob, 6 n, 7 seen fields blob (grouped by shard), 8 shard runs blob (see
-#       _SEEN_FIELDS), 9 '1' to delete the pending delivery, 10 possible copies to count,
-#       11 generation, 12 newest event time of the records
-# Returns {'ok', seq, how many were already marked (delivered twice)}.
-MARK_DELIVERED = (
-    FENCE
-    + _RAISE_GENERATION
-    + _SEEN_FIELDS
-    + """
-if ARGV[9] == '1' then redis.call('DEL', KEYS[6]) end
-if tonumber(ARGV[6]) > 0 then raise_generation(KEYS[7], ARGV[11], ARGV[12]) end
-if tonumber(ARGV[10]) > 0 then redis.call('HINCRBY', KEYS[5], 'possible_copies', ARGV[10]) end
-local n = tonumber(ARGV[6])
-local again = 0
-each_field(ARGV[7], n, ARGV[8], function(key, _, id)
-  if redis.call('HSET', key, id, ARGV[4]) == 0 then again = again + 1 end
-end)
-local seq = 0
-if n > 0 then
-  redis.call('RPUSH', KEYS[4], ARGV[5])
-  seq = redis.call('INCR', KEYS[3])
-end
-redis.call('HINCRBY', KEYS[5], 'delivered', n - again)
-if again > 0 then redis.call('HINCRBY', KEYS[5], 'delivered_again', again) end
-return {'ok', tostring(seq), tostring(again)}
-"""
-)
-
 # A sink partition is about to make a delivery visible: remember it (the marker that will
 # tell whether it happened, the IDs, and the micro-batch making it) until it is marked.
 # KEYS: 1 epoch, 2 task token, 3 pending.
@@ -289,7 +257,7 @@ return {'ok'}
 """
 )
 
-# Layout 3: a delivery became visible (or, with no IDs, a pending one is dropped): its IDs go
+# A delivery became visible (or, with no IDs, a pending one is dropped): its IDs go
 # to the backup of the task that made it, as field <prefix><k><suffix> (k counted in the
 # counter field), and the pending delivery ends (when asked).
 # KEYS: 1 epoch, 2 task token, 3 backup hash, 4 stats, 5 pending
@@ -311,7 +279,7 @@ return {'ok'}
 )
 
 # A transactional sink writer is about to begin a transaction for a sink partition: record
-# its identity (a field of the partition's pending hash, deleted with it by MARK_DELIVERED)
+# its identity (a field of the partition's pending hash, deleted with it by LOG_DELIVERY)
 # so that a later attempt settles it if this one never finishes. ARGV[4] '0' forgets it
 # instead (its transaction was aborted before anything of it could become visible).
 # KEYS: 1 epoch, 2 task token, 3 pending.
@@ -328,7 +296,7 @@ return {'ok'}
 """
 )
 
-# The seen value of each ID (layout 1: its owner), in any live generation (newest first,
+# The seen value of each ID, in any live generation (newest first,
 # stopping at the first hit). KEYS: seen shards. ARGV: 1 n, 2 g (generations per ID), 3 seen
 # fields blob, 4 index blob of n x g little-endian uint16 KEYS indices (0: no such shard).
 # Returns one value (or false) per ID.
@@ -524,7 +492,6 @@ class Scripts:
         self.claim = register(CLAIM)
         self.commit = register(COMMIT)
         self.finish = register(FINISH)
-        self.mark_delivered = register(MARK_DELIVERED)
         self.prepare_delivery = register(PREPARE_DELIVERY)
         self.log_delivery = register(LOG_DELIVERY)
         self.note_writer = register(NOTE_WRITER)

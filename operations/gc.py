@@ -43,13 +43,15 @@ from onceflow.kernel.durations import DAY_MS, Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import (
     GC_FLOOR_FIELD,
+    LAYOUT_FIELD,
     META_PATTERN,
     Keyspace,
     Kind,
     ParsedKey,
+    check_layout,
     namespace_of_meta,
 )
-from onceflow.kernel.scopes import Connect, read_scopes, tag_client
+from onceflow.kernel.scopes import PLAN_FIELD, Connect, read_scopes, tag_client
 from onceflow.kernel.scripts import scripts_for
 
 # Buckets of event time a generation is kept past the horizon, in case a clock is a little behind.
@@ -153,7 +155,11 @@ class GcPass:
 
 
 def read_meta(client: Any, ks: Keyspace) -> dict[str, str]:
-    """A namespace's fixed settings; a clear error when the namespace has no state here."""
+    """A namespace's fixed settings; a clear error when the namespace has no state here.
+
+    A namespace an older Onceflow made in another seen-ID layout is refused too
+    (:func:`~onceflow.kernel.keyspace.check_layout`): its state cannot be read right.
+    """
     meta = {k.decode(): v.decode() for k, v in client.hgetall(ks.meta).items()}
     if not meta:
         msg = (
@@ -161,6 +167,11 @@ def read_meta(client: Any, ks: Keyspace) -> dict[str, str]:
             "check the namespace (default: the pipeline's name) and REDIS_URL"
         )
         raise NoStateError(msg)
+    has_state = "parallelism" in meta or PLAN_FIELD in meta
+    try:
+        check_layout(meta.get(LAYOUT_FIELD), has_state, ks.namespace)
+    except ConfigError as exc:
+        raise GcError(str(exc)) from None
     return meta
 
 

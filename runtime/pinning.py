@@ -5,8 +5,7 @@ boundaries, keyed state and its combiners; see :mod:`onceflow.graph_optimizer.fi
 are stored in the namespace's meta hash on the first run and compared on every start. A
 change is refused with a message that says what changed and how to proceed. The seen-ID
 layout (how a seen ID is stored, see :mod:`onceflow.kernel.keyspace`) is pinned the same way:
-a new namespace gets the newest, one that already holds state from before layouts existed
-keeps layout 1.
+a namespace an older Onceflow made in another layout is refused with the way out.
 
 The namespace and the Spark checkpoint are two halves of one pipeline's progress: Spark knows
 which input was read, Redis what it did. Both hold the same identity (:func:`pin_checkpoint`):
@@ -27,14 +26,7 @@ from typing import Any
 from onceflow.backup.store import acknowledged
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import (
-    LAYOUT_FIELD,
-    NEW_LAYOUT,
-    OWNER_LAYOUT,
-    Keyspace,
-    Kind,
-    check_layout,
-)
+from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, Keyspace, Kind, check_layout
 from onceflow.kernel.scopes import PLAN_FIELD
 from onceflow.runtime.checkpoint import IDENTITY_FILE, Checkpoint
 from onceflow.runtime.errors import PlanChangedError
@@ -74,18 +66,19 @@ def pin_settings(client: Any, keyspace: Keyspace, parallelism: int, config: Dedu
             raise ConfigError(msg)
 
 
-def pin_layout(client: Any, keyspace: Keyspace) -> int:
-    """The namespace's seen-ID layout: the newest for a new namespace, else the stored one.
+def pin_layout(client: Any, keyspace: Keyspace) -> None:
+    """Pin the seen-ID layout on a new namespace; refuse one an older Onceflow made.
 
-    A namespace that holds state but no layout was made before layouts existed: layout 1.
+    A namespace that holds state but no layout was made before layouts existed (layout 1).
     """
     pipe = client.pipeline(transaction=False)
     for name in _STATE_FIELDS:
         pipe.hexists(keyspace.meta, name)
     pipe.exists(keyspace.epoch)
-    has_state = any(pipe.execute())
-    client.hsetnx(keyspace.meta, LAYOUT_FIELD, OWNER_LAYOUT if has_state else NEW_LAYOUT)
-    return check_layout(int(client.hget(keyspace.meta, LAYOUT_FIELD)), keyspace.namespace)
+    pipe.hget(keyspace.meta, LAYOUT_FIELD)
+    *state, stored = pipe.execute()
+    check_layout(stored, any(state), keyspace.namespace)
+    client.hsetnx(keyspace.meta, LAYOUT_FIELD, LAYOUT)
 
 
 def pin_plan(
