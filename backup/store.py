@@ -12,11 +12,13 @@ attempts committed. Backups of micro-batches Spark has committed are acknowledge
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from onceflow.backup.format import TaskBackup, chunk_field, encode_outputs, inputs_field
 from onceflow.kernel.keyspace import Keyspace, Kind, ParsedKey
 from onceflow.kernel.records import Output
+from onceflow.kernel.script_args import Fence, ack, finish_args
 from onceflow.kernel.scripts import scripts_for
 
 
@@ -37,25 +39,21 @@ def replay(fields: dict[bytes, bytes]) -> TaskBackup:
 
 def finish(
     client: Any,
-    fence: tuple[list[str], list[Any]],
+    fence: Fence,
     keys: list[str],
     outputs: list[Output],
     state: list[Any],
-    stats: list[Any],
+    stats: Mapping[str, int],
 ) -> Any:
     """Store a task's end-of-task outputs and mark it done, fenced like a commit.
 
-    ``fence`` is the fencing keys and arguments (epoch and token keys; epoch, token and
-    server, see :data:`~onceflow.kernel.scripts.FENCE`); ``keys`` the backup hash, the stats
-    hash and then the keys ``state`` (the state and timer arguments that go with the outputs:
-    panes fired, windows closed) refers to; ``stats`` the counter arguments. Returns the
-    script's reply (the caller checks it for fencing).
+    ``keys`` are the call's KEYS: the fence's, the backup hash, the stats hash and then the
+    keys ``state`` (the state and timer arguments that go with the outputs: panes fired,
+    windows closed) refers to; ``stats`` the counter increments. Returns the script's reply
+    (the caller checks it for fencing).
     """
-    fence_keys, fence_args = fence
     blob = encode_outputs(outputs) if outputs else b""
-    return scripts_for(client).finish(
-        keys=[*fence_keys, *keys], args=[*fence_args, blob, *state, *stats]
-    )
+    return scripts_for(client).finish(keys=keys, args=finish_args(fence, blob, state, stats))
 
 
 def acknowledge(client: Any, keyspace: Keyspace, batch: int) -> None:
@@ -64,7 +62,8 @@ def acknowledge(client: Any, keyspace: Keyspace, batch: int) -> None:
     Backups of acknowledged batches are garbage; GC measures its floor from the acknowledged
     batch's parameters (:mod:`onceflow.dedup.batch`), never from a batch that may replay.
     """
-    scripts_for(client).ack(keys=[keyspace.acked], args=[batch])
+    keys, args = ack(keyspace, batch)
+    scripts_for(client).ack(keys=keys, args=args)
 
 
 def acknowledged(client: Any, keyspace: Keyspace) -> int:

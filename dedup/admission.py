@@ -38,6 +38,7 @@ from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver
 from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow
+from onceflow.kernel.script_args import lookup_args
 
 FRESH, REPLAY, DUP, LATE, AHEAD, CONFLICT = "fresh", "replay", "dup", "late", "ahead", "conflict"
 _LOOKUP_SPARE_KEYS = 16
@@ -202,9 +203,8 @@ def lookup(
         part = ids[start : start + per_call]
         keys = KeyTable()
         blob, index = addressing.lookup(receiver, part, generations, keys)
-        reply = session.scripts.lookup(
-            keys=keys.keys, args=[len(part), len(generations), blob, index]
-        )
+        args = lookup_args(len(part), len(generations), blob, index)
+        reply = session.scripts.lookup(keys=keys.keys, args=args)
         session.round_trip()
         values.extend(v if v else None for v in reply)
     session.count("redis_lookups", len(ids))

@@ -31,6 +31,7 @@ from typing import Any
 from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
+from onceflow.kernel import script_args
 from onceflow.kernel.eventtime import EventTime, watermark
 from onceflow.kernel.keyspace import GC_FLOOR_FIELD, Keyspace
 from onceflow.kernel.scripts import scripts_for
@@ -180,10 +181,10 @@ def fix_batch_params(
         live_generations(client, ks, generation, floor * config.bucket_ms),
         event_time.limit(now),
     )
-    args: list[Any] = [epoch, server, wm, tau, now]
-    for name, value in params.as_fields().items():
-        args += [name, value]
-    reply = scripts_for(client).batch_params(keys=[ks.epoch, ks.batch(batch), ks.clock], args=args)
+    keys, args = script_args.batch_params(
+        ks, batch, epoch=epoch, server=server, clock=(wm, tau, now), fields=params.as_fields()
+    )
+    reply = scripts_for(client).batch_params(keys=keys, args=args)
     if reply and reply[0] == b"fenced":
         if reply[1] == b"redis":
             where = f"namespace {ks.namespace!r}"

@@ -15,7 +15,6 @@ is kept.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from onceflow.dedup.state import state_args
 from onceflow.dedup.trust import journal_entry
 from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow, Output, StateWrite
+from onceflow.kernel.script_args import CommitKeys, SeenBlob, commit_args
 
 CONFLICT = b"conflict"
 FLOOR = b"floor"
@@ -67,19 +67,8 @@ def commit_chunk(
     constant value.
     """
     ks, stage, partition = session.ks, session.stage, session.partition
-    keys = KeyTable(
-        [
-            *session.fence_keys(),
-            ks.backup(stage, session.batch, partition),
-            ks.filter_seq(stage),
-            ks.filter_journal(stage),
-            ks.stats(stage),
-            ks.generations,
-            ks.lanes,
-            ks.lane_activity,
-            ks.gc,
-        ]
-    )
+    fence = session.fence
+    keys = KeyTable(CommitKeys.of(ks, stage, session.batch, partition).table(fence))
     inputs_ids = [row[1] for row in fresh]
     marked = [row for row in fresh if row[1] not in unmarked] if unmarked else fresh
     rids = [row[1] for row in marked] if unmarked else inputs_ids
@@ -92,32 +81,25 @@ def commit_chunk(
         inputs: tuple[str, bytes] = ("", b"")
     else:
         inputs = inputs_args(chunk, inputs_ids)
-    lane_args: list[Any] = [len(lanes)]
-    for lane, newest in lanes.items():
-        lane_args += [lane, newest, batch_time_ms]
     writes = state_args(ks, partition, updates, keys)
     sent = sum(1 for o in outputs if o.target >= 0)
     session.count("committed", len(fresh))
     session.count("out", sent)
-    field, blob = chunk_args(chunk, outputs)
-    args = [
-        *session.fence_args(),
-        session.seen_value,
-        field,
-        blob,
-        journal_entry(session.generation, b"".join(rids)),
-        len(rids),
-        fields,
-        runs,
-        session.generation,
-        max((row[2] for row in marked), default=0),
-        min((row[2] for row in marked), default=0),
-        *inputs,
-        values,
-        *lane_args,
-        *writes,
-        *session.stat_args(),
-    ]
+    args = commit_args(
+        fence,
+        seen_value=session.seen_value,
+        chunk=chunk_args(chunk, outputs),
+        journal=journal_entry(session.generation, b"".join(rids)),
+        seen=SeenBlob(len(rids), fields, runs),
+        generation=session.generation,
+        newest=max((row[2] for row in marked), default=0),
+        oldest=min((row[2] for row in marked), default=0),
+        inputs=inputs,
+        values=values,
+        lanes=[(lane, newest, batch_time_ms) for lane, newest in lanes.items()],
+        state=writes,
+        stats=session.pending,
+    )
     reply = session.check(session.scripts.commit(keys=keys.keys, args=args))
     session.round_trip()
     if reply[0] == FLOOR:  # nothing was stored

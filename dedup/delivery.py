@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from onceflow.backup.format import DELIVERIES, delivered_field_parts
 from onceflow.dedup.durability import check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
+from onceflow.kernel import script_args
 from onceflow.kernel.ids import split_ids
 
 DELIVERED = "/delivered"
 NO_MARKER = "-"  # a plain (not transactional) delivery: it cannot tell whether it happened
-_YES = "1"
 
 
 WRITER_FIELD = "writer:"  # + a transactional writer's identity, in the pending hash
@@ -102,8 +102,9 @@ def note_writer(session: TaskSession, name: str, identity: str, begins: bool = T
 
     Forget it only when its transaction was aborted before any of it could become visible.
     """
-    keys = [*session.fence_keys(), session.ks.pending(name, session.partition)]
-    args = [*session.fence_args(), WRITER_FIELD + identity, "1" if begins else "0"]
+    keys, args = script_args.note_writer(
+        session.fence, session.ks.pending(name, session.partition), WRITER_FIELD + identity, begins
+    )
     session.check(session.scripts.note_writer(keys=keys, args=args))
     session.round_trip()
 
@@ -124,8 +125,13 @@ def prepare(
     it: ``replicas``) would forget a delivery that happened, and send it again. It is written
     after the backup it delivers and the batch's parameters, so their durability comes with it.
     """
-    keys = [*session.fence_keys(), session.ks.pending(name, session.partition)]
-    args = [*session.fence_args(), marker, b"".join(ids), session.batch]
+    keys, args = script_args.prepare_delivery(
+        session.fence,
+        session.ks.pending(name, session.partition),
+        marker,
+        b"".join(ids),
+        session.batch,
+    )
     if not replicas and not waitaof:
         session.check(session.scripts.prepare_delivery(keys=keys, args=args))
         session.round_trip()
@@ -163,22 +169,18 @@ def log_delivered(
     name = receiver_name(sink)
     made_by = session.batch if batch is None else batch
     prefix, suffix = delivered_field_parts(sink)
-    keys = [
-        *session.fence_keys(),
-        session.ks.backup(session.stage, made_by, session.partition),
-        session.ks.stats(name),
-        session.ks.pending(name, session.partition),
-    ]
-    args = [
-        *session.fence_args(),
-        DELIVERIES,
-        prefix,
-        suffix,
-        b"".join(ids),
-        len(ids),
-        _YES if end_pending else "0",
-        copies,
-    ]
+    keys, args = script_args.log_delivery(
+        session.fence,
+        backup=session.ks.backup(session.stage, made_by, session.partition),
+        stats=session.ks.stats(name),
+        pending=session.ks.pending(name, session.partition),
+        counter=DELIVERIES,
+        field=(prefix, suffix),
+        ids=b"".join(ids),
+        n=len(ids),
+        end_pending=end_pending,
+        copies=copies,
+    )
     session.check(session.scripts.log_delivery(keys=keys, args=args))
     session.round_trip()
     session.count_local("delivered", len(ids))  # the script counts it in Redis

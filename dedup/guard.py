@@ -46,6 +46,7 @@ from onceflow.dedup.delivery import (
 from onceflow.dedup.durability import BatchDurability
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
+from onceflow.kernel import script_args
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.scripts import scripts_for
@@ -180,7 +181,8 @@ class ExactlyOnceGuard:
         ks = s.ks
         s.token = f"{s.epoch}:{self.attempt_id}"
         pipe = s.client.pipeline(transaction=False)
-        s.scripts.claim(keys=s.fence_keys(), args=s.fence_args(), client=pipe)
+        keys, args = script_args.claim(s.fence)
+        s.scripts.claim(keys=keys, args=args, client=pipe)
         pipe.hgetall(ks.backup(s.stage, s.batch, s.partition))
         for r in self.receivers:
             pipe.get(ks.filter_seq(r.name))
@@ -302,19 +304,12 @@ class ExactlyOnceGuard:
         """
         s = self.session
         s.count("out", sum(1 for o in outputs if o.target >= 0))
-        epoch_key, token_key = s.fence_keys()
+        fence = s.fence
         keys = KeyTable(
-            [epoch_key, token_key, s.ks.backup(s.stage, s.batch, s.partition), s.ks.stats(s.stage)]
+            [*fence.keys, s.ks.backup(s.stage, s.batch, s.partition), s.ks.stats(s.stage)]
         )
         writes = state_args(s.ks, s.partition, changes, keys)
-        reply = backup.finish(
-            s.client,
-            (s.fence_keys(), s.fence_args()),
-            keys.keys[2:],
-            outputs,
-            writes,
-            s.stat_args(),
-        )
+        reply = backup.finish(s.client, fence, keys.keys, outputs, writes, s.pending)
         s.check(reply)
         s.round_trip()
         s.pending.clear()

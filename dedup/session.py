@@ -2,7 +2,7 @@
 
 A task's steps (filter trust, admission, commit, delivery) are separate modules; this is the
 state they pass each other. Counters go two ways: ``counters`` are returned to the run's
-metrics, ``pending`` are added to Redis by the next script call (``stat_args``), so status
+metrics, ``pending`` are added to Redis by the next script call that takes them, so status
 shows them even for a run that crashed.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.kernel.keyspace import SEEN_MARK, Keyspace
+from onceflow.kernel.script_args import Fence
 from onceflow.kernel.scripts import Scripts
 
 FENCED = b"fenced"
@@ -57,13 +58,16 @@ class TaskSession:
         """Generations whose seen-IDs are still looked up, newest first."""
         return list(self.live) or [self.generation]
 
-    def fence_keys(self) -> list[str]:
-        """The driver epoch and this task's token keys: first KEYS of every fenced script."""
-        return [self.ks.epoch, self.ks.token(self.stage, self.partition)]
-
-    def fence_args(self) -> list[Any]:
-        """The driver epoch, this task's token and the server: first ARGV of fenced scripts."""
-        return [self.epoch, self.token, self.server]
+    @property
+    def fence(self) -> Fence:
+        """What every fenced script checks: the driver epoch, this task's token, the server."""
+        return Fence(
+            self.ks.epoch,
+            self.ks.token(self.stage, self.partition),
+            self.epoch,
+            self.token,
+            self.server,
+        )
 
     def count(self, name: str, n: int = 1) -> None:
         """Add to a counter, both for the run's metrics and for Redis."""
@@ -90,13 +94,6 @@ class TaskSession:
     def round_trip(self) -> None:
         """One more Redis round trip (a benchmark figure)."""
         self.counters["redis_round_trips"] = self.counters.get("redis_round_trips", 0) + 1
-
-    def stat_args(self) -> list[Any]:
-        """Pending counters as script arguments: ``n, name1, inc1, ...``."""
-        args: list[Any] = [len(self.pending)]
-        for name, n in self.pending.items():
-            args += [name, n]
-        return args
 
     def check(self, reply: Any) -> Any:
         """Raise :class:`FencedError` when a script says a newer driver or attempt owns this.

@@ -36,14 +36,13 @@ cover more commits than the *same* instance holds mean Redis lost writes without
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgpack
 
 from onceflow.dedup.bloom import ReceiverFilters
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FiltersAheadError
 from onceflow.dedup.session import TaskSession
+from onceflow.kernel import script_args
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import ID_BYTES
 from onceflow.kernel.keyspace import seen_id
@@ -153,9 +152,11 @@ def _catch_up(session: TaskSession, todo: list[Receiver], server: str) -> None:
     ks = session.ks
     pipe = session.client.pipeline(transaction=False)
     for r in todo:
-        keys = [ks.filter_seq(r.name), ks.filter_journal(r.name), ks.filter_snapshot(r.name)]
         covered = RELOAD if _moved(r.filters, server) else r.filters.seq
-        session.scripts.catch_up(keys=keys, args=[covered], client=pipe)
+        keys, args = script_args.catch_up(
+            ks.filter_seq(r.name), ks.filter_journal(r.name), ks.filter_snapshot(r.name), covered
+        )
+        session.scripts.catch_up(keys=keys, args=args, client=pipe)
     replies = pipe.execute()
     session.round_trip()
     for r, reply in zip(todo, replies, strict=True):
@@ -283,18 +284,17 @@ def snapshot(session: TaskSession, r: Receiver) -> None:
     if taken >= f.seq:  # covers as much as these filters: not worth sending them
         session.count("bloom_snapshots_stale")
         return
-    keys = [
-        *session.fence_keys(),
-        ks.filter_seq(r.name),
-        ks.filter_journal(r.name),
-        ks.filter_snapshot(r.name),
-    ]
-    dirty = sorted(f.dirty)
-    args: list[Any] = [*session.fence_args(), f.seq, len(dirty)]
-    for generation in dirty:
-        args += [generation_field(generation), f.dump(generation)]
-        session.count("bloom_snapshot_bytes", len(args[-1]))
-    args += [len(dropped), *(generation_field(g) for g in dropped)]
+    written = [(generation_field(g), f.dump(g)) for g in sorted(f.dirty)]
+    session.count("bloom_snapshot_bytes", sum(len(blob) for _field, blob in written))
+    keys, args = script_args.snapshot(
+        session.fence,
+        seq_key=ks.filter_seq(r.name),
+        journal=ks.filter_journal(r.name),
+        snapshot_key=ks.filter_snapshot(r.name),
+        covered=f.seq,
+        written=written,
+        dropped=[generation_field(g) for g in dropped],
+    )
     try:
         reply = session.scripts.snapshot(keys=keys, args=args)
     except Exception:  # noqa: BLE001 - a snapshot is an optimisation; the journal remains

@@ -39,6 +39,7 @@ from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import BatchParams, read_batch_params
 from onceflow.dedup.durability import settle_aof
 from onceflow.dedup.trust import GENERATION_FIELD
+from onceflow.kernel import script_args
 from onceflow.kernel.durations import DAY_MS, Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import (
@@ -238,7 +239,7 @@ def collect(
     if threshold is not None and not dry_run:
         # before anything is deleted: later batches never admit older records again (a raised
         # horizon would otherwise admit copies whose seen-IDs are gone)
-        scripts_for(client).raise_generations(keys=[ks.gc], args=["", GC_FLOOR_FIELD, threshold])
+        _raise_floor(client, ks, threshold)
     garbage = _forget_generations(client, ks, threshold, limit, dry_run)
     result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, threshold, garbage)
     expired_by = params.time_ms if params is not None else None
@@ -249,9 +250,7 @@ def collect(
         if tag.scope is not None:
             _settle(tagged, dry_run)
             if threshold is not None and not dry_run:  # the scope's commits check its own
-                scripts_for(tagged).raise_generations(
-                    keys=[tag.gc], args=["", GC_FLOOR_FIELD, threshold]
-                )
+                _raise_floor(tagged, tag, threshold)
             tag_garbage = _forget_generations(tagged, tag, threshold, limit, dry_run)
             forgotten |= tag_garbage.forgotten
         for keys in scan_steps(tagged, tag.pattern(), scan_count):
@@ -270,6 +269,12 @@ def collect(
     if not dry_run:
         _record(client, ks, result)
     return result
+
+
+def _raise_floor(client: Any, ks: Keyspace, threshold: int) -> None:
+    """Raise the GC floor of ``ks``'s hash tag (it only rises; any server will do)."""
+    keys, args = script_args.raise_generations(ks.gc, "", {GC_FLOOR_FIELD: threshold})
+    scripts_for(client).raise_generations(keys=keys, args=args)
 
 
 def _settle(client: Any, dry_run: bool) -> None:
@@ -302,9 +307,8 @@ def _forget_generations(
     old = sorted(g for g, ts in newest.items() if ts < threshold and g < limit)
     forgotten = []
     for g in old:
-        if dry_run or scripts_for(client).forget_generation(
-            keys=[ks.generations], args=[g, threshold]
-        ):
+        keys, args = script_args.forget_generation(ks, g, threshold)
+        if dry_run or scripts_for(client).forget_generation(keys=keys, args=args):
             forgotten.append(g)
     remembered = [g for g in newest if g not in forgotten]
     below = min([*remembered, limit])
@@ -397,7 +401,8 @@ def _expire_state(
         for member in members:
             pipe.hstrlen(hkey, member)
         size = sum(int(n or 0) for n in pipe.execute())
-        gone = int(scripts_for(client).expire_state(keys=[hkey, zkey], args=[before, *members]))
+        keys, args = script_args.expire_state(hkey, zkey, before, members)
+        gone = int(scripts_for(client).expire_state(keys=keys, args=args))
         removed.fields += gone
         removed.bytes += size if gone == len(members) else 0
         if gone == 0:

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.script_args import delete_if_equal
 from onceflow.kernel.scripts import scripts_for
 
 TTL_MS = 30_000
@@ -80,4 +81,5 @@ class DriverHeartbeat:
         if self.thread.is_alive():
             self.thread.join(EVERY_S)
         with contextlib.suppress(Exception):  # it expires by itself anyway
-            scripts_for(self.client).delete_if_equal(keys=[self.ks.driver], args=[self.value])
+            keys, args = delete_if_equal(self.ks.driver, self.value)
+            scripts_for(self.client).delete_if_equal(keys=keys, args=args)
