@@ -13,13 +13,16 @@ attempts committed. Backups of micro-batches Spark has committed are acknowledge
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.backup.format import TaskBackup, chunk_field, encode_outputs, inputs_field
 from onceflow.kernel.keyspace import Keyspace, Kind, ParsedKey
 from onceflow.kernel.records import Output
 from onceflow.kernel.script_args import Fence, ack, finish_args
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.store import store_for
+
+if TYPE_CHECKING:
+    from onceflow.kernel.store import Connection
 
 
 def chunk_args(chunk: int, outputs: list[Output]) -> tuple[str, bytes]:
@@ -38,7 +41,7 @@ def replay(fields: dict[bytes, bytes]) -> TaskBackup:
 
 
 def finish(
-    client: Any,
+    client: Connection,
     fence: Fence,
     keys: list[str],
     outputs: list[Output],
@@ -53,22 +56,22 @@ def finish(
     (the caller checks it for fencing).
     """
     blob = encode_outputs(outputs) if outputs else b""
-    return scripts_for(client).finish(keys=keys, args=finish_args(fence, blob, state, stats))
+    return store_for(client).script("finish", keys, finish_args(fence, blob, state, stats))
 
 
-def acknowledge(client: Any, keyspace: Keyspace, batch: int) -> None:
+def acknowledge(client: Connection, keyspace: Keyspace, batch: int) -> None:
     """Record that Spark committed every micro-batch up to ``batch`` (never moves back).
 
     Backups of acknowledged batches are garbage; GC measures its floor from the acknowledged
     batch's parameters (:mod:`onceflow.dedup.batch`), never from a batch that may replay.
     """
     keys, args = ack(keyspace, batch)
-    scripts_for(client).ack(keys=keys, args=args)
+    store_for(client).script("ack", keys, args)
 
 
-def acknowledged(client: Any, keyspace: Keyspace) -> int:
+def acknowledged(client: Connection, keyspace: Keyspace) -> int:
     """The last acknowledged micro-batch, -1 when none."""
-    raw = client.get(keyspace.acked)
+    raw = store_for(client).get(keyspace.acked)
     return int(raw) if raw is not None else -1
 
 

@@ -34,7 +34,7 @@ from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.session import TaskSession
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import InRow, Output
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.store import store_for
 from onceflow.testing.services import LocalRedis
 
 STAGE = "events"
@@ -65,8 +65,7 @@ class Pinger(threading.Thread):
 def session_for(client: Any, ks: Keyspace, batch: int) -> tuple[TaskSession, Addressing]:
     config = DedupConfig()
     session = TaskSession(
-        client,
-        scripts_for(client),
+        store_for(client),
         ks,
         config,
         "1",

@@ -38,7 +38,7 @@ from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.session import TaskSession
 from onceflow.kernel.keyspace import Keyspace, Kind, seen_width
 from onceflow.kernel.records import InRow
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.store import store_for
 from onceflow.testing.services import LocalRedis
 
 STAGE = "events"
@@ -120,8 +120,7 @@ def _commit_all(client: Any, ks: Keyspace, raw: np.ndarray, shards: int, variant
     """Commit the IDs in chunks of the default size; return Redis's time in the script (us)."""
     config = DedupConfig(shards=shards)
     session = TaskSession(
-        client,
-        scripts_for(client),
+        store_for(client),
         ks,
         config,
         "1",

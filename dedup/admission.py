@@ -204,7 +204,7 @@ def lookup(
         keys = KeyTable()
         blob, index = addressing.lookup(receiver, part, generations, keys)
         args = lookup_args(len(part), len(generations), blob, index)
-        reply = session.scripts.lookup(keys=keys.keys, args=args)
+        reply = session.store.script("lookup", keys.keys, args)
         session.round_trip()
         values.extend(v if v else None for v in reply)
     session.count("redis_lookups", len(ids))

@@ -25,8 +25,9 @@ applies from the next new batch).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
@@ -34,10 +35,10 @@ from onceflow.dedup.errors import FencedError, ServerChangedError, server_change
 from onceflow.kernel import script_args
 from onceflow.kernel.eventtime import EventTime, watermark
 from onceflow.kernel.keyspace import GC_FLOOR_FIELD, Keyspace
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.store import store_for
 
-_MS_PER_S = 1000
-_US_PER_MS = 1000
+if TYPE_CHECKING:
+    from onceflow.kernel.store import Connection
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class BatchParams:
         }
 
     @classmethod
-    def from_fields(cls, batch: int, fields: dict[str, Any]) -> BatchParams:
+    def from_fields(cls, batch: int, fields: Mapping[Any, Any]) -> BatchParams:
         """Back from the batch's Redis hash (``HGETALL``, bytes or str)."""
         text = {_text(k): _text(v) for k, v in fields.items()}
         f = {k: int(v) for k, v in text.items() if k != "live"}
@@ -103,18 +104,17 @@ def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
-def redis_time_ms(client: Any) -> int:
+def redis_time_ms(client: Connection) -> int:
     """Redis's clock, in ms."""
-    seconds, micros = client.time()
-    return int(seconds) * _MS_PER_S + int(micros) // _US_PER_MS
+    return store_for(client).time_ms()
 
 
-def lanes_of(client: Any, ks: Keyspace) -> dict[str, tuple[int, int]]:
+def lanes_of(client: Connection, ks: Keyspace) -> dict[str, tuple[int, int]]:
     """Each source lane's ``(largest committed event time, batch time it last had records)``."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hgetall(ks.lanes)
-    pipe.hgetall(ks.lane_activity)
-    newest, seen = pipe.execute()
+    cmds = store_for(client).batch()
+    cmds.hgetall(ks.lanes)
+    cmds.hgetall(ks.lane_activity)
+    newest, seen = cmds.execute()
     return {_text(lane): (int(ts), int(seen.get(lane, 0))) for lane, ts in newest.items()}
 
 
@@ -123,15 +123,19 @@ def advance(dedup_time: int, previous_wm: int, wm: int, previous_time: int, now:
     return dedup_time + min(max(0, wm - previous_wm), max(0, now - previous_time))
 
 
-def live_generations(client: Any, ks: Keyspace, current: int, floor_ms: int) -> tuple[int, ...]:
+def live_generations(
+    client: Connection, ks: Keyspace, current: int, floor_ms: int
+) -> tuple[int, ...]:
     """Generations whose newest event time is at or after ``floor_ms``, and ``current``."""
-    newest = {int(_text(g)): int(_text(ts)) for g, ts in client.hgetall(ks.generations).items()}
+    newest = {
+        int(_text(g)): int(_text(ts)) for g, ts in store_for(client).hgetall(ks.generations).items()
+    }
     live = {g for g, ts in newest.items() if ts >= floor_ms} | {current}
     return tuple(sorted(live, reverse=True))
 
 
 def fix_batch_params(
-    client: Any,
+    client: Connection,
     ks: Keyspace,
     epoch: int,
     batch: int,
@@ -150,10 +154,10 @@ def fix_batch_params(
     existing = read_batch_params(client, ks, batch)
     if existing is not None:
         return existing
-    pipe = client.pipeline(transaction=False)
-    pipe.hgetall(ks.clock)
-    pipe.hget(ks.gc, GC_FLOOR_FIELD)
-    clock_fields, deleted_below = pipe.execute()
+    cmds = store_for(client).batch()
+    cmds.hgetall(ks.clock)
+    cmds.hget(ks.gc, GC_FLOOR_FIELD)
+    clock_fields, deleted_below = cmds.execute()
     stored = {_text(k): int(_text(v)) for k, v in clock_fields.items()}
     # batch times never go back, even if Redis's clock does (TTLs and GC rely on that)
     clock_of_run = clock or BatchClock(event_time.max_clock_skew_ms)
@@ -184,7 +188,7 @@ def fix_batch_params(
     keys, args = script_args.batch_params(
         ks, batch, epoch=epoch, server=server, clock=(wm, tau, now), fields=params.as_fields()
     )
-    reply = scripts_for(client).batch_params(keys=keys, args=args)
+    reply = store_for(client).script("batch_params", keys, args)
     if reply and reply[0] == b"fenced":
         if reply[1] == b"redis":
             where = f"namespace {ks.namespace!r}"
@@ -194,7 +198,7 @@ def fix_batch_params(
     return BatchParams.from_fields(batch, dict(zip(reply[::2], reply[1::2], strict=True)))
 
 
-def read_batch_params(client: Any, ks: Keyspace, batch: int) -> BatchParams | None:
+def read_batch_params(client: Connection, ks: Keyspace, batch: int) -> BatchParams | None:
     """The parameters a batch was started with, if it was."""
-    fields = client.hgetall(ks.batch(batch))
+    fields = store_for(client).hgetall(ks.batch(batch))
     return BatchParams.from_fields(batch, fields) if fields else None

@@ -100,7 +100,7 @@ def commit_chunk(
         state=writes,
         stats=session.pending,
     )
-    reply = session.check(session.scripts.commit(keys=keys.keys, args=args))
+    reply = session.check(session.store.script("commit", keys.keys, args))
     session.round_trip()
     if reply[0] == FLOOR:  # nothing was stored
         session.uncount({"committed": len(fresh), "out": sent})

@@ -84,7 +84,7 @@ def sink_state(session: TaskSession, name: str) -> SinkState:
 
     ``name``: the sink's receiver name (:func:`receiver_name`).
     """
-    fields = session.client.hgetall(session.ks.pending(name, session.partition))
+    fields = session.store.hgetall(session.ks.pending(name, session.partition))
     session.round_trip()
     writers = tuple(
         f.decode()[len(WRITER_FIELD) :] for f in fields if f.startswith(WRITER_FIELD.encode())
@@ -105,7 +105,7 @@ def note_writer(session: TaskSession, name: str, identity: str, begins: bool = T
     keys, args = script_args.note_writer(
         session.fence, session.ks.pending(name, session.partition), WRITER_FIELD + identity, begins
     )
-    session.check(session.scripts.note_writer(keys=keys, args=args))
+    session.check(session.store.script("note_writer", keys, args))
     session.round_trip()
 
 
@@ -133,16 +133,16 @@ def prepare(
         session.batch,
     )
     if not replicas and not waitaof:
-        session.check(session.scripts.prepare_delivery(keys=keys, args=args))
+        session.check(session.store.script("prepare_delivery", keys, args))
         session.round_trip()
         return
-    pipe = session.client.pipeline(transaction=False)  # one connection: the write, then waits
-    session.scripts.prepare_delivery(keys=keys, args=args, client=pipe)
+    cmds = session.store.batch()  # one connection: the write, then waits
+    cmds.script("prepare_delivery", keys, args)
     if waitaof:
-        pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
+        cmds.waitaof(timeout_ms)
     if replicas:
-        pipe.execute_command("WAIT", replicas, timeout_ms)
-    replies = pipe.execute()
+        cmds.wait(replicas, timeout_ms)
+    replies = cmds.execute()
     session.check(replies[0])
     session.round_trip()
     what = f"the pending delivery of {name} partition {session.partition}"
@@ -181,7 +181,7 @@ def log_delivered(
         end_pending=end_pending,
         copies=copies,
     )
-    session.check(session.scripts.log_delivery(keys=keys, args=args))
+    session.check(session.store.script("log_delivery", keys, args))
     session.round_trip()
     session.count_local("delivered", len(ids))  # the script counts it in Redis
     if copies:

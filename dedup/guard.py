@@ -49,8 +49,8 @@ from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel import script_args
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
-from onceflow.kernel.scripts import scripts_for
 from onceflow.kernel.settings import RedisSettings, redis_client
+from onceflow.kernel.store import store_for
 
 # Counted in Redis only (status shows them); the task counts its own for the run's summary.
 _REDIS_ONLY = frozenset({"in", "duplicates", "late", "ahead", "committed", "out"})
@@ -146,8 +146,7 @@ class ExactlyOnceGuard:
         self.batch_time_ms: int | None = params.time_ms
         self.attempt_id = task.attempt_id
         self.session = TaskSession(
-            client,
-            scripts_for(client),
+            store_for(client),
             ks,
             config,
             str(factory.epoch),
@@ -180,16 +179,16 @@ class ExactlyOnceGuard:
         s = self.session
         ks = s.ks
         s.token = f"{s.epoch}:{self.attempt_id}"
-        pipe = s.client.pipeline(transaction=False)
+        cmds = s.store.batch()
         keys, args = script_args.claim(s.fence)
-        s.scripts.claim(keys=keys, args=args, client=pipe)
-        pipe.hgetall(ks.backup(s.stage, s.batch, s.partition))
+        cmds.script("claim", keys, args)
+        cmds.hgetall(ks.backup(s.stage, s.batch, s.partition))
         for r in self.receivers:
-            pipe.get(ks.filter_seq(r.name))
-            pipe.hget(ks.filter_snapshot(r.name), trust.SEQ_FIELD)
-        pipe.hkeys(ks.generations)
-        pipe.info("server")  # the instance the filters are caught up against (its run_id)
-        replies = pipe.execute()
+            cmds.get(ks.filter_seq(r.name))
+            cmds.hget(ks.filter_snapshot(r.name), trust.SEQ_FIELD)
+        cmds.hkeys(ks.generations)
+        cmds.info("server")  # the instance the filters are caught up against (its run_id)
+        replies = cmds.execute()
         s.round_trip()
         s.check(replies[0])
         for n, r in enumerate(self.receivers):
@@ -246,7 +245,7 @@ class ExactlyOnceGuard:
             return {}
         s = self.session
         s.round_trip()
-        return read_state(s.client, s.ks, node, s.partition, keys)
+        return read_state(s.store, s.ks, node, s.partition, keys)
 
     def commit(
         self,
@@ -294,7 +293,7 @@ class ExactlyOnceGuard:
         """Keys of a windowed combine of this partition with a timer due."""
         s = self.session
         s.round_trip()
-        return due_timers(s.client, s.ks, node, s.partition, watermark, now)
+        return due_timers(s.store, s.ks, node, s.partition, watermark, now)
 
     def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
         """Store the end-of-task outputs and mark the task done, in one step.
@@ -309,7 +308,7 @@ class ExactlyOnceGuard:
             [*fence.keys, s.ks.backup(s.stage, s.batch, s.partition), s.ks.stats(s.stage)]
         )
         writes = state_args(s.ks, s.partition, changes, keys)
-        reply = backup.finish(s.client, fence, keys.keys, outputs, writes, s.pending)
+        reply = backup.finish(s.store, fence, keys.keys, outputs, writes, s.pending)
         s.check(reply)
         s.round_trip()
         s.pending.clear()

@@ -15,7 +15,7 @@ from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.kernel.keyspace import SEEN_MARK, Keyspace
 from onceflow.kernel.script_args import Fence
-from onceflow.kernel.scripts import Scripts
+from onceflow.kernel.store import Store
 
 FENCED = b"fenced"
 SERVER = b"redis"  # who fenced: the server changed (see kernel.scripts.FENCE)
@@ -25,8 +25,7 @@ SERVER = b"redis"  # who fenced: the server changed (see kernel.scripts.FENCE)
 class TaskSession:
     """One exactly-once task's connection to its state."""
 
-    client: Any
-    scripts: Scripts
+    store: Store
     ks: Keyspace
     config: DedupConfig
     epoch: str

@@ -150,14 +150,14 @@ def _refuse_ahead(r: Receiver, server: str) -> None:
 def _catch_up(session: TaskSession, todo: list[Receiver], server: str) -> None:
     """Catch up (or reload) the filters of ``todo`` in one round trip."""
     ks = session.ks
-    pipe = session.client.pipeline(transaction=False)
+    cmds = session.store.batch()
     for r in todo:
         covered = RELOAD if _moved(r.filters, server) else r.filters.seq
         keys, args = script_args.catch_up(
             ks.filter_seq(r.name), ks.filter_journal(r.name), ks.filter_snapshot(r.name), covered
         )
-        session.scripts.catch_up(keys=keys, args=args, client=pipe)
-    replies = pipe.execute()
+        cmds.script("catch_up", keys, args)
+    replies = cmds.execute()
     session.round_trip()
     for r, reply in zip(todo, replies, strict=True):
         r.redis_seq, r.snapshot_seq, entries = int(reply[0]), int(reply[1]), reply[2]
@@ -229,14 +229,14 @@ def _apply_journal(session: TaskSession, r: Receiver, entries: list[bytes], star
 def _rebuild(session: TaskSession, r: Receiver) -> None:
     """Filters from the authoritative seen-IDs (one round trip per SCAN step)."""
     fresh = _new_filters(session.config)
-    ks, client = session.ks, session.client
+    ks, store = session.ks, session.store
     cursor = 0
     while True:
-        cursor, keys = client.scan(cursor, match=ks.seen_pattern(r.name), count=SCAN_STEP)
-        pipe = client.pipeline(transaction=False)
+        cursor, keys = store.scan(cursor, ks.seen_pattern(r.name), SCAN_STEP)
+        cmds = store.batch()
         for key in keys:
-            pipe.hkeys(key)
-        for key, fields in zip(keys, pipe.execute() if keys else [], strict=True):
+            cmds.hkeys(key.decode() if isinstance(key, bytes) else key)
+        for key, fields in zip(keys, cmds.execute() if keys else [], strict=True):
             parsed = ks.parse(key)
             if (
                 parsed is not None
@@ -277,7 +277,7 @@ def snapshot(session: TaskSession, r: Receiver) -> None:
         return
     ks = session.ks
     try:  # the other partitions' tasks close at the same time: one of them may have been first
-        taken = int(session.client.hget(ks.filter_snapshot(r.name), SEQ_FIELD) or 0)
+        taken = int(session.store.hget(ks.filter_snapshot(r.name), SEQ_FIELD) or 0)
     except Exception:  # noqa: BLE001 - a snapshot is an optimisation; the journal remains
         return
     session.round_trip()
@@ -296,7 +296,7 @@ def snapshot(session: TaskSession, r: Receiver) -> None:
         dropped=[generation_field(g) for g in dropped],
     )
     try:
-        reply = session.scripts.snapshot(keys=keys, args=args)
+        reply = session.store.script("snapshot", keys, args)
     except Exception:  # noqa: BLE001 - a snapshot is an optimisation; the journal remains
         return
     session.round_trip()
