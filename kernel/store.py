@@ -145,6 +145,10 @@ class Store:
         """``SET`` (with a time-to-live in ms, ``px``)."""
         self.client.set(key, value, px=px)
 
+    def incr(self, key: str) -> int:
+        """``INCR``: the value after it (the driver epoch)."""
+        return int(self.client.incr(key))
+
     def exists(self, key: str) -> bool:
         """``EXISTS`` of one key."""
         return bool(self.client.exists(key))
