@@ -6,12 +6,12 @@ results; past one chunk's bytes the task commits the first of them as chunks of 
 and ``done`` marks a finished task. Outputs are MessagePack lists, never pickles.
 Targets below zero are a stage's partial-combine deltas: backed up, never sent.
 
-In seen-ID layout 2 (see :mod:`onceflow.kernel.keyspace`), field ``i<n>`` holds the input IDs
-chunk ``n`` committed (16 bytes each, concatenated), written in the same atomic step as
-``c<n>``: a later attempt of the task treats those inputs as replayed, since the seen-IDs no
-longer say which task committed them.
+Field ``i<n>`` holds the input IDs chunk ``n`` committed (16 bytes each, concatenated),
+written in the same atomic step as ``c<n>``: a later attempt of the task treats those inputs
+as replayed, since the seen-IDs do not say which task committed them (see the seen-ID layout
+in :mod:`onceflow.kernel.keyspace`).
 
-In layout 3, field ``dl:<k>:<sink>`` holds the IDs of the task's ``k``-th delivery to sink
+Field ``dl:<k>:<sink>`` holds the IDs of the task's ``k``-th delivery to sink
 ``<sink>`` that became visible (``dl#`` counts them): a later attempt of the task, the only
 one that can deliver those records again, skips them (see :mod:`onceflow.dedup.delivery`).
 """
@@ -31,7 +31,7 @@ DONE = "done"
 FINAL = "final"
 CHUNK_PREFIX = "c"
 INPUTS_PREFIX = "i"
-DELIVERED_PREFIX = "dl:"  # + "<k>:<sink>": IDs of a delivery that became visible (layout 3)
+DELIVERED_PREFIX = "dl:"  # + "<k>:<sink>": IDs of a delivery that became visible
 DELIVERIES = "dl#"  # how many deliveries the task logged (numbers their fields)
 
 
@@ -41,7 +41,7 @@ def chunk_field(chunk: int) -> str:
 
 
 def inputs_field(chunk: int) -> str:
-    """Hash field of the input IDs chunk ``chunk`` committed (layout 2)."""
+    """Hash field of the input IDs chunk ``chunk`` committed."""
     return f"{INPUTS_PREFIX}{chunk}"
 
 
@@ -71,8 +71,8 @@ class TaskBackup:
 
     ``outputs`` are replayed (never recomputed), ``done`` says the task finished,
     ``next_chunk`` is the number of the first chunk no attempt committed, ``inputs`` the
-    IDs of the inputs earlier attempts committed (kept from seen-ID layout 2 on), and
-    ``delivered`` the IDs earlier attempts delivered, per sink (layout 3 on).
+    IDs of the inputs earlier attempts committed, and ``delivered`` the IDs earlier attempts
+    delivered, per sink.
     """
 
     outputs: list[Output] = field(default_factory=list)

@@ -2,8 +2,8 @@
 
 A chunk's outputs are written by the commit script (:data:`~onceflow.kernel.scripts.COMMIT`)
 in the same atomic step that marks its inputs seen; :func:`chunk_args` prepares the two
-arguments that step takes, and :func:`inputs_args` the two for the chunk's input IDs (kept in
-seen-ID layout 2). The end-of-task outputs and the ``done`` marker are written by
+arguments that step takes, and :func:`inputs_args` the two for the chunk's input IDs. The
+end-of-task outputs and the ``done`` marker are written by
 :func:`finish`, with the state changes that go with them. :func:`replay` reads what earlier
 attempts committed. Backups of micro-batches Spark has committed are acknowledged
 (:func:`acknowledge`) and then are garbage (:func:`is_garbage`, used by ``onceflow gc`` and
@@ -12,12 +12,17 @@ attempts committed. Backups of micro-batches Spark has committed are acknowledge
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from onceflow.backup.format import TaskBackup, chunk_field, encode_outputs, inputs_field
 from onceflow.kernel.keyspace import Keyspace, Kind, ParsedKey
 from onceflow.kernel.records import Output
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.script_args import Fence, ack, finish_args
+from onceflow.kernel.store import store_for
+
+if TYPE_CHECKING:
+    from onceflow.kernel.store import Connection
 
 
 def chunk_args(chunk: int, outputs: list[Output]) -> tuple[str, bytes]:
@@ -36,40 +41,37 @@ def replay(fields: dict[bytes, bytes]) -> TaskBackup:
 
 
 def finish(
-    client: Any,
-    fence: tuple[list[str], list[Any]],
+    client: Connection,
+    fence: Fence,
     keys: list[str],
     outputs: list[Output],
     state: list[Any],
-    stats: list[Any],
+    stats: Mapping[str, int],
 ) -> Any:
     """Store a task's end-of-task outputs and mark it done, fenced like a commit.
 
-    ``fence`` is the fencing keys and arguments (epoch and token keys; epoch, token and
-    server, see :data:`~onceflow.kernel.scripts.FENCE`); ``keys`` the backup hash, the stats
-    hash and then the keys ``state`` (the state and timer arguments that go with the outputs:
-    panes fired, windows closed) refers to; ``stats`` the counter arguments. Returns the
-    script's reply (the caller checks it for fencing).
+    ``keys`` are the call's KEYS: the fence's, the backup hash, the stats hash and then the
+    keys ``state`` (the state and timer arguments that go with the outputs: panes fired,
+    windows closed) refers to; ``stats`` the counter increments. Returns the script's reply
+    (the caller checks it for fencing).
     """
-    fence_keys, fence_args = fence
     blob = encode_outputs(outputs) if outputs else b""
-    return scripts_for(client).finish(
-        keys=[*fence_keys, *keys], args=[*fence_args, blob, *state, *stats]
-    )
+    return store_for(client).script("finish", keys, finish_args(fence, blob, state, stats))
 
 
-def acknowledge(client: Any, keyspace: Keyspace, batch: int) -> None:
+def acknowledge(client: Connection, keyspace: Keyspace, batch: int) -> None:
     """Record that Spark committed every micro-batch up to ``batch`` (never moves back).
 
     Backups of acknowledged batches are garbage; GC measures its floor from the acknowledged
     batch's parameters (:mod:`onceflow.dedup.batch`), never from a batch that may replay.
     """
-    scripts_for(client).ack(keys=[keyspace.acked], args=[batch])
+    keys, args = ack(keyspace, batch)
+    store_for(client).script("ack", keys, args)
 
 
-def acknowledged(client: Any, keyspace: Keyspace) -> int:
+def acknowledged(client: Connection, keyspace: Keyspace) -> int:
     """The last acknowledged micro-batch, -1 when none."""
-    raw = client.get(keyspace.acked)
+    raw = store_for(client).get(keyspace.acked)
     return int(raw) if raw is not None else -1
 
 

@@ -32,9 +32,9 @@ from onceflow.dedup.addressing import Addressing
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.session import TaskSession
-from onceflow.kernel.keyspace import NEW_LAYOUT, Keyspace
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import InRow, Output
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.store import store_for
 from onceflow.testing.services import LocalRedis
 
 STAGE = "events"
@@ -65,8 +65,7 @@ class Pinger(threading.Thread):
 def session_for(client: Any, ks: Keyspace, batch: int) -> tuple[TaskSession, Addressing]:
     config = DedupConfig()
     session = TaskSession(
-        client,
-        scripts_for(client),
+        store_for(client),
         ks,
         config,
         "1",
@@ -76,9 +75,8 @@ def session_for(client: Any, ks: Keyspace, batch: int) -> tuple[TaskSession, Add
         token="1:1",
         generation=0,
         live=(0,),
-        layout=NEW_LAYOUT,
     )
-    return session, Addressing(ks, config, NEW_LAYOUT)
+    return session, Addressing(ks, config)
 
 
 def commit_of(client: Any, ks: Keyspace, batch: int, size: int) -> float:

@@ -1,14 +1,12 @@
-"""Redis memory per seen ID, seen-ID layout 1 against layout 2, side by side.
+"""Redis memory per seen ID in the seen-ID layout (see onceflow.kernel.keyspace).
 
 Stores ``N`` random IDs in one generation of one receiver through the real commit path
 (:func:`onceflow.dedup.commit.commit_chunk`: the addressing, the seen fields and the COMMIT
 script, in chunks of the default size) against a fresh local Redis, then deletes everything
 but the seen-ID shards and prints Redis ``used_memory`` growth per ID (and the sum of
-``MEMORY USAGE`` over the shards, which is what ``bench/exactly_once.py`` reports), for:
-
-* layout 1 with owner ``7.1`` (batch 7, partition 1) and ``123456.1`` (a long-running
-  pipeline: the owner grows with the batch number);
-* layout 2 (the field is what the shard does not say of the ID, the value ``1``).
+``MEMORY USAGE`` over the shards, which is what ``bench/exactly_once.py`` reports): the
+field is what the shard does not say of the ID, the value ``1``. (The owner-valued layout 1
+this once compared against is gone: it took ~5-10 bytes more per ID.)
 
 The first table is the default setting, 1,024 shards, at Redis's default
 ``hash-max-listpack-entries`` (128) and at 512 (what the test services use). A shard that
@@ -38,15 +36,9 @@ from onceflow.dedup.addressing import Addressing, shards_of
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.session import TaskSession
-from onceflow.kernel.keyspace import (
-    COMPACT_LAYOUT,
-    OWNER_LAYOUT,
-    Keyspace,
-    Kind,
-    seen_width,
-)
+from onceflow.kernel.keyspace import Keyspace, Kind, seen_width
 from onceflow.kernel.records import InRow
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.store import store_for
 from onceflow.testing.services import LocalRedis
 
 STAGE = "events"
@@ -59,15 +51,10 @@ PER_GENERATION = 1_000 * 3 * 3600  # 1,000 records/s over the default 3 h bucket
 @dataclass(frozen=True)
 class Variant:
     name: str
-    layout: int
-    batch: int  # layout 1's owner is "<batch>.<partition>"
+    batch: int
 
 
-VARIANTS = (
-    Variant('L1 "7.1"', OWNER_LAYOUT, 7),
-    Variant('L1 "123456.1"', OWNER_LAYOUT, 123456),
-    Variant("L2", COMPACT_LAYOUT, 7),
-)
+VARIANTS = (Variant("seen-IDs", 7),)
 
 
 @dataclass
@@ -133,8 +120,7 @@ def _commit_all(client: Any, ks: Keyspace, raw: np.ndarray, shards: int, variant
     """Commit the IDs in chunks of the default size; return Redis's time in the script (us)."""
     config = DedupConfig(shards=shards)
     session = TaskSession(
-        client,
-        scripts_for(client),
+        store_for(client),
         ks,
         config,
         "1",
@@ -144,17 +130,16 @@ def _commit_all(client: Any, ks: Keyspace, raw: np.ndarray, shards: int, variant
         token="1:1",
         generation=GENERATION,
         live=(GENERATION,),
-        layout=variant.layout,
     )
     client.set(ks.epoch, "1")
     client.set(ks.token(STAGE, PARTITION), "1:1")
-    addressing = Addressing(ks, config, variant.layout)
+    addressing = Addressing(ks, config)
     client.config_resetstat()
     blobs = [bytes(row) for row in raw]
     step = config.chunk_size
     for chunk, start in enumerate(range(0, len(blobs), step)):
         rows: list[InRow] = [(0, rid, TS, None, None) for rid in blobs[start : start + step]]
-        _seq, conflicts = commit_chunk(session, addressing, chunk, rows, [], {}, {}, TS)
+        _seq, conflicts, _other = commit_chunk(session, addressing, chunk, rows, [], {}, {}, TS)
         assert not conflicts, "random IDs collided"
     return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
 
@@ -214,8 +199,7 @@ def main() -> None:
         client.config_set("appendonly", "no")  # its buffers would count in used_memory
         print(
             f"bytes per seen ID: used_memory growth / N (MEMORY USAGE sum / N); "
-            f"field widths: layout 1 16 B, layout 2 "
-            f"{seen_width(COMPACT_LAYOUT, args.shards)} B at {args.shards} shards"
+            f"field width {seen_width(args.shards)} B at {args.shards} shards"
         )
         print(header(False))
         for listpack in args.listpack:

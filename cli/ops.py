@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from onceflow.kernel.errors import ConfigError, ServiceError
-from onceflow.kernel.settings import KafkaSettings, RedisSettings, new_redis_client
+from onceflow.kernel.settings import KafkaSettings, RedisSettings, new_redis_client, retry_options
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -24,15 +24,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _redis(args: argparse.Namespace, namespace: str | None = None) -> Any:
     """A client; on a Redis Cluster, of the master serving ``namespace`` (None: the cluster)."""
-    from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
-
     settings = RedisSettings.from_env(args.redis_url)
     # An operator command fails fast (a few seconds) instead of riding out outages.
     client = new_redis_client(
         settings,
         namespace,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=3),
+        **retry_options(retries=3, cap_s=1.0),
         socket_connect_timeout=5,
         socket_timeout=60,
     )

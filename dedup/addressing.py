@@ -1,8 +1,8 @@
 """How a chunk's IDs are addressed for a script: seen-ID shards referenced by KEYS index.
 
 A script call names every key it touches in KEYS (Redis Cluster needs that); IDs travel as
-one blob of their seen fields (in the namespace's layout, see :mod:`onceflow.kernel.keyspace`:
-the 16-byte ID, or in layout 2 what its shard does not already say) with, per ID, the KEYS
+one blob of their seen fields (what its shard does not already say of an ID, see
+:func:`onceflow.kernel.keyspace.seen_field`) with, per ID, the KEYS
 index of its shard in each generation that matters as blobs of little-endian uint16:
 thousands of IDs are then a handful of arguments. Where the IDs' order does not matter to
 the script (marking a chunk seen, marking a delivery) they travel grouped by shard instead,
@@ -21,7 +21,7 @@ import numpy as np
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import OnceflowError
 from onceflow.kernel.ids import ID_BYTES
-from onceflow.kernel.keyspace import OWNER_LAYOUT, Keyspace, prefix_bytes
+from onceflow.kernel.keyspace import Keyspace, prefix_bytes
 
 MAX_SCRIPT_KEYS = 0xFFFF  # KEYS indices travel as uint16
 _INDEX = "<u2"
@@ -69,10 +69,8 @@ def shards_of(raw: np.ndarray, shards: int) -> np.ndarray:
     return shard
 
 
-def seen_fields(raw: np.ndarray, shards: int, layout: int) -> bytes:
+def seen_fields(raw: np.ndarray, shards: int) -> bytes:
     """:func:`onceflow.kernel.keyspace.seen_field` of a ``(n, 16)`` uint8 array, as one blob."""
-    if layout == OWNER_LAYOUT:
-        return raw.tobytes()
     width = prefix_bytes(shards)
     high = (_prefixes(raw) // shards).astype(">u2").view(np.uint8).reshape(-1, 2)
     return np.concatenate([high[:, 2 - width :], raw[:, 2:]], axis=1).tobytes()
@@ -81,10 +79,9 @@ def seen_fields(raw: np.ndarray, shards: int, layout: int) -> bytes:
 class Addressing:
     """Seen-ID shard names, fields and KEYS indices for one task (names cached per generation)."""
 
-    def __init__(self, ks: Keyspace, config: DedupConfig, layout: int) -> None:
+    def __init__(self, ks: Keyspace, config: DedupConfig) -> None:
         self.ks = ks
         self.config = config
-        self.layout = layout
         self._names: dict[tuple[str, int], list[str]] = {}
 
     def seen_key(self, receiver: str, generation: int, shard: int) -> str:
@@ -129,7 +126,7 @@ class Addressing:
         runs = np.zeros(len(unique), dtype=RUN)
         runs["key"] = [keys.add(self.seen_key(receiver, generation, int(s))) for s in unique]
         runs["count"] = counts
-        return seen_fields(raw[order], shards, self.layout), runs.tobytes(), order
+        return seen_fields(raw[order], shards), runs.tobytes(), order
 
     def lookup(
         self, receiver: str, rids: Sequence[bytes], generations: Sequence[int], keys: KeyTable
@@ -140,7 +137,7 @@ class Addressing:
         index = np.zeros((len(rids), len(generations)), dtype=np.int64)
         for column, generation in enumerate(generations):
             index[:, column] = self.indices(receiver, generation, shards, keys)
-        return seen_fields(raw, self.config.shards, self.layout), index.astype(_INDEX).tobytes()
+        return seen_fields(raw, self.config.shards), index.astype(_INDEX).tobytes()
 
 
 def _raw(rids: Sequence[bytes]) -> np.ndarray:

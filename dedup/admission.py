@@ -22,11 +22,9 @@ an event. It is an *ID conflict* (:attr:`Admission.conflicts`), refused as a dea
 than dropped as a copy; a copy carries its original's bytes.
 
 A record an earlier attempt of this very task already committed is *replayed*: its effect
-(its key counts as touched) is not applied again. How it is recognised depends on the
-namespace's seen-ID layout (:mod:`onceflow.kernel.keyspace`): in layout 1 its seen-mark's
-owner is this task (``batch.partition``); in layout 2 its ID is among the inputs the task's
-backup says earlier attempts committed (``earlier``), decided at once, before any filter or
-lookup, and every seen-mark Redis finds is a copy.
+(its key counts as touched) is not applied again. Its ID is among the inputs the task's
+backup says earlier attempts committed (``earlier``, see :mod:`onceflow.backup.format`),
+decided at once, before any filter or lookup, so every seen-mark Redis finds is a copy's.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver
 from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow
+from onceflow.kernel.script_args import lookup_args
 
 FRESH, REPLAY, DUP, LATE, AHEAD, CONFLICT = "fresh", "replay", "dup", "late", "ahead", "conflict"
 _LOOKUP_SPARE_KEYS = 16
@@ -72,7 +71,7 @@ def admit(
     """Decide every row of a chunk; return the admission and what to count for it.
 
     ``admitted``: IDs this attempt committed, with their fingerprints; ``earlier``: those
-    earlier attempts of the task committed, by its backup (layout 2; empty in layout 1);
+    earlier attempts of the task committed, by its backup;
     ``positional``: per row, whether its ID is positional (empty: none is); ``prints``: per
     row, its content fingerprint (empty, or 0: unknown).
     """
@@ -86,7 +85,7 @@ def admit(
     if asks:
         values = lookup(session, addressing, rx.name, [rows[i][1] for i in asks])
         for i, value in zip(asks, values, strict=True):
-            decision[i] = _settle(session, value, fps[i])
+            decision[i] = _settle(value, fps[i])
     adm = _split(rows, decision)
     if prints:
         adm.prints = {
@@ -149,12 +148,13 @@ def _triage(
     return decision, candidates
 
 
-def _settle(session: TaskSession, value: bytes | None, fingerprint: int) -> str:
-    """What a Redis answer means: unseen, an earlier attempt's, a copy, or an ID conflict."""
+def _settle(value: bytes | None, fingerprint: int) -> str:
+    """What a Redis answer means: unseen, a copy, or an ID conflict.
+
+    An earlier attempt's inputs never get here: the backup named them first.
+    """
     if value is None:
         return FRESH
-    if session.committed_by_earlier_attempt(value):
-        return REPLAY
     return DUP if same_content(value, fingerprint) else CONFLICT
 
 
@@ -189,8 +189,8 @@ def lookup(
 ) -> list[bytes | None]:
     """Seen value of each ID in any live generation of the authoritative store (None: unseen).
 
-    The value is the ID's owner in layout 1, :data:`~onceflow.kernel.keyspace.SEEN_MARK` in
-    layout 2.
+    The value is :data:`~onceflow.kernel.keyspace.SEEN_MARK` or a source record's content
+    fingerprint (:func:`~onceflow.kernel.keyspace.print_value`).
 
     One script call per slice of IDs small enough that its KEYS (a shard per generation per
     ID at most) stay within the script's index range, and never more than
@@ -203,9 +203,8 @@ def lookup(
         part = ids[start : start + per_call]
         keys = KeyTable()
         blob, index = addressing.lookup(receiver, part, generations, keys)
-        reply = session.scripts.lookup(
-            keys=keys.keys, args=[len(part), len(generations), blob, index]
-        )
+        args = lookup_args(len(part), len(generations), blob, index)
+        reply = session.store.script("lookup", keys.keys, args)
         session.round_trip()
         values.extend(v if v else None for v in reply)
     session.count("redis_lookups", len(ids))

@@ -15,10 +15,7 @@ for every driver and GC), computes the pipeline watermark from the source lanes
   floor. Every one is looked up, so a copy is recognised whatever timestamp it carries, as
   long as its original's event time is within the horizon; a generation whose newest event
   is older could only hold originals of late records, and is garbage;
-* the newest event time admitted;
-* the namespace's seen-ID layout (pinned in its meta hash, see
-  :mod:`onceflow.kernel.keyspace`), so that the batch's tasks, wherever their keys live,
-  read and write seen-IDs as the namespace keeps them.
+* the newest event time admitted.
 
 :func:`fix_batch_params` stores them unless the batch already has some: a replayed batch (a
 task retry, or a driver restarted after a crash) then admits, places and dead-letters records
@@ -28,24 +25,20 @@ applies from the next new batch).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
+from onceflow.kernel import script_args
 from onceflow.kernel.eventtime import EventTime, watermark
-from onceflow.kernel.keyspace import (
-    GC_FLOOR_FIELD,
-    LAYOUT_FIELD,
-    NEW_LAYOUT,
-    OWNER_LAYOUT,
-    Keyspace,
-)
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.keyspace import GC_FLOOR_FIELD, Keyspace
+from onceflow.kernel.store import store_for
 
-_MS_PER_S = 1000
-_US_PER_MS = 1000
+if TYPE_CHECKING:
+    from onceflow.kernel.store import Connection
 
 
 @dataclass(frozen=True)
@@ -61,7 +54,6 @@ class BatchParams:
     generation: int  # the bucket of the dedup time: where the batch's seen-IDs go
     live: tuple[int, ...]  # generations still looked up, newest first (the batch's included)
     limit_ms: int  # the newest event time admitted (the batch time plus max_ahead)
-    layout: int = NEW_LAYOUT  # the namespace's seen-ID layout
 
     @property
     def floor_ms(self) -> int:
@@ -79,15 +71,11 @@ class BatchParams:
             "generation": self.generation,
             "live": ",".join(str(g) for g in self.live),
             "limit_ms": self.limit_ms,
-            "layout": self.layout,
         }
 
     @classmethod
-    def from_fields(cls, batch: int, fields: dict[str, Any]) -> BatchParams:
-        """Back from the batch's Redis hash (``HGETALL``, bytes or str).
-
-        A batch stored without a layout was fixed by an Onceflow that knew only layout 1.
-        """
+    def from_fields(cls, batch: int, fields: Mapping[Any, Any]) -> BatchParams:
+        """Back from the batch's Redis hash (``HGETALL``, bytes or str)."""
         text = {_text(k): _text(v) for k, v in fields.items()}
         f = {k: int(v) for k, v in text.items() if k != "live"}
         return cls(
@@ -100,7 +88,6 @@ class BatchParams:
             f["generation"],
             tuple(int(g) for g in text["live"].split(",") if g),
             f["limit_ms"],
-            f.get("layout", OWNER_LAYOUT),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -117,18 +104,17 @@ def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
-def redis_time_ms(client: Any) -> int:
+def redis_time_ms(client: Connection) -> int:
     """Redis's clock, in ms."""
-    seconds, micros = client.time()
-    return int(seconds) * _MS_PER_S + int(micros) // _US_PER_MS
+    return store_for(client).time_ms()
 
 
-def lanes_of(client: Any, ks: Keyspace) -> dict[str, tuple[int, int]]:
+def lanes_of(client: Connection, ks: Keyspace) -> dict[str, tuple[int, int]]:
     """Each source lane's ``(largest committed event time, batch time it last had records)``."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hgetall(ks.lanes)
-    pipe.hgetall(ks.lane_activity)
-    newest, seen = pipe.execute()
+    cmds = store_for(client).batch()
+    cmds.hgetall(ks.lanes)
+    cmds.hgetall(ks.lane_activity)
+    newest, seen = cmds.execute()
     return {_text(lane): (int(ts), int(seen.get(lane, 0))) for lane, ts in newest.items()}
 
 
@@ -137,15 +123,19 @@ def advance(dedup_time: int, previous_wm: int, wm: int, previous_time: int, now:
     return dedup_time + min(max(0, wm - previous_wm), max(0, now - previous_time))
 
 
-def live_generations(client: Any, ks: Keyspace, current: int, floor_ms: int) -> tuple[int, ...]:
+def live_generations(
+    client: Connection, ks: Keyspace, current: int, floor_ms: int
+) -> tuple[int, ...]:
     """Generations whose newest event time is at or after ``floor_ms``, and ``current``."""
-    newest = {int(_text(g)): int(_text(ts)) for g, ts in client.hgetall(ks.generations).items()}
+    newest = {
+        int(_text(g)): int(_text(ts)) for g, ts in store_for(client).hgetall(ks.generations).items()
+    }
     live = {g for g, ts in newest.items() if ts >= floor_ms} | {current}
     return tuple(sorted(live, reverse=True))
 
 
 def fix_batch_params(
-    client: Any,
+    client: Connection,
     ks: Keyspace,
     epoch: int,
     batch: int,
@@ -164,11 +154,10 @@ def fix_batch_params(
     existing = read_batch_params(client, ks, batch)
     if existing is not None:
         return existing
-    pipe = client.pipeline(transaction=False)
-    pipe.hgetall(ks.clock)
-    pipe.hget(ks.meta, LAYOUT_FIELD)
-    pipe.hget(ks.gc, GC_FLOOR_FIELD)
-    clock_fields, layout, deleted_below = pipe.execute()
+    cmds = store_for(client).batch()
+    cmds.hgetall(ks.clock)
+    cmds.hget(ks.gc, GC_FLOOR_FIELD)
+    clock_fields, deleted_below = cmds.execute()
     stored = {_text(k): int(_text(v)) for k, v in clock_fields.items()}
     # batch times never go back, even if Redis's clock does (TTLs and GC rely on that)
     clock_of_run = clock or BatchClock(event_time.max_clock_skew_ms)
@@ -195,12 +184,11 @@ def fix_batch_params(
         # (late is per bucket), so the generations holding them must still be looked up
         live_generations(client, ks, generation, floor * config.bucket_ms),
         event_time.limit(now),
-        int(layout or OWNER_LAYOUT),  # a namespace pinned before layouts existed: layout 1
     )
-    args: list[Any] = [epoch, server, wm, tau, now]
-    for name, value in params.as_fields().items():
-        args += [name, value]
-    reply = scripts_for(client).batch_params(keys=[ks.epoch, ks.batch(batch), ks.clock], args=args)
+    keys, args = script_args.batch_params(
+        ks, batch, epoch=epoch, server=server, clock=(wm, tau, now), fields=params.as_fields()
+    )
+    reply = store_for(client).script("batch_params", keys, args)
     if reply and reply[0] == b"fenced":
         if reply[1] == b"redis":
             where = f"namespace {ks.namespace!r}"
@@ -210,7 +198,7 @@ def fix_batch_params(
     return BatchParams.from_fields(batch, dict(zip(reply[::2], reply[1::2], strict=True)))
 
 
-def read_batch_params(client: Any, ks: Keyspace, batch: int) -> BatchParams | None:
+def read_batch_params(client: Connection, ks: Keyspace, batch: int) -> BatchParams | None:
     """The parameters a batch was started with, if it was."""
-    fields = client.hgetall(ks.batch(batch))
+    fields = store_for(client).hgetall(ks.batch(batch))
     return BatchParams.from_fields(batch, fields) if fields else None

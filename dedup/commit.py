@@ -1,21 +1,20 @@
 """The atomic commit: a chunk's seen-marks together with its effects.
 
 One call of :data:`~onceflow.kernel.scripts.COMMIT` checks-and-marks the chunk's IDs in the
-batch's generation, writes the chunk's backup (:func:`onceflow.backup.store.chunk_args`; in
-seen-ID layout 2 its input IDs too, :func:`~onceflow.backup.store.inputs_args`), the keyed
-state and timers it changed, its Bloom journal entry (full IDs, whatever the layout), counters
+batch's generation, writes the chunk's backup (:func:`onceflow.backup.store.chunk_args`, and
+its input IDs, :func:`~onceflow.backup.store.inputs_args`), the keyed state and timers it
+changed, its Bloom journal entry (full IDs, not seen fields), counters
 and the newest event time of each source lane (what the watermark is computed from), fenced
 by the driver epoch and the task token. If any ID was seen meanwhile (a copy committed by
 another task of the same batch: the batch's tasks share one generation) nothing is stored and
-the script says which of the chunk's IDs conflicted (by position, so the answer means the
-same in every layout). The commit also raises the generation's newest event time, which
-decides how long it is kept.
+the script says which of the chunk's IDs conflicted (by position in the fields it was
+sent). The commit also raises the generation's newest event time, which decides how long it
+is kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from onceflow.dedup.state import state_args
 from onceflow.dedup.trust import journal_entry
 from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow, Output, StateWrite
+from onceflow.kernel.script_args import CommitKeys, SeenBlob, commit_args
 
 CONFLICT = b"conflict"
 FLOOR = b"floor"
@@ -67,19 +67,8 @@ def commit_chunk(
     constant value.
     """
     ks, stage, partition = session.ks, session.stage, session.partition
-    keys = KeyTable(
-        [
-            *session.fence_keys(),
-            ks.backup(stage, session.batch, partition),
-            ks.filter_seq(stage),
-            ks.filter_journal(stage),
-            ks.stats(stage),
-            ks.generations,
-            ks.lanes,
-            ks.lane_activity,
-            ks.gc,
-        ]
-    )
+    fence = session.fence
+    keys = KeyTable(CommitKeys.of(ks, stage, session.batch, partition).table(fence))
     inputs_ids = [row[1] for row in fresh]
     marked = [row for row in fresh if row[1] not in unmarked] if unmarked else fresh
     rids = [row[1] for row in marked] if unmarked else inputs_ids
@@ -88,37 +77,30 @@ def commit_chunk(
     if prints:  # in the fields' order; 4 bytes each (kernel.keyspace.print_value)
         known = np.fromiter((prints.get(r, 0) for r in rids), dtype=">u4", count=len(rids))
         values = known[order].tobytes()
-    if session.marks_owner or not inputs_ids:
+    if not inputs_ids:
         inputs: tuple[str, bytes] = ("", b"")
     else:
         inputs = inputs_args(chunk, inputs_ids)
-    lane_args: list[Any] = [len(lanes)]
-    for lane, newest in lanes.items():
-        lane_args += [lane, newest, batch_time_ms]
     writes = state_args(ks, partition, updates, keys)
     sent = sum(1 for o in outputs if o.target >= 0)
     session.count("committed", len(fresh))
     session.count("out", sent)
-    field, blob = chunk_args(chunk, outputs)
-    args = [
-        *session.fence_args(),
-        session.seen_value,
-        field,
-        blob,
-        journal_entry(session.generation, b"".join(rids)),
-        len(rids),
-        fields,
-        runs,
-        session.generation,
-        max((row[2] for row in marked), default=0),
-        min((row[2] for row in marked), default=0),
-        *inputs,
-        values,
-        *lane_args,
-        *writes,
-        *session.stat_args(),
-    ]
-    reply = session.check(session.scripts.commit(keys=keys.keys, args=args))
+    args = commit_args(
+        fence,
+        seen_value=session.seen_value,
+        chunk=chunk_args(chunk, outputs),
+        journal=journal_entry(session.generation, b"".join(rids)),
+        seen=SeenBlob(len(rids), fields, runs),
+        generation=session.generation,
+        newest=max((row[2] for row in marked), default=0),
+        oldest=min((row[2] for row in marked), default=0),
+        inputs=inputs,
+        values=values,
+        lanes=[(lane, newest, batch_time_ms) for lane, newest in lanes.items()],
+        state=writes,
+        stats=session.pending,
+    )
+    reply = session.check(session.store.script("commit", keys.keys, args))
     session.round_trip()
     if reply[0] == FLOOR:  # nothing was stored
         session.uncount({"committed": len(fresh), "out": sent})

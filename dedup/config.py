@@ -47,7 +47,7 @@ class DedupConfig:
     of a lookup across all live generations (each filter gets its share); a full filter gets
     a successor in the same generation.
     ``shards``: seen-IDs of a generation are spread over this many small Redis hashes, which
-    Redis keeps in its compact listpack encoding (~21 bytes per ID in seen-ID layout 2,
+    Redis keeps in its compact listpack encoding (~21 bytes per seen ID,
     instead of ~110 for a key each) while each holds at most ``hash-max-listpack-entries``
     IDs; past that a hash costs ~80 bytes per ID: give a generation's IDs enough shards (see
     ``docs/concepts/dedup.md``). A receiver kept per partition scope (a keyed stage) shares

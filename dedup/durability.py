@@ -56,11 +56,15 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.dedup.errors import RedisBehindError, ServerChangedError, server_changed_message
 from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.store import store_for
+
+if TYPE_CHECKING:
+    from onceflow.kernel.store import Connection
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +141,13 @@ class ServerFacts:
     replicas: int  # connected now
 
 
-def server_facts(client: Any) -> ServerFacts:
+def server_facts(client: Connection) -> ServerFacts:
     """Version, AOF and fsync setting, and connected replicas of one master."""
-    info = client.info("server", "persistence", "replication")
+    info = store_for(client).info("server", "persistence", "replication")
     raw = str(info.get("redis_version", "0"))
     version = tuple(int(p) for p in raw.split(".")[:2] if p.isdigit())
     try:
-        fsync = str(client.config_get("appendfsync").get("appendfsync") or "unknown")
+        fsync = str(store_for(client).config_get("appendfsync") or "unknown")
     except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG
         fsync = "unknown"
     return ServerFacts(
@@ -185,7 +189,7 @@ def _unconfirmable(f: ServerFacts) -> bool:
     return f.aof and f.fsync != "always" and f.version < WAITAOF_VERSION
 
 
-def unconfirmed_message(client: Any, f: ServerFacts) -> str:
+def unconfirmed_message(client: Connection, f: ServerFacts) -> str:
     """Why a Redis whose fsync cannot be confirmed is refused, and what to do."""
     where = _where(client)
     version = ".".join(str(p) for p in f.version)
@@ -199,7 +203,7 @@ def unconfirmed_message(client: Any, f: ServerFacts) -> str:
     )
 
 
-def _where(client: Any) -> str:
+def _where(client: Connection) -> str:
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
     host, port = kwargs.get("host"), kwargs.get("port")
     return f"{host}:{port}" if host else "the configured address"
@@ -209,10 +213,10 @@ _SETTLED: set[str] = set()  # run ids whose AOF this process saw rewritten since
 SETTLE_TIMEOUT_S = 600.0
 
 
-def settled_info(client: Any) -> Any:
+def settled_info(client: Connection) -> Any:
     """``INFO server replication persistence`` of a settled server (see :func:`settle_aof`)."""
     while True:
-        info = client.info("server", "replication", "persistence")
+        info = store_for(client).info("server", "replication", "persistence")
         run_id = str(info.get("run_id", ""))
         if run_id in _SETTLED or not _needs_rewrite(info):
             _SETTLED.add(run_id)
@@ -228,20 +232,20 @@ def _needs_rewrite(info: Mapping[str, Any]) -> bool:
     return rewrites is None or int(rewrites) == 0
 
 
-def settle_aof(client: Any, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
+def settle_aof(client: Connection, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
     """Have a server rewrite its AOF unless it did since it started; return its run id.
 
     See the module docstring (a torn transaction in the AOF). Idempotent, and cheap after
     the first call per server start. A Redis that forbids ``BGREWRITEAOF`` (some managed
     services) is used as it is, with one warning: its files are the provider's to keep.
     """
-    info = client.info("server", "persistence")
+    info = store_for(client).info("server", "persistence")
     run_id = str(info.get("run_id", ""))
     if run_id in _SETTLED or not _needs_rewrite(info):
         _SETTLED.add(run_id)
         return run_id
     try:
-        client.execute_command("BGREWRITEAOF")
+        store_for(client).rewrite_aof()
     except Exception as exc:  # noqa: BLE001 - one in progress, scheduled, or forbidden
         text = str(exc).lower()
         if "progress" not in text and "scheduled" not in text and "already" not in text:
@@ -256,7 +260,7 @@ def settle_aof(client: Any, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
     deadline = time.monotonic() + timeout_s
     said = time.monotonic()
     while True:
-        now = client.info("server", "persistence")
+        now = store_for(client).info("server", "persistence")
         if str(now.get("run_id", "")) != run_id:
             return settle_aof(client, max(1.0, deadline - time.monotonic()))  # it restarted
         busy = int(now.get("aof_rewrite_in_progress", 0)) or int(
@@ -284,9 +288,9 @@ def settle_aof(client: Any, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
         time.sleep(0.02)
 
 
-def server_id(client: Any) -> str:
+def server_id(client: Connection) -> str:
     """The run id of the server ``client`` talks to: new at every start, and per process."""
-    return str(client.info("server").get("run_id", ""))
+    return str(store_for(client).info("server").get("run_id", ""))
 
 
 def wait_durable(
@@ -319,15 +323,15 @@ def _wait_one(
     replicas: int,
 ) -> None:
     client = group[0][1]
-    pipe = client.pipeline(transaction=False)  # one connection: the markers and the waits
+    cmds = store_for(client).batch()  # one connection: the markers and the waits
     for ks, _ in group:
-        pipe.hset(ks.clock, MARK_FIELD, str(batch))
+        cmds.hset(ks.clock, MARK_FIELD, str(batch))
     if durability.waitaof:
-        pipe.execute_command("WAITAOF", 1, 0, durability.timeout_ms)
+        cmds.waitaof(durability.timeout_ms)
     if replicas:
-        pipe.execute_command("WAIT", replicas, durability.timeout_ms)
-    pipe.info("server")
-    replies = pipe.execute()
+        cmds.wait(replicas, durability.timeout_ms)
+    cmds.info("server")
+    replies = cmds.execute()
     if str(replies[-1].get("run_id", "")) != server:
         tags = ", ".join(ks.tag for ks, _ in group)
         raise ServerChangedError(server_changed_message(f"hash tag(s) {tags}", batch))
@@ -366,7 +370,7 @@ def markers(targets: Sequence[tuple[Keyspace, Any]]) -> dict[str, int | None]:
     """Each hash tag's durable marker: the last batch confirmed there (None: none yet)."""
     out: dict[str, int | None] = {}
     for ks, client in targets:
-        raw = client.hget(ks.clock, MARK_FIELD)
+        raw = store_for(client).hget(ks.clock, MARK_FIELD)
         out[ks.tag] = int(raw) if raw is not None else None
     return out
 

@@ -5,20 +5,18 @@ For one stage, micro-batch and partition it composes the receiving side's steps:
 * ``open``: claim the stage partition for this attempt (a newer attempt fences an older one;
   an older one that starts late is refused; a Redis server other than the one the batch
   started on refuses every write, see :mod:`~.durability`), read the task's backup (replayed, never
-  recomputed; in seen-ID layout 2 it also says which inputs earlier attempts committed) and
+  recomputed; it also says which inputs earlier attempts committed and what they delivered) and
   make every receiver's Bloom filters trustworthy (:mod:`~.trust`);
 * ``admit``: Bloom first, Redis only for "maybe"s; late records and records too far ahead
   of the clock are returned as such, inputs an earlier attempt committed as replayed
   (:mod:`~.admission`);
 * ``commit``: one atomic Lua call marks the IDs seen and stores outputs and state
   (:mod:`~.commit`);
-* sinks: ``undelivered`` skips what an earlier attempt delivered, ``delivered`` marks what the
-  sink acknowledged (:mod:`~.delivery`: in layout 3 a log in the task's backup, before that a
-  receiver of its own per sink);
+* sinks: ``undelivered`` skips what an earlier attempt delivered, ``delivered`` logs what the
+  sink acknowledged in the task's backup (:mod:`~.delivery`);
 * ``close``: snapshot filters whose journal grew long.
 
-Receivers are the stage itself (its inputs) and, before layout 3, each sink it writes
-(``<sink>/delivered``).
+The stage itself is the one receiver (its inputs' seen-IDs and Bloom filters).
 Everything a micro-batch decides with (floor, generation, time) comes from its
 :class:`~onceflow.dedup.batch.BatchParams`, fixed by its first attempt.
 """
@@ -42,19 +40,17 @@ from onceflow.dedup.delivery import (
     PendingDelivery,
     SinkState,
     log_delivered,
-    mark_delivered,
     receiver_name,
     resolve_logged,
-    undelivered,
 )
 from onceflow.dedup.durability import BatchDurability
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
-from onceflow.kernel.keyspace import logs_deliveries
+from onceflow.kernel import script_args
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
-from onceflow.kernel.scripts import scripts_for
 from onceflow.kernel.settings import RedisSettings, redis_client
+from onceflow.kernel.store import store_for
 
 # Counted in Redis only (status shows them); the task counts its own for the run's summary.
 _REDIS_ONLY = frozenset({"in", "duplicates", "late", "ahead", "committed", "out"})
@@ -150,8 +146,7 @@ class ExactlyOnceGuard:
         self.batch_time_ms: int | None = params.time_ms
         self.attempt_id = task.attempt_id
         self.session = TaskSession(
-            client,
-            scripts_for(client),
+            store_for(client),
             ks,
             config,
             str(factory.epoch),
@@ -163,47 +158,37 @@ class ExactlyOnceGuard:
             generation=params.generation,
             live=params.live,
             limit_ms=params.limit_ms,
-            layout=params.layout,
         )
-        self.addressing = Addressing(ks, config, params.layout)
+        self.addressing = Addressing(ks, config)
         self.stage = trust.Receiver(ks.tag, task.stage, self.config)
         self.sink_names = dict(task.sinks)  # output index -> sink name
-        self.logs_deliveries = logs_deliveries(params.layout)
-        # before layout 3: a receiver per sink; from then on, a log in the backup
-        self.sinks = (
-            {}
-            if self.logs_deliveries
-            else {
-                index: trust.Receiver(ks.tag, receiver_name(name), self.config)
-                for index, name in task.sinks
-            }
-        )
         self.delivered_ids: dict[int, set[bytes]] = {}  # what earlier attempts delivered
         self.admitted: dict[bytes, int] = {}  # inputs this attempt committed -> fingerprint
         self.prints: dict[bytes, int] = {}  # fresh inputs admitted -> content fingerprint
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
-        self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts did (layout 2)
+        self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
 
     @property
     def receivers(self) -> list[trust.Receiver]:
-        """The stage's own receiver and its sinks'."""
-        return [self.stage, *self.sinks.values()]
+        """The receivers whose Bloom filters this task keeps: the stage's own."""
+        return [self.stage]
 
     def open(self) -> TaskBackup:
         """Claim the partition, read the backup, make the filters trustworthy."""
         s = self.session
         ks = s.ks
         s.token = f"{s.epoch}:{self.attempt_id}"
-        pipe = s.client.pipeline(transaction=False)
-        s.scripts.claim(keys=s.fence_keys(), args=s.fence_args(), client=pipe)
-        pipe.hgetall(ks.backup(s.stage, s.batch, s.partition))
+        cmds = s.store.batch()
+        keys, args = script_args.claim(s.fence)
+        cmds.script("claim", keys, args)
+        cmds.hgetall(ks.backup(s.stage, s.batch, s.partition))
         for r in self.receivers:
-            pipe.get(ks.filter_seq(r.name))
-            pipe.hget(ks.filter_snapshot(r.name), trust.SEQ_FIELD)
-        pipe.hkeys(ks.generations)
-        pipe.info("server")  # the instance the filters are caught up against (its run_id)
-        replies = pipe.execute()
+            cmds.get(ks.filter_seq(r.name))
+            cmds.hget(ks.filter_snapshot(r.name), trust.SEQ_FIELD)
+        cmds.hkeys(ks.generations)
+        cmds.info("server")  # the instance the filters are caught up against (its run_id)
+        replies = cmds.execute()
         s.round_trip()
         s.check(replies[0])
         for n, r in enumerate(self.receivers):
@@ -224,12 +209,10 @@ class ExactlyOnceGuard:
     ) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
 
-        Positional IDs are told apart only where the backup knows a task's inputs (seen-ID
-        layout 2 and later): in layout 1 they are checked and marked like any ID, and its
-        seen-marks hold their owners, not content fingerprints (``prints``).
+        Positional IDs take no seen-mark: the task's backup keeps its inputs, which tells an
+        earlier attempt's apart. ``prints``: the rows' content fingerprints, which seen-marks
+        of source records hold.
         """
-        if self.session.marks_owner:
-            positional, prints = (), ()
         adm, self._admitted_counts = admit(
             self.session,
             self.stage,
@@ -262,7 +245,7 @@ class ExactlyOnceGuard:
             return {}
         s = self.session
         s.round_trip()
-        return read_state(s.client, s.ks, node, s.partition, keys)
+        return read_state(s.store, s.ks, node, s.partition, keys)
 
     def commit(
         self,
@@ -310,7 +293,7 @@ class ExactlyOnceGuard:
         """Keys of a windowed combine of this partition with a timer due."""
         s = self.session
         s.round_trip()
-        return due_timers(s.client, s.ks, node, s.partition, watermark, now)
+        return due_timers(s.store, s.ks, node, s.partition, watermark, now)
 
     def finish(self, outputs: list[Output], changes: Mapping[str, StateWrite]) -> None:
         """Store the end-of-task outputs and mark the task done, in one step.
@@ -320,39 +303,26 @@ class ExactlyOnceGuard:
         """
         s = self.session
         s.count("out", sum(1 for o in outputs if o.target >= 0))
-        epoch_key, token_key = s.fence_keys()
+        fence = s.fence
         keys = KeyTable(
-            [epoch_key, token_key, s.ks.backup(s.stage, s.batch, s.partition), s.ks.stats(s.stage)]
+            [*fence.keys, s.ks.backup(s.stage, s.batch, s.partition), s.ks.stats(s.stage)]
         )
         writes = state_args(s.ks, s.partition, changes, keys)
-        reply = backup.finish(
-            s.client,
-            (s.fence_keys(), s.fence_args()),
-            keys.keys[2:],
-            outputs,
-            writes,
-            s.stat_args(),
-        )
+        reply = backup.finish(s.store, fence, keys.keys, outputs, writes, s.pending)
         s.check(reply)
         s.round_trip()
         s.pending.clear()
 
     def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
-        """Sink records no attempt has delivered yet."""
-        if not self.logs_deliveries:
-            return undelivered(self.session, self.sinks[target], self.addressing, outputs)
+        """Sink records no attempt has delivered yet (the backup's delivery log says)."""
         done = self.delivered_ids.get(target)
         return [o for o in outputs if o.id not in done] if done else outputs
 
     def delivered(self, target: int, outputs: list[Output]) -> None:
-        """Mark sink records delivered (their write is visible) and end the pending delivery."""
+        """Log sink records delivered (their write is visible) and end the pending delivery."""
         ids = [o.id for o in outputs]
-        if self.logs_deliveries:
-            log_delivered(self.session, self.sink_names[target], ids)
-            self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
-            return
-        newest = max((o.ts for o in outputs), default=0)
-        mark_delivered(self.session, self.sinks[target], self.addressing, ids, 0, newest)
+        log_delivered(self.session, self.sink_names[target], ids)
+        self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
 
     def _receiver_name(self, target: int) -> str:
         return receiver_name(self.sink_names[target])
@@ -378,10 +348,7 @@ class ExactlyOnceGuard:
         )
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
-        """End a pending delivery: mark (or log) its IDs if it happened, else drop it."""
-        if not self.logs_deliveries:
-            delivery.resolve(self.session, self.sinks[target], self.addressing, left, committed)
-            return
+        """End a pending delivery: log its IDs if it happened, else drop it."""
         ids = resolve_logged(self.session, self.sink_names[target], left, committed)
         self.delivered_ids.setdefault(target, set()).update(ids)
 

@@ -2,7 +2,7 @@
 
 A task's steps (filter trust, admission, commit, delivery) are separate modules; this is the
 state they pass each other. Counters go two ways: ``counters`` are returned to the run's
-metrics, ``pending`` are added to Redis by the next script call (``stat_args``), so status
+metrics, ``pending`` are added to Redis by the next script call that takes them, so status
 shows them even for a run that crashed.
 """
 
@@ -13,8 +13,9 @@ from typing import Any
 
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
-from onceflow.kernel.keyspace import NEW_LAYOUT, OWNER_LAYOUT, SEEN_MARK, Keyspace
-from onceflow.kernel.scripts import Scripts
+from onceflow.kernel.keyspace import SEEN_MARK, Keyspace
+from onceflow.kernel.script_args import Fence
+from onceflow.kernel.store import Store
 
 FENCED = b"fenced"
 SERVER = b"redis"  # who fenced: the server changed (see kernel.scripts.FENCE)
@@ -24,8 +25,7 @@ SERVER = b"redis"  # who fenced: the server changed (see kernel.scripts.FENCE)
 class TaskSession:
     """One exactly-once task's connection to its state."""
 
-    client: Any
-    scripts: Scripts
+    store: Store
     ks: Keyspace
     config: DedupConfig
     epoch: str
@@ -38,51 +38,35 @@ class TaskSession:
     generation: int = 0  # where this batch's seen-IDs go
     live: tuple[int, ...] = ()  # generations still looked up, newest first
     limit_ms: int | None = None  # the newest event time admitted (None: no limit)
-    layout: int = NEW_LAYOUT  # the namespace's seen-ID layout (see kernel.keyspace)
     # generations Redis still holds (GC has not forgotten them) when the task opened
     stored: frozenset[int] = frozenset()
     counters: dict[str, int] = field(default_factory=dict)
     pending: dict[str, int] = field(default_factory=dict)
 
     @property
-    def owner(self) -> bytes:
-        """This task, as layout 1's seen-marks record it: ``batch.partition``."""
-        return f"{self.batch}.{self.partition}".encode()
-
-    @property
-    def marks_owner(self) -> bool:
-        """Whether seen-marks record their owner (layout 1).
-
-        Otherwise (layout 2) each commit keeps its input IDs in the task's backup, and a
-        later attempt of the task learns from there what an earlier one committed.
-        """
-        return self.layout == OWNER_LAYOUT
-
-    @property
     def seen_value(self) -> bytes:
-        """The value of this task's seen-marks: its owner in layout 1, a constant in layout 2."""
-        return self.owner if self.marks_owner else SEEN_MARK
+        """The value of this task's seen-marks (a source record's may hold its fingerprint).
 
-    def committed_by_earlier_attempt(self, value: bytes) -> bool:
-        """Whether a seen-mark's value says an earlier attempt of this task made it (layout 1).
-
-        In layout 2 a value never says so: such inputs are known from the backup before any
-        lookup (:mod:`onceflow.dedup.admission`).
+        Marks do not say who made them: each commit keeps its input IDs in the task's backup,
+        and a later attempt of the task learns from there what an earlier one committed.
         """
-        return self.marks_owner and value == self.owner
+        return SEEN_MARK
 
     @property
     def live_generations(self) -> list[int]:
         """Generations whose seen-IDs are still looked up, newest first."""
         return list(self.live) or [self.generation]
 
-    def fence_keys(self) -> list[str]:
-        """The driver epoch and this task's token keys: first KEYS of every fenced script."""
-        return [self.ks.epoch, self.ks.token(self.stage, self.partition)]
-
-    def fence_args(self) -> list[Any]:
-        """The driver epoch, this task's token and the server: first ARGV of fenced scripts."""
-        return [self.epoch, self.token, self.server]
+    @property
+    def fence(self) -> Fence:
+        """What every fenced script checks: the driver epoch, this task's token, the server."""
+        return Fence(
+            self.ks.epoch,
+            self.ks.token(self.stage, self.partition),
+            self.epoch,
+            self.token,
+            self.server,
+        )
 
     def count(self, name: str, n: int = 1) -> None:
         """Add to a counter, both for the run's metrics and for Redis."""
@@ -109,13 +93,6 @@ class TaskSession:
     def round_trip(self) -> None:
         """One more Redis round trip (a benchmark figure)."""
         self.counters["redis_round_trips"] = self.counters.get("redis_round_trips", 0) + 1
-
-    def stat_args(self) -> list[Any]:
-        """Pending counters as script arguments: ``n, name1, inc1, ...``."""
-        args: list[Any] = [len(self.pending)]
-        for name, n in self.pending.items():
-            args += [name, n]
-        return args
 
     def check(self, reply: Any) -> Any:
         """Raise :class:`FencedError` when a script says a newer driver or attempt owns this.

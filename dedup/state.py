@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import StateWrite
+from onceflow.kernel.store import store_for
 
 if TYPE_CHECKING:
     from onceflow.dedup.addressing import KeyTable
+    from onceflow.kernel.store import Connection
 
 EVENT = "event"
 PROCESSING = "processing"
@@ -25,25 +27,25 @@ DELETE = b""  # a state value or timer score that deletes (see the scripts' _WRI
 
 
 def read_state(
-    client: Any, ks: Keyspace, node: str, partition: int, keys: Sequence[bytes]
+    client: Connection, ks: Keyspace, node: str, partition: int, keys: Sequence[bytes]
 ) -> dict[bytes, bytes | None]:
     """Accumulators of ``keys`` in a stateful combine's partition (one HMGET)."""
-    values = client.hmget(ks.state(node, partition), list(keys))
+    values = store_for(client).hmget(ks.state(node, partition), list(keys))
     return dict(zip(keys, values, strict=True))
 
 
 def due_timers(
-    client: Any, ks: Keyspace, node: str, partition: int, watermark: int, now: int
+    client: Connection, ks: Keyspace, node: str, partition: int, watermark: int, now: int
 ) -> list[bytes]:
     """Keys of a windowed combine with a timer due (one round trip).
 
     Due: an event-time timer at or before ``watermark``, or a processing-time timer at or
     before ``now``.
     """
-    pipe = client.pipeline(transaction=False)
-    pipe.zrangebyscore(ks.timers(EVENT, node, partition), "-inf", watermark)
-    pipe.zrangebyscore(ks.timers(PROCESSING, node, partition), "-inf", now)
-    event, processing = pipe.execute()
+    cmds = store_for(client).batch()
+    cmds.zrangebyscore(ks.timers(EVENT, node, partition), "-inf", watermark)
+    cmds.zrangebyscore(ks.timers(PROCESSING, node, partition), "-inf", now)
+    event, processing = cmds.execute()
     return list(dict.fromkeys([*event, *processing]))
 
 
@@ -68,24 +70,24 @@ def state_args(
 
 
 def write_state(
-    client: Any, ks: Keyspace, partition: int, updates: Mapping[str, StateWrite]
+    client: Connection, ks: Keyspace, partition: int, updates: Mapping[str, StateWrite]
 ) -> None:
     """Write state and timers, not atomically with anything (the at-least-once baseline)."""
-    pipe = client.pipeline(transaction=False)
+    cmds = store_for(client).batch()
     for node, write in updates.items():
         key = ks.state(node, partition)
         put = {kb: v for kb, v in write.values.items() if v is not None}
         gone = [kb for kb, v in write.values.items() if v is None]
         if put:
-            pipe.hset(key, mapping=put)
+            cmds.hset_many(key, put)
         if gone:
-            pipe.hdel(key, *gone)
+            cmds.hdel(key, *gone)
         for kind, members in write.timers.items():
             zkey = ks.timers(kind, node, partition)
             scores = {kb: at for kb, at in members.items() if at is not None}
             dropped = [kb for kb, at in members.items() if at is None]
             if scores:
-                pipe.zadd(zkey, scores)
+                cmds.zadd(zkey, scores)
             if dropped:
-                pipe.zrem(zkey, *dropped)
-    pipe.execute()
+                cmds.zrem(zkey, *dropped)
+    cmds.execute()

@@ -36,14 +36,13 @@ cover more commits than the *same* instance holds mean Redis lost writes without
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgpack
 
 from onceflow.dedup.bloom import ReceiverFilters
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FiltersAheadError
 from onceflow.dedup.session import TaskSession
+from onceflow.kernel import script_args
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import ID_BYTES
 from onceflow.kernel.keyspace import seen_id
@@ -151,12 +150,14 @@ def _refuse_ahead(r: Receiver, server: str) -> None:
 def _catch_up(session: TaskSession, todo: list[Receiver], server: str) -> None:
     """Catch up (or reload) the filters of ``todo`` in one round trip."""
     ks = session.ks
-    pipe = session.client.pipeline(transaction=False)
+    cmds = session.store.batch()
     for r in todo:
-        keys = [ks.filter_seq(r.name), ks.filter_journal(r.name), ks.filter_snapshot(r.name)]
         covered = RELOAD if _moved(r.filters, server) else r.filters.seq
-        session.scripts.catch_up(keys=keys, args=[covered], client=pipe)
-    replies = pipe.execute()
+        keys, args = script_args.catch_up(
+            ks.filter_seq(r.name), ks.filter_journal(r.name), ks.filter_snapshot(r.name), covered
+        )
+        cmds.script("catch_up", keys, args)
+    replies = cmds.execute()
     session.round_trip()
     for r, reply in zip(todo, replies, strict=True):
         r.redis_seq, r.snapshot_seq, entries = int(reply[0]), int(reply[1]), reply[2]
@@ -228,14 +229,14 @@ def _apply_journal(session: TaskSession, r: Receiver, entries: list[bytes], star
 def _rebuild(session: TaskSession, r: Receiver) -> None:
     """Filters from the authoritative seen-IDs (one round trip per SCAN step)."""
     fresh = _new_filters(session.config)
-    ks, client = session.ks, session.client
+    ks, store = session.ks, session.store
     cursor = 0
     while True:
-        cursor, keys = client.scan(cursor, match=ks.seen_pattern(r.name), count=SCAN_STEP)
-        pipe = client.pipeline(transaction=False)
+        cursor, keys = store.scan(cursor, ks.seen_pattern(r.name), SCAN_STEP)
+        cmds = store.batch()
         for key in keys:
-            pipe.hkeys(key)
-        for key, fields in zip(keys, pipe.execute() if keys else [], strict=True):
+            cmds.hkeys(key.decode() if isinstance(key, bytes) else key)
+        for key, fields in zip(keys, cmds.execute() if keys else [], strict=True):
             parsed = ks.parse(key)
             if (
                 parsed is not None
@@ -254,11 +255,9 @@ def _rebuild(session: TaskSession, r: Receiver) -> None:
 
 
 def _ids_of(session: TaskSession, fields: list[bytes], shard: int) -> list[bytes]:
-    """The IDs a seen-ID shard's fields stand for (layout 2 fields are not whole IDs)."""
-    if session.marks_owner:
-        return fields
-    shards, layout = session.config.shards, session.layout
-    return [seen_id(f, shard, shards, layout) for f in fields]
+    """The IDs a seen-ID shard's fields stand for (fields are not whole IDs)."""
+    shards = session.config.shards
+    return [seen_id(f, shard, shards) for f in fields]
 
 
 def snapshot(session: TaskSession, r: Receiver) -> None:
@@ -278,27 +277,26 @@ def snapshot(session: TaskSession, r: Receiver) -> None:
         return
     ks = session.ks
     try:  # the other partitions' tasks close at the same time: one of them may have been first
-        taken = int(session.client.hget(ks.filter_snapshot(r.name), SEQ_FIELD) or 0)
+        taken = int(session.store.hget(ks.filter_snapshot(r.name), SEQ_FIELD) or 0)
     except Exception:  # noqa: BLE001 - a snapshot is an optimisation; the journal remains
         return
     session.round_trip()
     if taken >= f.seq:  # covers as much as these filters: not worth sending them
         session.count("bloom_snapshots_stale")
         return
-    keys = [
-        *session.fence_keys(),
-        ks.filter_seq(r.name),
-        ks.filter_journal(r.name),
-        ks.filter_snapshot(r.name),
-    ]
-    dirty = sorted(f.dirty)
-    args: list[Any] = [*session.fence_args(), f.seq, len(dirty)]
-    for generation in dirty:
-        args += [generation_field(generation), f.dump(generation)]
-        session.count("bloom_snapshot_bytes", len(args[-1]))
-    args += [len(dropped), *(generation_field(g) for g in dropped)]
+    written = [(generation_field(g), f.dump(g)) for g in sorted(f.dirty)]
+    session.count("bloom_snapshot_bytes", sum(len(blob) for _field, blob in written))
+    keys, args = script_args.snapshot(
+        session.fence,
+        seq_key=ks.filter_seq(r.name),
+        journal=ks.filter_journal(r.name),
+        snapshot_key=ks.filter_snapshot(r.name),
+        covered=f.seq,
+        written=written,
+        dropped=[generation_field(g) for g in dropped],
+    )
     try:
-        reply = session.scripts.snapshot(keys=keys, args=args)
+        reply = session.store.script("snapshot", keys, args)
     except Exception:  # noqa: BLE001 - a snapshot is an optimisation; the journal remains
         return
     session.round_trip()

@@ -19,24 +19,22 @@ formulas of the layout live here too: which shard of a generation holds a seen I
 (:func:`shard_of`), what its field in that shard is (:func:`seen_field`, and back:
 :func:`seen_id`), and which bucket is the oldest still deduplicated (:func:`floor_bucket`).
 
-How dedup state is kept comes in three layouts, pinned in a namespace's meta hash
-(``layout``) when it is created; a namespace made before layouts existed has none and is
-layout 1:
+How dedup state is kept is the namespace's seen-ID *layout*, pinned in its meta hash
+(``layout``, :data:`LAYOUT`) when it is created. There is one: a seen ID's field is the ID
+without what its shard already says, its value :data:`SEEN_MARK` (or a source record's
+content fingerprint, :func:`print_value`). The shard is ``prefix % shards`` (``prefix``: the
+ID's first two bytes), so the field keeps ``prefix // shards`` (one byte from 256 shards on,
+two below, none at 65,536) and bytes 2..15: 15 bytes at the default 1,024 shards. The
+encoding is exact: no two IDs share a shard and a field, and the ID comes back from both
+(Bloom filters are rebuilt from the seen-IDs). Who committed an ID is not kept: a task
+attempt learns the inputs its earlier attempts committed from its backup (``i<chunk>``
+fields, see :mod:`onceflow.backup.format`). A sink's deliveries are not seen-IDs: each
+delivery's IDs go to the backup of the task that made it (``dl:`` fields), the only task that
+can deliver them again (see :mod:`onceflow.dedup.delivery`).
 
-* layout 1 (:data:`OWNER_LAYOUT`): field = the 16-byte ID, value = its owner, the task that
-  committed it (``batch.partition``, longer as batch numbers grow);
-* layout 2 (:data:`COMPACT_LAYOUT`): field = the ID without what its shard already says, value
-  = :data:`SEEN_MARK`. The shard is ``prefix % shards`` (``prefix``: the ID's first two
-  bytes), so the field keeps ``prefix // shards`` (one byte from 256 shards on, two below,
-  none at 65,536) and bytes 2..15: 15 bytes at the default 1,024 shards. The encoding is
-  exact: no two IDs share a shard and a field, and the ID comes back from both (Bloom
-  filters are rebuilt from the seen-IDs). Who committed an ID is not kept: a task attempt
-  learns the inputs its earlier attempts committed from its backup (``i<chunk>`` fields, see
-  :mod:`onceflow.backup.format`);
-* layout 3 (:data:`DELIVERY_LOG_LAYOUT`): seen-IDs as in layout 2, but a sink's deliveries
-  are no longer seen-IDs of a ``<sink>/delivered`` receiver: each delivery's IDs go to the
-  backup of the task that made it (``dl:`` fields), the only task that can deliver them
-  again (see :mod:`onceflow.dedup.delivery`).
+Earlier development builds of 0.1.0 also kept layouts 1 (the whole ID, its owner as value)
+and 2 (no delivery log); a namespace they made is refused with the way out
+(:func:`check_layout`).
 """
 
 from __future__ import annotations
@@ -71,7 +69,7 @@ class Kind(enum.Enum):
     GENERATIONS = "gens"  # hash: generation -> the newest event time committed into it
     GC = "gc"  # hash: what GC passes did
     TOKEN = "tok"  # per stage partition: the task attempt that owns it
-    SEEN = "seen"  # hash per receiver, generation and shard: seen IDs (see the layouts)
+    SEEN = "seen"  # hash per receiver, generation and shard: seen IDs (see the layout)
     FILTER_SEQ = "fseq"  # counter per receiver: commits covered by Bloom filters
     FILTER_JOURNAL = "fj"  # list per receiver: IDs of the commits since the snapshot
     FILTER_SNAPSHOT = "fsnap"  # hash per receiver: Bloom filters by generation
@@ -247,9 +245,10 @@ class Keyspace:
 
     # per receiver (a stage or a sink)
     def seen(self, receiver: str, generation: int, shard: int) -> str:
-        """Hash: the seen-IDs of one generation and shard (see the module docstring's layouts).
+        """Hash: the seen-IDs of one generation and shard, :func:`seen_field` -> mark.
 
-        Layout 1: ID -> owner (``batch.partition``); layout 2: :func:`seen_field` -> ``1``.
+        The mark is :data:`SEEN_MARK` or a source record's content fingerprint
+        (:func:`print_value`); see the module docstring's layout.
         """
         return self._key(Kind.SEEN, receiver, generation, shard)
 
@@ -361,17 +360,15 @@ def shard_of(rid: bytes, shards: int) -> int:
     return ((rid[0] << 8) | rid[1]) % shards
 
 
-# Seen-ID layouts (see the module docstring); the meta field that pins a namespace's.
+# The seen-ID layout (see the module docstring) and the meta field that pins a namespace's.
 LAYOUT_FIELD = "layout"
+LAYOUT = 3
+# The last commit of Onceflow 0.1.0 (unreleased) that read layouts 1 and 2.
+LAST_OLD_LAYOUT_COMMIT = "7c48c6f"
 # Field of the GC hash: GC may have deleted seen-IDs of records older than this (it only rises,
 # and is raised before anything is deleted); batches admit no record older than it again.
 GC_FLOOR_FIELD = "forgotten_below_ms"
-OWNER_LAYOUT = 1
-COMPACT_LAYOUT = 2
-DELIVERY_LOG_LAYOUT = 3
-NEW_LAYOUT = DELIVERY_LOG_LAYOUT  # what a namespace created now gets
-LAYOUTS = (OWNER_LAYOUT, COMPACT_LAYOUT, DELIVERY_LOG_LAYOUT)
-SEEN_MARK = b"1"  # layout 2's value (not empty: a lookup takes a falsy answer for "unseen")
+SEEN_MARK = b"1"  # a seen-mark's value (not empty: a lookup takes a falsy answer for "unseen")
 PRINT_BYTES = 4  # a seen-mark that holds its record's content fingerprint instead (sources)
 
 
@@ -386,8 +383,8 @@ def print_value(fingerprint: int) -> bytes:
 def same_content(held: bytes, fingerprint: int) -> bool:
     """Whether a seen-mark's value can be the mark of a record with ``fingerprint``.
 
-    Marks that hold no fingerprint (layout 1's owners, the constant mark, a record without
-    one) say nothing against it: only two known, different fingerprints make an ID conflict.
+    Marks that hold no fingerprint (the constant mark, a record without one) say nothing
+    against it: only two known, different fingerprints make an ID conflict.
     """
     if not fingerprint or len(held) != PRINT_BYTES or held == _NO_PRINT:
         return True
@@ -399,53 +396,59 @@ _PREFIXES = 1 << (8 * _PREFIX_BYTES)
 
 
 def prefix_bytes(shards: int) -> int:
-    """Bytes of a layout-2 field that hold ``prefix // shards``: what the shard leaves open."""
+    """Bytes of a seen field that hold ``prefix // shards``: what the shard leaves open."""
     top = (_PREFIXES - 1) // shards
     return 0 if top == 0 else 1 if top < 0x100 else 2
 
 
-def seen_width(layout: int, shards: int) -> int:
+def seen_width(shards: int) -> int:
     """Bytes of a seen field."""
-    if layout == OWNER_LAYOUT:
-        return ID_BYTES
     return prefix_bytes(shards) + ID_BYTES - _PREFIX_BYTES
 
 
-def seen_field(rid: bytes, shards: int, layout: int) -> bytes:
+def seen_field(rid: bytes, shards: int) -> bytes:
     """The field of a seen ID in its shard (:func:`shard_of`).
 
     The vectorised form in :mod:`onceflow.dedup` must agree; a test checks both.
     """
-    if layout == OWNER_LAYOUT:
-        return rid
     high = ((rid[0] << 8) | rid[1]) // shards
     return high.to_bytes(prefix_bytes(shards), "big") + rid[_PREFIX_BYTES:]
 
 
-def seen_id(field: bytes, shard: int, shards: int, layout: int) -> bytes:
+def seen_id(field: bytes, shard: int, shards: int) -> bytes:
     """The ID a seen field of shard ``shard`` stands for (the inverse of :func:`seen_field`)."""
-    if layout == OWNER_LAYOUT:
-        return field
     width = len(field) - ID_BYTES + _PREFIX_BYTES
     prefix = int.from_bytes(field[:width], "big") * shards + shard
     return prefix.to_bytes(_PREFIX_BYTES, "big") + field[width:]
 
 
-def logs_deliveries(layout: int) -> bool:
-    """Whether sinks' deliveries are logged in the delivering task's backup (layout 3 on)."""
-    return layout >= DELIVERY_LOG_LAYOUT
+def check_layout(stored: bytes | str | None, has_state: bool, namespace: str) -> None:
+    """Refuse a namespace whose seen-IDs are not in :data:`LAYOUT`, saying what to do.
 
-
-def check_layout(layout: int, namespace: str) -> int:
-    """``layout`` if this Onceflow knows it; else a :class:`ConfigError` saying what to do."""
-    if layout not in LAYOUTS:
+    ``stored``: its meta hash's ``layout`` field; ``has_state``: whether it had runs. One
+    with runs but no layout was made before layouts existed (layout 1).
+    """
+    if stored is None:
+        if not has_state:
+            return
+        stored = b"1"
+    text = stored.decode() if isinstance(stored, bytes) else stored
+    if text == str(LAYOUT):
+        return
+    if text.isdigit() and int(text) < LAYOUT:
         msg = (
-            f"pipeline namespace {namespace!r} keeps its dedup state in layout {layout}, which "
-            f"this Onceflow does not know (it knows {', '.join(map(str, LAYOUTS))}): run the "
-            "Onceflow version that created it, or a newer one"
+            f"namespace {namespace!r} was made by an older version of onceflow (seen-ID layout "
+            f"{text}): run `onceflow reset --namespace {namespace} --checkpoint CHECKPOINT_DIR "
+            "--yes` to start it over (its dedup history, backups and keyed state go), or use "
+            f"onceflow 0.1.0 at commit {LAST_OLD_LAYOUT_COMMIT}, the last that reads it"
         )
-        raise ConfigError(msg)
-    return layout
+    else:
+        msg = (
+            f"namespace {namespace!r} keeps its seen-IDs in layout {text}, which this onceflow "
+            f"does not know (it knows {LAYOUT}): run the onceflow version that created it, or "
+            "a newer one"
+        )
+    raise ConfigError(msg)
 
 
 def floor_bucket(watermark: int, horizon_ms: int, bucket_ms: int) -> int:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from onceflow.kernel import script_args
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scripts import scripts_for
@@ -194,7 +195,8 @@ def raise_epochs(scopes: Scopes, epoch: int, connect: Connect) -> None:
     """
     for ks in scopes.partition_keyspaces():
         client = connect(ks.tag)
-        now = int(scripts_for(client).raise_epoch(keys=[ks.epoch], args=[epoch]))
+        keys, args = script_args.raise_epoch(ks, epoch)
+        now = int(scripts_for(client).raise_epoch(keys=keys, args=args))
         if now > epoch:
             msg = (
                 f"partition scope {ks.tag!r} holds driver epoch {now}, newer than namespace "
@@ -230,8 +232,8 @@ def merge_generations(client: Any, scopes: Scopes, connect: Connect, server: str
                 newest[g] = max(newest.get(g, -1), int(ts))
     if not newest:
         return 0
-    args: list[Any] = [server]
-    for g, ts in sorted(newest.items()):
-        args += [g, ts]
     home = Keyspace(scopes.namespace)
-    return int(scripts_for(client).raise_generations(keys=[home.generations], args=args))
+    keys, args = script_args.raise_generations(
+        home.generations, server, dict(sorted(newest.items()))
+    )
+    return int(scripts_for(client).raise_generations(keys=keys, args=args))

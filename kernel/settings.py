@@ -71,6 +71,35 @@ class RedisSettings:
         return f"RedisSettings({self.url.split('@')[-1]!r}, {_mask(self.options)})"
 
 
+# The retry policy of every Redis client Onceflow makes (retry_options): exponential backoff
+# from RETRY_BASE_S, capped. A run rides out ~40 s (a restart from the AOF, a failover);
+# operator commands and the live page fail fast with fewer retries and a shorter cap.
+RETRY_BASE_S = 0.05
+RUN_RETRIES = 25
+RUN_RETRY_CAP_S = 2.0
+
+
+def retry_options(retries: int = RUN_RETRIES, cap_s: float = RUN_RETRY_CAP_S) -> dict[str, Any]:
+    """Onceflow's one Redis retry policy, as redis-py client options.
+
+    Connection errors, timeouts and a server still loading its data set are retried with
+    exponential backoff (from :data:`RETRY_BASE_S`, at most ``cap_s`` between tries). Every
+    Onceflow script is safe to run twice, which is what makes a retried call safe.
+    """
+    import redis
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
+    return {
+        "retry": Retry(ExponentialBackoff(cap=cap_s, base=RETRY_BASE_S), retries=retries),
+        "retry_on_error": [
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            redis.exceptions.BusyLoadingError,
+        ],
+    }
+
+
 _clients: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], Any] = {}
 _clients_lock = threading.Lock()
 
@@ -78,11 +107,12 @@ _clients_lock = threading.Lock()
 def redis_client(settings: RedisSettings, namespace: str | None = None) -> Any:
     """A shared client per settings (and namespace, on a cluster) and process.
 
-    Connection errors are retried with backoff for ~30 s, so a Redis restart from its AOF,
-    or a cluster failover, is ridden out; every Onceflow script is safe to run twice for this
-    reason. On a Redis Cluster (``redis+cluster://``) a namespace's client talks to the master
-    serving the namespace's slot (:mod:`onceflow.kernel.slots`); without a namespace it is
-    redis-py's cluster client, for what spans namespaces (finding every pipeline).
+    Connection errors are retried with backoff for ~40 s (:func:`retry_options`), so a Redis
+    restart from its AOF, or a cluster failover, is ridden out; every Onceflow script is safe
+    to run twice for this reason. On a Redis Cluster (``redis+cluster://``) a namespace's
+    client talks to the master serving the namespace's slot (:mod:`onceflow.kernel.slots`);
+    without a namespace it is redis-py's cluster client, for what spans namespaces (finding
+    every pipeline).
     """
     key = (
         settings.url,
@@ -92,22 +122,13 @@ def redis_client(settings: RedisSettings, namespace: str | None = None) -> Any:
     client = _clients.get(key)
     if client is not None:
         return client
-    import redis
-    from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
-
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
             client = new_redis_client(
                 settings,
                 namespace,
-                retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25),
-                retry_on_error=[
-                    redis.exceptions.ConnectionError,
-                    redis.exceptions.TimeoutError,
-                    redis.exceptions.BusyLoadingError,
-                ],
+                **retry_options(),
                 socket_timeout=30,
                 socket_connect_timeout=5,
                 health_check_interval=15,

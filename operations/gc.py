@@ -39,17 +39,20 @@ from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import BatchParams, read_batch_params
 from onceflow.dedup.durability import settle_aof
 from onceflow.dedup.trust import GENERATION_FIELD
+from onceflow.kernel import script_args
 from onceflow.kernel.durations import DAY_MS, Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import (
     GC_FLOOR_FIELD,
+    LAYOUT_FIELD,
     META_PATTERN,
     Keyspace,
     Kind,
     ParsedKey,
+    check_layout,
     namespace_of_meta,
 )
-from onceflow.kernel.scopes import Connect, read_scopes, tag_client
+from onceflow.kernel.scopes import PLAN_FIELD, Connect, read_scopes, tag_client
 from onceflow.kernel.scripts import scripts_for
 
 # Buckets of event time a generation is kept past the horizon, in case a clock is a little behind.
@@ -153,7 +156,11 @@ class GcPass:
 
 
 def read_meta(client: Any, ks: Keyspace) -> dict[str, str]:
-    """A namespace's fixed settings; a clear error when the namespace has no state here."""
+    """A namespace's fixed settings; a clear error when the namespace has no state here.
+
+    A namespace an older Onceflow made in another seen-ID layout is refused too
+    (:func:`~onceflow.kernel.keyspace.check_layout`): its state cannot be read right.
+    """
     meta = {k.decode(): v.decode() for k, v in client.hgetall(ks.meta).items()}
     if not meta:
         msg = (
@@ -161,6 +168,11 @@ def read_meta(client: Any, ks: Keyspace) -> dict[str, str]:
             "check the namespace (default: the pipeline's name) and REDIS_URL"
         )
         raise NoStateError(msg)
+    has_state = "parallelism" in meta or PLAN_FIELD in meta
+    try:
+        check_layout(meta.get(LAYOUT_FIELD), has_state, ks.namespace)
+    except ConfigError as exc:
+        raise GcError(str(exc)) from None
     return meta
 
 
@@ -239,7 +251,7 @@ def collect(
     if threshold is not None and not dry_run:
         # before anything is deleted: later batches never admit older records again (a raised
         # horizon would otherwise admit copies whose seen-IDs are gone)
-        scripts_for(client).raise_generations(keys=[ks.gc], args=["", GC_FLOOR_FIELD, threshold])
+        _raise_floor(client, ks, threshold)
     garbage = _forget_generations(client, ks, threshold, limit, dry_run)
     result = GcPass(namespace, dry_run, horizon_ms, watermark, acked, threshold, garbage)
     expired_by = params.time_ms if params is not None else None
@@ -250,9 +262,7 @@ def collect(
         if tag.scope is not None:
             _settle(tagged, dry_run)
             if threshold is not None and not dry_run:  # the scope's commits check its own
-                scripts_for(tagged).raise_generations(
-                    keys=[tag.gc], args=["", GC_FLOOR_FIELD, threshold]
-                )
+                _raise_floor(tagged, tag, threshold)
             tag_garbage = _forget_generations(tagged, tag, threshold, limit, dry_run)
             forgotten |= tag_garbage.forgotten
         for keys in scan_steps(tagged, tag.pattern(), scan_count):
@@ -271,6 +281,12 @@ def collect(
     if not dry_run:
         _record(client, ks, result)
     return result
+
+
+def _raise_floor(client: Any, ks: Keyspace, threshold: int) -> None:
+    """Raise the GC floor of ``ks``'s hash tag (it only rises; any server will do)."""
+    keys, args = script_args.raise_generations(ks.gc, "", {GC_FLOOR_FIELD: threshold})
+    scripts_for(client).raise_generations(keys=keys, args=args)
 
 
 def _settle(client: Any, dry_run: bool) -> None:
@@ -303,9 +319,8 @@ def _forget_generations(
     old = sorted(g for g, ts in newest.items() if ts < threshold and g < limit)
     forgotten = []
     for g in old:
-        if dry_run or scripts_for(client).forget_generation(
-            keys=[ks.generations], args=[g, threshold]
-        ):
+        keys, args = script_args.forget_generation(ks, g, threshold)
+        if dry_run or scripts_for(client).forget_generation(keys=keys, args=args):
             forgotten.append(g)
     remembered = [g for g in newest if g not in forgotten]
     below = min([*remembered, limit])
@@ -398,7 +413,8 @@ def _expire_state(
         for member in members:
             pipe.hstrlen(hkey, member)
         size = sum(int(n or 0) for n in pipe.execute())
-        gone = int(scripts_for(client).expire_state(keys=[hkey, zkey], args=[before, *members]))
+        keys, args = script_args.expire_state(hkey, zkey, before, members)
+        gone = int(scripts_for(client).expire_state(keys=keys, args=args))
         removed.fields += gone
         removed.bytes += size if gone == len(members) else 0
         if gone == 0:

@@ -18,7 +18,7 @@ from typing import Any
 
 from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import lanes_of
-from onceflow.kernel.keyspace import LAYOUT_FIELD, OWNER_LAYOUT, Keyspace, Kind
+from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
 from onceflow.runtime.heartbeat import running_driver
@@ -60,7 +60,7 @@ class Status:
     # per combine node: keys with state, windows waiting for the watermark (``open_windows``,
     # keys with an event timer) and the earliest such timer, state with a time-to-live
     state: dict[str, dict[str, int]] = field(default_factory=dict)
-    seen_layout: int = OWNER_LAYOUT  # how seen-IDs are stored (see kernel.keyspace)
+    seen_layout: int = LAYOUT  # how seen-IDs are stored (see kernel.keyspace)
     driver: dict[str, Any] | None = None  # the running driver (see runtime.heartbeat)
 
     def as_dict(self) -> dict[str, Any]:
@@ -180,7 +180,7 @@ def status(
         memory_by_kind=found.by_kind,
         receivers=found.receivers,
         state=found.state,
-        seen_layout=int(meta.get(LAYOUT_FIELD, OWNER_LAYOUT)),
+        seen_layout=int(meta.get(LAYOUT_FIELD, LAYOUT)),
         driver=running_driver(client, ks),
         gc={k.decode(): v.decode() for k, v in client.hgetall(ks.gc).items()},
         lanes={

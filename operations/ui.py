@@ -54,7 +54,7 @@ from urllib.parse import unquote, urlsplit
 from onceflow.graph_optimizer.draw import to_svg
 from onceflow.kernel.keyspace import Kind
 from onceflow.kernel.scopes import Connect
-from onceflow.kernel.settings import RedisSettings, new_redis_client
+from onceflow.kernel.settings import RedisSettings, new_redis_client, retry_options
 from onceflow.operations.gc import NoStateError
 from onceflow.operations.status import Status, status
 
@@ -69,10 +69,12 @@ POLL_INTERVAL_MS = 1000
 # A status read younger than this answers the next request too (several pages, one SCAN).
 STATUS_MAX_AGE_S = 0.5
 # The page's Redis client fails fast: an unreachable Redis shows as an error on the page
-# within seconds instead of holding requests for the ~30 s a pipeline's client rides out.
+# within seconds instead of holding requests for the ~40 s a pipeline's client rides out
+# (the same retry policy, kernel.settings.retry_options, with fewer retries and a lower cap).
 REDIS_CONNECT_TIMEOUT_S = 2.0
 REDIS_SOCKET_TIMEOUT_S = 10.0
 REDIS_RETRIES = 2
+REDIS_RETRY_CAP_S = 0.5
 # How long ``UiServer.stop`` waits for the serving thread.
 STOP_TIMEOUT_S = 5.0
 
@@ -176,13 +178,10 @@ def redis_connector(
     settings = RedisSettings.from_env(redis_url)
 
     def connect() -> Any:
-        from redis.backoff import ExponentialBackoff
-        from redis.retry import Retry
-
         return new_redis_client(
             settings,
             namespace,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.1), retries=REDIS_RETRIES),
+            **retry_options(REDIS_RETRIES, REDIS_RETRY_CAP_S),
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
             socket_timeout=REDIS_SOCKET_TIMEOUT_S,
         )
@@ -199,15 +198,12 @@ def tag_connector(redis_url: str | None) -> Connect | None:
     lock = threading.Lock()
 
     def connect(tag: str) -> Any:
-        from redis.backoff import ExponentialBackoff
-        from redis.retry import Retry
-
         with lock:
             if tag not in clients:
                 clients[tag] = new_redis_client(
                     settings,
                     tag,
-                    retry=Retry(ExponentialBackoff(cap=0.5, base=0.1), retries=REDIS_RETRIES),
+                    **retry_options(REDIS_RETRIES, REDIS_RETRY_CAP_S),
                     socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
                     socket_timeout=REDIS_SOCKET_TIMEOUT_S,
                 )

@@ -10,12 +10,12 @@ the same rows in the same order make the same chunks whatever batches brought th
 runs, ``records == 0``, keep their chunks within a batch: :meth:`Chunker.flush` after each.)
 
 What replays rest on is not this rule but IDs: a retried attempt learns which inputs earlier
-attempts committed from its backup (fields ``i<n>``; layout 1: seen-marks naming the task,
-position IDs included) and replays them, whatever chunk they now fall in; chunk numbers only
-name backup fields, and a retry numbers its chunks on from the first no attempt committed
-(``TaskBackup.next_chunk``). A chunk whose outputs pass the budget is cut again after the
-function ran (:meth:`onceflow.runtime.task.TaskRun.process_chunk`), which depends on what the
-function returned; either cut is safe for the same reason.
+attempts committed from its backup (fields ``i<n>``, position IDs included) and replays
+them, whatever chunk they now fall in; chunk numbers only name backup fields, and a retry
+numbers its chunks on from the first no attempt committed (``TaskBackup.next_chunk``). A
+chunk whose outputs pass the budget is cut again after the function ran
+(:meth:`onceflow.runtime.task.TaskRun.process_chunk`), which depends on what the function
+returned; either cut is safe for the same reason.
 """
 
 from __future__ import annotations

@@ -20,11 +20,12 @@ from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import PendingDelivery, SinkState
 from onceflow.dedup.state import due_timers, read_state, write_state
+from onceflow.kernel import script_args
 from onceflow.kernel.limits import CHUNK_BYTES, DELIVERY_BYTES, DELIVERY_RECORDS, Budget
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
-from onceflow.kernel.scripts import scripts_for
 from onceflow.kernel.settings import RedisSettings, redis_client
+from onceflow.kernel.store import store_for
 
 # The at-least-once baseline commits state in chunks of at least this many records.
 AT_LEAST_ONCE_MIN_CHUNK = 5000
@@ -325,12 +326,8 @@ class AtLeastOnceGuard(NoGuard):
             write_state(self.client, self.ks, self.partition, updates)
             self.round_trips += 1
         if lanes and self.batch_time_ms is not None:
-            args: list[Any] = []
-            for lane, newest in lanes.items():
-                args += [lane, newest, self.batch_time_ms]
-            scripts_for(self.client).raise_lanes(
-                keys=[self.ks.lanes, self.ks.lane_activity], args=args
-            )
+            keys, args = script_args.raise_lanes(self.ks, lanes, self.batch_time_ms)
+            store_for(self.client).script("raise_lanes", keys, args)
             self.round_trips += 1
         return set()
 

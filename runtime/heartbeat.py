@@ -17,10 +17,14 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.script_args import delete_if_equal
+from onceflow.kernel.store import store_for
+
+if TYPE_CHECKING:
+    from onceflow.kernel.store import Connection
 
 TTL_MS = 30_000
 EVERY_S = 5.0
@@ -39,9 +43,9 @@ def driver_info(epoch: int, pipeline: str) -> dict[str, Any]:
     }
 
 
-def running_driver(client: Any, ks: Keyspace) -> dict[str, Any] | None:
+def running_driver(client: Connection, ks: Keyspace) -> dict[str, Any] | None:
     """The driver that says it runs the namespace, or None."""
-    raw = client.get(ks.driver)
+    raw = store_for(client).get(ks.driver)
     if raw is None:
         return None
     try:
@@ -54,7 +58,7 @@ def running_driver(client: Any, ks: Keyspace) -> dict[str, Any] | None:
 class DriverHeartbeat:
     """Keeps :attr:`Keyspace.driver` set while the run lives (see the module docstring)."""
 
-    def __init__(self, client: Any, ks: Keyspace, info: dict[str, Any]) -> None:
+    def __init__(self, client: Connection, ks: Keyspace, info: dict[str, Any]) -> None:
         self.client = client
         self.ks = ks
         self.value = json.dumps(info, sort_keys=True)
@@ -63,14 +67,14 @@ class DriverHeartbeat:
 
     def start(self) -> DriverHeartbeat:
         """Set the key now, then keep it set."""
-        self.client.set(self.ks.driver, self.value, px=TTL_MS)
+        store_for(self.client).set(self.ks.driver, self.value, px=TTL_MS)
         self.thread.start()
         return self
 
     def _beat(self) -> None:
         while not self.stopped.wait(EVERY_S):
             try:
-                self.client.set(self.ks.driver, self.value, px=TTL_MS)
+                store_for(self.client).set(self.ks.driver, self.value, px=TTL_MS)
             except Exception as exc:  # noqa: BLE001 - Redis away for a moment: next beat
                 log.debug("driver heartbeat not written: %s", exc)
 
@@ -80,4 +84,5 @@ class DriverHeartbeat:
         if self.thread.is_alive():
             self.thread.join(EVERY_S)
         with contextlib.suppress(Exception):  # it expires by itself anyway
-            scripts_for(self.client).delete_if_equal(keys=[self.ks.driver], args=[self.value])
+            keys, args = delete_if_equal(self.ks.driver, self.value)
+            store_for(self.client).script("delete_if_equal", keys, args)

@@ -5,8 +5,7 @@ boundaries, keyed state and its combiners; see :mod:`onceflow.graph_optimizer.fi
 are stored in the namespace's meta hash on the first run and compared on every start. A
 change is refused with a message that says what changed and how to proceed. The seen-ID
 layout (how a seen ID is stored, see :mod:`onceflow.kernel.keyspace`) is pinned the same way:
-a new namespace gets the newest, one that already holds state from before layouts existed
-keeps layout 1.
+a namespace an older Onceflow made in another layout is refused with the way out.
 
 The namespace and the Spark checkpoint are two halves of one pipeline's progress: Spark knows
 which input was read, Redis what it did. Both hold the same identity (:func:`pin_checkpoint`):
@@ -22,20 +21,17 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.backup.store import acknowledged
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import (
-    LAYOUT_FIELD,
-    NEW_LAYOUT,
-    OWNER_LAYOUT,
-    Keyspace,
-    Kind,
-    check_layout,
-)
+from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, Keyspace, Kind, check_layout
 from onceflow.kernel.scopes import PLAN_FIELD
+from onceflow.kernel.store import store_for
+
+if TYPE_CHECKING:
+    from onceflow.kernel.store import Connection
 from onceflow.runtime.checkpoint import IDENTITY_FILE, Checkpoint
 from onceflow.runtime.errors import PlanChangedError
 from onceflow.runtime.spec import Job
@@ -47,11 +43,13 @@ CHECKPOINT_FIELD = "checkpoint"  # where the run that owns the namespace keeps i
 _STATE_FIELDS = ("parallelism", PLAN_FIELD)
 
 
-def _decode_meta(client: Any, keyspace: Keyspace) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in client.hgetall(keyspace.meta).items()}
+def _decode_meta(client: Connection, keyspace: Keyspace) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in store_for(client).hgetall(keyspace.meta).items()}
 
 
-def pin_settings(client: Any, keyspace: Keyspace, parallelism: int, config: DedupConfig) -> None:
+def pin_settings(
+    client: Connection, keyspace: Keyspace, parallelism: int, config: DedupConfig
+) -> None:
     """Settings that must not change while state exists (partition, bucket, seen-ID layout)."""
     pin_layout(client, keyspace)
     wanted = {
@@ -60,8 +58,8 @@ def pin_settings(client: Any, keyspace: Keyspace, parallelism: int, config: Dedu
         "shards": str(config.shards),
     }
     for name, value in wanted.items():
-        client.hsetnx(keyspace.meta, name, value)
-    client.hset(keyspace.meta, "horizon_ms", str(config.horizon_ms))
+        store_for(client).hsetnx(keyspace.meta, name, value)
+    store_for(client).hset(keyspace.meta, "horizon_ms", str(config.horizon_ms))
     stored = _decode_meta(client, keyspace)
     for name, value in wanted.items():
         if stored.get(name) != value:
@@ -74,22 +72,23 @@ def pin_settings(client: Any, keyspace: Keyspace, parallelism: int, config: Dedu
             raise ConfigError(msg)
 
 
-def pin_layout(client: Any, keyspace: Keyspace) -> int:
-    """The namespace's seen-ID layout: the newest for a new namespace, else the stored one.
+def pin_layout(client: Connection, keyspace: Keyspace) -> None:
+    """Pin the seen-ID layout on a new namespace; refuse one an older Onceflow made.
 
-    A namespace that holds state but no layout was made before layouts existed: layout 1.
+    A namespace that holds state but no layout was made before layouts existed (layout 1).
     """
-    pipe = client.pipeline(transaction=False)
+    cmds = store_for(client).batch()
     for name in _STATE_FIELDS:
-        pipe.hexists(keyspace.meta, name)
-    pipe.exists(keyspace.epoch)
-    has_state = any(pipe.execute())
-    client.hsetnx(keyspace.meta, LAYOUT_FIELD, OWNER_LAYOUT if has_state else NEW_LAYOUT)
-    return check_layout(int(client.hget(keyspace.meta, LAYOUT_FIELD)), keyspace.namespace)
+        cmds.hexists(keyspace.meta, name)
+    cmds.exists(keyspace.epoch)
+    cmds.hget(keyspace.meta, LAYOUT_FIELD)
+    *state, stored = cmds.execute()
+    check_layout(stored, any(state), keyspace.namespace)
+    store_for(client).hsetnx(keyspace.meta, LAYOUT_FIELD, LAYOUT)
 
 
 def pin_plan(
-    client: Any,
+    client: Connection,
     keyspace: Keyspace,
     job: Job,
     parallelism: int,
@@ -106,8 +105,8 @@ def pin_plan(
     """
     current = {**job.layout, "parallelism": parallelism}
     text = json.dumps(current, sort_keys=True)
-    client.hsetnx(keyspace.meta, PLAN_FIELD, text)
-    client.hsetnx(keyspace.meta, PLAN_FINGERPRINT_FIELD, job.fingerprint)
+    store_for(client).hsetnx(keyspace.meta, PLAN_FIELD, text)
+    store_for(client).hsetnx(keyspace.meta, PLAN_FINGERPRINT_FIELD, job.fingerprint)
     stored_text = _decode_meta(client, keyspace).get(PLAN_FIELD, text)
     stored = json.loads(stored_text)
     changes = differences(stored, current)
@@ -117,8 +116,8 @@ def pin_plan(
         pending = in_flight(client, keyspace) if exactly_once else None
         if pending is not None:
             raise PlanChangedError(in_flight_message(keyspace, pending, changes))
-        client.hset(
-            keyspace.meta, mapping={PLAN_FIELD: text, PLAN_FINGERPRINT_FIELD: job.fingerprint}
+        store_for(client).hset_many(
+            keyspace.meta, {PLAN_FIELD: text, PLAN_FINGERPRINT_FIELD: job.fingerprint}
         )
         print(
             f"[{job.pipeline}] plan changed and accepted: " + "; ".join(changes),
@@ -137,7 +136,7 @@ def pin_plan(
     raise PlanChangedError(msg)
 
 
-def in_flight(client: Any, keyspace: Keyspace) -> int | None:
+def in_flight(client: Connection, keyspace: Keyspace) -> int | None:
     """The newest micro-batch that started (fixed its parameters) but is not acknowledged.
 
     None when every started batch is acknowledged: a run that ended normally acknowledges
@@ -147,7 +146,7 @@ def in_flight(client: Any, keyspace: Keyspace) -> int | None:
     acked = acknowledged(client, keyspace)
     started = [
         parsed.batch
-        for key in client.scan_iter(match=keyspace.pattern(Kind.BATCH), count=1000)
+        for key in store_for(client).scan_iter(keyspace.pattern(Kind.BATCH), 1000)
         if (parsed := keyspace.parse(key)) is not None and parsed.batch is not None
     ]
     newest = max(started, default=-1)
@@ -197,15 +196,15 @@ def _reset_hint(keyspace: Keyspace, checkpoint: Checkpoint) -> str:
     )
 
 
-def pin_checkpoint(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> str:
+def pin_checkpoint(client: Connection, keyspace: Keyspace, checkpoint: Checkpoint) -> str:
     """Tie the checkpoint and the namespace together (see the module docstring)."""
-    stored = client.hget(keyspace.meta, IDENTITY_FIELD)
+    stored = store_for(client).hget(keyspace.meta, IDENTITY_FIELD)
     stored_id: str | None = stored.decode() if stored is not None else None
     found = checkpoint.identity()
     if stored_id is not None and found == stored_id:
         return stored_id
     if stored_id is not None:
-        owner = client.hget(keyspace.meta, CHECKPOINT_FIELD)
+        owner = store_for(client).hget(keyspace.meta, CHECKPOINT_FIELD)
         resume = (
             f"Pass --checkpoint {owner.decode()} to resume it"
             if owner is not None
@@ -227,7 +226,7 @@ def pin_checkpoint(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> s
             f"{resume}. {_reset_hint(keyspace, checkpoint)}"
         )
         raise ConfigError(msg)
-    has_state = any(client.hexists(keyspace.meta, f) for f in _STATE_FIELDS)
+    has_state = any(store_for(client).hexists(keyspace.meta, f) for f in _STATE_FIELDS)
     if found is not None and not has_state:
         msg = (
             f"the checkpoint {checkpoint.location} belongs to run {found}, but namespace "
@@ -237,14 +236,14 @@ def pin_checkpoint(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> s
         )
         raise ConfigError(msg)
     identity = found or uuid.uuid4().hex
-    client.hsetnx(keyspace.meta, IDENTITY_FIELD, identity)
-    client.hsetnx(keyspace.meta, CHECKPOINT_FIELD, checkpoint.location)
+    store_for(client).hsetnx(keyspace.meta, IDENTITY_FIELD, identity)
+    store_for(client).hsetnx(keyspace.meta, CHECKPOINT_FIELD, checkpoint.location)
     if found is None:
         checkpoint.write(identity + "\n", IDENTITY_FILE)
     return identity
 
 
-def check_not_behind(client: Any, keyspace: Keyspace, checkpoint: Checkpoint) -> None:
+def check_not_behind(client: Connection, keyspace: Keyspace, checkpoint: Checkpoint) -> None:
     """Refuse a checkpoint whose commits stop before the batch Redis says Spark committed.
 
     An exactly-once run acknowledges a micro-batch once Spark's commit log holds it, and GC

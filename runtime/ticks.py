@@ -14,15 +14,17 @@ so Spark runs one more micro-batch, with no records, in which the panes fire.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onceflow.dedup.batch import lanes_of, redis_time_ms
 from onceflow.dedup.state import EVENT, PROCESSING
 from onceflow.kernel.eventtime import EventTime, watermark
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import Connect, Scopes
+from onceflow.kernel.store import Batch, store_for
 
 if TYPE_CHECKING:
+    from onceflow.kernel.store import Connection
     from onceflow.runtime.spec import Job
 
 
@@ -31,7 +33,7 @@ class Ticker:
 
     def __init__(
         self,
-        client: Any,
+        client: Connection,
         ks: Keyspace,
         scopes: Scopes,
         connect: Connect,
@@ -70,7 +72,7 @@ class Ticker:
         if not self.nodes:
             return False
         now = redis_time_ms(self.client)
-        clock = self.client.hget(self.ks.clock, "watermark")
+        clock = store_for(self.client).hget(self.ks.clock, "watermark")
         previous = int(clock) if clock is not None else 0
         next_wm = watermark(lanes_of(self.client, self.ks), now, previous, self.event_time)
         event, processing = self._earliest()
@@ -84,17 +86,17 @@ class Ticker:
         return due
 
     def _earliest(self) -> tuple[float | None, float | None]:
-        pipes: dict[int, Any] = {}  # one pipeline per client (per master on a cluster)
+        batches: dict[int, Batch] = {}  # one round trip per client (per master on a cluster)
         for stage, node in self.nodes:
             for p in range(self.parallelism):
                 ks = self.scopes.keyspace(stage, p)
-                client = self.connect(ks.tag)
-                pipe = pipes.get(id(client))
-                if pipe is None:
-                    pipe = pipes[id(client)] = client.pipeline(transaction=False)
-                pipe.zrange(ks.timers(EVENT, node, p), 0, 0, withscores=True)
-                pipe.zrange(ks.timers(PROCESSING, node, p), 0, 0, withscores=True)
-        replies = [r for pipe in pipes.values() for r in pipe.execute()]
+                store = store_for(self.connect(ks.tag))
+                cmds = batches.get(id(store))
+                if cmds is None:
+                    cmds = batches[id(store)] = store.batch()
+                cmds.zrange_first(ks.timers(EVENT, node, p))
+                cmds.zrange_first(ks.timers(PROCESSING, node, p))
+        replies = [r for cmds in batches.values() for r in cmds.execute()]
         event = [r[0][1] for r in replies[0::2] if r]
         processing = [r[0][1] for r in replies[1::2] if r]
         return min(event, default=None), min(processing, default=None)

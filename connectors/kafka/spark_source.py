@@ -22,9 +22,9 @@ already saturates). Rows without headers (a ``null`` array) stay ``null``.
 Maven Central once, and :func:`session_conf` says which setting a session needs for a
 pipeline's sources (the jars must be on the classpath when the session starts).
 
-**A shuffle keeps replays exact.** Onceflow keys a task's backup (with, in seen-ID
-layout 2, the input IDs it committed) and its "done" mark by the task's index
-(``batch.partition``), as layout 1 keys each seen ID's owner, so a replayed micro-batch
+**A shuffle keeps replays exact.** Onceflow keys a task's backup (with the input IDs it
+committed) and its "done" mark by the task's index
+(``batch.partition``), so a replayed micro-batch
 must give every task the records it had the first time. The Python source plans one task per
 Kafka partition in sorted order. Spark's connector orders its tasks by the iteration order
 of a Scala map: for up to four topic-partitions that is the order the broker listed them the

@@ -22,7 +22,7 @@ from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import SinkState
 from onceflow.dedup.errors import FencedError
 from onceflow.dedup.guard import ExactlyOnceGuards
-from onceflow.kernel.keyspace import LAYOUTS, NEW_LAYOUT, Keyspace
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.pipeline import Pipeline
@@ -49,8 +49,7 @@ def _rows(n, seed):
 
 
 class Harness:
-    def __init__(self, redis_server, layout=NEW_LAYOUT, **config):
-        self.layout = layout
+    def __init__(self, redis_server, **config):
         self.name = f"trust-{uuid.uuid4().hex[:8]}"
         self.client = redis_server.client()
         self.client.incr(Keyspace(self.name).epoch)
@@ -75,7 +74,6 @@ class Harness:
             generation,
             live,
             TS * 2,
-            self.layout,
         )
 
     def task(self, partition=0, batch=None, generation=0, attempt_id=None):
@@ -143,9 +141,8 @@ def test_a_stale_filter_moved_between_workers_catches_up(redis_server):
     assert stale.seq > stale_seq
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_without_journal_or_snapshot_the_filters_are_rebuilt_from_redis(redis_server, layout):
-    h = Harness(redis_server, layout, snapshot_every=1000)
+def test_without_journal_or_snapshot_the_filters_are_rebuilt_from_redis(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
     rows = _rows(800, 30)
     h.commit(rows)
     ks = Keyspace(h.name)
@@ -161,20 +158,16 @@ def _copies(rows, shift_ms):
     return [(i, rid, ts + shift_ms, kb, elem) for i, rid, ts, kb, elem in rows]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_copy_with_another_timestamp_in_a_later_generation_is_a_duplicate(redis_server, layout):
-    h = Harness(redis_server, layout, snapshot_every=1000)
+def test_a_copy_with_another_timestamp_in_a_later_generation_is_a_duplicate(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
     rows = _rows(500, 40)
     h.commit(rows, generation=5)
     g, adm = h.admit(_copies(rows, 2 * 3_600_000) + _rows(50, 41), generation=7)
     assert adm.duplicates == 500 and len(adm.fresh) == 50
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_copy_arriving_in_another_partition_is_a_duplicate_even_in_a_fresh_worker(
-    redis_server, layout
-):
-    h = Harness(redis_server, layout, snapshot_every=1000)
+def test_a_copy_arriving_in_another_partition_is_a_duplicate_even_in_a_fresh_worker(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
     rows = _rows(300, 42)
     h.commit(rows, partition=0, generation=2)
     trust_mod._FILTERS.clear()  # the other partition runs in another worker process
@@ -182,9 +175,8 @@ def test_a_copy_arriving_in_another_partition_is_a_duplicate_even_in_a_fresh_wor
     assert adm.duplicates == 300 and not adm.fresh
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_copies_committed_concurrently_by_two_partitions_conflict(redis_server, layout):
-    h = Harness(redis_server, layout, snapshot_every=1000)
+def test_copies_committed_concurrently_by_two_partitions_conflict(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
     rows = _rows(200, 43)
     a = h.task(partition=0, batch=9)
     b = h.task(partition=1, batch=9)
@@ -196,15 +188,12 @@ def test_copies_committed_concurrently_by_two_partitions_conflict(redis_server, 
     assert conflicts == {r[1] for r in rows}, "the second commit of the same IDs is refused"
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_an_id_only_an_expired_generation_seemed_to_hold_stays_known_after_it_expires(
-    redis_server, layout
-):
+def test_an_id_only_an_expired_generation_seemed_to_hold_stays_known_after_it_expires(redis_server):
     """A false positive of an older generation's filter sends an ID to Redis, which says
     unseen: the ID is committed in the batch's generation, and that generation's filter must
     hold it too. Otherwise, once the older generation is no longer live, the filters would
     answer "certainly new" for a copy, and Redis would never be asked."""
-    h = Harness(redis_server, layout, snapshot_every=1000)
+    h = Harness(redis_server, snapshot_every=1000)
     rows = _rows(50, 45)
     g = h.task(batch=1, generation=2)  # live: 2, 1, 0
     g.stage.filters.add([r[1] for r in rows], 1)  # bits set in generation 1, as by chance
@@ -226,13 +215,10 @@ def _stored_seen(h):
     return sum(h.client.hlen(k) for k in h.client.scan_iter(match=ks.seen_pattern(), count=1000))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_chunk_with_copies_scattered_over_many_shards_names_each_and_leaves_nothing(
-    redis_server, layout
-):
+def test_a_chunk_with_copies_scattered_over_many_shards_names_each_and_leaves_nothing(redis_server):
     """Fields travel grouped by shard; conflicts must still name the right rows, and a
     refused chunk must leave none of its marks behind (the redo writes them)."""
-    h = Harness(redis_server, layout, snapshot_every=1000)
+    h = Harness(redis_server, snapshot_every=1000)
     rows = _rows(6_000, 44)  # thousands of shards touched, several IDs in most
     taken = rows[::7] + rows[3::997]
     a = h.task(partition=0, batch=9)
@@ -269,11 +255,10 @@ def _outputs(n, seed):
     return [Output(1, rid, TS, None, b"v") for _i, rid, _ts, _kb, _e in _rows(n, seed)]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("committed", [True, False])
-def test_a_delivery_left_pending_is_resolved_by_the_next_attempt(redis_server, committed, layout):
+def test_a_delivery_left_pending_is_resolved_by_the_next_attempt(redis_server, committed):
     """Transactional: committed -> never sent again; aborted -> sent again, no copy counted."""
-    h = Harness(redis_server, layout, snapshot_every=1000)
+    h = Harness(redis_server, snapshot_every=1000)
     sink = h.spec.sinks[0][0]
     outs = _outputs(300, 50)
     first = h.task(partition=0, batch=4)
@@ -370,16 +355,3 @@ def test_positional_ids_take_no_seen_mark_and_a_retry_knows_them_from_the_backup
     later = h.task(batch=1)  # another batch never reads these positions again; IDs are copies
     other = later.admit(keyed + _rows(50, 43), [False] * 150)
     assert other.duplicates == 100 and len(other.fresh) == 50
-
-
-def test_layout_1_marks_positional_ids_like_any_other(redis_server):
-    """Layout 1 keeps no inputs in the backup: the seen-mark's owner is what a retry reads."""
-    h = Harness(redis_server, layout=LAYOUTS[0])
-    rows = _rows(200, 44)
-    first = h.task(batch=0)
-    adm = first.admit(rows, [True] * 200)
-    assert not adm.unmarked
-    assert first.commit(0, adm.fresh, [], {}, {}, adm.unmarked) == set()
-    assert _seen_ids_in_redis(h, h.spec.name) == 200
-    retry = h.task(batch=0)
-    assert len(retry.admit(rows, [True] * 200).replayed) == 200

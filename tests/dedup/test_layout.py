@@ -1,11 +1,11 @@
-"""Seen-ID layouts against a real Redis.
+"""The seen-ID layout against a real Redis.
 
-Layout 2 stores each seen ID as what its shard does not already say, with a constant value;
-a task attempt learns what earlier attempts of the task committed from its backup instead of
-from owners. These tests check that it stores what it claims, that replays, copies and
-conflicts are decided as in layout 1 (same counts), that IDs which differ only in the bytes
-that pick their shard are never confused, and that a namespace made before layouts existed
-keeps layout 1 (16-byte IDs with owners).
+Each seen ID is stored as what its shard does not already say, with a constant value; a task
+attempt learns what earlier attempts of the task committed from its backup, and what they
+delivered from the backup's delivery log. These tests check that it stores what it claims,
+that replays, copies and conflicts are decided right, that IDs which differ only in the bytes
+that pick their shard are never confused, and that a namespace an older Onceflow made in
+another layout is refused with the way out.
 """
 
 from __future__ import annotations
@@ -21,16 +21,7 @@ from onceflow.dedup.batch import fix_batch_params, read_batch_params
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
-from onceflow.kernel.keyspace import (
-    COMPACT_LAYOUT,
-    DELIVERY_LOG_LAYOUT,
-    LAYOUT_FIELD,
-    LAYOUTS,
-    OWNER_LAYOUT,
-    SEEN_MARK,
-    Keyspace,
-    seen_id,
-)
+from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, SEEN_MARK, Keyspace, seen_id
 from onceflow.kernel.records import Output, TaskRef
 from onceflow.runtime.pinning import pin_layout, pin_settings
 from tests.dedup.test_guard import TS, Harness, _rows
@@ -66,25 +57,17 @@ def _with_prefix(prefix, tail):
     return (0, prefix.to_bytes(2, "big") + tail, TS, None, {"p": prefix})
 
 
-def test_layout_2_stores_short_fields_a_constant_and_the_inputs_in_the_backup(redis_server):
-    h = Harness(redis_server, COMPACT_LAYOUT, snapshot_every=1000)
+def test_seen_ids_are_short_fields_with_a_constant_and_the_inputs_are_in_the_backup(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
     rows = _rows(3000, 60)
     g, _ = _attempt(h, 3, 0, 1)
     assert g.commit(0, g.admit(rows).fresh, [], {}, {}) == set()
     seen = _seen(h, h.spec.name)
     assert {len(f) for _s, f in seen} == {15} and set(seen.values()) == {SEEN_MARK}
-    assert {seen_id(f, s, SHARDS, COMPACT_LAYOUT) for s, f in seen} == _ids(rows)
+    assert {seen_id(f, s, SHARDS) for s, f in seen} == _ids(rows)
     backup = h.client.hgetall(Keyspace(h.name).backup(h.spec.name, 3, 0))
     assert backup[inputs_field(0).encode()] == b"".join(r[1] for r in rows)
     assert replay(backup).inputs == _ids(rows)
-
-    sink = h.spec.sinks[0][0]
-    outs = [Output(1, r[1], TS, None, b"v") for r in rows[:500]]
-    g.prepare_delivery(sink, "-", outs)
-    g.delivered(sink, outs)
-    delivered = _seen(h, "out/delivered")
-    assert {len(f) for _s, f in delivered} == {15} and set(delivered.values()) == {SEEN_MARK}
-    assert g.undelivered(sink, outs) == []
 
     later = h.task(batch=4)  # a later batch: every row is a copy now
     assert later.admit(rows).duplicates == 3000
@@ -96,12 +79,9 @@ def test_a_backup_without_input_fields_replays_no_inputs():
 
 
 @pytest.mark.parametrize("fresh_worker", [False, True])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_retried_attempt_replays_what_earlier_attempts_committed(
-    redis_server, layout, fresh_worker
-):
-    """The same counts in either layout: replayed, copies, fresh, chunk after chunk."""
-    h = Harness(redis_server, layout, snapshot_every=1000)
+def test_a_retried_attempt_replays_what_earlier_attempts_committed(redis_server, fresh_worker):
+    """Replayed, copies, fresh, chunk after chunk."""
+    h = Harness(redis_server, snapshot_every=1000)
     elsewhere, first, second, new = (_rows(n, 70 + i) for i, n in enumerate((50, 300, 200, 40)))
     h.commit(elsewhere, partition=1)  # batch 0: another task committed these
 
@@ -115,7 +95,7 @@ def test_a_retried_attempt_replays_what_earlier_attempts_committed(
         trust_mod._FILTERS.clear()
     g2, backup = _attempt(h, 5, 0, 11)
     assert backup.next_chunk == 2
-    assert backup.inputs == (_ids(first + second) if layout != OWNER_LAYOUT else frozenset())
+    assert backup.inputs == _ids(first + second)
     adm = g2.admit(first + second + elsewhere + first[:3] + new)
     assert (len(adm.replayed), adm.duplicates, len(adm.fresh)) == (500, 53, 40)
     assert _ids(adm.replayed) == _ids(first + second) and adm.fresh == new
@@ -124,12 +104,11 @@ def test_a_retried_attempt_replays_what_earlier_attempts_committed(
     assert (len(adm.replayed), adm.duplicates, len(adm.fresh)) == (4, 2, 0)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_copy_committed_by_another_task_of_the_batch_conflicts_and_no_neighbour_does(
-    redis_server, layout
+    redis_server,
 ):
     """IDs differing only in the bytes that pick their shard: same shard, or another."""
-    h = Harness(redis_server, layout, snapshot_every=1000)
+    h = Harness(redis_server, snapshot_every=1000)
     tail = bytes(range(14))
     x, same_shard, other_shard = (_with_prefix(p, tail) for p in (1, 1 + SHARDS, 2))
     a, _ = _attempt(h, 9, 0, 1)
@@ -146,10 +125,9 @@ def test_a_copy_committed_by_another_task_of_the_batch_conflicts_and_no_neighbou
     assert adm.duplicates == 3 and adm.fresh == [never]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_ids_sharing_a_tail_are_told_apart_even_by_filters_rebuilt_from_redis(redis_server, layout):
+def test_ids_sharing_a_tail_are_told_apart_even_by_filters_rebuilt_from_redis(redis_server):
     """64 prefixes per shard share each tail; half of them are committed."""
-    h = Harness(redis_server, layout, snapshot_every=1000)
+    h = Harness(redis_server, snapshot_every=1000)
     tails = [bytes(14), b"\xab" * 14]
     prefixes = [s + SHARDS * k for s in (0, 1, 1023) for k in range(64)]
     rows = [_with_prefix(p, t) for t in tails for p in prefixes]
@@ -164,74 +142,53 @@ def test_ids_sharing_a_tail_are_told_apart_even_by_filters_rebuilt_from_redis(re
     assert _ids(adm.fresh) == _ids(rows) - _ids(committed)
 
 
-def _older_namespace(client):
-    """The meta hash an Onceflow without layouts left, and its driver epoch."""
+def _older_namespace(client, layout=None):
+    """The meta hash an older Onceflow left (``layout`` None: one without layouts)."""
     ks = Keyspace(f"layout-{uuid.uuid4().hex[:8]}")
     client.hset(ks.meta, mapping={"parallelism": 1, "bucket_ms": 3 * 3_600_000, "shards": SHARDS})
+    if layout is not None:
+        client.hset(ks.meta, LAYOUT_FIELD, layout)
     client.set(ks.epoch, 1)
     return ks
 
 
-def test_a_namespace_with_state_but_no_layout_keeps_16_byte_ids_with_owners(redis_server):
-    h = Harness(redis_server, snapshot_every=1000)
-    ks = _older_namespace(h.client)
-    h.name = ks.namespace
-    h.guards = type(h.guards)(h.guards.redis, ks.namespace, 1, h.guards.config)
-    pin_settings(h.client, ks, 1, DedupConfig.of(horizon="24h", bucket="3h"))
-    assert h.client.hget(ks.meta, LAYOUT_FIELD) == b"1"
-    params = fix_batch_params(h.client, ks, 1, 0, DedupConfig(), EventTime())
-    assert params.layout == OWNER_LAYOUT
-    h.layout = params.layout
-    rows = _rows(400, 80)
-    g, _ = _attempt(h, 7, 0, 1)
-    assert g.commit(0, g.admit(rows).fresh, [], {}, {}) == set()
-    seen = _seen(h, h.spec.name)
-    assert {f for _s, f in seen} == _ids(rows) and set(seen.values()) == {b"7.0"}
-    assert set(h.client.hkeys(ks.backup(h.spec.name, 7, 0))) == {b"c0"}, "no inputs kept"
-    retry, backup = _attempt(h, 7, 0, 2)
-    assert backup.inputs == frozenset()
-    assert len(retry.admit(rows).replayed) == 400, "the owner says: an earlier attempt"
-
-
-def test_a_batch_fixed_before_layouts_existed_is_layout_1(redis_server):
+@pytest.mark.parametrize("layout", [None, 1, 2])
+def test_a_namespace_an_older_onceflow_made_is_refused_with_the_way_out(redis_server, layout):
     client = redis_server.client()
-    ks = _older_namespace(client)
-    params = fix_batch_params(client, ks, 1, 0, DedupConfig(), EventTime())
-    client.hdel(ks.batch(0), LAYOUT_FIELD)  # as an older Onceflow stored it
-    assert read_batch_params(client, ks, 0).layout == OWNER_LAYOUT == params.layout
+    ks = _older_namespace(client, layout)
+    with pytest.raises(ConfigError) as refused:
+        pin_settings(client, ks, 1, DedupConfig.of(horizon="24h", bucket="3h"))
+    said = str(refused.value)
+    assert "\n" not in said
+    assert f"namespace {ks.namespace!r} was made by an older version of onceflow" in said
+    assert f"(seen-ID layout {layout or 1})" in said
+    assert f"onceflow reset --namespace {ks.namespace} --checkpoint" in said
+    assert "at commit 7c48c6f" in said
+    assert client.hget(ks.meta, LAYOUT_FIELD) == (None if layout is None else str(layout).encode())
 
 
-def test_a_new_namespace_gets_layout_3_and_keeps_it(redis_server):
+def test_a_new_namespace_gets_the_layout_and_keeps_it(redis_server):
     client = redis_server.client()
     ks = Keyspace(f"layout-{uuid.uuid4().hex[:8]}")
     pin_settings(client, ks, 2, DedupConfig())
-    assert client.hget(ks.meta, LAYOUT_FIELD) == b"3"
+    assert client.hget(ks.meta, LAYOUT_FIELD) == str(LAYOUT).encode() == b"3"
     client.set(ks.epoch, 1)
-    assert pin_layout(client, ks) == DELIVERY_LOG_LAYOUT, "state does not turn it into layout 1"
-    params = fix_batch_params(client, ks, 1, 0, DedupConfig(), EventTime())
-    assert params.layout == DELIVERY_LOG_LAYOUT
-
-
-def test_a_namespace_pinned_at_layout_2_keeps_it(redis_server):
-    """An existing namespace keeps its layout: its sinks' delivered-sets stay seen-IDs."""
-    client = redis_server.client()
-    ks = Keyspace(f"layout-{uuid.uuid4().hex[:8]}")
-    client.hset(ks.meta, LAYOUT_FIELD, COMPACT_LAYOUT)
-    pin_settings(client, ks, 2, DedupConfig())
-    assert pin_layout(client, ks) == COMPACT_LAYOUT
+    pin_layout(client, ks)  # state now, and the layout stays
+    assert client.hget(ks.meta, LAYOUT_FIELD) == b"3"
+    fix_batch_params(client, ks, 1, 0, DedupConfig(), EventTime())
+    assert read_batch_params(client, ks, 0) is not None
 
 
 def test_a_layout_this_onceflow_does_not_know_is_refused(redis_server):
     client = redis_server.client()
-    ks = _older_namespace(client)
-    client.hset(ks.meta, LAYOUT_FIELD, 9)
-    with pytest.raises(ConfigError, match="layout 9"):
+    ks = _older_namespace(client, 9)
+    with pytest.raises(ConfigError, match="layout 9, which this onceflow does not know"):
         pin_settings(client, ks, 1, DedupConfig.of(horizon="24h", bucket="3h"))
 
 
-def test_layout_3_logs_each_delivery_in_the_backup_of_the_task_and_marks_nothing(redis_server):
+def test_each_delivery_is_logged_in_the_backup_of_the_task_and_marks_nothing(redis_server):
     """Only an attempt of the delivering task can deliver its records again: it reads the log."""
-    h = Harness(redis_server, DELIVERY_LOG_LAYOUT, snapshot_every=1000)
+    h = Harness(redis_server, snapshot_every=1000)
     sink = h.spec.sinks[0][0]
     first_outs = [Output(1, r[1], TS, None, b"v") for r in _rows(500, 61)]
     second_outs = [Output(1, r[1], TS, None, b"w") for r in _rows(200, 62)]
@@ -257,8 +214,8 @@ def test_layout_3_logs_each_delivery_in_the_backup_of_the_task_and_marks_nothing
     assert other.undelivered(sink, first_outs) == first_outs
 
 
-def test_layout_3_a_pending_delivery_of_an_older_batch_is_logged_in_its_own_backup(redis_server):
-    h = Harness(redis_server, DELIVERY_LOG_LAYOUT, snapshot_every=1000)
+def test_a_pending_delivery_of_an_older_batch_is_logged_in_its_own_backup(redis_server):
+    h = Harness(redis_server, snapshot_every=1000)
     sink = h.spec.sinks[0][0]
     outs = [Output(1, r[1], TS, None, b"v") for r in _rows(40, 64)]
     g, _ = _attempt(h, 7, 0, 1)

@@ -24,7 +24,7 @@ import pytest
 
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.dedup.batch import BatchParams
-from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, Keyspace, Kind
 from onceflow.kernel.scopes import SCOPED_FIELD, read_scopes
 from onceflow.kernel.scripts import COMMIT, scripts_for
 from onceflow.kernel.settings import KafkaSettings
@@ -44,7 +44,13 @@ def _fake_namespace(
     ks = Keyspace(name)
     client.hset(
         ks.meta,
-        mapping={"bucket_ms": bucket_ms, "horizon_ms": horizon_ms, "shards": 4, "parallelism": 2},
+        mapping={
+            "bucket_ms": bucket_ms,
+            "horizon_ms": horizon_ms,
+            "shards": 4,
+            "parallelism": 2,
+            LAYOUT_FIELD: LAYOUT,
+        },
     )
     wm = wm_bucket * bucket_ms + 1
     for batch in range(acked - 2, acked + 1):  # parameters of the last batches
@@ -162,7 +168,7 @@ def test_a_commit_raises_its_generation_and_a_stale_forget_is_refused(redis_serv
         server = ""  # no server check
         args = [1, "1:7", server, b"0.0", chunk, b"", b"", 1, rid, run, 49, newest, newest]
         args += ["", b"", b"", 0, 0, 0, 0]
-        # inputs not kept (layout 1), lanes 0, state values 0, timers 0, stats 0
+        # no inputs field, lanes 0, state values 0, timers 0, stats 0
         return client.eval(COMMIT, len(keys), *keys, *args)
 
     assert commit("c0", b"r" * 16, 5_000)[0] == b"ok"
@@ -224,6 +230,23 @@ def _cli(*args, env=None):
         env=env,
         timeout=120,
     )
+
+
+def test_gc_and_status_refuse_a_namespace_an_older_onceflow_made_in_one_line(redis_server):
+    client = redis_server.client()
+    ks = _fake_namespace(client, f"gc-old-{uuid.uuid4().hex[:6]}")
+    client.hset(ks.meta, LAYOUT_FIELD, 2)
+    url = redis_server.url
+    for command in ("gc", "status"):
+        out = _cli(command, "--namespace", ks.namespace, "--redis-url", url)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert out.stderr.strip() == (
+            f"error: namespace {ks.namespace!r} was made by an older version of onceflow "
+            f"(seen-ID layout 2): run `onceflow reset --namespace {ks.namespace} --checkpoint "
+            "CHECKPOINT_DIR --yes` to start it over (its dedup history, backups and keyed "
+            "state go), or use onceflow 0.1.0 at commit 7c48c6f, the last that reads it"
+        )
+    assert client.exists(ks.seen("stage", 80, 0)), "GC deleted nothing"
 
 
 def test_gc_and_status_commands(redis_server):
@@ -381,7 +404,6 @@ def test_a_horizon_raised_after_gc_turns_copies_of_deleted_ids_into_late_records
     from onceflow.dedup.config import DedupConfig
     from onceflow.dedup.guard import ExactlyOnceGuards
     from onceflow.kernel.eventtime import EventTime
-    from onceflow.kernel.keyspace import LAYOUT_FIELD, NEW_LAYOUT
     from onceflow.kernel.records import TaskRef
     from onceflow.kernel.settings import RedisSettings
     from tests.dedup.test_guard import _copies, _rows, _spec
@@ -391,7 +413,7 @@ def test_a_horizon_raised_after_gc_turns_copies_of_deleted_ids_into_late_records
     name = f"gc-raise-{uuid.uuid4().hex[:6]}"
     ks = Keyspace(name)
     client.incr(ks.epoch)
-    client.hset(ks.meta, mapping={"bucket_ms": hour, "horizon_ms": hour, LAYOUT_FIELD: NEW_LAYOUT})
+    client.hset(ks.meta, mapping={"bucket_ms": hour, "horizon_ms": hour, LAYOUT_FIELD: LAYOUT})
     spec = _spec(name)
     start = (int(client.time()[0]) * 1000 // hour - 10) * hour  # 10 h ago, a bucket's start
     short, long = (DedupConfig(bucket_ms=hour, horizon_ms=h * hour) for h in (1, 24))
@@ -444,7 +466,6 @@ def test_gc_deleting_while_a_batch_with_a_raised_horizon_runs_admits_no_copy(
     from onceflow.dedup.config import DedupConfig
     from onceflow.dedup.guard import ExactlyOnceGuards
     from onceflow.kernel.eventtime import EventTime
-    from onceflow.kernel.keyspace import LAYOUT_FIELD, NEW_LAYOUT
     from onceflow.kernel.records import TaskRef
     from onceflow.kernel.settings import RedisSettings
     from onceflow.operations import gc as gc_module
@@ -455,7 +476,7 @@ def test_gc_deleting_while_a_batch_with_a_raised_horizon_runs_admits_no_copy(
     name = f"gc-race-{uuid.uuid4().hex[:6]}"
     ks = Keyspace(name)
     client.incr(ks.epoch)
-    client.hset(ks.meta, mapping={"bucket_ms": hour, "horizon_ms": hour, LAYOUT_FIELD: NEW_LAYOUT})
+    client.hset(ks.meta, mapping={"bucket_ms": hour, "horizon_ms": hour, LAYOUT_FIELD: LAYOUT})
     spec = _spec(name)
     start = (int(client.time()[0]) * 1000 // hour - 10) * hour
     short, long = (DedupConfig(bucket_ms=hour, horizon_ms=h * hour) for h in (1, 24))

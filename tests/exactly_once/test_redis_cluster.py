@@ -173,7 +173,9 @@ def onceflow(*args: str) -> subprocess.CompletedProcess[str]:
 def operator_commands_find_the_pipeline(url: str, scn) -> None:
     """``status --all`` and ``gc --all`` on a cluster: namespaces on several masters."""
     other = "elsewhere"  # hashes to another master than most names: found all the same
-    redis_client(RedisSettings(url), other).hset(Keyspace(other).meta, "parallelism", 2)
+    redis_client(RedisSettings(url), other).hset(
+        Keyspace(other).meta, mapping={"parallelism": 2, "layout": 3}
+    )
     listed = onceflow("status", "--all", "--json", "--redis-url", url)
     assert listed.returncode == 0, listed.stderr
     names = {s["namespace"] for s in json.loads(listed.stdout)}

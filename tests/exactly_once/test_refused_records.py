@@ -29,7 +29,7 @@ from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel import codec
-from onceflow.kernel.keyspace import NEW_LAYOUT, Keyspace
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.limits import DELIVERY_RECORDS
 from onceflow.kernel.records import Output, TaskRef
 from onceflow.kernel.settings import RedisSettings
@@ -123,7 +123,7 @@ class _Txn(TransactionalWriter):
         return False
 
 
-def _stage(redis_server, sink, dead, layout=NEW_LAYOUT):
+def _stage(redis_server, sink, dead):
     name = f"refused-{uuid.uuid4().hex[:8]}"
     p = Pipeline(name, dead_letters=dead)
     p.read("events", KafkaSource("in", bootstrap_servers="127.0.0.1:1")).map(
@@ -131,7 +131,7 @@ def _stage(redis_server, sink, dead, layout=NEW_LAYOUT):
     ).write("out", sink)
     spec = p.job().stages[0].with_dead_letters(dead)
     redis_server.client().incr(Keyspace(name).epoch)
-    params = BatchParams(0, TS, TS, TS, 24 * 3_600_000, 0, 0, (0,), TS * 2, layout=layout)
+    params = BatchParams(0, TS, TS, TS, 24 * 3_600_000, 0, 0, (0,), TS * 2)
     guards = ExactlyOnceGuards(RedisSettings(redis_server.url), name, 1, DedupConfig())
     return spec, guards.for_batch(params)
 
@@ -226,16 +226,15 @@ def _raw_rows(values: list[bytes]):
     return pa.RecordBatch.from_pydict(columns)
 
 
-@pytest.mark.parametrize("layout", [1, 2, 3])
 @pytest.mark.parametrize("hold", [DELIVERY_RECORDS, 1], ids=["one-delivery", "two-deliveries"])
 def test_a_dead_letter_committed_by_an_attempt_that_died_is_delivered_once(
-    layout, hold, redis_server, monkeypatch
+    hold, redis_server, monkeypatch
 ):
     """The retry replays the letter from the backup and makes it again from its input (an
     undecodable record is no admitted input): two copies with one ID, delivered once, in
     one delivery or in two (``hold``: sink records the retry holds before delivering)."""
     sink, dead = Recorder(), Recorder()
-    spec, guards = _stage(redis_server, sink, dead, layout)
+    spec, guards = _stage(redis_server, sink, dead)
     values = [json.dumps({"i": i}).encode() for i in range(5)]
     values[2] = b"{not json"
     first = TaskRun(spec, guards, TaskRef(spec.name, 0, 0, 0, spec.sinks, 1))

@@ -13,9 +13,7 @@ from hypothesis import strategies as st
 from onceflow.dedup.addressing import seen_fields, shards_of
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import (
-    COMPACT_LAYOUT,
-    LAYOUTS,
-    OWNER_LAYOUT,
+    LAYOUT,
     Keyspace,
     Kind,
     check_layout,
@@ -86,25 +84,24 @@ def test_the_floor_is_the_bucket_a_horizon_back():
 IDS = st.binary(min_size=16, max_size=16)
 
 
-@given(IDS, st.integers(1, 65536), st.sampled_from(LAYOUTS))
-def test_a_seen_field_and_its_shard_give_the_id_back(rid, shards, layout):
-    field = seen_field(rid, shards, layout)
-    assert len(field) == seen_width(layout, shards)
-    assert seen_id(field, shard_of(rid, shards), shards, layout) == rid
+@given(IDS, st.integers(1, 65536))
+def test_a_seen_field_and_its_shard_give_the_id_back(rid, shards):
+    field = seen_field(rid, shards)
+    assert len(field) == seen_width(shards)
+    assert seen_id(field, shard_of(rid, shards), shards) == rid
 
 
-@given(st.lists(IDS, min_size=1, max_size=50), st.integers(1, 65536), st.sampled_from(LAYOUTS))
-def test_the_seen_field_formula_and_its_vectorised_form_agree(ids, shards, layout):
+@given(st.lists(IDS, min_size=1, max_size=50), st.integers(1, 65536))
+def test_the_seen_field_formula_and_its_vectorised_form_agree(ids, shards):
     raw = np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(-1, 16)
-    assert seen_fields(raw, shards, layout) == b"".join(seen_field(i, shards, layout) for i in ids)
+    assert seen_fields(raw, shards) == b"".join(seen_field(i, shards) for i in ids)
 
 
 @pytest.mark.parametrize(
     ("shards", "width"), [(65536, 14), (1024, 15), (256, 15), (255, 16), (1, 16)]
 )
-def test_layout_2_drops_what_the_shard_says(shards, width):
-    assert seen_width(COMPACT_LAYOUT, shards) == width
-    assert seen_width(OWNER_LAYOUT, shards) == 16
+def test_a_seen_field_drops_what_the_shard_says(shards, width):
+    assert seen_width(shards) == width
 
 
 @pytest.mark.parametrize("shards", [1, 3, 255, 256, 1000, 1024, 4096, 65536])
@@ -116,18 +113,23 @@ def test_ids_that_differ_only_in_the_bytes_that_pick_the_shard_are_never_confuse
     2..15 alone would confuse all of those.
     """
     ids = [p.to_bytes(2, "big") + tail for p in range(65536)]
-    placed = {(shard_of(i, shards), seen_field(i, shards, COMPACT_LAYOUT)) for i in ids}
+    placed = {(shard_of(i, shards), seen_field(i, shards)) for i in ids}
     assert len(placed) == len(ids)
 
 
 def test_little_endian_counters_keep_one_field_each_per_shard():
     """Structured IDs (a counter written little-endian) differ in bytes 0-1 first."""
     ids = [i.to_bytes(16, "little") for i in range(200_000)]
-    placed = {(shard_of(i, 1024), seen_field(i, 1024, COMPACT_LAYOUT)) for i in ids}
+    placed = {(shard_of(i, 1024), seen_field(i, 1024)) for i in ids}
     assert len(placed) == len(ids)
 
 
-def test_an_unknown_layout_is_refused_with_what_to_do():
-    assert check_layout(COMPACT_LAYOUT, "n") == COMPACT_LAYOUT
-    with pytest.raises(ConfigError, match="layout 4, which this Onceflow does not know"):
-        check_layout(4, "n")
+def test_an_old_or_unknown_layout_is_refused_with_what_to_do():
+    check_layout(str(LAYOUT), True, "n")
+    check_layout(b"3", True, "n")
+    check_layout(None, False, "n")  # a new namespace
+    for stored, has_state in ((None, True), (b"1", True), (b"2", False)):
+        with pytest.raises(ConfigError, match=r"^namespace 'n' was made by an older version"):
+            check_layout(stored, has_state, "n")
+    with pytest.raises(ConfigError, match="layout 4, which this onceflow does not know"):
+        check_layout(b"4", True, "n")

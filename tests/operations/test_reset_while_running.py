@@ -19,7 +19,7 @@ pytestmark = pytest.mark.redis
 def test_reset_refuses_while_a_driver_beats_and_goes_ahead_once_it_stopped(redis_server):
     client = redis_server.client()
     ks = Keyspace("reset-running")
-    client.hset(ks.meta, "parallelism", 2)
+    client.hset(ks.meta, mapping={"parallelism": 2, "layout": 3})
     beat = DriverHeartbeat(client, ks, driver_info(7, "reset-running")).start()
     try:
         assert running_driver(client, ks)["epoch"] == 7
@@ -38,7 +38,7 @@ def test_reset_refuses_while_a_driver_beats_and_goes_ahead_once_it_stopped(redis
 def test_a_lost_driver_can_be_forced_out_and_its_heartbeat_expires(redis_server):
     client = redis_server.client()
     ks = Keyspace("reset-lost")
-    client.hset(ks.meta, "parallelism", 2)
+    client.hset(ks.meta, mapping={"parallelism": 2, "layout": 3})
     DriverHeartbeat(client, ks, driver_info(3, "reset-lost")).start().stopped.set()  # lost
     assert 0 < client.pttl(ks.driver) <= 30_000, "a lost driver's heartbeat must expire"
     with pytest.raises(ConfigError):
@@ -49,7 +49,7 @@ def test_a_lost_driver_can_be_forced_out_and_its_heartbeat_expires(redis_server)
 def test_the_cli_says_so_in_one_line(redis_server):
     client = redis_server.client()
     ks = Keyspace("reset-cli")
-    client.hset(ks.meta, "parallelism", 2)
+    client.hset(ks.meta, mapping={"parallelism": 2, "layout": 3})
     client.set(ks.driver, '{"pid": 42, "host": "h", "epoch": 5}', px=30_000)
     done = subprocess.run(
         [

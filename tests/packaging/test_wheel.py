@@ -76,6 +76,8 @@ def test_the_wheel_holds_one_top_level_package(wheel):
     )
     page = {f"onceflow/operations/ui.{ext}" for ext in ("html", "css", "js")}
     assert page <= set(zf.namelist()), "the live page's files are not in the wheel"
+    lua = {n for n in zf.namelist() if n.startswith("onceflow/kernel/lua/")}
+    assert "onceflow/kernel/lua/commit.lua" in lua and len(lua) > 20, "the Redis scripts"
 
 
 @pytest.fixture(scope="module")
