@@ -203,17 +203,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Text or JSON view of one or all namespaces."""
     from onceflow.operations.status import status, status_json
 
-    statuses = [
-        status(_redis(args, name), name, connect=_tags(args))
-        for name in _targets(_redis(args), args)
-    ]
+    statuses, refused = [], []
+    for name in _targets(_redis(args), args):
+        try:
+            statuses.append(status(_redis(args, name), name, connect=_tags(args)))
+        except ConfigError as exc:  # one namespace (an older build's ...) must not hide the rest
+            refused.append(str(exc))
     if args.json:
         print(status_json(statuses))
-    elif not statuses:
+    elif not statuses and not refused:
         print("no pipeline namespaces with exactly-once state in this Redis")
     else:
         print("\n\n".join(s.text() for s in statuses))
-    return 0
+    for reason in refused:
+        print(f"error: {reason}", file=sys.stderr)
+    return 2 if refused else 0
 
 
 def cmd_dead_letters_replay(args: argparse.Namespace) -> int:

@@ -247,6 +247,11 @@ def test_gc_and_status_refuse_a_namespace_an_older_onceflow_made_in_one_line(red
             "state go), or use onceflow 0.1.0 at commit 7c48c6f, the last that reads it"
         )
     assert client.exists(ks.seen("stage", 80, 0)), "GC deleted nothing"
+    good = _fake_namespace(client, f"gc-new-{uuid.uuid4().hex[:6]}")
+    both = ("--namespace", ks.namespace, "--namespace", good.namespace, "--redis-url", url)
+    out = _cli("status", *both)
+    assert out.returncode == 2 and "older version of onceflow" in out.stderr
+    assert good.namespace in out.stdout, "the old namespace hid the others"
 
 
 def test_gc_and_status_commands(redis_server):
