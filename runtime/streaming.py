@@ -63,7 +63,7 @@ from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
 from onceflow.runtime.bounded import prepare_sinks
 from onceflow.runtime.checkpoint import Checkpoint, choose_manager
 from onceflow.runtime.errors import RunError
-from onceflow.runtime.faults import driver_crashpoint
+from onceflow.runtime.faults import CrashPoint, driver_crashpoint
 from onceflow.runtime.guard import AtLeastOnceGuards
 from onceflow.runtime.heartbeat import DriverHeartbeat, driver_info
 from onceflow.runtime.metrics import CounterParam
@@ -198,7 +198,7 @@ class StreamingRun:
                     raise
                 again += 1
                 self._run_again(batch_id, exc, again)
-        driver_crashpoint("batch_end", batch_id)
+        driver_crashpoint(CrashPoint.BATCH_END, batch_id)
         if self.ticker is not None:
             self.ticker.after_batch(self.trigger_ms)
         phases.mark("ticks")

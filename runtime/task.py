@@ -52,7 +52,7 @@ from onceflow.kernel.records import DeadLetter, InRow, Output, Record, StateWrit
 from onceflow.runtime.body import StageBody, StageFailure, describe, portable, too_large
 from onceflow.runtime.chunking import Chunker, Part
 from onceflow.runtime.errors import TASK_FAILURE_MARK, RuntimeFailure, TaskFailure
-from onceflow.runtime.faults import crashpoint
+from onceflow.runtime.faults import CrashPoint, crashpoint
 from onceflow.runtime.guard import GuardFactory
 from onceflow.runtime.metrics import dead_letter_counter
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
@@ -188,6 +188,10 @@ class TaskRun:
             line += f" [record {parent.hex()}]"
         return line
 
+    def crash(self, point: CrashPoint) -> None:
+        """A crashpoint of this task (free unless a test armed it: see :mod:`.faults`)."""
+        crashpoint(point, self.spec.name, self.batch, self.partition, self.attempt)
+
     def count(self, name: str, n: int = 1) -> None:
         """Add to a counter named ``stage/name``."""
         key = f"{self.spec.name}/{name}"
@@ -221,7 +225,7 @@ class TaskRun:
         yield from self.emit(outputs)
         yield from self.release()
         yield from self.flush_sinks()
-        crashpoint("task_end", self.spec.name, self.batch, self.partition, self.attempt)
+        self.crash(CrashPoint.TASK_END)
 
     def process_chunk(
         self,
@@ -283,10 +287,10 @@ class TaskRun:
         for part in parts[:-1]:
             self.guard.commit(chunk_no, [], part, {}, {})
             chunk_no += 1
-            crashpoint("after_commit", self.spec.name, self.batch, self.partition, self.attempt)
-        crashpoint("before_finish", self.spec.name, self.batch, self.partition, self.attempt)
+            self.crash(CrashPoint.AFTER_COMMIT)
+        self.crash(CrashPoint.BEFORE_FINISH)
         self.guard.finish(parts[-1], changes)
-        crashpoint("after_finish", self.spec.name, self.batch, self.partition, self.attempt)
+        self.crash(CrashPoint.AFTER_FINISH)
         return outputs
 
     def close_counts(self) -> None:
@@ -370,7 +374,7 @@ class TaskRun:
                     fresh, rest = fresh[:cut], fresh[cut:] + rest
                 continue
             outputs = before + made
-            crashpoint("before_commit", self.spec.name, self.batch, self.partition, self.attempt)
+            self.crash(CrashPoint.BEFORE_COMMIT)
             try:
                 conflicts = self.guard.commit(
                     chunk_no, fresh, outputs + deltas, updates, {} if rest else lanes, unmarked
@@ -395,7 +399,7 @@ class TaskRun:
             fresh = [r for r in fresh if r[1] not in conflicts]
             refused = {rid: letter for rid, letter in refused.items() if rid not in conflicts}
         self.body.chunk_committed()
-        crashpoint("after_commit", self.spec.name, self.batch, self.partition, self.attempt)
+        self.crash(CrashPoint.AFTER_COMMIT)
         return outputs, rest
 
     def _conflict_letters(self, rows: list[InRow]) -> list[Output]:
@@ -703,7 +707,7 @@ class TaskRun:
             self.guard.prepare_delivery(target.index, NO_MARKER, todo)
             rejected = writer.write(records)
             rejected += writer.flush()
-            crashpoint("after_sink_write", self.spec.name, self.batch, self.partition, self.attempt)
+            self.crash(CrashPoint.AFTER_SINK_WRITE)
         # Refused records are not marked: their dead letters are not durable yet, and a
         # retry that finds them unmarked refuses them again and makes the same letters.
         self.guard.delivered(target.index, accepted(todo, records, rejected))
@@ -737,7 +741,7 @@ class TaskRun:
                 if writer.recover():
                     break
                 self.count("sink_transactions_redone")
-        crashpoint("after_sink_commit", self.spec.name, self.batch, self.partition, self.attempt)
+        self.crash(CrashPoint.AFTER_SINK_COMMIT)
         self.noted.pop(target.index, None)  # guard.delivered() deletes the record
         return rejected
 
@@ -759,9 +763,7 @@ class TaskRun:
             rejected += refused
             if refused:  # refused before sending: not again in a redone transaction
                 sending = _without(sending, refused)
-            crashpoint(
-                "in_sink_transaction", self.spec.name, self.batch, self.partition, self.attempt
-            )
+            self.crash(CrashPoint.IN_SINK_TRANSACTION)
             try:
                 marker = writer.prepare()
                 break
@@ -769,7 +771,7 @@ class TaskRun:
                 rejected += poison.rejected
                 sending = _without(sending, poison.rejected)
         self.guard.prepare_delivery(target.index, marker, accepted(todo, records, rejected))
-        crashpoint("after_sink_write", self.spec.name, self.batch, self.partition, self.attempt)
+        self.crash(CrashPoint.AFTER_SINK_WRITE)
         writer.commit()
         return sending
 
