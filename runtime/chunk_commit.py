@@ -16,9 +16,10 @@ from onceflow.dedup.commit import FloorRaised
 from onceflow.kernel import ids
 from onceflow.kernel.limits import outputs_bytes
 from onceflow.kernel.records import DeadLetter, InRow, Output, StateWrite
-from onceflow.runtime.body import StageBody, StageFailure, portable
+from onceflow.runtime.body import StageBody
 from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
+from onceflow.runtime.record_text import StageFailure, portable
 from onceflow.runtime.spec import StageSpec
 
 # Event times below this many ms (September 2001) are taken to be seconds by mistake.

@@ -18,9 +18,10 @@ from onceflow.dedup.delivery import NO_MARKER
 from onceflow.kernel import codec
 from onceflow.kernel.limits import outputs_bytes, split_outputs
 from onceflow.kernel.records import DeadLetter, Output, Record, TaskRef
-from onceflow.runtime.body import StageBody, portable
+from onceflow.runtime.body import StageBody
 from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
+from onceflow.runtime.record_text import portable
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
 from onceflow.runtime.transaction import SinkTransaction, accepted
 

@@ -15,9 +15,10 @@ from onceflow.connectors.base import LaneProgress
 from onceflow.kernel import codec
 from onceflow.kernel.limits import SOURCE_SLICE_RECORDS, Budget
 from onceflow.kernel.records import DeadLetter, InRow, Record
-from onceflow.runtime.body import StageBody, describe, too_large
+from onceflow.runtime.body import StageBody
 from onceflow.runtime.chunking import Chunker, Part
 from onceflow.runtime.guard import Guard
+from onceflow.runtime.record_text import describe, too_large
 from onceflow.runtime.spec import StageSpec
 
 if TYPE_CHECKING:
