@@ -26,7 +26,7 @@ from onceflow.kernel import codec
 from onceflow.kernel.ids import Deriver
 from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, StateWrite
 from onceflow.runtime.boundaries import Boundaries, Push
-from onceflow.runtime.combine_flush import CombineFlush, TimerReader
+from onceflow.runtime.combine_flush import CombineFlush, TimerReader, chunk_deltas, seed_partials
 from onceflow.runtime.combine_op import CombineOp, StateReader
 from onceflow.runtime.record_text import Cursor, StageFailure, describe, error_text, portable
 from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec
@@ -161,17 +161,7 @@ class StageBody:
 
     def _window_closed(self, node: str, reason: str, elem: Any) -> None:
         """A record too late for every one of its windows: a dead letter, never dropped."""
-        letter = DeadLetter(
-            self.cursor.parent,
-            self.cursor.ts,
-            node,
-            reason,
-            self._origin(),
-            None,
-            portable(elem),
-            "window_closed",
-        )
-        self.dead(letter)
+        self.out.letter(node, reason, portable(elem), "window_closed")
 
     def _entry(self, ops: tuple[str, ...], targets: tuple[int, ...]) -> Push:
         return fan_out([self.push[n] for n in ops] + [self.out.appender(t) for t in targets])
@@ -180,17 +170,7 @@ class StageBody:
         if self.spec.on_error == "fail":
             msg = f"stage {node!r} failed on {describe(elem, 200)}: {error_text(exc)}"
             raise StageFailure(msg) from exc
-        letter = DeadLetter(
-            self.cursor.parent,
-            self.cursor.ts,
-            node,
-            error_text(exc),
-            self._origin(),
-            None,
-            describe(elem),
-            "user_error",
-        )
-        self.dead(letter)
+        self.out.letter(node, error_text(exc), describe(elem), "user_error")
 
     def _origin(self) -> str:
         parent = self.cursor.parent
@@ -248,34 +228,12 @@ class StageBody:
     # -- combines ------------------------------------------------------------------------
 
     def partial_deltas(self) -> list[Output]:
-        """This chunk's partial-combine deltas, as outputs to back up with the chunk.
-
-        They are not sent anywhere: a partial combine emits once per task (so lifting stays
-        effective), and a retried task re-seeds its sums from these backed-up deltas.
-        Targets are negative: ``-1 - position of the op``.
-        """
-        out: list[Output] = []
-        for position, op in enumerate(self.spec.ops):
-            combine = self.combines.get(op.name)
-            if combine is None or not combine.chunked:
-                continue
-            if isinstance(combine, WindowedCombine):
-                for kb, ts, value in combine.deltas():
-                    out.append(Output(-1 - position, b"", ts, kb, value))
-                continue
-            for kb, (_key, acc, ts) in combine.acc.items():
-                out.append(Output(-1 - position, b"", ts, kb, codec.encode(acc)))
-        return out
+        """This chunk's partial-combine deltas, to back up with it (see :func:`chunk_deltas`)."""
+        return chunk_deltas(self.spec, self.combines)
 
     def seed_partials(self, outputs: list[Output]) -> None:
         """Re-seed partial sums from deltas an earlier attempt committed."""
-        for out in outputs:
-            combine = self.combines[self.spec.ops[-1 - out.target].name]
-            assert out.key is not None
-            if isinstance(combine, WindowedCombine):
-                combine.seed(out.key, out.value, out.ts)
-            else:
-                combine.seed(out.key, codec.decode(out.key), codec.decode(out.value), out.ts)
+        seed_partials(self.spec, self.combines, outputs)
 
     def state_updates(self, reader: StateReader) -> dict[str, StateWrite]:
         """New state of every stateful combine for the keys changed in this chunk.

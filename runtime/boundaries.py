@@ -36,6 +36,13 @@ class Boundaries:
         self.dead_count = 0
         self.dead_codes: dict[str, int] = {}  # dead letters by reason (DeadLetter.code)
 
+    def letter(self, node: str, reason: str, value: str, code: str) -> None:
+        """A dead letter of the current record (``value``: its printable form)."""
+        cursor = self.cursor
+        self.dead(
+            DeadLetter(cursor.parent, cursor.ts, node, reason, self.origin(), None, value, code)
+        )
+
     def appender(self, target: int) -> Push:
         """Buffer an element for ``target`` under the current record."""
         buf = self.buffers[target]

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from onceflow.kernel import codec
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import StateWrite
+from onceflow.kernel.records import Output, StateWrite
 from onceflow.kernel.windows import Pane
 from onceflow.runtime.combine_op import CombineOp, StateReader
 from onceflow.runtime.record_text import Cursor
@@ -26,6 +27,7 @@ PARTIAL_FLUSH = "end"
 # Keys of a combine node whose timers are due: (node, watermark, batch time) -> keys
 TimerReader = Callable[[str, int, int], Sequence[bytes]]
 Fail = Callable[[str, BaseException, Any], None]
+Combines = Mapping[str, CombineOp | WindowedCombine]
 
 
 class CombineFlush:
@@ -161,3 +163,35 @@ class CombineFlush:
                 continue
             out((key, result))
         combine.touched.clear()
+
+
+def chunk_deltas(spec: StageSpec, combines: Combines) -> list[Output]:
+    """This chunk's partial-combine deltas, as outputs to back up with the chunk.
+
+    They are not sent anywhere: a partial combine emits once per task (so lifting stays
+    effective), and a retried task re-seeds its sums from these backed-up deltas.
+    Targets are negative: ``-1 - position of the op``.
+    """
+    out: list[Output] = []
+    for position, op in enumerate(spec.ops):
+        combine = combines.get(op.name)
+        if combine is None or not combine.chunked:
+            continue
+        if isinstance(combine, WindowedCombine):
+            for kb, ts, value in combine.deltas():
+                out.append(Output(-1 - position, b"", ts, kb, value))
+            continue
+        for kb, (_key, acc, ts) in combine.acc.items():
+            out.append(Output(-1 - position, b"", ts, kb, codec.encode(acc)))
+    return out
+
+
+def seed_partials(spec: StageSpec, combines: Combines, outputs: list[Output]) -> None:
+    """Re-seed partial sums from deltas an earlier attempt committed."""
+    for out in outputs:
+        combine = combines[spec.ops[-1 - out.target].name]
+        assert out.key is not None
+        if isinstance(combine, WindowedCombine):
+            combine.seed(out.key, out.value, out.ts)
+        else:
+            combine.seed(out.key, codec.decode(out.key), codec.decode(out.value), out.ts)

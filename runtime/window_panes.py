@@ -7,7 +7,7 @@ index``). See :mod:`onceflow.runtime.windowing` for when each step runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from onceflow.kernel.records import StateWrite
@@ -21,6 +21,20 @@ PROCESSING_TIMERS = "processing"
 
 Emit = Callable[[bytes, Any, Pane, int], None]  # key bytes, key, pane, output event time
 Failed = Callable[[Any, BaseException], None]
+
+
+class WindowClosedError(Exception):
+    """Every window of a record has closed: it goes to dead letters with this reason."""
+
+
+def closed_reason(ts: int, windows: Sequence[Span], watermark: int, lateness: int) -> str:
+    """Why a record is not added to its windows."""
+    last = max(end for _, end in windows)
+    return (
+        f"event time {ts} falls in windows that have closed (the latest ends at {last}, the "
+        f"watermark is {watermark}, allowed lateness {lateness} ms): their final panes have "
+        "been emitted; raise allowed_lateness to take records this late"
+    )
 
 
 class WindowPanes:
@@ -41,6 +55,19 @@ class WindowPanes:
         self.failed = failed  # a pane whose extract raised: the user's function failed
 
     # -- adding --------------------------------------------------------------------------
+
+    def open_windows(self, ts: int, spans: list[Span]) -> tuple[list[Span], int]:
+        """The spans still open at the watermark, and how many closed; raises if all did."""
+        wm = self.watermark
+        if wm is None:
+            return spans, 0
+        lateness = self.windowing.allowed_lateness_ms
+        if min(end for _, end in spans) + lateness > wm:  # the common case: all open
+            return spans, 0
+        open_ = [s for s in spans if not self.windowing.closed(s[1], wm)]
+        if not open_:
+            raise WindowClosedError(closed_reason(ts, spans, wm, lateness))
+        return open_, len(spans) - len(open_)
 
     def apply_all(self, entries: list[WindowState], deltas: Mapping[Span, Delta]) -> None:
         """Add a chunk's deltas to windows that never merge (one lookup per window)."""

@@ -25,6 +25,7 @@ from onceflow.kernel.windows import Span, merge_spans
 NO_TIME = -(1 << 62)
 
 Merge = Callable[[Any, Any], Any]
+Partial = tuple[bytes, Any, int, list[list[Any]]]  # key bytes, key, newest, wire windows
 
 
 @dataclass(slots=True)
@@ -159,3 +160,19 @@ def merge_partials(items: list[tuple[Span, Delta]], merge: Merge) -> list[tuple[
             newest = max(newest, d.newest)
         merged.append((span, Delta(acc, n, newest)))
     return merged
+
+
+def key_partials(source: dict[bytes, KeyDeltas], sessions: bool, merge: Merge) -> list[Partial]:
+    """``(key bytes, key, newest, [[start, end, acc, n, newest], ...])`` per key.
+
+    With ``sessions``, overlapping windows are merged; ``newest`` is the newest event time
+    over the key's windows.
+    """
+    out = []
+    for kb, slot in source.items():
+        items = list(slot.windows.items())
+        if sessions:
+            items = merge_partials(items, merge)
+        newest = max(d.newest for _, d in items)
+        out.append((kb, slot.key, newest, to_wire(items)))
+    return out

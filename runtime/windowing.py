@@ -36,37 +36,29 @@ from onceflow.kernel.records import StateWrite
 from onceflow.kernel.windows import GLOBAL_END, Late, Pane, Span, Timing, Windowing
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.spec import OpSpec, Phase
-from onceflow.runtime.window_panes import Emit, WindowPanes
+from onceflow.runtime.window_panes import (
+    Emit,
+    WindowClosedError,
+    WindowPanes,
+    closed_reason,
+)
 from onceflow.runtime.window_records import (
     NO_TIME,
     Delta,
     KeyDeltas,
     KeyLate,
     LateRecord,
+    Partial,
     PartialWindow,
     decode_entries,
+    key_partials,
     merge_into,
-    merge_partials,
     partial_windows,
-    to_wire,
 )
 
+__all__ = ["WindowClosedError", "WindowedCombine", "closed_reason"]
+
 StateReader = Callable[[str, Sequence[bytes]], Mapping[bytes, bytes | None]]
-Partial = tuple[bytes, Any, int, list[list[Any]]]  # key bytes, key, newest, wire windows
-
-
-class WindowClosedError(Exception):
-    """Every window of a record has closed: it goes to dead letters with this reason."""
-
-
-def closed_reason(ts: int, windows: Sequence[Span], watermark: int, lateness: int) -> str:
-    """Why a record is not added to its windows."""
-    last = max(end for _, end in windows)
-    return (
-        f"event time {ts} falls in windows that have closed (the latest ends at {last}, the "
-        f"watermark is {watermark}, allowed lateness {lateness} ms): their final panes have "
-        "been emitted; raise allowed_lateness to take records this late"
-    )
 
 
 class WindowedCombine:
@@ -108,17 +100,8 @@ class WindowedCombine:
 
     def _open_windows(self, ts: int, spans: list[Span]) -> list[Span]:
         """The spans still open at the watermark; raises when none is."""
-        wm = self.watermark
-        if wm is None:
-            return spans
-        lateness = self.windowing.allowed_lateness_ms
-        if min(end for _, end in spans) + lateness > wm:  # the common case: all open
-            return spans
-        open_ = [s for s in spans if not self.windowing.closed(s[1], wm)]
-        if len(open_) < len(spans):
-            if not open_:
-                raise WindowClosedError(closed_reason(ts, spans, wm, lateness))
-            self.closed_parts += len(spans) - len(open_)
+        open_, dropped = self.panes.open_windows(ts, spans)
+        self.closed_parts += dropped
         return open_
 
     def add(self, kb: bytes, key: Any, value: Any, ts: int) -> None:
@@ -198,18 +181,8 @@ class WindowedCombine:
     # -- partial (lifted) ----------------------------------------------------------------
 
     def partials(self, source: dict[bytes, KeyDeltas]) -> list[Partial]:
-        """``(key bytes, key, newest, [[start, end, acc, n, newest], ...])`` per key.
-
-        Sessions are merged; ``newest`` is the newest event time over the key's windows.
-        """
-        out = []
-        for kb, slot in source.items():
-            items = list(slot.windows.items())
-            if self.windowing.fn.merging:
-                items = merge_partials(items, self.fn.merge)
-            newest = max(d.newest for _, d in items)
-            out.append((kb, slot.key, newest, to_wire(items)))
-        return out
+        """``(key bytes, key, newest, wire windows)`` per key (see :func:`key_partials`)."""
+        return key_partials(source, self.windowing.fn.merging, self.fn.merge)
 
     def seed(self, kb: bytes, value: bytes, ts: int) -> None:
         """Merge a committed partial (this attempt's, or replayed from backup) into the sum."""
