@@ -79,7 +79,7 @@ class TestStream(SourceConnector):
         self.id_fn = id
         self.ts_fn = timestamp
         self.steps: list[Step] = []
-        self.tick_file: str | None = None  # set by a streaming run whose windows need ticks
+        self.tick_file: str | None = None  # set on a run's copy (for_run) when windows need ticks
         # A Spark test run's file naming its Redis and namespace (where clock steps move the
         # batch clock): a file, so that a Redis password never travels in Spark's options.
         self.clock_file: str | None = None

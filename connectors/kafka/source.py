@@ -127,12 +127,13 @@ class KafkaSource(SourceConnector):
         self.group_id = group_id
         self.max_records_per_batch = max_records_per_batch
         self.envelope = envelope
-        self.tick_file: str | None = None  # set by a streaming run whose windows need ticks
+        self.tick_file: str | None = None  # set on a run's copy (for_run) when windows need ticks
         # The source stage reads its offset ranges itself (see .datasource); a run turns it
-        # off when one query unions this source with sources that give raw rows.
+        # off (on its copy, see for_run) when one query unions this source with sources that
+        # give raw rows.
         self.read_in_task = read_in_task and client != SPARK_CLIENT
-        # Position IDs skip the dedup of IDs (see decoder); a run turns that off when one
-        # query unions this source with a source whose input partitions Spark plans.
+        # Position IDs skip the dedup of IDs (see decoder); a run turns that off (on its copy)
+        # when one query unions this source with a source whose input partitions Spark plans.
         self.positional_ids = client != SPARK_CLIENT
 
     @property
