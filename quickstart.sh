@@ -12,7 +12,7 @@ cd "$(dirname "$0")"
 
 # redis-tools: redis-cli builds local Redis Clusters; maven fetches Apache Kafka's jars.
 DEBIAN_PACKAGES=(redis-server redis-tools graphviz maven)
-TEST_DEBIAN_PACKAGES=(podman runc uidmap slirp4netns fuse-overlayfs debootstrap chromium chromium-driver faketime)
+TEST_DEBIAN_PACKAGES=(podman runc uidmap slirp4netns fuse-overlayfs debootstrap chromium chromium-driver faketime postgresql)
 VENV=.venv
 
 log() { printf '[quickstart] %s\n' "$*" >&2; }

@@ -43,7 +43,10 @@ CATEGORIES = [
         "Kafka consume + decode",
         r"kafka/consumer|kafka/record|kafka/protocol|connectors/kafka/(worker|datasource|source)\.py",
     ),
-    ("Kafka produce", r"kafka/producer|connectors/kafka/sink\.py"),
+    (
+        "Kafka produce",
+        r"kafka/producer|connectors/kafka/(sink|writer|transactional_\w+|delivery_log)\.py",
+    ),
     (
         "Redis calls (client side, incl. Lua args)",
         r"/redis/|dedup/(commit|admission|delivery|trust|session)\.py|backup/store\.py",

@@ -219,6 +219,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dead_letters_replay(args: argparse.Namespace) -> int:
+    """Send a pipeline's dead letters back through it (see :mod:`onceflow.operations.redrive`)."""
+    from onceflow.cli.loader import load_pipeline
+    from onceflow.operations.redrive import replay
+
+    pipeline = load_pipeline(args.file, args.pipeline)
+    namespace = args.namespace or pipeline.name
+    found = replay(
+        pipeline,
+        pipeline.plan(),  # a run's default rules: which nodes a source's stage runs
+        _redis(args, namespace),
+        codes=tuple(args.code or ()),
+        dry_run=args.dry_run,
+        namespace=namespace,
+    )
+    print(found.text())
+    if not args.dry_run and found.sends:
+        print(f"sent {len(found.sends)}: the running (or next) run of the pipeline reads them")
+    return 0
+
+
 def _add_redis_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--namespace", action="append", help="pipeline namespace (default name: the pipeline's)"
@@ -295,6 +316,28 @@ def add_commands(sub: Any) -> None:
         help="delete even though a driver of the namespace says it runs (it was lost)",
     )
     p.set_defaults(handler=cmd_reset)
+
+    p = sub.add_parser(
+        "dead-letters",
+        help="send dead letters back through their pipeline, exactly once",
+        description="Replay a pipeline's dead letters once their cause is fixed: undecodable "
+        "source records are sent again as they were, records your code failed on go back to "
+        "the node they failed in. Each letter is replayed once: a later replay sends only "
+        "newer letters, and a letter sent twice is dropped by the pipeline as a duplicate.",
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = actions.add_parser("replay", help="replay the letters written since the last replay")
+    p.add_argument("file", help="the pipeline file (as for onceflow run)")
+    p.add_argument("--pipeline", help="which pipeline of the file (as for onceflow run)")
+    p.add_argument(
+        "--code",
+        action="append",
+        help="replay only letters with this reason (user_error, undecodable, ...); repeatable",
+    )
+    p.add_argument("--namespace", help="pipeline namespace (default: the pipeline's name)")
+    p.add_argument("--redis-url", help="Redis (default $REDIS_URL)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be sent, send nothing")
+    p.set_defaults(handler=cmd_dead_letters_replay)
 
     p = sub.add_parser("status", help="what a pipeline's exactly-once state says")
     _add_redis_target_args(p)

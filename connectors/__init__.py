@@ -6,6 +6,7 @@ from onceflow.connectors.base import SinkConnector, SinkWriter, SourceConnector,
 from onceflow.connectors.collect import Collect
 from onceflow.connectors.collections import Collection, Generate
 from onceflow.connectors.files import JsonLinesSink, JsonLinesSource, LineFiles, TextFile
+from onceflow.connectors.parquet import ParquetSink
 
 __all__ = [
     "Collect",
@@ -14,6 +15,7 @@ __all__ = [
     "JsonLinesSink",
     "JsonLinesSource",
     "LineFiles",
+    "ParquetSink",
     "SinkConnector",
     "SinkWriter",
     "SourceConnector",

@@ -6,8 +6,12 @@ line that does not decode becomes a dead letter naming ``path@offset``.
 
 The sink writes one part file per task, atomically (temporary name, then rename). In a
 bounded run the driver concatenates the parts, in partition order, into the single file the
-user named. In a streaming run the path is a directory and every flush leaves a complete part
-file ``part-<batch>-<partition>-<n>.jsonl`` there.
+user named. In a streaming run the path is a directory of complete part files
+``part-<batch>-<partition>-...jsonl``: in an exactly-once run each delivery is staged and
+renamed into place when it commits (:mod:`onceflow.connectors.staged`), so a kill at any
+point leaves every record in the folder once, and each line holds the record's ID
+(``{"id": ..., "value": ...}``) unless ``with_ids=False``; in an at-least-once run every
+flush leaves a file.
 
 Files are read and written with plain file I/O by the workers, so on a cluster every worker
 must see the same path: give ``shared=True`` for a path on storage every machine mounts at
@@ -38,6 +42,7 @@ from onceflow.connectors.base import (
 )
 from onceflow.connectors.collections import split_frame, splits_of
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.staged import StagedFilesWriter, local_folder
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
 from onceflow.kernel.records import DeadLetter, Record
@@ -201,9 +206,9 @@ def to_json_line(value: Any) -> bytes:
 class JsonLinesSink(SinkConnector):
     """Writes elements as JSON lines (see the module docstring for the file layout)."""
 
-    def __init__(self, path: str, *, with_ids: bool = False, shared: bool = False) -> None:
-        self.path = os.path.abspath(path)
-        self.with_ids = with_ids
+    def __init__(self, path: str, *, with_ids: bool | None = None, shared: bool = False) -> None:
+        self.path = local_folder(path, "JsonLinesSink")
+        self.with_ids = with_ids  # None: in exactly-once runs
         self.shared = shared
         self.streaming = False
 
@@ -228,7 +233,9 @@ class JsonLinesSink(SinkConnector):
         return [] if self.shared or is_shared(self.path) else [self.parts_dir]
 
     def open(self, task: TaskInfo) -> SinkWriter:
-        """A writer for one task."""
+        """A writer for one task: transactional in an exactly-once streaming run."""
+        if self.streaming and task.exactly_once:
+            return _StagedJsonLines(self, task)
         return _JsonLinesWriter(self, task)
 
     def finish(self) -> None:
@@ -263,6 +270,25 @@ class JsonLinesSink(SinkConnector):
         return out
 
 
+class _StagedJsonLines(StagedFilesWriter):
+    """An exactly-once run's deliveries as JSON-lines files (staged, then renamed)."""
+
+    suffix = ".jsonl"
+    refusal = "cannot write as JSON"
+
+    def __init__(self, sink: JsonLinesSink, task: TaskInfo) -> None:
+        super().__init__(sink.parts_dir, task)
+        self.with_ids = sink.with_ids is not False
+
+    def row(self, rec: Record) -> bytes:
+        """The record's line."""
+        return to_json_line({"id": rec.id.hex(), "value": rec.elem} if self.with_ids else rec.elem)
+
+    def write_file(self, file: Any, rows: list[Any]) -> None:
+        """The lines, in order."""
+        file.writelines(rows)
+
+
 class _JsonLinesWriter(SinkWriter):
     def __init__(self, sink: JsonLinesSink, task: TaskInfo) -> None:
         self.sink = sink
@@ -277,7 +303,8 @@ class _JsonLinesWriter(SinkWriter):
         rejected: list[Rejected] = []
         for r in records:
             try:
-                value = {"id": r.id.hex(), "value": r.elem} if self.sink.with_ids else r.elem
+                with_ids = bool(self.sink.with_ids)
+                value = {"id": r.id.hex(), "value": r.elem} if with_ids else r.elem
                 self.pending.append(to_json_line(value))
             except (TypeError, ValueError) as exc:
                 rejected.append((r, f"cannot write as JSON: {exc}"))

@@ -30,6 +30,9 @@ TS_HEADER = "onceflow-ts"
 # Set by Onceflow's own Kafka reader on a marker row standing for records deleted before they
 # were read (retention, delete_records): "<first missing offset>-<first offset still there>".
 GAP_HEADER = "onceflow-gap"
+# A record re-sent from a dead letter (``onceflow dead-letters replay``): the name of the node
+# whose input it is. Its value is that input as JSON, whatever the source's codec.
+REDRIVE_HEADER = "onceflow-redrive"
 
 
 def _hasher(domain: str) -> Any:
@@ -38,6 +41,7 @@ def _hasher(domain: str) -> Any:
 
 _POSITION = _hasher("onceflow/position")
 _USER_KEY = _hasher("onceflow/user-key")
+_REDRIVE = _hasher("onceflow/redrive")
 
 
 def split_ids(blob: bytes, what: str = "a blob of IDs") -> list[bytes]:
@@ -52,6 +56,17 @@ def from_position(source: str, topic: str, partition: int, offset: int) -> bytes
     """ID of the record at ``topic``/``partition``/``offset`` as read by stage ``source``."""
     h = _POSITION.copy()
     h.update(f"{source}\0{topic}\0{partition}\0{offset}".encode())
+    return h.digest()  # type: ignore[no-any-return]
+
+
+def from_dead_letter(letter_id: bytes) -> bytes:
+    """The ID of the record replayed from the dead letter with ID ``letter_id``.
+
+    The same letter replayed twice (a replay run again after a crash) gets the same ID, so the
+    pipeline drops the second copy; a record that fails again is a new letter, with a new ID.
+    """
+    h = _REDRIVE.copy()
+    h.update(letter_id)
     return h.digest()  # type: ignore[no-any-return]
 
 

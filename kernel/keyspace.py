@@ -83,6 +83,7 @@ class Kind(enum.Enum):
     EXPIRY = "exp"  # sorted set per node with a ttl and partition: key -> when its state ends
     PENDING = "pend"  # hash per sink receiver and partition: a delivery not yet marked
     DRIVER = "driver"  # string with a time-to-live: the running driver (host, pid, epoch)
+    REDRIVE = "redrive"  # hash: dead letters replayed so far (partition or file -> position)
 
 
 # Kinds whose key is just the kind word (one per namespace).
@@ -97,6 +98,7 @@ _SINGLE = frozenset(
         Kind.GENERATIONS,
         Kind.GC,
         Kind.DRIVER,
+        Kind.REDRIVE,
     }
 )
 # Kinds keyed by a name only.
@@ -227,6 +229,11 @@ class Keyspace:
     def driver(self) -> str:
         """The running driver, refreshed while it runs (it ends by itself when it does not)."""
         return self._key(Kind.DRIVER)
+
+    @property
+    def redrive(self) -> str:
+        """Hash: how far ``onceflow dead-letters replay`` has replayed each dead-letter place."""
+        return self._key(Kind.REDRIVE)
 
     @property
     def gc(self) -> str:

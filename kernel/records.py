@@ -101,12 +101,26 @@ class Output(NamedTuple):
     value: bytes
 
 
+class Redrive(NamedTuple):
+    """A record replayed from a dead letter: the input of ``node``, where it failed before.
+
+    A source decodes a replayed record (``onceflow dead-letters replay``) into this element;
+    the stage that holds ``node`` feeds ``value`` to it directly, so the nodes before it (whose
+    effects for the record were applied the first time) do not run again.
+    """
+
+    node: str
+    value: Any
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """A record that could not be processed, with the reason and where it came from.
 
     ``code`` names the kind of reason in one word (counted per kind); ``lost`` is how many
-    input records the letter stands for (more than one for a gap in a source).
+    input records the letter stands for (more than one for a gap in a source). ``json_value``:
+    ``value`` is the failed node's input as JSON (so it can be replayed), not a printed form;
+    ``raw_key`` is the Kafka key of an undecodable record.
     """
 
     id: bytes
@@ -118,6 +132,8 @@ class DeadLetter:
     value: str | None = None  # a printable form of a decoded value that failed later
     code: str = "error"
     lost: int = 1
+    json_value: bool = False
+    raw_key: bytes | None = None
 
     def to_element(self, payload_limit: int = 0) -> dict[str, Any]:
         """The dead letter as a plain, JSON-friendly element (what dead-letter sinks write).
@@ -142,11 +158,15 @@ class DeadLetter:
             out["raw_b64"] = base64.b64encode(raw).decode()
             if len(raw) < len(self.raw):
                 out["raw_bytes"] = len(self.raw)
+        if self.raw_key is not None:
+            out["key_b64"] = base64.b64encode(self.raw_key).decode()
         if self.value is not None:
             value = self.value[:payload_limit] if payload_limit > 0 else self.value
             out["value"] = value
             if len(value) < len(self.value):
                 out["value_chars"] = len(self.value)
+            if self.json_value:
+                out["value_json"] = True
         return out
 
     def payload_size(self) -> int:

@@ -175,12 +175,24 @@ def namespaces(client: Any, scan_count: int = DEFAULT_SCAN_COUNT) -> list[str]:
 
 
 def scan_steps(client: Any, match: str, count: int) -> Iterator[list[str]]:
-    """SCAN in bounded steps, one step's keys at a time."""
+    """SCAN in bounded steps, one step's keys at a time, each key once.
+
+    SCAN may return a key more than once (when Redis resizes its table during the scan):
+    keys already yielded are left out, so that counts summed over keys (a receiver's
+    counters in ``onceflow status``) are not counted twice.
+    """
     cursor = 0
+    yielded: set[str] = set()
     while True:
         cursor, keys = client.scan(cursor=cursor, match=match, count=count)
-        if keys:
-            yield [k.decode() if isinstance(k, bytes) else k for k in keys]
+        fresh = []
+        for raw in keys:
+            key = raw.decode() if isinstance(raw, bytes) else raw
+            if key not in yielded:
+                yielded.add(key)
+                fresh.append(key)
+        if fresh:
+            yield fresh
         if cursor == 0:
             return
 

@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from onceflow.connectors.collect import Collect
 from onceflow.connectors.files import JsonLinesSink as JsonLines
+from onceflow.connectors.parquet import ParquetSink as Parquet
 
-__all__ = ["Collect", "JsonLines"]
+__all__ = ["Collect", "JsonLines", "Parquet"]

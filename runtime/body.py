@@ -24,11 +24,18 @@ from typing import Any
 
 from onceflow.kernel import codec
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, StateWrite
+from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Redrive, StateWrite
 from onceflow.runtime.boundaries import Boundaries, Push
 from onceflow.runtime.combine_flush import CombineFlush, TimerReader, chunk_deltas, seed_partials
 from onceflow.runtime.combine_op import CombineOp, StateReader
-from onceflow.runtime.record_text import Cursor, StageFailure, describe, error_text, portable
+from onceflow.runtime.record_text import (
+    Cursor,
+    StageFailure,
+    as_json,
+    describe,
+    error_text,
+    portable,
+)
 from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec
 from onceflow.runtime.windowing import WindowClosedError, WindowedCombine
 
@@ -170,7 +177,8 @@ class StageBody:
         if self.spec.on_error == "fail":
             msg = f"stage {node!r} failed on {describe(elem, 200)}: {error_text(exc)}"
             raise StageFailure(msg) from exc
-        self.out.letter(node, error_text(exc), describe(elem), "user_error")
+        value, replayable = as_json(elem)
+        self.out.letter(node, error_text(exc), value, "user_error", json_value=replayable)
 
     def _origin(self) -> str:
         parent = self.cursor.parent
@@ -207,7 +215,23 @@ class StageBody:
         for inbound, rid, ts, kb, elem in rows:
             cursor.parent = rid
             cursor.ts = ts
+            if elem.__class__ is Redrive:
+                self._redrive(elem)
+                continue
             dispatch[inbound](elem, kb)
+
+    def _redrive(self, replayed: Redrive) -> None:
+        """A record replayed from a dead letter goes straight to the node it failed in."""
+        push = self.push.get(replayed.node)
+        if push is not None:
+            push(replayed.value)
+            return
+        reason = (
+            f"a replayed dead letter names node {replayed.node!r}, which stage "
+            f"{self.spec.name!r} does not run (the pipeline changed, or the letter came from "
+            "a stage after a shuffle): send its value to the pipeline's input yourself"
+        )
+        self.out.letter(self.spec.name, reason, portable(replayed.value), "not_replayable")
 
     def _dispatcher(self, inbound: int) -> Callable[[Any, bytes | None], None]:
         """Feed one input; a combine reading an exchange reuses the key bytes it arrived with."""

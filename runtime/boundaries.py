@@ -36,11 +36,24 @@ class Boundaries:
         self.dead_count = 0
         self.dead_codes: dict[str, int] = {}  # dead letters by reason (DeadLetter.code)
 
-    def letter(self, node: str, reason: str, value: str, code: str) -> None:
-        """A dead letter of the current record (``value``: its printable form)."""
+    def letter(
+        self, node: str, reason: str, value: str, code: str, json_value: bool = False
+    ) -> None:
+        """A dead letter of the current record (``value``: its JSON or printable form)."""
         cursor = self.cursor
+        origin = self.origin()
         self.dead(
-            DeadLetter(cursor.parent, cursor.ts, node, reason, self.origin(), None, value, code)
+            DeadLetter(
+                cursor.parent,
+                cursor.ts,
+                node,
+                reason,
+                origin,
+                None,
+                value,
+                code,
+                json_value=json_value,
+            )
         )
 
     def appender(self, target: int) -> Push:

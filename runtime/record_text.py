@@ -34,10 +34,15 @@ def describe(value: Any, limit: int = 500) -> str:
 
 def portable(value: Any, limit: int = 1 << 20) -> str:
     """A value as JSON when it is JSON-friendly (so it can be sent again), else printable."""
+    return as_json(value, limit)[0]
+
+
+def as_json(value: Any, limit: int = 1 << 20) -> tuple[str, bool]:
+    """``(JSON, True)`` for a JSON-friendly value (it can be replayed), else a printed form."""
     try:
-        return json.dumps(value)
+        return json.dumps(value), True
     except (TypeError, ValueError):
-        return describe(value, limit)
+        return describe(value, limit), False
 
 
 def too_large(limit: int) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -251,6 +252,10 @@ class RunConfig:
     )
 
     def __post_init__(self) -> None:
+        for f in options():
+            wrong = wrong_type(f.name, getattr(self, f.name), _field_types()[f.name])
+            if wrong:
+                raise ConfigError(wrong)
         if self.guarantee not in STREAMING_GUARANTEES:
             choices = ", ".join(g.value for g in STREAMING_GUARANTEES)
             msg = f"guarantee must be one of {choices}, got {self.guarantee!r}"
@@ -349,3 +354,41 @@ def unknown_name(name: str, known: Iterable[str], where: str) -> str:
     near = closest(name, known)
     guess = f"; did you mean {near!r}?" if near else f" (its settings: {', '.join(sorted(known))})"
     return f"{where} has no setting {name!r}{guess}"
+
+
+_PLAIN = {
+    int: "a whole number",
+    float: "a number",
+    str: "text",
+    bool: "True or False",
+    dict: "a dict",
+}
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    """The run configuration's field types, resolved (once: the class must exist first)."""
+    return typing.get_type_hints(RunConfig)
+
+
+def wrong_type(name: str, value: Any, hint: Any) -> str:
+    """Why ``value`` does not fit a setting typed ``hint`` ('' when it does).
+
+    Only the plain types are checked (numbers, text, switches, dicts, and None where the
+    setting takes it): a number given as text, or a switch as a number, is a one-line error
+    here rather than a TypeError deep inside a run.
+    """
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    plain = [typing.get_origin(t) or t for t in allowed if t is not type(None)]
+    if value is None:
+        return "" if type(None) in allowed else f"{name} must be set, got None"
+    if any(t not in _PLAIN for t in plain):
+        return ""  # a richer type (a guarantee, a dedup config): checked where it is used
+    if isinstance(value, bool) and bool not in plain:
+        fits = False
+    else:
+        fits = any(isinstance(value, t) or (t is float and isinstance(value, int)) for t in plain)
+    if fits:
+        return ""
+    want = " or ".join(_PLAIN[t] for t in plain)
+    return f"{name} must be {want}, got {type(value).__name__} {value!r}"

@@ -52,7 +52,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float) -> None:
+def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float) -> None:
+    """Return once ``port`` accepts connections; a clear error if ``proc`` died or timed out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -151,7 +152,7 @@ class LocalRedis:
             subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
         )
         log.close()
-        _wait_port(self.port, self.proc, "redis-server", 15)
+        wait_port(self.port, self.proc, "redis-server", 15)
         self._wait_loaded()
         return self
 
@@ -267,7 +268,7 @@ class LocalBroker:
             )
             log.close()
             try:
-                _wait_port(self.port, self.proc, "tansu broker", 15)
+                wait_port(self.port, self.proc, "tansu broker", 15)
                 return self
             except ServiceError:
                 self.kill()

@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.kafka",
     "tests.fixtures.spark_cluster",
+    "tests.fixtures.postgres",
 ]
 
 

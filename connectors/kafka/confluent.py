@@ -2,12 +2,8 @@
 
 Imported only when a source or sink asks for this client, on the worker that creates one.
 
-**Settings.** :class:`~onceflow.kernel.settings.KafkaSettings` hold kafka-python's option names
-(the driver reads offsets and creates topics with kafka-python); :func:`librdkafka_config`
-maps them to librdkafka's (``sasl_plain_password`` -> ``sasl.password``, ``ssl_cafile`` ->
-``ssl.ca.location`` ...). An option without an equivalent is refused, naming the option and
-never its value, rather than dropped; a sink's producer ``options`` may also use librdkafka's
-own dotted names, passed as they are. Nothing here prints a setting's value.
+**Settings** are translated by :mod:`.confluent_config`; nothing here prints a setting's
+value.
 
 **Differences that matter, handled here:**
 
@@ -15,7 +11,7 @@ own dotted names, passed as they are. Nothing here prints a setting's value.
   timestamp the topic does not accept) as the same error on *every* record of the batch,
   where kafka-python names the culprit (KIP-467). Such errors are marked
   :attr:`~.interface.Delivery.poison` all the same; the sink's writer then sends each record on
-  its own to find the culprits (``connectors/kafka/sink.py``).
+  its own to find the culprits (``connectors/kafka/writer.py``).
 * ``produce`` raises ``BufferError`` when its local queue is full: the producer serves
   deliveries until there is room (or gives up after :data:`QUEUE_FULL_S`).
 * A consumer needs a ``group.id`` even when it only assigns partitions; the reader never
@@ -28,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -36,6 +31,11 @@ from confluent_kafka import KafkaError as E  # noqa: N814 - error codes read as 
 from confluent_kafka import Producer as LibProducer
 
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.confluent_config import (
+    CONSUMER_NAMES,
+    PRODUCER_NAMES,
+    librdkafka_config,
+)
 from onceflow.connectors.kafka.interface import (
     NOTHING,
     READ_BATCH,
@@ -49,61 +49,9 @@ from onceflow.connectors.kafka.interface import (
     RecordRefused,
 )
 from onceflow.connectors.kafka.outage import ATTEMPT_S
-from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.settings import KafkaSettings
 
 LOG = logging.getLogger("onceflow.kafka.librdkafka")
-
-# kafka-python connection option -> librdkafka property (every client).
-CONNECTION_NAMES: Mapping[str, str] = {
-    "security_protocol": "security.protocol",
-    "sasl_mechanism": "sasl.mechanism",
-    "sasl_plain_username": "sasl.username",
-    "sasl_plain_password": "sasl.password",
-    "sasl_kerberos_service_name": "sasl.kerberos.service.name",
-    "ssl_cafile": "ssl.ca.location",
-    "ssl_certfile": "ssl.certificate.location",
-    "ssl_keyfile": "ssl.key.location",
-    "ssl_password": "ssl.key.password",
-    "ssl_crlfile": "ssl.crl.location",
-    "ssl_ciphers": "ssl.cipher.suites",
-    "client_id": "client.id",
-    "connections_max_idle_ms": "connections.max.idle.ms",
-    "reconnect_backoff_ms": "reconnect.backoff.ms",
-    "reconnect_backoff_max_ms": "reconnect.backoff.max.ms",
-    "metadata_max_age_ms": "metadata.max.age.ms",
-    "retry_backoff_ms": "retry.backoff.ms",
-}
-# kafka-python consumer options -> librdkafka (the reader; group options are harmless there).
-CONSUMER_NAMES: Mapping[str, str] = {
-    "session_timeout_ms": "session.timeout.ms",
-    "heartbeat_interval_ms": "heartbeat.interval.ms",
-    "fetch_max_bytes": "fetch.max.bytes",
-    "max_partition_fetch_bytes": "max.partition.fetch.bytes",
-    "fetch_max_wait_ms": "fetch.wait.max.ms",
-    "fetch_min_bytes": "fetch.min.bytes",
-    "request_timeout_ms": "socket.timeout.ms",
-}
-# kafka-python producer options -> librdkafka.
-PRODUCER_NAMES: Mapping[str, str] = {
-    "acks": "acks",
-    "linger_ms": "linger.ms",
-    "batch_size": "batch.size",
-    "retries": "retries",
-    "max_request_size": "message.max.bytes",
-    "enable_idempotence": "enable.idempotence",
-    "max_in_flight_requests_per_connection": "max.in.flight.requests.per.connection",
-    "transactional_id": "transactional.id",
-    "transaction_timeout_ms": "transaction.timeout.ms",
-    "compression_type": "compression.type",
-    "delivery_timeout_ms": "delivery.timeout.ms",
-    "request_timeout_ms": "request.timeout.ms",
-}
-# kafka-python options that only steer kafka-python itself (librdkafka negotiates versions,
-# takes a timeout with each call that may block, and connects in the background).
-PYTHON_ONLY = frozenset(
-    {"api_version", "api_version_auto_timeout_ms", "max_block_ms", "bootstrap_timeout_ms"}
-)
 
 READER_GROUP = "onceflow-reader"  # required by librdkafka; never joined (assign only)
 # How much a reader fetches ahead of what it was asked for (librdkafka's default, 64 MiB a
@@ -169,43 +117,6 @@ TRANSIENT_CODES = frozenset(
         E.CONCURRENT_TRANSACTIONS,
     }
 )
-
-
-def librdkafka_config(
-    settings: KafkaSettings, options: Mapping[str, Any], names: Mapping[str, str], who: str
-) -> dict[str, Any]:
-    """Settings and ``options`` (kafka-python names, or librdkafka's dotted ones) for librdkafka.
-
-    Connection settings must have an equivalent (they are kafka-python's, the driver uses
-    them); ``options`` may also name librdkafka properties directly. Refusals name the
-    option, never its value.
-    """
-    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
-    config.update(_translate(settings.options, CONNECTION_NAMES, who, dotted=False))
-    config.update(_translate(options, {**CONNECTION_NAMES, **names}, who, dotted=True))
-    return config
-
-
-def _translate(
-    options: Mapping[str, Any], names: Mapping[str, str], who: str, dotted: bool
-) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in names:
-            out[names[key]] = value
-        elif key == "ssl_check_hostname":
-            out["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
-        elif dotted and "." in key:
-            out[key] = value
-        elif key not in PYTHON_ONLY:
-            known = ", ".join(sorted({*names, "ssl_check_hostname"}))
-            msg = (
-                f"{who}(client='confluent') has no librdkafka equivalent for the option {key!r} "
-                f"(it translates {known}); remove it, give a producer option its librdkafka "
-                "name, or use client='python'"
-            )
-            raise ConfigError(msg)
-    return out
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -452,7 +363,7 @@ class ConfluentProducer:
         """A transaction method; its error translated (see :func:`_translated`).
 
         One attempt: a retriable error (a timeout, a coordinator away) is the sink's to retry,
-        with a new producer if need be (see ``connectors/kafka/sink.py``).
+        with a new producer if need be (see ``connectors/kafka/transactional_writer.py``).
         """
         try:
             method(*timeout_s)

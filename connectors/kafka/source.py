@@ -48,7 +48,7 @@ from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client
 from onceflow.connectors.kafka.worker import ON_DATA_LOSS, RANGE_COLUMNS, fetch_range
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
-from onceflow.kernel.records import DeadLetter, Record
+from onceflow.kernel.records import DeadLetter, Record, Redrive
 from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class KafkaSource(SourceConnector):
     def dead_letter_sink(self, pipeline: str) -> SinkConnector:
         """A topic ``<pipeline>.dead-letters`` on the same cluster, written by the same client."""
         from onceflow.connectors.kafka.clients import CONFLUENT_CLIENT, PYTHON_CLIENT
-        from onceflow.connectors.kafka.sink import KafkaDeadLetterSink
+        from onceflow.connectors.kafka.dead_letters import KafkaDeadLetterSink
 
         return KafkaDeadLetterSink(
             f"{pipeline}.dead-letters",
@@ -355,6 +355,8 @@ def _decode_one(
     gap = _gap_of(offset, kts, key, value, hdrs)
     if gap is not None:
         return _gap_letter(source, origin, _position(raw, with_ids), *gap)
+    if ids.REDRIVE_HEADER in hdrs:
+        return _replayed(raw, origin, with_ids)
     try:
         elem = codec.decode(value) if value is not None else None
         if envelope:
@@ -377,6 +379,7 @@ def _decode_one(
             origin,
             raw=value or b"",
             code="undecodable",
+            raw_key=key,
         )
     try:
         found = _record_id(hdrs, id_fn, elem) if with_ids else b""
@@ -396,6 +399,27 @@ def _decode_one(
         return DeadLetter(rid, kts, source, error, origin, raw_value, code="no_time")
     size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
     return Record(rid, ts, elem, lane, offset, positional, size, printed)
+
+
+def _replayed(raw: RawRecord, origin: str, with_ids: bool) -> Decoded:
+    """A record ``onceflow dead-letters replay`` sent: the input of the node it failed in.
+
+    Its value is that input as JSON (whatever the source's codec), its ID and event time are
+    in headers (set from the letter, so a second replay of the letter is a duplicate); the
+    user's id and timestamp functions do not apply (they read source records, not inputs).
+    """
+    source, lane, _topic, _part, offset, kts, key, value, hdrs = raw
+    try:
+        node = bytes(hdrs[ids.REDRIVE_HEADER]).decode("utf-8")
+        elem = json.loads(value or b"")
+        rid = ids.from_header(hdrs.get(ids.ID_HEADER)) if with_ids else b""
+        ts = ids.parse_ts_header(hdrs.get(ids.TS_HEADER))
+    except Exception as exc:  # noqa: BLE001 - a malformed replay: dead letter, not a crash
+        error = f"a replayed dead letter is malformed: {type(exc).__name__}: {exc}"
+        position = _position(raw, with_ids)
+        return DeadLetter(position, kts, source, error, origin, value or b"", code="undecodable")
+    size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+    return Record(rid, ts, Redrive(node, elem), lane, offset, False, size, fingerprint(key, value))
 
 
 def fingerprint(key: bytes | None, value: bytes | None) -> int:

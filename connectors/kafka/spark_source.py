@@ -18,17 +18,9 @@ which a third carry one header: packing adds ~0.25 µs a row in the JVM, while d
 array form in Python costs ~0.6 µs a row more than unpacking MessagePack, on the cores Python
 already saturates). Rows without headers (a ``null`` array) stay ``null``.
 
-**Jars.** Spark's PyPI wheel ships no Kafka connector, and Maven Central holds it only up to
-:data:`CONNECTOR_VERSION` (4.2.0; none for Spark 4.3.0 yet). That build loads and runs on
-PySpark 4.3.0 (measured: batch and streaming reads, ``availableNow``, restarts from the
-checkpoint, transactions under ``read_committed``). :func:`fetch_connector` brings it with
-its dependencies from Maven Central once, through ``mvn``, into
-``~/.cache/onceflow/spark-kafka-<version>/jars`` (or ``$ONCEFLOW_SPARK_KAFKA_JARS``), the way
-:mod:`onceflow.testing.kafka` fetches the broker. :func:`connector_jars` leaves out the jars
-Spark already ships (Hadoop, Scala, compression, SLF4J ...): what remains is the connector,
-its token provider, ``kafka-clients`` and ``commons-pool2``. The jars must be on the
-classpath *when the session starts* (``spark.jars``); :func:`session_conf` says which setting
-a session needs for a pipeline's sources.
+**Jars.** Spark's PyPI wheel ships no Kafka connector: :mod:`~.spark_jars` fetches it from
+Maven Central once, and :func:`session_conf` says which setting a session needs for a
+pipeline's sources (the jars must be on the classpath when the session starts).
 
 **A shuffle keeps replays exact.** Onceflow keys a task's backup (with, in seen-ID
 layout 2, the input IDs it committed) and its "done" mark by the task's index
@@ -64,46 +56,45 @@ JVM; the runtime could make it unnecessary by keying source tasks by what they r
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import check_client as check_worker_client
+from onceflow.connectors.kafka.spark_jars import JARS_CONF, SPARK_CLIENT, session_conf
 from onceflow.connectors.kafka.worker import RAW_COLUMNS
-from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-SPARK_CLIENT = "spark"
+# SPARK_CLIENT and session_conf are the jars module's, imported from here by the source and the
+# runtime.
+__all__ = [
+    "FAIL_ON_DATA_LOSS",
+    "FORMAT",
+    "JARS_CONF",
+    "JAVA_OPTION_NAMES",
+    "LOGIN_MODULES",
+    "LOGIN_OPTIONS",
+    "NOT_FOUND_ERRORS",
+    "SPARK_CLIENT",
+    "STABLE_TASK_COLUMNS",
+    "KafkaRead",
+    "check_client",
+    "java_client_options",
+    "packed_headers",
+    "raw_columns",
+    "reader_options",
+    "session_conf",
+    "spark_stream",
+]
+
 FORMAT = "kafka"
-JARS_CONF = "spark.jars"
 # Spark's error classes for a session without the connector (4.x names it; older: generic).
 NOT_FOUND_ERRORS = ("KAFKA_DATA_SOURCE_NOT_ENABLED", "DATA_SOURCE_NOT_FOUND")
 
-CONNECTOR_VERSION = "4.2.0"  # the newest spark-sql-kafka-0-10 on Maven Central (Spark 4.3.0: none)
-SCALA_VERSION = "2.13"
-CONNECTOR_GROUP = "org.apache.spark"
-CONNECTOR_ARTIFACT = f"spark-sql-kafka-0-10_{SCALA_VERSION}"
-# Pinned so that the download does not depend on the plugin version Maven happens to default to.
-DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
-JARS_ENV = "ONCEFLOW_SPARK_KAFKA_JARS"
-DEFAULT_CACHE = Path("~/.cache/onceflow")
-DOWNLOAD_TIMEOUT_S = 900.0
-MAVEN_ERROR_LINES = 3
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-_JAR_VERSION = re.compile(r"-\d[^-]*(-[A-Za-z][\w.]*)?\.jar$")  # "-3.9.2.jar", "-2.0-M1.jar"
 
 # Which task reads a record must not change when a micro-batch replays (see the module
 # docstring): rows are hash-partitioned on these, over spark.sql.shuffle.partitions.
@@ -127,167 +118,6 @@ LOGIN_MODULES = {
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
 LOGIN_OPTIONS = ("sasl_plain_username", "sasl_plain_password")
-
-
-# -- the jars ---------------------------------------------------------------------------------
-
-
-def connector_home(version: str = CONNECTOR_VERSION) -> Path:
-    """Where the connector's jars live: ``$ONCEFLOW_SPARK_KAFKA_JARS`` or the user's cache."""
-    override = os.environ.get(JARS_ENV)
-    if override:
-        return Path(override).expanduser()
-    return DEFAULT_CACHE.expanduser() / f"spark-kafka-{version}" / "jars"
-
-
-def _has_connector(folder: Path) -> bool:
-    return any(folder.glob(f"{CONNECTOR_ARTIFACT}-*.jar"))
-
-
-def fetch_connector(version: str = CONNECTOR_VERSION) -> Path:
-    """The folder holding the connector ``version`` and its runtime jars; fetched once.
-
-    Downloads with ``mvn dependency:copy-dependencies`` into a temporary sibling renamed into
-    place when complete, under a lock file (concurrent callers download once). Set
-    ``ONCEFLOW_SPARK_KAFKA_JARS`` to a folder that already holds the jars to skip Maven.
-    """
-    folder = connector_home(version)
-    if _has_connector(folder):
-        return folder
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        msg = (
-            f"Spark's Kafka connector {version} is not in {folder} and Maven ('mvn') is not "
-            f"installed to fetch it; install Maven (apt-get install maven), set {JARS_ENV} to a "
-            f"folder holding {CONNECTOR_ARTIFACT}-{version}.jar and its dependencies, or use "
-            "KafkaSource(client='python')"
-        )
-        raise ServiceError(msg)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.parent / ".fetch.lock"):
-        if not _has_connector(folder):  # another process may have fetched it while we waited
-            _download(mvn, version, folder)
-    return folder
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _pom(version: str) -> str:
-    return (
-        '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
-        "<modelVersion>4.0.0</modelVersion>\n"
-        "<groupId>onceflow.local</groupId><artifactId>spark-kafka-jars</artifactId>"
-        "<version>1</version><packaging>pom</packaging>\n"
-        f"<dependencies><dependency><groupId>{CONNECTOR_GROUP}</groupId>"
-        f"<artifactId>{CONNECTOR_ARTIFACT}</artifactId><version>{version}</version>"
-        "</dependency></dependencies>\n</project>\n"
-    )
-
-
-def _download(mvn: str, version: str, folder: Path) -> None:
-    """Copy the runtime jars into a temporary sibling of ``folder``, then rename it into place."""
-    print(
-        f"onceflow: fetching Spark's Kafka connector {version} from Maven Central into "
-        f"{folder} (once)",
-        file=sys.stderr,
-    )
-    partial = folder.with_name(f".jars.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="onceflow-spark-kafka-pom-") as work:
-        Path(work, "pom.xml").write_text(_pom(version), encoding="utf-8")
-        cmd = [
-            mvn,
-            "-B",
-            "-q",
-            "-Dstyle.color=never",
-            "-U",  # retry artifacts that an earlier, failed attempt marked as missing
-            f"{DEPENDENCY_PLUGIN}:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={partial}",
-        ]
-        try:
-            done: subprocess.CompletedProcess[str] | None = subprocess.run(
-                cmd,
-                cwd=work,
-                capture_output=True,
-                text=True,
-                timeout=DOWNLOAD_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            done = None
-    if done is None or done.returncode != 0 or not _has_connector(partial):
-        shutil.rmtree(partial, ignore_errors=True)
-        output = "" if done is None else (done.stdout + done.stderr)
-        lines = _ANSI_ESCAPE.sub("", output).splitlines()
-        errors = [line for line in lines if line.startswith("[ERROR]")] or lines
-        tail = "\n".join(errors[:MAVEN_ERROR_LINES])
-        msg = (
-            f"could not fetch Spark's Kafka connector {version} from Maven Central with "
-            f"{' '.join(cmd)} (expected {CONNECTOR_ARTIFACT}-{version}.jar in {partial}); check "
-            f"that Maven reaches Central (a proxy or mirror in ~/.m2/settings.xml), set "
-            f"{JARS_ENV} to a folder holding the jars, or use KafkaSource(client='python'). "
-            f"Maven said:\n{tail or 'nothing (timed out)'}"
-        )
-        raise ServiceError(msg)
-    try:
-        partial.rename(folder)
-    except OSError as exc:
-        shutil.rmtree(partial, ignore_errors=True)
-        msg = (
-            f"fetched Spark's Kafka connector {version} but could not move it to {folder} "
-            f"({exc}); expected {folder} to be absent or to hold the jars: remove it and retry"
-        )
-        raise ServiceError(msg) from exc
-
-
-def artifact_name(jar: str) -> str:
-    """A jar's artifact without its version: ``kafka-clients-3.9.2.jar`` -> ``kafka-clients``."""
-    return _JAR_VERSION.sub("", os.path.basename(jar))
-
-
-def spark_jars_folder() -> Path:
-    """The jars folder of the installed PySpark (what every session already loads)."""
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "jars"
-
-
-def connector_jars(version: str = CONNECTOR_VERSION) -> list[str]:
-    """Paths of the jars a session needs for ``format("kafka")``, fetched if missing.
-
-    The fetched jars minus every artifact the installed PySpark ships in another version
-    (Spark's own copy wins: two versions of a class on one classpath is a lottery).
-    """
-    shipped = {artifact_name(j.name) for j in spark_jars_folder().glob("*.jar")}
-    jars = sorted(fetch_connector(version).glob("*.jar"))
-    return [str(j) for j in jars if artifact_name(j.name) not in shipped]
-
-
-def uses_spark_client(connectors: Iterable[object]) -> bool:
-    """Whether any of ``connectors`` is a Kafka source with ``client="spark"``."""
-    return any(getattr(c, "client", None) == SPARK_CLIENT for c in connectors)
-
-
-def session_conf(connectors: Iterable[object], existing_jars: str | None = None) -> dict[str, str]:
-    """The session settings these sources need: ``spark.jars`` when one reads with Spark.
-
-    Empty when no source has ``client="spark"`` (the jars are neither fetched nor loaded).
-    ``existing_jars`` is a ``spark.jars`` value the caller already sets; it is kept first.
-    """
-    if not uses_spark_client(connectors):
-        return {}
-    jars = [j for j in (existing_jars or "").split(",") if j]
-    jars += [j for j in connector_jars() if j not in jars]
-    return {JARS_CONF: ",".join(jars)}
 
 
 class KafkaRead(Protocol):

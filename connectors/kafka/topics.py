@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +53,18 @@ def produce(
 
 
 def read_topic(
-    settings: KafkaSettings, topic: str, timeout: float = 60.0, committed: bool = True
+    settings: KafkaSettings,
+    topic: str,
+    timeout: float = 60.0,
+    committed: bool = True,
+    start: Mapping[int, int] | None = None,
 ) -> list[TopicRecord]:
     """Every record of ``topic``, partition by partition, as a reader outside Onceflow sees it.
 
     ``committed`` (the default) reads as ``read_committed`` consumers do, up to the last
     stable offsets (records of aborted transactions are not seen); False reads everything up
-    to the high-water marks, aborted records included.
+    to the high-water marks, aborted records included. ``start`` maps partitions to the
+    offset to read from (records before it are skipped; the beginning by default).
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -78,7 +83,7 @@ def read_topic(
         consumer.assign(tps)
         begin = consumer.beginning_offsets(tps)
         for tp in tps:
-            consumer.seek(tp, begin[tp])
+            consumer.seek(tp, max(begin[tp], (start or {}).get(tp.partition, 0)))
         out: list[TopicRecord] = []
         done: set[int] = set()
         deadline = time.monotonic() + timeout

@@ -190,3 +190,18 @@ def test_keywords_given_with_a_config_win(tmp_path):
     assert (changed.parallelism, changed.output_dir) == (4, str(tmp_path))
     with pytest.raises(ConfigError, match="did you mean 'parallelism'"):
         base.replace(paralelism=4)
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"max_records_per_batch": "100"}, "max_records_per_batch must be a whole number, got str"),
+        ({"available_now": 1}, "available_now must be True or False, got int"),
+        ({"trigger_seconds": "5"}, "trigger_seconds must be a number, got str"),
+        ({"parallelism": None}, "parallelism must be set, got None"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_setting(settings, said):
+    with pytest.raises(ConfigError, match=said):
+        RunConfig.from_settings(settings)
+    assert RunConfig.from_settings({"trigger_seconds": 5}).trigger_seconds == 5  # int is a number

@@ -26,9 +26,13 @@ from onceflow.connectors.kafka.clients import (
     new_producer,
     new_reader,
 )
-from onceflow.connectors.kafka.confluent import CONSUMER_NAMES, PRODUCER_NAMES, librdkafka_config
-from onceflow.connectors.kafka.sink import _TXN_PRODUCERS
+from onceflow.connectors.kafka.confluent_config import (
+    CONSUMER_NAMES,
+    PRODUCER_NAMES,
+    librdkafka_config,
+)
 from onceflow.connectors.kafka.topics import read_topic
+from onceflow.connectors.kafka.transactional_producers import _TXN_PRODUCERS
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.records import Record
 from onceflow.kernel.settings import KafkaSettings

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from onceflow.connectors.base import PoisonInTransaction, TaskInfo, TransactionBroken
-from onceflow.connectors.kafka import KafkaSink, admin, worker
-from onceflow.connectors.kafka import sink as sink_module
+from onceflow.connectors.kafka import KafkaSink, admin, transactional_writer, worker
+from onceflow.connectors.kafka import writer as plain_writer
 from onceflow.connectors.kafka.clients import (
     KafkaUnavailable,
     await_kafka,
@@ -50,8 +50,8 @@ def kafka() -> Iterator[LocalKafka]:
 @pytest.fixture(autouse=True)
 def _quick(monkeypatch) -> None:
     """A producer silent for 6 s (not 20) is stuck, a commit unanswered for 6 s broken."""
-    monkeypatch.setattr(sink_module, "STUCK_S", 6.0)
-    monkeypatch.setattr(sink_module, "COMMIT_TIMEOUT_S", 6.0)
+    monkeypatch.setattr(plain_writer, "STUCK_S", 6.0)
+    monkeypatch.setattr(transactional_writer, "COMMIT_TIMEOUT_S", 6.0)
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ LINKAGE_ERRORS = (
 
 @pytest.fixture(scope="module")
 def connector_jars() -> list[str]:
-    from onceflow.connectors.kafka.spark_source import connector_jars as jars
+    from onceflow.connectors.kafka.spark_jars import connector_jars as jars
 
     try:
         return jars()

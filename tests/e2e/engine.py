@@ -22,10 +22,12 @@ every record.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -194,11 +196,35 @@ def kafka_env(port: int, controller_port: int, cluster_id: str | None = None) ->
     return {**env, "CLUSTER_ID": cluster_id or new_cluster_id()}
 
 
+def _stop_doubled_services() -> None:
+    """Stop every service on our socket when there is more than one.
+
+    Two services left on one socket by earlier runs (each started when the other did not
+    answer in time) both answer a ping, but containers they start fail with "write child:
+    broken pipe": start one afresh instead.
+    """
+    found = subprocess.run(
+        ["pgrep", "-f", f"podman system service .*{SOCKET}"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    pids = [int(p) for p in found.stdout.split()]
+    if len(pids) < 2:
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(SOCKET)
+
+
 def _start_service() -> None:
     os.makedirs(HERE, exist_ok=True)
     with open(os.path.join(HERE, "containers.conf"), "w", encoding="utf-8") as fh:
         fh.write(CONTAINERS_CONF)
     os.environ["DOCKER_HOST"] = f"unix://{SOCKET}"
+    _stop_doubled_services()
     if os.path.exists(SOCKET) and _ping(1.0):
         return
     env = {**os.environ, "CONTAINERS_CONF": os.path.join(HERE, "containers.conf")}

@@ -146,8 +146,8 @@ def test_what_json_cannot_write_is_a_codec_error_so_a_sink_makes_it_a_dead_lette
 
 
 def test_a_kafka_key_json_cannot_write_is_a_codec_error():
-    from onceflow.connectors.kafka.sink import _key_bytes
+    from onceflow.connectors.kafka.serialization import key_bytes
 
-    assert _key_bytes(("a", 1)) == b'["a",1]'
+    assert key_bytes(("a", 1)) == b'["a",1]'
     with pytest.raises(CodecError, match="record key"):
-        _key_bytes(object())
+        key_bytes(object())

@@ -45,7 +45,7 @@ def test_undecodable_json_lines_become_dead_letters_with_their_origin(spark, tmp
     assert base64.b64decode(undecodable[0]["raw_b64"]) == b"not json"
     [missing] = [d for d in by_stage if d["stage"] == "user"]
     assert missing["error"].startswith("KeyError: 'user'")
-    assert missing["value"] == "{'name': 'c'}"
+    assert missing["value"] == '{"name": "c"}' and missing["value_json"], "the record, as JSON"
 
 
 def test_missing_field_dead_letter_names_stage_error_and_value(spark, tmp_path):
@@ -62,7 +62,7 @@ def test_missing_field_dead_letter_names_stage_error_and_value(spark, tmp_path):
     [letter] = dead.results
     assert letter["stage"] == "get-n"
     assert letter["error"].startswith("KeyError: 'n'")
-    assert letter["value"] == "{'x': 2}"
+    assert letter["value"] == '{"x": 2}'
 
 
 def test_on_error_fail_stops_the_run_with_the_cause(spark, tmp_path):

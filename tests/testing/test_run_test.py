@@ -97,7 +97,7 @@ def test_element_wise_transforms_and_user_errors_become_dead_letters():
     assert letter["stage"] == "length"
     assert letter["code"] == "user_error"
     assert letter["error"].startswith("ZeroDivisionError")
-    assert letter["value"] == "'fox'"
+    assert letter["value"] == '"fox"'
 
 
 def test_on_error_fail_stops_the_run_naming_stage_and_record():

@@ -1,0 +1,257 @@
+"""The transactional Kafka writer: the commit protocol of an exactly-once Kafka sink.
+
+Each sink partition's records go out in Kafka transactions under the partition's
+transactional id (:mod:`.transactional_producers` registers it, which fences older
+producers), each with a marker record in the pipeline's delivery log (:mod:`.delivery_log`).
+The runtime records the delivery as pending in Redis with the marker's place before
+committing, and marks the records delivered after; a crash in between is resolved by the next
+attempt from the marker. Sending the records and telling apart those the broker refuses is
+:mod:`.transactional_sends`'s part.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from onceflow.connectors.base import (
+    PoisonInTransaction,
+    Rejected,
+    TaskInfo,
+    TransactionalWriter,
+    TransactionBroken,
+)
+from onceflow.connectors.kafka.clients import (
+    Delivery,
+    KafkaUnavailable,
+    Producer,
+    ProducerBroken,
+)
+from onceflow.connectors.kafka.delivery_log import (
+    delivery_id,
+    marker_committed,
+    marker_text,
+    took,
+)
+from onceflow.connectors.kafka.outage import Wait, describe
+from onceflow.connectors.kafka.transactional_producers import (
+    TransactionalProducer,
+    transactional_id,
+)
+from onceflow.connectors.kafka.transactional_sends import TransactionalSends
+from onceflow.connectors.kafka.writer import FLUSH_SLICE_S, WritingSink
+from onceflow.kernel.records import Record
+
+COMMIT_TIMEOUT_S = 20.0  # a commit not answered by then is settled by registering anew
+
+
+class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
+    """Writes a task's records in Kafka transactions (see the module docstring).
+
+    Its transactional id is the sink partition's (:func:`transactional_id`); this worker
+    process registers it once and its later tasks of the partition reuse the producer
+    (:class:`TransactionalProducer`). The runtime records the id in Redis before a
+    transaction begins, and a later attempt of the partition settles it (:meth:`settle`)
+    when it finds it recorded. A producer some other registration fenced (the partition's
+    task ran in another process since) is replaced without a word: its transaction fails,
+    and the runtime has it :meth:`recover`.
+
+    **A Kafka that goes away** under an open transaction (its producer's sends or commit
+    fail, or it stops making progress) ends that producer's use: :meth:`prepare` and
+    :meth:`commit` wait (see :mod:`.outage`), then raise :class:`TransactionBroken`; the
+    runtime checks in Redis that its attempt still owns the partition and calls
+    :meth:`recover`, which registers the id anew (ending the transaction: a commit that
+    reached the coordinator completes, anything else is aborted, so nothing of it can still
+    change) and reads the prepared marker: committed, the delivery happened; else the
+    runtime writes the records again in a new transaction, under a new pending delivery.
+    """
+
+    def __init__(self, sink: WritingSink, task: TaskInfo) -> None:
+        super().__init__(sink, task)
+        self.task = task
+        self.tid = transactional_id(sink.transaction_prefix, task.sink, task.partition)
+        # the delivery log keeps each sink partition's newest marker (compacted by key)
+        self.log_key = self.tid.encode()
+        self.txn = TransactionalProducer(sink, self.tid, self._waiting)
+        self.marker: str | None = None  # the marker prepare() returned for the open transaction
+        self.deliveries = 0
+
+    @property
+    def identity(self) -> str:
+        """The transactional id: the sink partition's."""
+        return self.tid
+
+    @property
+    def producer(self) -> Producer:  # type: ignore[override]
+        """This process's registered producer of the id (registered when first needed)."""
+        return self.txn.producer
+
+    def _renew(self) -> None:
+        """Register the id anew (see :meth:`TransactionalProducer.renew`)."""
+        self.txn.renew()
+
+    def _waiting(self) -> Wait:
+        if self.outage is None:
+            doing = f"writing to Kafka topic {self.sink.topic!r} in transaction {self.tid!r}"
+            self.outage = Wait(self.sink.settings, doing)
+        return self.outage
+
+    def settle(self, identities: Sequence[str]) -> None:
+        """End the transactions these ids may hold open, by registering each anew.
+
+        The partition's own id included: its last writer may be this process's producer or
+        another's. Registering fences only producers of that id, so of this partition.
+        """
+        self.txn.settle(identities)
+
+    def _begin(self) -> None:
+        if self.txn.begin():
+            self.marker = None
+
+    # -- the commit protocol -----------------------------------------------------------------
+
+    def write(self, records: Sequence[Record]) -> list[Rejected]:
+        """Queue the records in the open transaction (begun if none is); those refused at once."""
+        self._begin()
+        return self._queue(records)
+
+    def _poisoned(self, refused: list[Rejected]) -> PoisonInTransaction:
+        """The broker refused records: abort, and name them if it is certain which are poison.
+
+        When it is not (see :func:`~.writer.culprits`), none is named and they are sent on
+        their own in the next transaction (see :mod:`.transactional_sends`).
+        """
+        self._abort_and_renew()
+        if len(refused) == 1:  # certain (see culprits); the rest is sent again
+            return PoisonInTransaction(refused)
+        self.suspects.update(id(rec) for rec, _ in refused)
+        return PoisonInTransaction([])
+
+    def _abort_and_renew(self) -> None:
+        """Abort, then register the id afresh.
+
+        After the broker refused a record, neither client's producer is fit for the next
+        transaction (measured: kafka-python's is left in the middle of an epoch bump,
+        librdkafka's sequence numbers skip and its next commit fails). The transaction was
+        aborted with its marker unsent or refused: nothing of it can become visible.
+        """
+        self.abort()
+        self.txn.renew()
+
+    def prepare(self) -> str:
+        """Send the marker, flush, and return ``log topic|partition|offset|delivery id``.
+
+        Records the broker refused abort the transaction (:class:`PoisonInTransaction`, see
+        :meth:`_poisoned`). A transaction Kafka did not take otherwise raises
+        :class:`TransactionBroken` (see the class docstring).
+        """
+        assert self.sink.log_topic is not None
+        self._begin()
+        delivery = delivery_id(self.task, self.deliveries)
+        self.deliveries += 1
+        marker = self._send_marker(delivery)
+        stuck = self._await_answers(*([marker] if marker is not None else []))
+        refused, failed = self._outcomes()
+        stopped, self.failed = self.failed, None
+        if refused and not stuck:
+            raise self._poisoned(refused)
+        if stuck or stopped is not None or failed or not took(marker):
+            why = describe(stopped) if stopped is not None else None
+            why = why or (failed[0][1] if failed else "the delivery marker was not written")
+            msg = f"Kafka did not take the transaction's records: {why}"
+            raise self._broken(msg)
+        self.suspects.clear()
+        assert marker is not None
+        self.marker = marker_text(marker, delivery)
+        return self.marker
+
+    def _send_marker(self, delivery: str) -> Delivery | None:
+        """Queue the delivery marker, unless a record failed before (then the transaction did)."""
+        assert self.sink.log_topic is not None  # prepare() checked it
+        if self.failed is not None:
+            return None
+        self.txn.prepared = True
+        try:
+            return self.producer.send(
+                self.sink.log_topic, self.log_key, delivery.encode(), None, None
+            )
+        except Exception as exc:  # noqa: BLE001 - a record failed before: settled by prepare()
+            self.failed = exc
+            return None
+
+    def _broken(self, why: str) -> TransactionBroken:
+        """The open transaction cannot commit: wait a little for Kafka, then say so.
+
+        The producer is not used again: :meth:`recover` registers a new one, whose
+        registration ends the transaction; until then it stays recorded for the partition
+        (not aborted cleanly), so that an attempt after a crash settles it. Past the outage
+        bound this raises :class:`KafkaUnavailable` instead: the run stops.
+        """
+        self.txn.abandon()
+        self._waiting().failed(KafkaUnavailable(why))
+        return TransactionBroken(why)
+
+    def commit(self) -> None:
+        """Commit; a commit Kafka does not answer within :data:`COMMIT_TIMEOUT_S` is broken.
+
+        The wait says so every 10 s (see :mod:`.outage`); a broken commit's fate is learnt
+        by :meth:`recover`.
+        """
+        deadline = time.monotonic() + COMMIT_TIMEOUT_S
+        while True:
+            try:
+                self.txn.commit(FLUSH_SLICE_S)
+                break
+            except KafkaUnavailable as exc:
+                if time.monotonic() < deadline:
+                    self._waiting().note(f"the commit is not answered yet: {describe(exc)}")
+                    continue
+                msg = f"the commit was not answered: {describe(exc)}"
+                raise self._broken(msg) from exc
+            except ProducerBroken as exc:
+                msg = f"the commit failed: {describe(exc)}"
+                raise self._broken(msg) from exc
+        self.restamped += self.restamping
+        self.restamping = 0
+        self.outage = None  # Kafka answered: a later outage is waited for from its start
+
+    def recover(self) -> bool:
+        """End the broken transaction (registering the id anew); whether its marker committed.
+
+        Waits for Kafka as long as the outage bound allows, registering and then reading the
+        marker :meth:`prepare` returned, if it returned one. Records stamped with the time of
+        writing in it count as restamped only if it committed.
+        """
+        marker, self.marker = self.marker, None
+        self.txn.discard()
+        self.txn.renew()
+        done = marker is not None and self.committed(marker)
+        if done:
+            self.restamped += self.restamping
+        self.restamping = 0
+        return done
+
+    def committed(self, marker: str) -> bool:
+        """Read the marker (call once every id recorded for the partition is settled)."""
+        return marker_committed(self.sink.settings, marker, self.sink.client)
+
+    def flush(self) -> list[Rejected]:
+        """Transactional records are settled by :meth:`prepare`; nothing to do here."""
+        return []
+
+    def close(self) -> None:
+        """Abort the open transaction, if any: what was not committed by now never is."""
+        self.abort()
+
+    def abort(self) -> None:
+        """Forget what was sent and abort the open transaction, if any."""
+        self.sent = []
+        self.stamped = set()
+        self.restamping = 0
+        self.failed = None
+        if self.txn.open:
+            self.txn.abort_open()
+
+    def aborted_cleanly(self) -> bool:
+        """Whether the abort went through before any marker was sent (see the base class)."""
+        return self.txn.aborted_cleanly()

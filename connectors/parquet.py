@@ -1,0 +1,149 @@
+"""Parquet files, exactly once (see :mod:`onceflow.connectors.staged` for the transaction).
+
+In an exactly-once streaming run each delivery's files are staged and renamed into place
+when it commits; a kill at any point leaves every record visible once. Rows go to Hive-style
+folders (``user=u1/``) by ``partition_by``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+from onceflow.connectors.base import SinkConnector, SinkWriter, TaskInfo
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.files import is_shared
+from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
+from onceflow.kernel.records import Record
+
+ID_COLUMN = "_onceflow_id"
+__all__ = ["ID_COLUMN", "STAGING", "ParquetSink", "ParquetWriter"]
+
+
+class ParquetSink(SinkConnector):
+    """Writes elements as rows of Parquet files under ``path`` (see the module docstring).
+
+    An element that is a dict (or a dataclass) is a row; any other element is the row
+    ``{"value": element}``; on a keyed stream a row also has the ``key``. ``partition_by``
+    names columns whose values become folders (``user=u1/``); ``row_group_size`` caps the
+    rows per row group; ``schema`` (a ``pyarrow.Schema``) fixes the columns' types, else each
+    file's types are inferred from its rows (a row that does not fit the others becomes a
+    dead letter). ``with_ids`` adds the record's ID as the ``_onceflow_id`` column (hex).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        partition_by: Sequence[str] = (),
+        row_group_size: int | None = None,
+        schema: Any = None,
+        with_ids: bool = True,
+        compression: str = "snappy",
+        shared: bool = False,
+    ) -> None:
+        if row_group_size is not None and row_group_size < 1:
+            msg = f"ParquetSink row_group_size must be at least 1, got {row_group_size}"
+            raise ConnectorError(msg)
+        self.path = local_folder(path, "ParquetSink")
+        self.partition_by = tuple(partition_by)
+        self.row_group_size = row_group_size
+        self.schema = schema
+        self.with_ids = with_ids
+        self.compression = compression
+        self.shared = shared
+
+    def describe(self) -> str:
+        """One line for plans."""
+        by = f" by {','.join(self.partition_by)}" if self.partition_by else ""
+        return f"parquet {self.path}{by}"
+
+    def prepare(self, pipeline: str, streaming: bool) -> None:
+        """Create the folders; a bounded run first removes the files an earlier one wrote."""
+        os.makedirs(os.path.join(self.path, STAGING), exist_ok=True)
+        if not streaming:
+            for folder, _dirs, files in os.walk(self.path):
+                for name in files:
+                    if name.startswith("part-") and name.endswith(".parquet"):
+                        os.unlink(os.path.join(folder, name))
+
+    def local_paths(self) -> list[str]:
+        """The folder the workers write, unless it is on shared storage."""
+        return [] if self.shared or is_shared(self.path) else [self.path]
+
+    def open(self, task: TaskInfo) -> SinkWriter:
+        """A writer for one task."""
+        return ParquetWriter(self, task)
+
+
+class ParquetWriter(StagedFilesWriter):
+    """One task's deliveries as Parquet files."""
+
+    suffix = ".parquet"
+    refusal = "cannot be a Parquet row"
+
+    def __init__(self, sink: ParquetSink, task: TaskInfo) -> None:
+        super().__init__(sink.path, task)
+        self.sink = sink
+        self.columns: Any = None  # the pyarrow schema inferred so far (no schema given)
+
+    def row(self, rec: Record) -> dict[str, Any]:
+        """The record as a row, checked against the columns (see :meth:`_fit`)."""
+        elem = rec.elem
+        key: Any = None
+        if self.task.keyed:
+            key, elem = elem
+        if dataclasses.is_dataclass(elem) and not isinstance(elem, type):
+            row = dataclasses.asdict(elem)
+        elif isinstance(elem, dict):
+            row = dict(elem)
+        else:
+            row = {"value": elem}
+        if self.task.keyed:
+            row = {"key": key, **row}
+        for column in self.sink.partition_by:
+            if column not in row:
+                msg = f"no column {column!r} to partition by"
+                raise ValueError(msg)
+        if self.sink.with_ids and rec.id:
+            row[ID_COLUMN] = rec.id.hex()
+        self._fit(row)
+        return row
+
+    def _fit(self, row: dict[str, Any]) -> None:
+        """Check a row against the sink's schema, or widen this writer's inferred columns.
+
+        Rows are checked one by one, so that a row whose types clash with the others (text
+        where the other rows have numbers) is refused alone instead of failing the file.
+        """
+        import pyarrow as pa
+
+        if self.sink.schema is not None:
+            pa.Table.from_pylist([row], schema=self.sink.schema)
+            return
+        one = pa.Table.from_pylist([row]).schema
+        if self.columns is None:
+            self.columns = one
+        else:
+            self.columns = pa.unify_schemas([self.columns, one], promote_options="permissive")
+
+    def folder(self, row: dict[str, Any]) -> str:
+        """``col=value/...`` of a row (values quoted as Hive-style partition folders)."""
+        parts = [f"{c}={quote(str(row.pop(c)), safe='')}" for c in self.sink.partition_by]
+        return os.path.join(*parts) if parts else ""
+
+    def write_file(self, file: Any, rows: list[Any]) -> None:
+        """One Parquet file of the rows (the partition columns are its folders)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = self.sink.schema if self.sink.schema is not None else self.columns
+        if schema is not None and self.sink.partition_by:
+            schema = pa.schema([f for f in schema if f.name not in self.sink.partition_by])
+        table = pa.Table.from_pylist(rows, schema=schema)
+        pq.write_table(
+            table, file, row_group_size=self.sink.row_group_size, compression=self.sink.compression
+        )

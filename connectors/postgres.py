@@ -1,0 +1,321 @@
+"""PostgreSQL tables, exactly once: each delivery one database transaction with its marker.
+
+In an exactly-once streaming run each delivery (see
+:class:`~onceflow.connectors.base.TransactionalWriter`) inserts or upserts its rows and a row
+of the delivery table (``onceflow_deliveries``: the delivery's marker) in one transaction, so
+whether a delivery happened is a question the database answers: the marker row is there.
+
+A writer's session is named (``application_name``) after its sink partition. A retry of the
+partition first ends every other session under that name (``pg_terminate_backend``: an
+attempt that is paused, not dead, can then never commit what it began) and waits until they
+are gone; only then does it ask whether the interrupted delivery's marker is in the table. The
+database user needs to be allowed to end its own sessions (any user can, for sessions of the
+same user) and to create the delivery table once (or have it created for it).
+
+A row is a dict (or a dataclass) element; on a keyed stream the key is the ``key`` column
+unless the element has it. ``mode="upsert"`` updates rows whose ``key_columns`` exist (the
+last of a delivery's rows for a key wins); ``"insert"`` adds rows. A row the table refuses (a
+type, a constraint) is found by trying the delivery's rows one by one, and becomes a dead
+letter; the rest go again.
+
+The password is never part of what is printed: give it in ``PGPASSWORD`` or ``password=``
+(``connection``), TLS settings (``sslmode`` ...) in the conninfo or ``connection``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from onceflow.connectors.base import (
+    PoisonInTransaction,
+    Rejected,
+    SinkConnector,
+    SinkWriter,
+    TaskInfo,
+    TransactionalWriter,
+)
+from onceflow.connectors.errors import ConnectorError
+from onceflow.kernel.records import Record
+
+DELIVERIES = "onceflow_deliveries"
+MODES = ("insert", "upsert")
+SETTLE_TIMEOUT_S = 30.0
+
+
+class PostgresSink(SinkConnector):
+    """Rows into a PostgreSQL table (see the module docstring)."""
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        conninfo: str = "",
+        mode: str = "insert",
+        key_columns: Sequence[str] = (),
+        connection: dict[str, Any] | None = None,
+    ) -> None:
+        if mode not in MODES:
+            msg = f"PostgresSink mode must be one of {', '.join(MODES)}, got {mode!r}"
+            raise ConnectorError(msg)
+        if mode == "upsert" and not key_columns:
+            msg = "PostgresSink(mode='upsert') needs key_columns: the columns that name a row"
+            raise ConnectorError(msg)
+        self.table = table
+        self.conninfo = conninfo
+        self.mode = mode
+        self.key_columns = tuple(key_columns)
+        self.connection = dict(connection or {})
+        self.columns: tuple[str, ...] = ()  # the table's, read by prepare()
+
+    def describe(self) -> str:
+        """One line for plans (never the password)."""
+        return f"postgres {self.table} ({self.mode})"
+
+    def connect_db(self, **extra: Any) -> Any:
+        """A new connection (psycopg 3), with the sink's settings."""
+        try:
+            import psycopg
+        except ImportError as exc:
+            msg = "PostgresSink needs psycopg: pip install 'onceflow[postgres]'"
+            raise ConnectorError(msg) from exc
+        try:
+            return psycopg.connect(self.conninfo, **{**self.connection, **extra})
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = f"cannot connect to PostgreSQL for {self.describe()}: {first}"
+            raise ConnectorError(msg) from None
+
+    def prepare(self, pipeline: str, streaming: bool) -> None:
+        """Check the table, read its columns, create the delivery table if it is missing."""
+        with self.connect_db() as conn:
+            rows = conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_name = %s AND table_schema = ANY(current_schemas(false)) "
+                "ORDER BY ordinal_position",
+                (self.table,),
+            ).fetchall()
+            if not rows:
+                msg = f"PostgreSQL has no table {self.table!r} (create it before the run)"
+                raise ConnectorError(msg)
+            self.columns = tuple(r[0] for r in rows)
+            missing = [c for c in self.key_columns if c not in self.columns]
+            if missing:
+                msg = f"table {self.table!r} has no key column(s) {', '.join(missing)}"
+                raise ConnectorError(msg)
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {DELIVERIES} ("
+                "marker text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
+            )
+
+    def open(self, task: TaskInfo) -> SinkWriter:
+        """A writer for one task: transactional in an exactly-once run."""
+        return PostgresWriter(self, task)
+
+
+class PostgresWriter(TransactionalWriter):
+    """One task's deliveries, each one database transaction (see the module docstring)."""
+
+    def __init__(self, sink: PostgresSink, task: TaskInfo) -> None:
+        self.sink = sink
+        self.task = task
+        self.token = uuid.uuid4().hex[:12]
+        self.rows: list[tuple[Record, dict[str, Any]]] = []
+        self.deliveries = 0
+        self.in_transaction = False
+        self._conn: Any = None
+
+    @property
+    def identity(self) -> str:
+        """The session name of the sink partition's writers (63 bytes at most)."""
+        digest = hashlib.blake2b(
+            f"{self.task.pipeline}\0{self.task.sink}\0{self.task.partition}".encode(),
+            digest_size=12,
+        )
+        return f"onceflow {digest.hexdigest()}"
+
+    @property
+    def conn(self) -> Any:
+        """The writer's session (opened on first use, named after the sink partition)."""
+        if self._conn is None:
+            self._conn = self.sink.connect_db(application_name=self.identity, autocommit=False)
+        return self._conn
+
+    # -- rows ----------------------------------------------------------------------------
+
+    def write(self, records: Sequence[Record]) -> list[Rejected]:
+        """Turn records into rows; one with a column the table does not have is refused."""
+        rejected: list[Rejected] = []
+        for rec in records:
+            try:
+                self.rows.append((rec, self._row(rec)))
+            except (TypeError, ValueError) as exc:
+                rejected.append((rec, f"cannot be a row of {self.sink.table}: {exc}"))
+        return rejected
+
+    def _row(self, rec: Record) -> dict[str, Any]:
+        elem = rec.elem
+        key: Any = None
+        if self.task.keyed:
+            key, elem = elem
+        if dataclasses.is_dataclass(elem) and not isinstance(elem, type):
+            row = dataclasses.asdict(elem)
+        elif isinstance(elem, dict):
+            row = dict(elem)
+        else:
+            msg = f"a row must be a dict or a dataclass, got {type(elem).__name__}"
+            raise TypeError(msg)
+        if self.task.keyed and "key" not in row:
+            row["key"] = key
+        unknown = [c for c in row if c not in self.sink.columns]
+        if unknown:
+            msg = f"no column(s) {', '.join(map(repr, unknown))}"
+            raise ValueError(msg)
+        return row
+
+    # -- the transaction -----------------------------------------------------------------
+
+    def prepare(self) -> str:
+        """Send the rows and the delivery's marker in the open transaction (not committed).
+
+        Rows the table refuses are found one by one (savepoints) and raised as
+        :class:`PoisonInTransaction` after a rollback: the runtime sends the rest again.
+        """
+        import psycopg
+
+        marker = f"{self.task.pipeline}/{self.task.sink}/{self.task.partition}/{self.token}/"
+        marker += str(self.deliveries)
+        rows, self.rows = self._last_per_key(self.rows), []
+        self.in_transaction = True
+        try:
+            self._insert(rows)
+        except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
+            self.conn.rollback()
+            refused = self._refused(rows)
+            if not refused:  # not a row's fault (the table changed ...): the task fails
+                first = str(exc).strip().splitlines()[0]
+                msg = f"{self.sink.describe()} failed: {first}"
+                raise ConnectorError(msg) from None
+            raise PoisonInTransaction(refused) from None
+        self.conn.execute(f"INSERT INTO {DELIVERIES} (marker) VALUES (%s)", (marker,))
+        self.deliveries += 1
+        return marker
+
+    def commit(self) -> None:
+        """Commit the transaction: the rows and the marker become visible together."""
+        self.conn.commit()
+        self.in_transaction = False
+
+    def settle(self, identities: Sequence[str]) -> None:
+        """End every other session of these sink partitions; wait until they are gone."""
+        names = list(identities)
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        with self.sink.connect_db(autocommit=True) as admin:
+            while True:
+                left = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = ANY(%s) AND pid <> pg_backend_pid()",
+                    (names,),
+                ).fetchall()
+                if not left:
+                    return
+                if time.monotonic() > deadline:
+                    msg = f"{len(left)} earlier session(s) of {self.sink.describe()} did not end"
+                    raise ConnectorError(msg)
+                time.sleep(0.05)
+
+    def committed(self, marker: str) -> bool:
+        """Whether the delivery's marker row is in the table (so its rows are)."""
+        with self.sink.connect_db(autocommit=True) as conn:
+            found = conn.execute(f"SELECT 1 FROM {DELIVERIES} WHERE marker = %s", (marker,))
+            return found.fetchone() is not None
+
+    def abort(self) -> None:
+        """Roll the transaction back (the server does it too if the session died)."""
+        self.rows = []
+        if self._conn is not None:
+            try:
+                self._conn.rollback()
+            except Exception:  # noqa: BLE001 - a broken session is rolled back by the server
+                self._conn = None
+        self.in_transaction = False
+
+    def aborted_cleanly(self) -> bool:
+        """After a rollback nothing of the transaction can commit: a commit is ours to send."""
+        return self._conn is not None
+
+    # -- without transactions (bounded and at-least-once runs) ---------------------------
+
+    def flush(self) -> list[Rejected]:
+        """Write what is buffered in a transaction of its own; refused rows come back."""
+        rejected: list[Rejected] = []
+        while self.rows:
+            pending = self.rows
+            try:
+                self.prepare()
+                self.commit()
+            except PoisonInTransaction as poison:
+                rejected += poison.rejected
+                refused = {id(rec) for rec, _ in poison.rejected}
+                self.rows = [(rec, row) for rec, row in pending if id(rec) not in refused]
+        return rejected
+
+    def close(self) -> None:
+        """The task succeeded."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- SQL -----------------------------------------------------------------------------
+
+    def _last_per_key(
+        self, rows: list[tuple[Record, dict[str, Any]]]
+    ) -> list[tuple[Record, dict[str, Any]]]:
+        """Upsert: one row per key, the last (one statement cannot update a row twice)."""
+        if self.sink.mode != "upsert":
+            return rows
+        last: dict[tuple[Any, ...], tuple[Record, dict[str, Any]]] = {}
+        for rec, row in rows:
+            last[tuple(row.get(c) for c in self.sink.key_columns)] = (rec, row)
+        return list(last.values())
+
+    def _statement(self, columns: Sequence[str]) -> str:
+        cols = ", ".join(f'"{c}"' for c in columns)
+        marks = ", ".join(["%s"] * len(columns))
+        sql = f'INSERT INTO "{self.sink.table}" ({cols}) VALUES ({marks})'
+        if self.sink.mode == "upsert":
+            keys = ", ".join(f'"{c}"' for c in self.sink.key_columns)
+            rest = [c for c in columns if c not in self.sink.key_columns]
+            update = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in rest)
+            sql += f" ON CONFLICT ({keys}) " + (f"DO UPDATE SET {update}" if rest else "DO NOTHING")
+        return sql
+
+    def _insert(self, rows: list[tuple[Record, dict[str, Any]]]) -> None:
+        by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        for _rec, row in rows:
+            columns = tuple(row)
+            by_columns.setdefault(columns, []).append(tuple(row[c] for c in columns))
+        with self.conn.cursor() as cur:
+            for columns, values in by_columns.items():
+                cur.executemany(self._statement(columns), values)
+
+    def _refused(self, rows: list[tuple[Record, dict[str, Any]]]) -> list[Rejected]:
+        """The rows the table refuses, each tried alone under a savepoint (then rolled back)."""
+        import psycopg
+
+        refused: list[Rejected] = []
+        with self.conn.cursor() as cur:
+            for rec, row in rows:
+                cur.execute("SAVEPOINT onceflow_row")
+                try:
+                    cur.execute(self._statement(tuple(row)), tuple(row.values()))
+                except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as e:
+                    cur.execute("ROLLBACK TO SAVEPOINT onceflow_row")
+                    first = str(e).strip().splitlines()[0]
+                    refused.append((rec, f"{self.sink.table} refused the row: {first}"))
+        self.conn.rollback()
+        return refused

@@ -1,0 +1,143 @@
+"""The PostgreSQL sink's transaction against a real server, read back with psycopg.
+
+Each test plays steps of the runtime's delivery protocol (``TransactionalWriter``) and then
+reads the table as any client would.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from onceflow.connectors.base import PoisonInTransaction, TaskInfo
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.postgres import PostgresSink
+from onceflow.kernel.records import Record
+from onceflow.testing.postgres import PASSWORD
+
+
+@pytest.fixture
+def table(postgres_server):
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    with postgres_server.connect() as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, user_name text NOT NULL, n int)")
+    return name
+
+
+def _sink(postgres_server, table, **kw):
+    sink = PostgresSink(
+        table, conninfo=postgres_server.conninfo, connection={"password": PASSWORD}, **kw
+    )
+    sink.prepare("p", streaming=True)
+    return sink
+
+
+def _rows(n, start=0):
+    return [
+        Record(i.to_bytes(16, "big"), 0, {"id": i, "user_name": f"u{i % 2}", "n": i})
+        for i in range(start, start + n)
+    ]
+
+
+def _writer(sink, attempt=0, partition=0):
+    return sink.open(TaskInfo("p", "db", 1, partition, attempt, exactly_once=True))
+
+
+def _read(postgres_server, table):
+    with postgres_server.connect() as conn:
+        return conn.execute(f"SELECT id, user_name, n FROM {table} ORDER BY id").fetchall()
+
+
+def test_rows_and_marker_commit_together(postgres_server, table):
+    sink = _sink(postgres_server, table)
+    w = _writer(sink)
+    assert w.write(_rows(5)) == []
+    marker = w.prepare()
+    assert _read(postgres_server, table) == [], "not visible before the commit"
+    assert not _writer(sink, 1).committed(marker)
+    w.commit()
+    assert [r[0] for r in _read(postgres_server, table)] == [0, 1, 2, 3, 4]
+    assert _writer(sink, 1).committed(marker)
+    w.close()
+
+
+def test_a_paused_attempt_is_ended_before_the_retry_asks(postgres_server, table):
+    sink = _sink(postgres_server, table)
+    zombie = _writer(sink)
+    zombie.write(_rows(5))
+    marker = zombie.prepare()  # then it pauses: a GC pause, a frozen VM
+    retry = _writer(sink, 1)
+    retry.settle([retry.identity])
+    assert not retry.committed(marker)
+    with pytest.raises(Exception):  # noqa: B017, PT011 - its session was ended under it
+        zombie.commit()
+    assert _read(postgres_server, table) == []
+    retry.write(_rows(5))
+    retry.prepare()
+    retry.commit()
+    assert len(_read(postgres_server, table)) == 5
+    retry.close()
+
+
+def test_settling_one_partition_leaves_the_others_alone(postgres_server, table):
+    sink = _sink(postgres_server, table)
+    other = _writer(sink, partition=1)
+    other.write(_rows(3, start=10))
+    other.prepare()
+    retry = _writer(sink, 1, partition=0)
+    retry.settle([retry.identity])
+    other.commit()
+    assert [r[0] for r in _read(postgres_server, table)] == [10, 11, 12]
+    other.close()
+
+
+def test_rows_the_table_refuses_come_back_one_by_one(postgres_server, table):
+    sink = _sink(postgres_server, table)
+    w = _writer(sink)
+    null_user = Record(b"x" * 16, 0, {"id": 100, "user_name": None, "n": 1})
+    wrong_type = Record(b"y" * 16, 0, {"id": 101, "user_name": "u", "n": "many"})
+    no_column = Record(b"z" * 16, 0, {"id": 102, "colour": "red"})
+    assert [r[0].id for r in w.write([*_rows(2), no_column])] == [b"z" * 16]
+    w.write([null_user, wrong_type])
+    with pytest.raises(PoisonInTransaction) as poison:
+        w.prepare()
+    assert sorted(r.id for r, _why in poison.value.rejected) == [b"x" * 16, b"y" * 16]
+    assert "refused the row" in poison.value.rejected[0][1]
+    w.write(_rows(2))  # the runtime sends the rest again
+    w.prepare()
+    w.commit()
+    assert [r[0] for r in _read(postgres_server, table)] == [0, 1]
+    w.close()
+
+
+@dataclass
+class Total:
+    id: int
+    user_name: str
+    n: int
+
+
+def test_upserts_keep_the_last_row_per_key(postgres_server, table):
+    sink = _sink(postgres_server, table, mode="upsert", key_columns=["id"])
+    w = _writer(sink)
+    w.write([Record(b"a" * 16, 0, Total(1, "u1", n)) for n in (1, 2, 3)])
+    w.prepare()
+    w.commit()
+    w.write([Record(b"b" * 16, 0, Total(1, "u1", 7))])
+    w.prepare()
+    w.commit()
+    assert _read(postgres_server, table) == [(1, "u1", 7)]
+    w.close()
+
+
+def test_settings_errors_are_one_line_without_the_password(postgres_server, table):
+    with pytest.raises(ConnectorError, match="needs key_columns"):
+        PostgresSink(table, mode="upsert")
+    with pytest.raises(ConnectorError, match="has no table 'missing'"):
+        _sink(postgres_server, "missing")
+    bad = PostgresSink(table, conninfo=postgres_server.conninfo, connection={"password": "nope"})
+    with pytest.raises(ConnectorError, match="cannot connect to PostgreSQL") as err:
+        bad.prepare("p", streaming=True)
+    assert "nope" not in str(err.value) and PASSWORD not in str(err.value)
