@@ -59,7 +59,7 @@ from onceflow.kernel.settings import RedisSettings, redis_client  # noqa: E402
 from onceflow.runtime.guard import AtLeastOnceGuards  # noqa: E402
 from onceflow.runtime.pinning import pin_settings  # noqa: E402
 from onceflow.runtime.spec import Job  # noqa: E402
-from onceflow.runtime.streaming import _dead_letters  # noqa: E402
+from onceflow.runtime.startup import streaming_dead_letters  # noqa: E402
 from onceflow.runtime.task import StageFunction  # noqa: E402
 
 WORKLOADS = ("stateless", "keyed-count", "keyed-count-ids", "sliding-window", "fan-out")
@@ -109,7 +109,7 @@ def prepared_job(workload: str, mode: str, bootstrap: str) -> Job:
     os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
     pipeline = build(workload, name, f"{name}-in", f"{name}-out", transactional)
     job = pipeline.job()
-    job = job.with_dead_letters(_dead_letters(job, "/tmp"))
+    job = job.with_dead_letters(streaming_dead_letters(job, "/tmp"))
     for stage in job.stages:
         for target in stage.targets:
             if not target.is_row:

@@ -67,10 +67,70 @@ class TaskInfo:
     keyed: bool = False
 
 
+@dataclass(frozen=True)
+class SourceCapabilities:
+    """What a streaming run may ask of a source: declared by the source, never probed.
+
+    ``ticks``: a tick file (:attr:`SourceRun.tick_file`) makes it plan a micro-batch with no
+    new input, so windows close on time (see ``onceflow.runtime.ticks``). ``reads_in_task``:
+    its source stage reads its own offset ranges, so the query carries ranges, not raw rows.
+    ``stable_partitions``: its input partitions are planned from the offsets in Spark's log
+    alone, so a replay gives each record the same task (False for a source whose partitions
+    Spark plans itself). ``readable_ends``: :meth:`SourceConnector.readable_ends` answers
+    (consumer lag). ``batch_cap``: it honours :attr:`SourceRun.max_records_per_batch`.
+    """
+
+    ticks: bool = False
+    reads_in_task: bool = False
+    stable_partitions: bool = True
+    readable_ends: bool = False
+    batch_cap: bool = False
+
+
+@dataclass(frozen=True)
+class SourceRun:
+    """What one streaming run decides for a source (see :meth:`SourceConnector.for_run`).
+
+    ``read_in_task`` False: give raw rows (a query unions it with sources that do);
+    ``positional_ids`` False: its position IDs are deduplicated like any other ID (a query
+    unions it with a source whose partitions Spark plans); ``max_records_per_batch``: a cap
+    the run's options set (None: the source's own).
+    """
+
+    tick_file: str | None = None
+    read_in_task: bool = True
+    positional_ids: bool = True
+    max_records_per_batch: int | None = None
+
+
 class SourceConnector(abc.ABC):
     """Base of every source."""
 
     bounded: bool = True
+
+    def capabilities(self) -> SourceCapabilities:
+        """What a streaming run may ask of this source (none by default)."""
+        return SourceCapabilities()
+
+    def for_run(self, run: SourceRun) -> SourceConnector:
+        """This source as one streaming run reads it: a copy with ``run``'s settings.
+
+        The user's object is never changed (it may serve another run). By default the source
+        itself: it declares no capability a run sets.
+        """
+        return self
+
+    def readable_ends(self) -> dict[str, int]:
+        """Where each partition's readable records end now (``capabilities().readable_ends``)."""
+        msg = f"{type(self).__name__} cannot tell where its readable records end"
+        raise NotImplementedError(msg)
+
+    def dead_letter_sink(self, pipeline: str) -> SinkConnector | None:
+        """Where a streaming run reading this source sends dead letters by default.
+
+        None: a JSON Lines file under the run's output folder.
+        """
+        return None
 
     @abc.abstractmethod
     def describe(self) -> str:

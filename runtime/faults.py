@@ -15,22 +15,41 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from enum import StrEnum
 
 CRASH_ENV = "ONCEFLOW_CRASH"
 CRASH_FILE_ENV = "ONCEFLOW_CRASH_FILE"
 PAUSE_ENV = "ONCEFLOW_CRASH_PAUSE_S"
 _PAUSE_S = "8"
-TASK_POINTS = (
-    "before_commit",
-    "after_commit",
-    "before_finish",
-    "after_finish",
-    "in_sink_transaction",
-    "after_sink_write",
-    "after_sink_commit",
-    "task_end",
-)
-DRIVER_POINTS = ("batch_end",)
+
+
+class CrashPoint(StrEnum):
+    """Every place a run may be made to fail on purpose, declared once.
+
+    The runtime calls :func:`crashpoint` and :func:`driver_crashpoint` only with these, and
+    ``onceflow.testing.Crash`` accepts only these names (a test naming another fails: see
+    ``tests/runtime/test_crashpoints.py``).
+    """
+
+    BEFORE_COMMIT = "before_commit"
+    AFTER_COMMIT = "after_commit"
+    #: end-of-task outputs (combine results, window panes) computed, not stored
+    BEFORE_FINISH = "before_finish"
+    #: ... stored with their state changes (windows closed), not yet sent on
+    AFTER_FINISH = "after_finish"
+    #: a transactional sink sent records, no marker yet
+    IN_SINK_TRANSACTION = "in_sink_transaction"
+    AFTER_SINK_WRITE = "after_sink_write"
+    AFTER_SINK_COMMIT = "after_sink_commit"
+    TASK_END = "task_end"
+    #: the driver, after every sink wrote, before Spark commits the batch
+    BATCH_END = "batch_end"
+
+
+DRIVER_POINTS = frozenset({CrashPoint.BATCH_END})
+TASK_POINTS = frozenset(CrashPoint) - DRIVER_POINTS
+POINTS = tuple(p.value for p in CrashPoint)  # in declaration order, for messages
+
 _FROZEN_SLEEP_S = 3600
 
 
@@ -54,13 +73,13 @@ def _wanted() -> dict[str, str] | None:
     return dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
 
 
-def crashpoint(point: str, stage: str, batch: int, partition: int, attempt: int) -> None:
+def crashpoint(point: CrashPoint, stage: str, batch: int, partition: int, attempt: int) -> None:
     """Fail a task here when ``$ONCEFLOW_CRASH`` asks for it."""
     wanted = _wanted()
     if wanted is None:
         return
     actual = {
-        "point": point,
+        "point": point.value,
         "stage": stage,
         "batch": str(batch),
         "partition": str(partition),
@@ -72,7 +91,7 @@ def crashpoint(point: str, stage: str, batch: int, partition: int, attempt: int)
     trigger_crash(wanted.get("mode", "raise"), f"{point} {stage} b{batch} p{partition}")
 
 
-def driver_crashpoint(point: str, batch: int) -> None:
+def driver_crashpoint(point: CrashPoint, batch: int) -> None:
     """Fail the driver here when ``$ONCEFLOW_CRASH`` asks for it (``mode`` defaults to kill)."""
     wanted = _wanted()
     if wanted is None:

@@ -190,6 +190,21 @@ class Job:
         """This job with every stage's dead letters going to ``connector``."""
         return replace(self, stages=tuple(s.with_dead_letters(connector) for s in self.stages))
 
+    def with_sources(self, connectors: dict[str, Any]) -> Job:
+        """This job reading each named source through ``connectors[name]`` instead.
+
+        Both places that hold a source's connector change: the job's sources (the driver
+        streams them) and its source stage (the workers decode with it).
+        """
+        sources = tuple((name, connectors.get(name, c)) for name, c in self.sources)
+        stages = tuple(
+            replace(s, source_connector=connectors[s.source])
+            if s.source is not None and s.source in connectors
+            else s
+            for s in self.stages
+        )
+        return replace(self, sources=sources, stages=stages)
+
     @property
     def bounded(self) -> bool:
         """True when every source ends."""

@@ -16,11 +16,11 @@ compare (Linux: it kills every process of the run's session, found through ``/pr
 
 from __future__ import annotations
 
+from onceflow.runtime.faults import POINTS
 from onceflow.testing.asserts import Assertion, assert_that, equal_to, is_empty
 from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
 from onceflow.testing.errors import TestingError, TestInputError
 from onceflow.testing.harness import (
-    POINTS,
     Crash,
     Outcome,
     Report,

@@ -43,7 +43,8 @@ from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRe
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.guard import NoGuard
 from onceflow.runtime.result import RunResult, explain_failure
-from onceflow.runtime.task import ROW_COLUMNS, TaskRun, to_arrow
+from onceflow.runtime.task import TaskRun, to_arrow
+from onceflow.runtime.task_input import ROW_COLUMNS
 from onceflow.testing.errors import TestingError
 from onceflow.testing.steps import CLOCK
 from onceflow.testing.teststream import TestStream

@@ -31,17 +31,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-POINTS = (
-    "before_commit",
-    "after_commit",
-    "before_finish",  # end-of-task outputs (combine results, window panes) computed, not stored
-    "after_finish",  # ... stored with their state changes (windows closed), not yet sent on
-    "in_sink_transaction",  # a transactional sink sent records, no marker yet
-    "after_sink_write",
-    "after_sink_commit",
-    "task_end",
-    "batch_end",
-)
+from onceflow.runtime.faults import POINTS
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,19 @@ in the stream. Event times come from ``at=`` in :meth:`~TestStream.add`, else th
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from onceflow.connectors.base import Decoded, Decoder, LaneProgress, SourceConnector
+from onceflow.connectors.base import (
+    Decoded,
+    Decoder,
+    LaneProgress,
+    SourceCapabilities,
+    SourceConnector,
+    SourceRun,
+)
 from onceflow.kernel import codec, ids
 from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.kernel.errors import CodecError, ConfigError
@@ -71,7 +79,7 @@ class TestStream(SourceConnector):
         self.id_fn = id
         self.ts_fn = timestamp
         self.steps: list[Step] = []
-        self.tick_file: str | None = None  # set by a streaming run whose windows need ticks
+        self.tick_file: str | None = None  # set on a run's copy (for_run) when windows need ticks
         # A Spark test run's file naming its Redis and namespace (where clock steps move the
         # batch clock): a file, so that a Redis password never travels in Spark's options.
         self.clock_file: str | None = None
@@ -139,6 +147,16 @@ class TestStream(SourceConnector):
         return stream
 
     # -- as a source ---------------------------------------------------------------------
+
+    def capabilities(self) -> SourceCapabilities:
+        """It ticks (windows close on a processing-time step with no input)."""
+        return SourceCapabilities(ticks=True)
+
+    def for_run(self, run: SourceRun) -> TestStream:
+        """A copy with the run's tick file."""
+        stream = copy.copy(self)
+        stream.tick_file = run.tick_file
+        return stream
 
     def describe(self) -> str:
         """One line for plans."""

@@ -21,6 +21,7 @@ The sink writes each record with its ID in the ``onceflow-id`` header (and its e
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
@@ -29,7 +30,15 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from crc32c import crc32c
 
-from onceflow.connectors.base import Decoded, Decoder, SourceConnector, renamed
+from onceflow.connectors.base import (
+    Decoded,
+    Decoder,
+    SinkConnector,
+    SourceCapabilities,
+    SourceConnector,
+    SourceRun,
+    renamed,
+)
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import await_kafka
 from onceflow.connectors.kafka.kafka_python import BOOTSTRAP
@@ -118,12 +127,13 @@ class KafkaSource(SourceConnector):
         self.group_id = group_id
         self.max_records_per_batch = max_records_per_batch
         self.envelope = envelope
-        self.tick_file: str | None = None  # set by a streaming run whose windows need ticks
+        self.tick_file: str | None = None  # set on a run's copy (for_run) when windows need ticks
         # The source stage reads its offset ranges itself (see .datasource); a run turns it
-        # off when one query unions this source with sources that give raw rows.
+        # off (on its copy, see for_run) when one query unions this source with sources that
+        # give raw rows.
         self.read_in_task = read_in_task and client != SPARK_CLIENT
-        # Position IDs skip the dedup of IDs (see decoder); a run turns that off when one
-        # query unions this source with a source whose input partitions Spark plans.
+        # Position IDs skip the dedup of IDs (see decoder); a run turns that off (on its copy)
+        # when one query unions this source with a source whose input partitions Spark plans.
         self.positional_ids = client != SPARK_CLIENT
 
     @property
@@ -140,6 +150,39 @@ class KafkaSource(SourceConnector):
     def describe(self) -> str:
         """One line for plans."""
         return f"kafka {','.join(self.topics)} ({self.codec.name})"
+
+    def capabilities(self) -> SourceCapabilities:
+        """Read through the Python data source, it ticks and plans its own ranges."""
+        python = self.client != SPARK_CLIENT
+        return SourceCapabilities(
+            ticks=python,
+            reads_in_task=self.read_in_task,
+            stable_partitions=python,
+            readable_ends=True,
+            batch_cap=True,
+        )
+
+    def for_run(self, run: SourceRun) -> KafkaSource:
+        """A copy with the run's tick file, cap, and what the run's union allows."""
+        source = copy.copy(self)
+        source.tick_file = run.tick_file
+        source.read_in_task = self.read_in_task and run.read_in_task
+        source.positional_ids = self.positional_ids and run.positional_ids
+        if run.max_records_per_batch is not None:
+            source.max_records_per_batch = run.max_records_per_batch
+        return source
+
+    def dead_letter_sink(self, pipeline: str) -> SinkConnector:
+        """A topic ``<pipeline>.dead-letters`` on the same cluster, written by the same client."""
+        from onceflow.connectors.kafka.clients import CONFLUENT_CLIENT, PYTHON_CLIENT
+        from onceflow.connectors.kafka.dead_letters import KafkaDeadLetterSink
+
+        return KafkaDeadLetterSink(
+            f"{pipeline}.dead-letters",
+            bootstrap_servers=self.settings.bootstrap_servers,
+            connection=self.settings.options,
+            client=CONFLUENT_CLIENT if self.client == CONFLUENT_CLIENT else PYTHON_CLIENT,
+        )
 
     def prepare(self, pipeline: str, streaming: bool) -> None:
         """Fail early and clearly when Kafka or a topic is missing."""

@@ -179,20 +179,22 @@ def test_a_query_with_a_source_spark_plans_takes_no_position_id_as_settled():
     """A union numbers its tasks on from one source's partitions to the next; Spark's own
     connector plans its partitions, so a replay may give the Python source's ranges other
     task numbers. Sources alone, or unions of sources planned from the offset log, keep them."""
-    from onceflow.runtime.streaming import one_query
+    from onceflow.runtime.startup import one_query
 
     alone = KafkaSource("a", bootstrap_servers="127.0.0.1:1")
-    one_query([("a", alone)])
-    assert alone.positional_ids and alone.read_in_task
+    run = alone.for_run(one_query([alone]))
+    assert run.positional_ids and run.read_in_task
     a, b = (KafkaSource(t, bootstrap_servers="127.0.0.1:1") for t in "ab")
-    one_query([("a", a), ("b", b)])
-    assert a.positional_ids and b.positional_ids and a.read_in_task and b.read_in_task
-    python, spark = (
+    union = one_query([a, b])
+    for source in (a.for_run(union), b.for_run(union)):
+        assert source.positional_ids and source.read_in_task
+    given, spark = (
         KafkaSource(t, bootstrap_servers="127.0.0.1:1", client=c)
         for t, c in (("p", "python"), ("s", "spark"))
     )
-    one_query([("s", spark), ("p", python)])
+    python = given.for_run(one_query([spark, given]))
     assert not python.positional_ids and not python.read_in_task
+    assert given.positional_ids and given.read_in_task  # the user's object is left as it was
     [record] = _decode([(5, 1, None, b'{"k": "a"}', [])], source=python)
     assert not record.positional and record.id == ids.from_position("src", "t", 0, 5)
 

@@ -204,7 +204,7 @@ def test_a_chunk_redone_after_a_conflict_counts_its_dead_letters_once(redis_serv
     other = TaskRun(spec, guards, TaskRef(spec.name, 0, 1, 0, spec.sinks, 2))
     other.guard.open()
     assert other.guard.commit(0, [rows[3]], [], {}, {}) == set()  # a copy, committed meanwhile
-    task._attempt_chunk(0, rows, [], {})
+    task.commits.attempt(0, rows, [], {})
     assert task.counters.get("events/commit_conflicts") == 1, "the chunk was redone"
     assert task.body.dead_count == 1 and task.body.dead_codes == {"user_error": 1}
 

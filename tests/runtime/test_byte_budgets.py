@@ -230,7 +230,7 @@ def test_a_source_hands_on_its_records_in_slices_of_a_chunks_bytes():
     spec = p.job().stages[0]
     task = TaskRun(spec, no_guard, TaskRef(spec.name, 0, 0))
     one_split = pa.RecordBatch.from_pydict({"split": [0], "splits": [1]})
-    slices = list(task.source_rows(iter([one_split])))
+    slices = list(task.input.source_rows(iter([one_split])))
     assert [r[4]["i"] for s in slices for r in s.rows] == list(range(20))
     largest = max(s.sizes[0] for s in slices)
     assert len(slices) > 1

@@ -18,7 +18,7 @@ from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.runtime.checkpoint import IDENTITY_FILE, Checkpoint
 from onceflow.runtime.pinning import check_not_behind, pin_checkpoint
-from onceflow.runtime.streaming import checkpoint_location
+from onceflow.runtime.startup import checkpoint_location
 
 
 def test_a_relative_location_is_made_absolute_against_the_current_folder(tmp_path, monkeypatch):

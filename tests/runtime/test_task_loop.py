@@ -21,7 +21,7 @@ def test_a_batch_standing_for_many_records_is_handed_on_in_slices():
     spec = p.job().stages[0]
     task = TaskRun(spec, no_guard, TaskRef(spec.name, 0, 0))
     one_split = pa.RecordBatch.from_pydict({"split": [0], "splits": [1]})
-    slices = list(task.source_rows(iter([one_split])))
+    slices = list(task.input.source_rows(iter([one_split])))
     assert [len(s.rows) for s in slices] == [SOURCE_SLICE, SOURCE_SLICE, 123]
     assert [r[4] for s in slices for r in s.rows] == list(range(total))
     assert all(len(s.lanes) == len(s.rows) == len(s.positional) for s in slices)

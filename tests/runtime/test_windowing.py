@@ -352,3 +352,30 @@ def test_a_partials_closed_windows_are_dead_letters_and_its_open_ones_count():
 def test_a_pane_is_a_pane_after_the_store():
     pane = Pane(3, 0, 10, "on_time", 0, True)
     assert codec.decode(codec.encode(pane)) == pane
+
+
+def test_window_state_keeps_its_stored_layout():
+    """Named records inside, the old positional lists in Redis and backups: a stored value
+    reads back and writes out byte for byte, and a lifted partial keeps its wire form."""
+    from onceflow.kernel import codec
+    from onceflow.runtime.window_records import (
+        Delta,
+        decode_entries,
+        encode_entries,
+        partial_windows,
+        to_wire,
+    )
+
+    stored = codec.encode(
+        [
+            [0, 60_000, {"s": 5}, 2, 1, True, 123, 59_000],
+            [60_000, 120_000, None, 0, 3, False, 0, 61_000],
+        ]
+    )
+    entries = decode_entries(stored)
+    assert entries[0].acc == {"s": 5} and entries[0].passed and entries[1].index == 3
+    assert encode_entries(entries) == stored
+    wire = to_wire([((0, 10), Delta(4, 2, 9))])
+    assert wire == [[0, 10, 4, 2, 9]]
+    assert partial_windows(wire, 0)[0].records == 2
+    assert partial_windows([0, 10, 4, 2], 7)[0].newest == 7  # the older one-window form

@@ -1,0 +1,60 @@
+"""What the executor's parts share about records: the cursor, and text for dead letters."""
+
+from __future__ import annotations
+
+import json
+import traceback
+from typing import Any
+
+from onceflow.runtime.errors import RuntimeFailure
+
+
+class StageFailure(RuntimeFailure):
+    """User code failed and the pipeline is set to fail rather than dead-letter."""
+
+
+class Cursor:
+    """The parent record whose outputs are being produced, shared by a stage's ops."""
+
+    __slots__ = ("parent", "ts")
+
+    def __init__(self) -> None:
+        self.parent = b""
+        self.ts = 0
+
+
+def describe(value: Any, limit: int = 500) -> str:
+    """A bounded printable form of a value, for dead letters."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        text = f"<unprintable {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def portable(value: Any, limit: int = 1 << 20) -> str:
+    """A value as JSON when it is JSON-friendly (so it can be sent again), else printable."""
+    return as_json(value, limit)[0]
+
+
+def as_json(value: Any, limit: int = 1 << 20) -> tuple[str, bool]:
+    """``(JSON, True)`` for a JSON-friendly value (it can be replayed), else a printed form."""
+    try:
+        return json.dumps(value), True
+    except (TypeError, ValueError):
+        return describe(value, limit), False
+
+
+def too_large(limit: int) -> str:
+    """The end of every reason a record too large to process gives."""
+    return (
+        f"the limit is {limit} bytes (Pipeline max_record_bytes): it is not processed; "
+        "raise max_record_bytes, or make records smaller"
+    )
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` plus the innermost user frame, for dead letters."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
