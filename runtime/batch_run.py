@@ -21,6 +21,7 @@ from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee
 from onceflow.kernel.scopes import merge_generations
+from onceflow.kernel.store import store_for
 from onceflow.runtime.faults import CrashPoint, driver_crashpoint
 from onceflow.runtime.observe import BatchDone, batch_done, delta, first_batch, say
 from onceflow.runtime.phases import Phases
@@ -183,7 +184,7 @@ class MicroBatches:
 
     def _check_epoch(self) -> None:
         ctx = self.ctx
-        current = int(ctx.client.get(ctx.keyspace.epoch) or 0)
+        current = int(store_for(ctx.client).get(ctx.keyspace.epoch) or 0)
         if current != ctx.epoch:
             msg = (
                 f"another driver of pipeline {ctx.job.pipeline!r} started (epoch {current}, "

@@ -223,15 +223,10 @@ class StageBody:
     def _redrive(self, replayed: Redrive) -> None:
         """A record replayed from a dead letter goes straight to the node it failed in."""
         push = self.push.get(replayed.node)
-        if push is not None:
+        if push is None:
+            self.out.unroutable(self.spec.name, replayed)
+        else:
             push(replayed.value)
-            return
-        reason = (
-            f"a replayed dead letter names node {replayed.node!r}, which stage "
-            f"{self.spec.name!r} does not run (the pipeline changed, or the letter came from "
-            "a stage after a shuffle): send its value to the pipeline's input yourself"
-        )
-        self.out.letter(self.spec.name, reason, portable(replayed.value), "not_replayable")
 
     def _dispatcher(self, inbound: int) -> Callable[[Any, bytes | None], None]:
         """Feed one input; a combine reading an exchange reuses the key bytes it arrived with."""

@@ -14,9 +14,9 @@ from typing import Any
 from onceflow.kernel import codec
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import DeadLetter, Output
+from onceflow.kernel.records import DeadLetter, Output, Redrive
 from onceflow.runtime.errors import RuntimeFailure
-from onceflow.runtime.record_text import Cursor, StageFailure, describe, too_large
+from onceflow.runtime.record_text import Cursor, StageFailure, describe, portable, too_large
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
 
 Push = Callable[[Any], None]
@@ -55,6 +55,15 @@ class Boundaries:
                 json_value=json_value,
             )
         )
+
+    def unroutable(self, stage: str, replayed: Redrive) -> None:
+        """A replayed dead letter naming a node this stage does not run: a letter again."""
+        reason = (
+            f"a replayed dead letter names node {replayed.node!r}, which stage {stage!r} does "
+            "not run (the pipeline changed, or the letter came from a stage after a shuffle): "
+            "send its value to the pipeline's input yourself"
+        )
+        self.letter(stage, reason, portable(replayed.value), "not_replayable")
 
     def appender(self, target: int) -> Push:
         """Buffer an element for ``target`` under the current record."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.connectors.kafka.offsets import flat_offsets, split_tp
+from onceflow.kernel.store import store_for
 from onceflow.runtime.phases import Phases
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def _feed_exporter(ctx: RunContext, done: BatchDone) -> None:
 
     gc_last: int | None = None
     try:
-        raw = ctx.client.hget(ctx.keyspace.gc, "last_pass_ms")
+        raw = store_for(ctx.client).hget(ctx.keyspace.gc, "last_pass_ms")
         gc_last = int(raw) if raw is not None else None
     except Exception as exc:  # noqa: BLE001 - monitoring only
         log.warning("metrics: cannot read the GC record: %s", exc)

@@ -42,6 +42,7 @@ from onceflow.kernel.scopes import (
     stored_stages,
 )
 from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
+from onceflow.kernel.store import store_for
 from onceflow.runtime.bounded import prepare_sinks
 from onceflow.runtime.checkpoint import Checkpoint, choose_manager
 from onceflow.runtime.guard import AtLeastOnceGuards
@@ -125,7 +126,7 @@ def pin_namespace(
     if exactly_once:
         settle_aof(client)  # a torn transaction its AOF may end in goes before any write
         _durability(opts, [client])
-    new = not client.hexists(keyspace.meta, "parallelism")
+    new = not store_for(client).hexists(keyspace.meta, "parallelism")
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
     pin_settings(client, keyspace, opts.parallelism, config)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
@@ -239,7 +240,7 @@ def run_sources(job: Job, opts: RunConfig, tick_file: str | None) -> Job:
 
 def _guards(mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect) -> tuple[int, Any]:
     """A new driver epoch (fencing older drivers) and the run's guards."""
-    epoch = int(ns.client.incr(ns.keyspace.epoch))
+    epoch = store_for(ns.client).incr(ns.keyspace.epoch)
     if mode is Guarantee.EXACTLY_ONCE and ns.durability is not None:
         raise_epochs(ns.scopes, epoch, connect)  # fences older drivers' tasks in every scope
         return epoch, ExactlyOnceGuards(

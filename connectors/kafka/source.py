@@ -23,15 +23,10 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import repeat
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-from crc32c import crc32c
-
 from onceflow.connectors.base import (
-    Decoded,
     Decoder,
     SinkConnector,
     SourceCapabilities,
@@ -41,21 +36,18 @@ from onceflow.connectors.base import (
 )
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import await_kafka
+from onceflow.connectors.kafka.decode import kafka_decoder
 from onceflow.connectors.kafka.kafka_python import BOOTSTRAP
-from onceflow.connectors.kafka.offsets import partitions_of, split_tp, tp_key
+from onceflow.connectors.kafka.offsets import partitions_of, split_tp
 from onceflow.connectors.kafka.outage import retrying
 from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client
-from onceflow.connectors.kafka.worker import ON_DATA_LOSS, RANGE_COLUMNS, fetch_range
-from onceflow.kernel import ids
-from onceflow.kernel.codec import ValueCodec, value_codec
-from onceflow.kernel.records import DeadLetter, Record, Redrive
+from onceflow.connectors.kafka.worker import ON_DATA_LOSS
+from onceflow.kernel.codec import value_codec
 from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-RAW_COLUMN_COUNT = 7  # topic, partition, offset, ts, key, value, headers
 
 _registered: set[int] = set()
 _probes: dict[str, Any] = {}  # driver-side consumers for readable_ends, per settings
@@ -280,211 +272,12 @@ class KafkaSource(SourceConnector):
         deduplicated like any other ID, and so are those of every source of a query that
         unions it (their tasks' numbers follow its partitions, see ``positional_ids``).
         """
-        codec, key_codec = self.codec, self.key_codec
-        id_fn, ts_fn, envelope = self.id_fn, self.ts_fn, self.envelope
-        by_position = with_ids and self.positional_ids
-        settings, on_data_loss, client = self.settings, self.on_data_loss, self.client
-
-        lanes: dict[tuple[str, int], str] = {}
-
-        def records(rows: Iterable[tuple[Any, ...]], unpack: bool) -> Iterator[Decoded]:
-            """``(topic, partition, offset, ts, key, value, headers)`` rows, decoded."""
-            for topic, part, offset, kts, key, value, headers in rows:
-                if unpack:  # Arrow rows carry headers as MessagePack
-                    hdrs = dict(msgpack.unpackb(headers, raw=False)) if headers else {}
-                else:
-                    hdrs = dict(headers) if headers else {}
-                lane = lanes.get((topic, part))
-                if lane is None:
-                    lane = lanes[(topic, part)] = tp_key(topic, part)
-                yield _decode_one(
-                    (source, lane, topic, part, offset, kts, key, value, hdrs),
-                    codec,
-                    key_codec,
-                    envelope,
-                    id_fn if with_ids else None,
-                    ts_fn,
-                    with_ids,
-                    by_position,
-                )
-
-        def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
-            if batch.num_columns == len(RANGE_COLUMNS):  # ranges: this task reads them
-                ranges = zip(*(c.to_pylist() for c in batch.columns), strict=True)
-                for topic, part, lo, hi in ranges:
-                    for f in fetch_range(settings, topic, part, lo, hi, on_data_loss, client):
-                        n = len(f)
-                        rows = zip(
-                            repeat(topic, n),
-                            repeat(part, n),
-                            f.offsets,
-                            f.timestamps,
-                            f.keys,
-                            f.values,
-                            f.headers,
-                            strict=True,
-                        )
-                        yield from records(rows, unpack=False)
-                return
-            cols = [batch.column(i).to_pylist() for i in range(RAW_COLUMN_COUNT)]
-            yield from records(zip(*cols, strict=True), unpack=True)
-
-        return decode
-
-
-RawRecord = tuple[str, str, str, int, int, int, "bytes | None", "bytes | None", dict[str, bytes]]
-
-
-def _decode_one(
-    raw: RawRecord,
-    codec: ValueCodec,
-    key_codec: ValueCodec,
-    envelope: bool,
-    id_fn: Callable[[Any], Any] | None,
-    ts_fn: Callable[[Any], int] | None,
-    with_ids: bool,
-    by_position: bool = False,
-) -> Decoded:
-    """One raw Kafka record as a record, or as a dead letter saying what was wrong with it.
-
-    ``by_position``: a record whose ID is its position is ``positional`` (see
-    :meth:`KafkaSource.decoder`). The position ID is only computed where it is used.
-    """
-    source, lane, topic, part, offset, kts, key, value, hdrs = raw
-    origin = f"{lane}@{offset}"
-    gap = _gap_of(offset, kts, key, value, hdrs)
-    if gap is not None:
-        return _gap_letter(source, origin, _position(raw, with_ids), *gap)
-    if ids.REDRIVE_HEADER in hdrs:
-        return _replayed(raw, origin, with_ids)
-    try:
-        elem = codec.decode(value) if value is not None else None
-        if envelope:
-            elem = {
-                "key": key_codec.decode(key) if key is not None else None,
-                "value": elem,
-                "headers": hdrs,
-                "topic": topic,
-                "partition": part,
-                "offset": offset,
-                "timestamp": kts,
-            }
-    except Exception as exc:  # noqa: BLE001 - undecodable: dead letter
-        error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
-        return DeadLetter(
-            _position(raw, with_ids),
-            kts,
+        return kafka_decoder(
             source,
-            error,
-            origin,
-            raw=value or b"",
-            code="undecodable",
-            raw_key=key,
+            with_ids,
+            codecs=(self.codec, self.key_codec),
+            functions=(self.id_fn, self.ts_fn),
+            envelope=self.envelope,
+            by_position=with_ids and self.positional_ids,
+            reader=(self.settings, self.on_data_loss, self.client),
         )
-    try:
-        found = _record_id(hdrs, id_fn, elem) if with_ids else b""
-    except Exception as exc:  # noqa: BLE001 - a bad header, or the user's id function failed
-        error = f"no record ID: {type(exc).__name__}: {exc}"
-        return DeadLetter(
-            _position(raw, with_ids), kts, source, error, origin, raw=value or b"", code="no_id"
-        )
-    rid = _position(raw, with_ids) if found is None else found
-    positional = found is None and by_position
-    printed = fingerprint(key, value) if found is not None else 0
-    try:
-        ts = _event_time(hdrs, ts_fn, elem, kts)
-    except Exception as exc:  # noqa: BLE001 - a bad header, or the user's timestamp function
-        error = f"no event time: {type(exc).__name__}: {exc}"
-        raw_value = value or b""
-        return DeadLetter(rid, kts, source, error, origin, raw_value, code="no_time")
-    size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
-    return Record(rid, ts, elem, lane, offset, positional, size, printed)
-
-
-def _replayed(raw: RawRecord, origin: str, with_ids: bool) -> Decoded:
-    """A record ``onceflow dead-letters replay`` sent: the input of the node it failed in.
-
-    Its value is that input as JSON (whatever the source's codec), its ID and event time are
-    in headers (set from the letter, so a second replay of the letter is a duplicate); the
-    user's id and timestamp functions do not apply (they read source records, not inputs).
-    """
-    source, lane, _topic, _part, offset, kts, key, value, hdrs = raw
-    try:
-        node = bytes(hdrs[ids.REDRIVE_HEADER]).decode("utf-8")
-        elem = json.loads(value or b"")
-        rid = ids.from_header(hdrs.get(ids.ID_HEADER)) if with_ids else b""
-        ts = ids.parse_ts_header(hdrs.get(ids.TS_HEADER))
-    except Exception as exc:  # noqa: BLE001 - a malformed replay: dead letter, not a crash
-        error = f"a replayed dead letter is malformed: {type(exc).__name__}: {exc}"
-        position = _position(raw, with_ids)
-        return DeadLetter(position, kts, source, error, origin, value or b"", code="undecodable")
-    size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
-    return Record(rid, ts, Redrive(node, elem), lane, offset, False, size, fingerprint(key, value))
-
-
-def fingerprint(key: bytes | None, value: bytes | None) -> int:
-    """A record's content checksum (see :class:`~onceflow.kernel.records.Record`); never 0."""
-    return crc32c(value or b"", crc32c(key or b"")) or 1
-
-
-def _position(raw: RawRecord, with_ids: bool) -> bytes:
-    """The ID of a raw record's position (``b""`` when IDs are off)."""
-    source, _lane, topic, part, offset = raw[:5]
-    return ids.from_position(source, topic, part, offset) if with_ids else b""
-
-
-def _gap_of(
-    offset: int, kts: int, key: bytes | None, value: bytes | None, hdrs: dict[str, bytes]
-) -> tuple[int, int] | None:
-    """``(first, after)`` if the row is the reader's own marker for deleted records.
-
-    Only a row exactly as :func:`onceflow.connectors.kafka.worker._gap` makes it counts (no
-    key, value or timestamp, the gap header alone, starting at the row's offset): a record
-    that merely carries such a header (a producer set or forwarded it) is an ordinary record.
-    """
-    gap = hdrs.get(ids.GAP_HEADER)
-    if gap is None or len(hdrs) != 1 or key is not None or value is not None or kts != 0:
-        return None
-    try:
-        first, after = (int(x) for x in bytes(gap).decode("ascii").split("-"))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return (first, after) if first == offset and after > first else None
-
-
-def _gap_letter(source: str, origin: str, position: bytes, first: int, after: int) -> DeadLetter:
-    """The dead letter standing for records deleted before the pipeline read them."""
-    error = (
-        f"offsets {first}..{after - 1} were deleted (retention or delete_records) before the "
-        f"pipeline read them: {after - first} records lost upstream"
-    )
-    return DeadLetter(position, 0, source, error, origin, code="data_loss", lost=after - first)
-
-
-def _record_id(
-    headers: dict[str, bytes], id_fn: Callable[[Any], Any] | None, elem: Any
-) -> bytes | None:
-    """The user's id function, else the ``onceflow-id`` header; None: the position is the ID.
-
-    What the user asked for wins over what the record carries (an app between two pipelines
-    may copy one header onto several records). An id function that returns None for a record
-    leaves it to the header; with no header either, that is an error (a dead letter).
-    """
-    if id_fn is not None:
-        key = id_fn(elem)
-        if key is not None or ids.ID_HEADER not in headers:
-            return ids.from_user_key(key)
-    if ids.ID_HEADER in headers:  # a header without a value is an error, not "no header"
-        return ids.from_header(headers[ids.ID_HEADER])
-    return None
-
-
-def _event_time(
-    headers: dict[str, bytes], ts_fn: Callable[[Any], int] | None, elem: Any, kafka_ts: int
-) -> int:
-    header = headers.get(ids.TS_HEADER)
-    if header is not None:
-        return ids.parse_ts_header(header)
-    if ts_fn is not None:
-        return ids.check_event_time(int(ts_fn(elem)))
-    return int(kafka_ts)

@@ -201,7 +201,7 @@ def test_a_query_with_a_source_spark_plans_takes_no_position_id_as_settled():
 
 def test_an_id_function_wins_over_the_id_header_and_none_leaves_it_to_the_header():
     """What the user asked for wins over what a record carries (an app may copy headers)."""
-    from onceflow.connectors.kafka.source import _record_id
+    from onceflow.connectors.kafka.decode import _record_id
     from onceflow.kernel import ids
 
     header = {"onceflow-id": b"copied-by-an-app"}
