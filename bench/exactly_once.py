@@ -64,6 +64,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import page
+
 from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline, Sliding
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
@@ -685,23 +687,9 @@ def write_markdown(
         "round trips and bytes per ID).",
         "",
     ]
-    lines.append(_kept_section(path, OTHER_BENCHMARKS))
+    lines.append(page.kept(path))
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("\n".join(lines))
-
-
-OTHER_BENCHMARKS = "## The other benchmarks"
-
-
-def _kept_section(path: str, heading: str) -> str:
-    """The page's hand-written section under ``heading`` (to its end), kept when regenerated."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return ""
-    at = text.find(heading)
-    return text[at:] if at >= 0 else ""
 
 
 def child_command(guarantee: str, args: argparse.Namespace) -> list[str]:
