@@ -71,7 +71,7 @@ from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
-from onceflow.runtime.session import spark_session
+from onceflow.runtime.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
@@ -454,7 +454,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default=DEFAULT_MASTER)
     parser.add_argument(
         "--workloads",
         default=",".join(WORKLOADS),

@@ -14,7 +14,7 @@ import statistics
 import time
 
 from onceflow import Pipeline, sinks, sources
-from onceflow.runtime.session import spark_session
+from onceflow.runtime.session import DEFAULT_MASTER, spark_session
 
 
 def build(records: int, sink: sinks.Collect) -> Pipeline:
@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default=DEFAULT_MASTER)
     args = parser.parse_args()
 
     spark = spark_session(args.master, app_name="bench-fusion")

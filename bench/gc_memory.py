@@ -34,7 +34,7 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import collect
-from onceflow.runtime.session import spark_session
+from onceflow.runtime.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 
@@ -174,7 +174,7 @@ def main() -> None:
             partitions=2,
         )
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap  # read by the Spark workers
-        spark = spark_session("local[2]", app_name="gc-bench", parallelism=2)
+        spark = spark_session(DEFAULT_MASTER, app_name="gc-bench", parallelism=2)
         without = run_mode(spark, False, topic, bootstrap, args, workdir)
         with_gc = run_mode(spark, True, topic, bootstrap, args, workdir)
     print()

@@ -50,7 +50,7 @@ from onceflow.connectors.kafka.clients import (
 )
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.settings import KafkaSettings
-from onceflow.runtime.session import spark_session
+from onceflow.runtime.session import DEFAULT_MASTER, spark_session
 
 PARTITIONS = 2
 SINK_PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024}
@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=25_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default=DEFAULT_MASTER)
     parser.add_argument("--no-pipeline", action="store_true", help="part 1 only")
     parser.add_argument("--shapes", default="count,copy", help="pipelines: count, copy")
     parser.add_argument("--shape", default="count", help=argparse.SUPPRESS)

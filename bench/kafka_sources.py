@@ -40,7 +40,7 @@ from onceflow import KafkaSink, KafkaSource, Pipeline
 from onceflow.connectors.kafka.spark_source import session_conf
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel.settings import KafkaSettings
-from onceflow.runtime.session import spark_session
+from onceflow.runtime.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 
@@ -274,7 +274,7 @@ def main() -> None:
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--header-every", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=PARTITIONS, help="of the bench topic")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default=DEFAULT_MASTER)
     parser.add_argument("--no-checks", action="store_true")
     for hidden in ("--child", "--check", "--topic", "--out", "--workdir", "--name"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)

@@ -34,6 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.runtime.session import DEFAULT_MASTER
 
 BENCH = Path(__file__).with_name("exactly_once.py")
 MODES = ("at-least-once", "exactly-once")
@@ -152,7 +153,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=25_000)
     parser.add_argument("--rate", type=int, default=50, help="samples per second per process")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default=DEFAULT_MASTER)
     sys.path.insert(0, str(BENCH.parent))
     from exactly_once import WORKLOADS
 

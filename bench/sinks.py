@@ -37,7 +37,7 @@ from onceflow import EventTime, KafkaSink, KafkaSource, Pipeline  # noqa: E402
 from onceflow.connectors.kafka.topics import read_topic  # noqa: E402
 from onceflow.connectors.postgres import PostgresSink  # noqa: E402
 from onceflow.kernel.settings import KafkaSettings  # noqa: E402
-from onceflow.runtime.session import spark_session  # noqa: E402
+from onceflow.runtime.session import DEFAULT_MASTER, spark_session  # noqa: E402
 from onceflow.sinks import JsonLines, Parquet  # noqa: E402
 from onceflow.testing.postgres import PASSWORD, LocalPostgres  # noqa: E402
 
@@ -201,7 +201,7 @@ def main() -> None:
         produce_bids(KafkaSettings(bootstrap), topic, args.records)
         env = {"redis_url": redis_url, "bootstrap": bootstrap, "pg": pg, "workdir": workdir}
         env["topic"] = topic
-        spark = spark_session("local[2]", app_name="onceflow-bench-sinks")
+        spark = spark_session(DEFAULT_MASTER, app_name="onceflow-bench-sinks")
         run_once(spark, kinds[0], args, env)  # warm-up, not counted: the JVM's first query
         runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
         for round_ in range(args.repeat):

@@ -40,6 +40,7 @@ from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.operations.gc import GcError, collect
+from onceflow.runtime.session import DEFAULT_MASTER
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 
@@ -227,7 +228,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--horizon", default="5m", help="dedup horizon (event time)")
     parser.add_argument("--gc-every", type=float, default=2.0)
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default=DEFAULT_MASTER)
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
