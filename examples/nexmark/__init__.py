@@ -1,0 +1,1 @@
+"""The Nexmark benchmark's events and queries on Onceflow (see ``queries.py``)."""

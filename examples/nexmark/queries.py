@@ -1,0 +1,181 @@
+"""Nexmark queries on Onceflow: one pipeline per query, events from a Kafka topic to a sink.
+
+``query_pipeline(query, source, sink)`` returns the pipeline; ``onceflow run
+examples/nexmark/queries.py`` runs the one ``NEXMARK_QUERY`` names (default ``q1``) from the
+topic ``NEXMARK_TOPIC`` to the topic ``NEXMARK_OUT``. The plain-Python answer of each query
+is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark.py``).
+
+* q0 pass-through: every event;
+* q1 currency conversion: each bid's price in euros (cents, ``price * 908 // 1000``);
+* q2 selection: the bids on auctions whose ID is a multiple of 123, as ``(auction, price)``;
+* q5 hot items: per sliding window (10 s, every 2 s), the auctions with the most bids;
+* q7 highest bid: per fixed window of 10 s, the bid with the highest price;
+* q11 user sessions: bids per bidder and session (10 s of inactivity ends one);
+* q18 deduplication: the last bid (by event time) of each bidder on each auction.
+
+Not yet: the joins (q3, q4, q6, q8, q20) and processing-time windows (q12) wait for joins and
+user state (issue 27).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from onceflow import EventTime, KafkaSink, KafkaSource, Pipeline, Stream
+from onceflow.connectors.base import SinkConnector, SourceConnector
+from onceflow.runtime.combine_fn import CombineFn
+from onceflow.windows import Fixed, Sessions, Sliding
+
+OUT_OF_ORDERNESS = "3s"  # the generator's out-of-order events are at most 2 s early
+
+
+def _bids(events: Stream) -> Stream:
+    return events.filter("bids", lambda e: e["type"] == "bid")
+
+
+def _rank(bid: dict[str, Any], by: str) -> tuple[Any, str]:
+    """A total order of bids (ties broken by event ID): the same answer in any order."""
+    return (bid[by], bid["event_id"])
+
+
+class Highest(CombineFn):
+    """The bid ranking highest by one field (``price``, ``date_time``)."""
+
+    def __init__(self, by: str) -> None:
+        self.by = by
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return value if acc is None or _rank(value, self.by) > _rank(acc, self.by) else acc
+
+    def merge(self, left: Any, right: Any) -> Any:
+        return right if left is None else self.add(left, right) if right is not None else left
+
+    @property
+    def label(self) -> str:
+        return f"highest {self.by}"
+
+
+class HotAuctions(CombineFn):
+    """Bids per auction in one window; the result: ``[most bids, [auctions with that many]]``."""
+
+    def create(self) -> Any:
+        return {}
+
+    def add(self, acc: Any, value: Any) -> Any:
+        key = str(value)
+        acc[key] = acc.get(key, 0) + 1
+        return acc
+
+    def merge(self, left: Any, right: Any) -> Any:
+        for key, n in right.items():
+            left[key] = left.get(key, 0) + n
+        return left
+
+    def extract(self, acc: Any) -> Any:
+        if not acc:
+            return [0, []]
+        most = max(acc.values())
+        return [most, sorted(int(a) for a, n in acc.items() if n == most)]
+
+
+def q0(events: Stream) -> Stream:
+    return events.map("pass", lambda e: e)
+
+
+def q1(events: Stream) -> Stream:
+    return _bids(events).map(
+        "euros",
+        lambda b: {
+            "auction": b["auction"],
+            "bidder": b["bidder"],
+            "price": b["price"] * 908 // 1000,
+            "date_time": b["date_time"],
+        },
+    )
+
+
+def q2(events: Stream) -> Stream:
+    return (
+        _bids(events)
+        .filter("some-auctions", lambda b: b["auction"] % 123 == 0)
+        .map("auction-price", lambda b: [b["auction"], b["price"]])
+    )
+
+
+def q5(events: Stream) -> Stream:
+    return (
+        _bids(events)
+        .key_by("everyone", lambda b: 0)
+        .map_values("auction", lambda b: b["auction"])
+        .window("sliding", Sliding("10s", "2s"))
+        .combine_per_key("hot-items", HotAuctions())
+    )
+
+
+def q7(events: Stream) -> Stream:
+    return (
+        _bids(events)
+        .key_by("everyone", lambda b: 0)
+        .window("fixed", Fixed("10s"))
+        .combine_per_key("highest-bid", Highest("price"))
+    )
+
+
+def q11(events: Stream) -> Stream:
+    return (
+        _bids(events)
+        .key_by("by-bidder", lambda b: b["bidder"])
+        .map_values("one", lambda b: 1)
+        .window("sessions", Sessions("10s"))
+        .combine_per_key("bids-per-session", "sum")
+    )
+
+
+def q18(events: Stream) -> Stream:
+    return (
+        _bids(events)
+        .key_by("bidder-auction", lambda b: f"{b['bidder']}/{b['auction']}")
+        .combine_per_key("last-bid", Highest("date_time"))
+    )
+
+
+QUERIES: dict[str, Callable[[Stream], Stream]] = {
+    "q0": q0,
+    "q1": q1,
+    "q2": q2,
+    "q5": q5,
+    "q7": q7,
+    "q11": q11,
+    "q18": q18,
+}
+
+
+def query_pipeline(
+    query: str, source: SourceConnector, sink: SinkConnector, name: str = ""
+) -> Pipeline:
+    """The pipeline of one query: events (IDs from ``event_id``) -> the query -> ``out``."""
+    event_time = EventTime.of(out_of_orderness=OUT_OF_ORDERNESS)
+    p = Pipeline(name or f"nexmark-{query}", event_time=event_time)
+    QUERIES[query](p.read("events", source)).write("out", sink)
+    return p
+
+
+def kafka_events(topic: str, **options: Any) -> KafkaSource:
+    """The events topic as a source: IDs from ``event_id``, event time from ``date_time``."""
+    return KafkaSource(
+        topic, id=lambda e: e["event_id"], timestamp=lambda e: e["date_time"], **options
+    )
+
+
+def build() -> Pipeline:
+    """For ``onceflow run``: the query ``NEXMARK_QUERY`` from the topic ``NEXMARK_TOPIC``."""
+    query = os.environ.get("NEXMARK_QUERY", "q1")
+    topic = os.environ.get("NEXMARK_TOPIC", "nexmark-events")
+    out = os.environ.get("NEXMARK_OUT", f"nexmark-{query}")
+    name = os.environ.get("NEXMARK_PIPELINE", "")
+    return query_pipeline(query, kafka_events(topic), KafkaSink(out), name)

@@ -1,0 +1,92 @@
+"""Each Nexmark query's answer in plain Python, from the events alone (for the tests)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+SLIDE_MS, SLIDING_MS, FIXED_MS, GAP_MS = 2_000, 10_000, 10_000, 10_000
+
+
+def bids(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "bid"]
+
+
+def q0(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list(events)
+
+
+def q1(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "auction": b["auction"],
+            "bidder": b["bidder"],
+            "price": b["price"] * 908 // 1000,
+            "date_time": b["date_time"],
+        }
+        for b in bids(events)
+    ]
+
+
+def q2(events: list[dict[str, Any]]) -> list[list[int]]:
+    return [[b["auction"], b["price"]] for b in bids(events) if b["auction"] % 123 == 0]
+
+
+def q5(events: list[dict[str, Any]]) -> dict[tuple[int, int], list[Any]]:
+    """``(window start, end) -> [most bids, [auctions]]``."""
+    counts: dict[tuple[int, int], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for b in bids(events):
+        t = b["date_time"]
+        last = t - t % SLIDE_MS
+        for start in range(last - SLIDING_MS + SLIDE_MS, last + 1, SLIDE_MS):
+            counts[(start, start + SLIDING_MS)][b["auction"]] += 1
+    out = {}
+    for window, per in counts.items():
+        most = max(per.values())
+        out[window] = [most, sorted(a for a, n in per.items() if n == most)]
+    return out
+
+
+def _rank(bid: dict[str, Any], by: str) -> tuple[Any, str]:
+    return (bid[by], bid["event_id"])
+
+
+def q7(events: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """``(window start, end) -> the highest bid``."""
+    best: dict[tuple[int, int], dict[str, Any]] = {}
+    for b in bids(events):
+        start = b["date_time"] - b["date_time"] % FIXED_MS
+        window = (start, start + FIXED_MS)
+        if window not in best or _rank(b, "price") > _rank(best[window], "price"):
+            best[window] = b
+    return best
+
+
+def q11(events: list[dict[str, Any]]) -> dict[tuple[int, int, int], int]:
+    """``(bidder, session start, session end) -> bids``; a session ends 10 s after its last."""
+    times: dict[int, list[int]] = defaultdict(list)
+    for b in bids(events):
+        times[b["bidder"]].append(b["date_time"])
+    out = {}
+    for bidder, ts in times.items():
+        ts.sort()
+        start, end, n = ts[0], ts[0] + GAP_MS, 0
+        for t in ts:
+            if t >= end:
+                out[(bidder, start, end)] = n
+                start, n = t, 0
+            end = max(end, t + GAP_MS)
+            n += 1
+        out[(bidder, start, end)] = n
+    return out
+
+
+def q18(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``"bidder/auction" -> the last bid`` (by event time)."""
+    last: dict[str, dict[str, Any]] = {}
+    for b in bids(events):
+        key = f"{b['bidder']}/{b['auction']}"
+        if key not in last or _rank(b, "date_time") > _rank(last[key], "date_time"):
+            last[key] = b
+    return last
