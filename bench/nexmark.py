@@ -110,6 +110,10 @@ def main() -> None:
         start = (int(time.time() * 1000) - 3_600_000) // 10_000 * 10_000
         to_kafka(KafkaSettings(bootstrap), topic, Config(events=args.events, start_ms=start))
         env = {"redis_url": redis_url, "topic": topic, "workdir": workdir}
+        # the workers import the queries' combine functions from examples/ (as by name)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (ROOT, os.environ.get("PYTHONPATH")) if p
+        )
         spark = spark_session(DEFAULT_MASTER, app_name="onceflow-bench-nexmark")
         run_once(spark, queries[0], "exactly-once", args, env)  # warm-up, not counted
         runs = {q: {g: [] for g in GUARANTEES} for q in queries}
