@@ -13,6 +13,7 @@ Connectors must pickle (Spark ships them to workers): never open clients in ``__
 from __future__ import annotations
 
 import abc
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -319,6 +320,18 @@ class SinkConnector(abc.ABC):
 
     def finish(self) -> None:  # noqa: B027 - optional hook
         """Driver side, after a bounded run or a micro-batch."""
+
+
+def element_row(elem: Any) -> dict[str, Any] | None:
+    """A dict or dataclass element as a row (a new dict, by field); None for anything else.
+
+    What the table-like sinks (Parquet, PostgreSQL) write an element as.
+    """
+    if dataclasses.is_dataclass(elem) and not isinstance(elem, type):
+        return dataclasses.asdict(elem)
+    if isinstance(elem, dict):
+        return dict(elem)
+    return None
 
 
 T = TypeVar("T")

@@ -7,13 +7,12 @@ folders (``user=u1/``) by ``partition_by``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from onceflow.connectors.base import SinkConnector, SinkWriter, TaskInfo
+from onceflow.connectors.base import SinkConnector, SinkWriter, TaskInfo, element_row
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.files import is_shared
 from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
@@ -96,11 +95,8 @@ class ParquetWriter(StagedFilesWriter):
         key: Any = None
         if self.task.keyed:
             key, elem = elem
-        if dataclasses.is_dataclass(elem) and not isinstance(elem, type):
-            row = dataclasses.asdict(elem)
-        elif isinstance(elem, dict):
-            row = dict(elem)
-        else:
+        row = element_row(elem)
+        if row is None:
             row = {"value": elem}
         if self.task.keyed:
             row = {"key": key, **row}

@@ -24,7 +24,6 @@ The password is never part of what is printed: give it in ``PGPASSWORD`` or ``pa
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import time
 import uuid
@@ -38,6 +37,7 @@ from onceflow.connectors.base import (
     SinkWriter,
     TaskInfo,
     TransactionalWriter,
+    element_row,
 )
 from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel.records import Record
@@ -162,11 +162,8 @@ class PostgresWriter(TransactionalWriter):
         key: Any = None
         if self.task.keyed:
             key, elem = elem
-        if dataclasses.is_dataclass(elem) and not isinstance(elem, type):
-            row = dataclasses.asdict(elem)
-        elif isinstance(elem, dict):
-            row = dict(elem)
-        else:
+        row = element_row(elem)
+        if row is None:
             msg = f"a row must be a dict or a dataclass, got {type(elem).__name__}"
             raise TypeError(msg)
         if self.task.keyed and "key" not in row:
