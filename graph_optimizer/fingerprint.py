@@ -2,9 +2,10 @@
 
 Stage names key seen-IDs, fencing tokens, backups and Bloom filters; boundaries decide which
 stage receives which records and how their IDs are derived; combine nodes key state (and their
-combiner, window function and time-to-live decide that state's format). If any
-of that changes between two runs of one namespace (other ``--rules``, ``--no-optimize``, a
-stage added or renamed), the new run would silently start part of its dedup history over.
+combiner, window function and time-to-live decide that state's format; so do a process stage's
+declared states). If any of that changes between two runs of one namespace (other ``--rules``,
+``--no-optimize``, a stage added or renamed), the new run would silently start part of its
+dedup history over.
 So the layout is stored with the state and compared on every start
 (:func:`onceflow.runtime.pinning.pin_plan`).
 
@@ -19,7 +20,7 @@ import hashlib
 import json
 from typing import Any
 
-from onceflow.graph_optimizer.ir import Combine
+from onceflow.graph_optimizer.ir import Combine, Process
 from onceflow.graph_optimizer.plan import Plan
 from onceflow.runtime.combine_fn import CombineFn
 
@@ -31,7 +32,10 @@ def layout(plan: Plan) -> dict[str, Any]:
         "boundaries": sorted(
             f"{b.kind.value} {b.name}: {b.sender or '-'} -> {b.receiver}" for b in plan.boundaries()
         ),
-        "state": sorted(_state(n) for n in plan.graph if isinstance(n, Combine)),
+        "state": sorted(
+            [_state(n) for n in plan.graph if isinstance(n, Combine)]
+            + [f"{n.name} {_process(n)}" for n in plan.graph if isinstance(n, Process)]
+        ),
     }
 
 
@@ -43,6 +47,11 @@ def _state(node: Combine) -> str:
     if node.ttl_ms is not None:
         text += " ttl"
     return text
+
+
+def _process(node: Process) -> str:
+    """A process stage's declared state (kinds and names; a combining one's combiner)."""
+    return node.process.describe() if node.process is not None else "process"
 
 
 def _combiner(fn: CombineFn | None) -> str:

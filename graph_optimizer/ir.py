@@ -26,6 +26,7 @@ from onceflow.graph_optimizer.errors import (
 from onceflow.kernel.windows import Windowing
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.spec import Phase
+from onceflow.runtime.user_state import ProcessSpec
 
 __all__ = [
     "Combine",
@@ -34,6 +35,7 @@ __all__ = [
     "Graph",
     "Node",
     "Phase",
+    "Process",
     "Sink",
     "Source",
     "topological",
@@ -93,6 +95,17 @@ class Combine(Node):
     phase: Phase = Phase.FULL
     windowing: Windowing | None = None
     ttl_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Process(Node):
+    """Runs the user's function per record with per-key state and timers (``Stream.process``).
+
+    Reads an exchange, as a combine does, so that each key's state lives in one partition;
+    its outputs are whatever the function emits (unkeyed).
+    """
+
+    process: ProcessSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +169,8 @@ def _output_keyed(node: Node, inputs_keyed: list[bool]) -> bool:
         return False
     if isinstance(node, Combine):
         return True
+    if isinstance(node, Process):
+        return False
     if isinstance(node, FlatMap) and node.keyed is not None:
         return node.keyed
     return all(inputs_keyed) if inputs_keyed else False
@@ -240,7 +255,7 @@ def _check_arity(graph: Graph) -> None:
         if not isinstance(n, Source) and not n.inputs:
             msg = f"stage {n.name!r} reads nothing; give it an input stream"
             raise GraphError(msg)
-        if isinstance(n, Exchange | Combine | Sink) and len(n.inputs) != 1:
+        if isinstance(n, Exchange | Combine | Process | Sink) and len(n.inputs) != 1:
             msg = (
                 f"{n.kind} {n.name!r} reads {len(n.inputs)} streams but takes exactly one; "
                 "merge them first"
@@ -255,13 +270,13 @@ def _check_arity(graph: Graph) -> None:
 def _check_keyed(graph: Graph) -> None:
     keyed = graph.keyed
     for n in graph:
-        if isinstance(n, Exchange | Combine) and not keyed[n.inputs[0]]:
+        if isinstance(n, Exchange | Combine | Process) and not keyed[n.inputs[0]]:
             msg = (
                 f"{n.kind} {n.name!r} needs a keyed stream but {n.inputs[0]!r} is not keyed; "
                 f"add .key_by(...) before {n.name!r}"
             )
             raise NotKeyedError(msg)
-        if isinstance(n, Combine) and n.phase is not Phase.PARTIAL:
+        if (isinstance(n, Combine) and n.phase is not Phase.PARTIAL) or isinstance(n, Process):
             if not isinstance(graph[n.inputs[0]], Exchange):
                 msg = (
                     f"combine {n.name!r} must read an exchange (so each key is in one "

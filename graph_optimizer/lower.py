@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from onceflow.graph_optimizer.fingerprint import fingerprint, layout
-from onceflow.graph_optimizer.ir import Combine, Exchange, FlatMap, Sink, Source
+from onceflow.graph_optimizer.ir import Combine, Exchange, FlatMap, Process, Sink, Source
 from onceflow.graph_optimizer.plan import Plan, Stage, Via
 from onceflow.kernel.limits import RECORD_BYTES
 from onceflow.runtime.spec import (
@@ -129,6 +129,9 @@ def stage_spec(
                     ttl_ms=node.ttl_ms,
                 )
             )
+        elif isinstance(node, Process):
+            to_ops, to_targets = outputs_of(name)
+            ops.append(OpSpec(name, OpKind.PROCESS, to_ops, to_targets, process=node.process))
     return StageSpec(
         pipeline=graph.name,
         name=stage.name,

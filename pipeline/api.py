@@ -24,6 +24,7 @@ from onceflow.graph_optimizer.ir import (
     FlatMap,
     Graph,
     Node,
+    Process,
     Sink,
     Source,
     validate,
@@ -39,6 +40,7 @@ from onceflow.pipeline.combiners import ToList, resolve
 from onceflow.pipeline.errors import PipelineError
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.run_config import RunConfig
+from onceflow.runtime.user_state import ProcessFn, ProcessSpec, StateSpec, TimerFn
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -253,16 +255,33 @@ def _identity(x: Any) -> tuple[Any]:
     return (x,)
 
 
-def _ttl_ms(name: str, ttl: Duration) -> int:
+def _ttl_ms(name: str, ttl: Duration, what: str = "combine_per_key") -> int:
     try:
         ms = parse_duration_ms(ttl, "ttl")
     except ConfigError as exc:
-        msg = f"combine_per_key {name!r}: {exc}"
+        msg = f"{what} {name!r}: {exc}"
         raise PipelineError(msg) from None
     if ms <= 0:
-        msg = f"combine_per_key {name!r}: ttl must be a positive duration, got {ttl!r}"
+        msg = f"{what} {name!r}: ttl must be a positive duration, got {ttl!r}"
         raise PipelineError(msg)
     return ms
+
+
+def _check_states(name: str, states: Iterable[StateSpec[Any]]) -> tuple[StateSpec[Any], ...]:
+    specs = tuple(states)
+    seen: set[str] = set()
+    for spec in specs:
+        if not isinstance(spec, StateSpec):
+            msg = (
+                f"process {name!r}: states= takes ValueSpec, BagSpec, MapSpec or CombiningSpec "
+                f"(from onceflow.state), got {type(spec).__name__}"
+            )
+            raise PipelineError(msg)
+        if spec.name in seen:
+            msg = f"process {name!r} declares state {spec.name!r} twice; name each state once"
+            raise PipelineError(msg)
+        seen.add(spec.name)
+    return specs
 
 
 class Stream:
@@ -399,6 +418,45 @@ class Stream:
             )
         )
         return Stream(self.pipeline, name, keyed=True)
+
+    def process(
+        self,
+        name: str,
+        fn: ProcessFn,
+        *,
+        states: Iterable[StateSpec[Any]] = (),
+        on_timer: TimerFn | None = None,
+        state_ttl: Duration | None = None,
+    ) -> Stream:
+        """Run ``fn(key, value, ctx)`` on each element with the key's own state and timers.
+
+        ``states`` declares the state kept per key (:mod:`onceflow.state` specs: value, bag,
+        map, combining); ``ctx.state(spec)`` reads and changes it, ``ctx.timers`` sets
+        event-time and processing-time timers, which call ``on_timer(key, timer, ctx)``.
+        Both functions return (or yield) their outputs; the result is unkeyed. State changes,
+        timer firings and outputs are committed together, exactly once. ``state_ttl``
+        (``"30d"``, or seconds) forgets a key's state (and its timers) that long after its
+        last change, in processing time. See docs/guide/state.md.
+        """
+        _check_stage_name(name)
+        self._need_keyed(name, "process")
+        _check_callable(name, "process", fn)
+        if on_timer is not None:
+            _check_callable(name, "on_timer", on_timer)
+        if self.windowing is not None:
+            msg = (
+                f"process {name!r} reads a windowed stream; windows act in combines only: "
+                "keep per-key state and set timers in the process function instead"
+            )
+            raise PipelineError(msg)
+        ttl_ms = _ttl_ms(name, state_ttl, "process") if state_ttl is not None else None
+        spec = ProcessSpec(fn, on_timer, _check_states(name, states), ttl_ms)
+        exchange = name + EXCHANGE_SUFFIX
+        self.pipeline._add(Exchange(exchange, (self.name,), label="exchange by key"))
+        self.pipeline._add(
+            Process(name, (exchange,), label=f"process {_fn_name(fn)}", process=spec)
+        )
+        return Stream(self.pipeline, name, keyed=False)
 
     def count_per_key(self, name: str) -> Stream:
         """``combine_per_key(name, "count")``."""

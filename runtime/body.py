@@ -12,7 +12,9 @@ every key touched by the batch is emitted (see :mod:`~.combine_flush`). Partial 
 flush per chunk when IDs are on (their output must be committed with the chunk's input) and
 once per task otherwise.
 Windowed combines (:mod:`onceflow.runtime.windowing`) emit panes instead, when their
-trigger says so; a record whose windows have all closed becomes a dead letter. The parts:
+trigger says so; a record whose windows have all closed becomes a dead letter. Process ops
+(user state and timers, :mod:`~.process_op`) run a chunk's records when it commits and fire
+timers at the end of the task. The parts:
 :mod:`~.boundaries` (buffers and encoding), :mod:`~.combine_op` (combines without windows),
 :mod:`~.combine_flush` (the end of the task); this module wires the ops.
 """
@@ -26,8 +28,15 @@ from onceflow.kernel import codec
 from onceflow.kernel.ids import Deriver
 from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Redrive, StateWrite
 from onceflow.runtime.boundaries import Boundaries, Push
-from onceflow.runtime.combine_flush import CombineFlush, TimerReader, chunk_deltas, seed_partials
+from onceflow.runtime.combine_flush import (
+    CombineFlush,
+    Fail,
+    TimerReader,
+    chunk_deltas,
+    seed_partials,
+)
 from onceflow.runtime.combine_op import CombineOp, StateReader
+from onceflow.runtime.process_op import Processes, ProcessOp
 from onceflow.runtime.record_text import (
     Cursor,
     StageFailure,
@@ -52,6 +61,27 @@ def fan_out(pushes: list[Push]) -> Push:
     return fan
 
 
+def flat_map(op: OpSpec, out: Push, cursor: Cursor, fail: Fail) -> Push:
+    """The push of a flat-map op: its function's outputs go to ``out``."""
+    assert op.fn is not None
+    fn = op.fn
+    timestamped = op.timestamped
+    name = op.name
+
+    def push(elem: Any) -> None:
+        try:
+            results = fn(elem, cursor.ts) if timestamped else fn(elem)
+            if not isinstance(results, tuple | list):
+                results = list(results)
+        except Exception as exc:  # noqa: BLE001 - user code: dead-letter it
+            fail(name, exc, elem)
+            return
+        for r in results:
+            out(r)
+
+    return push
+
+
 class StageBody:
     """The ops of one stage for one task."""
 
@@ -73,6 +103,7 @@ class StageBody:
         self.cursor = Cursor()
         self.out = Boundaries(spec, mode.ids, self.cursor, self._origin)
         self.combines: dict[str, CombineOp | WindowedCombine] = {}
+        self.processes = Processes()
         self.op_derivers: dict[str, Deriver] = {}
         self.origins: dict[bytes, str] = {}  # source records: where they were read
         self.push: dict[str, Push] = {}
@@ -108,29 +139,13 @@ class StageBody:
     def _build(self, op: OpSpec) -> Push:
         if op.kind is OpKind.COMBINE:
             return self._build_combine(op)
+        if op.kind is OpKind.PROCESS:
+            return self._build_process(op)
         return self._build_flat_map(op)
 
     def _build_flat_map(self, op: OpSpec) -> Push:
         assert op.fn is not None
-        fn = op.fn
-        out = fan_out(self._downstream(op))
-        cursor = self.cursor
-        fail = self._fail
-        timestamped = op.timestamped
-        name = op.name
-
-        def push(elem: Any) -> None:
-            try:
-                results = fn(elem, cursor.ts) if timestamped else fn(elem)
-                if not isinstance(results, tuple | list):
-                    results = list(results)
-            except Exception as exc:  # noqa: BLE001 - user code: dead-letter it
-                fail(name, exc, elem)
-                return
-            for r in results:
-                out(r)
-
-        return push
+        return flat_map(op, fan_out(self._downstream(op)), self.cursor, self._fail)
 
     def _build_combine(self, op: OpSpec) -> Push:
         stateful = self.mode.streaming and op.phase is not Phase.PARTIAL
@@ -145,7 +160,13 @@ class StageBody:
             self.op_derivers[op.name] = Deriver(op.name)
         return self._adder(combine)
 
-    def _adder(self, combine: CombineOp | WindowedCombine) -> Callable[..., None]:
+    def _build_process(self, op: OpSpec) -> Push:
+        where = (self.batch, self.watermark, self.now, self.mode)
+        proc = ProcessOp.build(op, where, self.cursor, self._fail, fan_out(self._downstream(op)))
+        self.processes[op.name] = proc
+        return self._adder(proc)
+
+    def _adder(self, combine: CombineOp | WindowedCombine | ProcessOp) -> Callable[..., None]:
         """Feed a combine ``(key, value)`` elements (and their key bytes, after an exchange)."""
         cursor = self.cursor
         fail = self._fail
@@ -157,7 +178,7 @@ class StageBody:
 
         def push(elem: Any, kb: bytes | None = None) -> None:
             try:
-                key, value = elem
+                key, value = elem  # a process op runs it when the chunk commits
                 combine.add(kb if kb is not None else encode(key), key, value, cursor.ts)
             except WindowClosedError as late:
                 closed(name, str(late), elem)
@@ -231,7 +252,9 @@ class StageBody:
     def _dispatcher(self, inbound: int) -> Callable[[Any, bytes | None], None]:
         """Feed one input; a combine reading an exchange reuses the key bytes it arrived with."""
         spec = self.spec.inbound[inbound]
-        combine = self.combines.get(spec.entries[0]) if len(spec.entries) == 1 else None
+        combine: CombineOp | WindowedCombine | ProcessOp | None = None
+        if len(spec.entries) == 1:
+            combine = self.combines.get(spec.entries[0]) or self.processes.get(spec.entries[0])
         entry = self.entries[inbound]
         if combine is None or spec.entry_targets:
             return lambda elem, _kb: entry(elem)
@@ -270,6 +293,7 @@ class StageBody:
                 write = combine.updates(reader)
             if write:
                 out[name] = write
+        self.processes.updates(reader, out)  # runs the user's function on the chunk
         return out
 
     def closed_parts(self) -> int:
@@ -281,6 +305,7 @@ class StageBody:
         for combine in self.combines.values():
             if combine.stateful or combine.chunked:
                 combine.chunk_committed()
+        self.processes.chunk_committed()
 
     def reset_chunk(self) -> None:
         """Drop everything the chunk produced (its commit was refused; it will be redone)."""
@@ -288,6 +313,7 @@ class StageBody:
         for combine in self.combines.values():
             if combine.stateful or combine.chunked:
                 combine.reset_chunk()
+        self.processes.reset_chunk()
 
     def flush_end(
         self, reader: StateReader | None, timers: TimerReader | None = None
@@ -297,7 +323,9 @@ class StageBody:
         Returns the state changes of windowed combines (panes fired, windows closed): they
         are committed with the task's end-of-task outputs.
         """
-        return self.end.flush_end(reader, timers)
+        changes = self.end.flush_end(reader, timers)
+        self.processes.fire(reader, timers, changes)  # timers due fire
+        return changes
 
     # -- outputs -------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Any
 from onceflow.kernel.limits import RECORD_BYTES
 from onceflow.kernel.windows import Windowing
 from onceflow.runtime.combine_fn import CombineFn
+from onceflow.runtime.user_state import ProcessSpec
 
 DEAD_LETTERS = "dead-letters"
 
@@ -33,10 +34,11 @@ class TargetKind(enum.Enum):
 
 
 class OpKind(enum.Enum):
-    """The two things an op can be: element-wise, or a fold per key."""
+    """What an op can be: element-wise, a fold per key, or user state per key."""
 
     FLAT_MAP = "flat_map"
     COMBINE = "combine"
+    PROCESS = "process"  # Stream.process: the user's function with per-key state and timers
 
 
 class Phase(enum.Enum):
@@ -77,7 +79,8 @@ class OpSpec:
     ``to_ops`` names in-stage consumer ops; ``to_targets`` indexes stage outputs. A
     ``timestamped`` flat-map is called as ``fn(element, event_time_ms)``. A combine with
     ``windowing`` folds per key and window (:mod:`onceflow.runtime.windowing`); one with a
-    ``ttl_ms`` forgets a key's state that long (of batch time) after its last update.
+    ``ttl_ms`` forgets a key's state that long (of batch time) after its last update. A
+    process op runs ``process`` (:mod:`onceflow.runtime.process_op`).
     """
 
     name: str
@@ -90,6 +93,7 @@ class OpSpec:
     phase: Phase = Phase.FULL
     windowing: Windowing | None = None
     ttl_ms: int | None = None
+    process: ProcessSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -211,10 +215,11 @@ class Job:
         return all(c.bounded for _, c in self.sources)
 
     def stateful_ops(self) -> list[tuple[StageSpec, OpSpec]]:
-        """Every combine that keeps state in a streaming run (not the lifted partials)."""
+        """Every op that keeps state in a streaming run (not the lifted partials)."""
         return [
             (stage, op)
             for stage in self.stages
             for op in stage.ops
-            if op.kind is OpKind.COMBINE and op.phase is not Phase.PARTIAL
+            if (op.kind is OpKind.COMBINE and op.phase is not Phase.PARTIAL)
+            or op.kind is OpKind.PROCESS
         ]

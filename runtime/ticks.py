@@ -48,7 +48,9 @@ class Ticker:
         self.connect = connect
         self.event_time = job.event_time or EventTime()
         self.nodes = [
-            (spec.name, op.name) for spec, op in job.stateful_ops() if op.windowing is not None
+            (spec.name, op.name)
+            for spec, op in job.stateful_ops()
+            if op.windowing is not None or op.process is not None  # they have timers
         ]
         self.parallelism = parallelism
         self.path = path

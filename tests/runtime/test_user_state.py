@@ -1,0 +1,294 @@
+"""User state handles and the process op on their own (no Spark, no Redis): what a function
+sees, what is stored, which timers fire, and what a failing call leaves behind.
+
+The op's state writes are checked as the commit would store them (a dict standing in for
+the state hash, the ``event``/``processing``/``expiry`` scores as written), so the stored
+form and the timer scores the end of a task reads are pinned here; the end-to-end proof
+(Redis, Kafka, kill -9) is tests/exactly_once/test_user_state.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from onceflow.combiners import Sum
+from onceflow.kernel import codec
+from onceflow.kernel.records import Guarantee
+from onceflow.pipeline.errors import PipelineError
+from onceflow.runtime.process_op import ProcessOp
+from onceflow.runtime.record_text import Cursor
+from onceflow.runtime.spec import OpKind, OpSpec
+from onceflow.runtime.user_state import ProcessSpec
+from onceflow.state import BagSpec, CombiningSpec, MapSpec, ValueSpec
+
+COUNT = ValueSpec[int]("count")
+SEEN = BagSpec[int]("seen")
+BY = MapSpec[tuple, int]("by")
+TOTAL = CombiningSpec[int]("total", Sum())
+STATES = (COUNT, SEEN, BY, TOTAL)
+
+
+class Store:
+    """The state hash and timer sets of one node and partition, as the commit writes them."""
+
+    def __init__(self) -> None:
+        self.values: dict[bytes, bytes] = {}
+        self.timers: dict[str, dict[bytes, int]] = {}
+
+    def read(self, node: str, keys: Any) -> dict[bytes, bytes | None]:
+        return {k: self.values.get(k) for k in keys}
+
+    def write(self, write: Any) -> None:
+        for kb, v in write.values.items():
+            if v is None:
+                self.values.pop(kb, None)
+            else:
+                self.values[kb] = v
+        for kind, members in write.timers.items():
+            zset = self.timers.setdefault(kind, {})
+            for kb, at in members.items():
+                if at is None:
+                    zset.pop(kb, None)
+                else:
+                    zset[kb] = at
+
+    def due(self, node: str, watermark: int, now: int) -> list[bytes]:
+        event = [k for k, at in self.timers.get("event", {}).items() if at <= watermark]
+        proc = [k for k, at in self.timers.get("processing", {}).items() if at <= now]
+        return event + proc
+
+
+def op(fn, on_timer=None, *, batch=1, watermark=0, now=1000, ttl_ms=None, failures=None):
+    spec = OpSpec("p", OpKind.PROCESS, (), (), process=ProcessSpec(fn, on_timer, STATES, ttl_ms))
+    out: list[Any] = []
+
+    def fail(node, exc, what):
+        if failures is None:
+            raise exc
+        failures.append((what, str(exc)))
+
+    proc = ProcessOp.build(
+        spec, (batch, watermark, now, Guarantee.EXACTLY_ONCE), Cursor(), fail, out.append
+    )
+    return proc, out
+
+
+def feed(proc, store, records):
+    for key, value, ts in records:
+        proc.cursor.parent = f"{key}-{value}".encode()
+        proc.cursor.ts = ts
+        proc.add(codec.encode(key), key, value, ts)
+    store.write(proc.updates(store.read))
+    proc.chunk_committed()
+
+
+def counting(key, value, ctx):
+    n = (ctx.state(COUNT).read() or 0) + 1
+    ctx.state(COUNT).write(n)
+    ctx.state(SEEN).add(value)
+    ctx.state(BY).put((key, value), n)
+    ctx.state(TOTAL).add(value)
+    yield (key, n, ctx.state(TOTAL).read(), ctx.timestamp)
+
+
+def test_handles_read_back_what_was_written_across_chunks():
+    store = Store()
+    proc, out = op(counting)
+    feed(proc, store, [("a", 1, 10), ("b", 5, 11), ("a", 2, 12)])
+    feed(proc, store, [("a", 3, 13)])  # a later chunk reads the committed state
+    assert out == [("a", 1, 1, 10), ("a", 2, 3, 12), ("b", 1, 5, 11), ("a", 3, 6, 13)]
+    cells, timers, expiry = codec.decode(store.values[codec.encode("a")])
+    assert cells == {
+        "count": 3,
+        "seen": [1, 2, 3],
+        "by": [[("a", 1), 1], [("a", 2), 2], [("a", 3), 3]],
+        "total": 6,
+    }
+    assert (timers, expiry) == ([], None)
+    assert store.timers["event"] == {}  # no timer: no score
+
+
+def test_clearing_everything_deletes_the_key():
+    store = Store()
+
+    def clearing(key, value, ctx):
+        if value == "clear":
+            for spec in STATES:
+                ctx.state(spec).clear()
+        else:
+            ctx.state(COUNT).write(1)
+            ctx.state(SEEN).add(1)
+            ctx.state(BY).put(1, 1)
+            ctx.state(TOTAL).add(1)
+
+    proc, _ = op(clearing)
+    feed(proc, store, [("a", "set", 1)])
+    assert codec.encode("a") in store.values
+    feed(proc, store, [("a", "clear", 2)])
+    assert store.values == {}
+
+
+def test_a_failing_call_leaves_the_state_as_it_was_and_is_a_dead_letter():
+    store = Store()
+    failures: list[Any] = []
+
+    def flaky(key, value, ctx):
+        ctx.state(SEEN).add(value)
+        ctx.state(BY).put(value, value)
+        ctx.timers.set_event_time(100 + value)
+        if value == 2:
+            raise ValueError("no twos")
+        return [value]
+
+    proc, out = op(flaky, lambda k, t, c: [], failures=failures)
+    feed(proc, store, [("a", 1, 0), ("a", 2, 0), ("a", 3, 0)])
+    assert out == [1, 3]
+    assert failures == [(("a", 2), "no twos")]
+    cells, timers, _ = codec.decode(store.values[codec.encode("a")])
+    assert cells["seen"] == [1, 3] and cells["by"] == [[1, 1], [3, 3]]
+    assert timers == [["", "event", 103, 0]]
+
+
+def test_a_value_that_cannot_be_stored_fails_its_own_record_only():
+    store = Store()
+    failures: list[Any] = []
+
+    def storing(key, value, ctx):
+        ctx.state(COUNT).write(object() if value == "bad" else value)
+
+    proc, _ = op(storing, failures=failures)
+    feed(proc, store, [("a", "ok", 0), ("a", "bad", 0)])
+    assert [f[0] for f in failures] == [("a", "bad")]
+    assert codec.decode(store.values[codec.encode("a")])[0] == {"count": "ok"}
+
+
+def sessions(key, value, ctx):
+    ctx.state(SEEN).add(value)
+    ctx.timers.set_event_time(ctx.timestamp + 10)  # moves the one timer on
+    if value == "ping":
+        ctx.timers.set_processing_time(ctx.now + 500, tag="ping")
+
+
+def emit_bag(key, timer, ctx):
+    values = ctx.state(SEEN).read()
+    ctx.state(SEEN).clear()
+    return [(key, timer.domain, timer.tag, timer.time, ctx.timestamp, values)]
+
+
+def test_event_timers_fire_when_the_watermark_passes_them_and_only_then():
+    store = Store()
+    proc, out = op(sessions, emit_bag, watermark=0)
+    feed(proc, store, [("a", 1, 100), ("b", 2, 105), ("a", 3, 103)])
+    assert store.timers["event"] == {codec.encode("a"): 113, codec.encode("b"): 115}
+    store.write(proc.fire(store.read, store.due))
+    assert out == []  # the watermark (0) has not reached them
+
+    nxt, out = op(sessions, emit_bag, batch=2, watermark=114)
+    store.write(nxt.fire(store.read, store.due))
+    assert out == [("a", "event", "", 113, 113, [1, 3])]
+    assert store.timers["event"] == {codec.encode("b"): 115}
+    assert codec.encode("a") not in store.values  # bag emptied, no timer left
+
+
+def test_processing_timers_fire_on_batch_time_and_carry_the_setters_event_time():
+    store = Store()
+    proc, out = op(sessions, emit_bag, now=1000)
+    feed(proc, store, [("a", "ping", 50)])
+    assert store.timers["processing"] == {codec.encode("a"): 1500}
+    later, out = op(sessions, emit_bag, batch=2, watermark=0, now=1500)
+    store.write(later.fire(store.read, store.due))
+    assert out == [("a", "processing", "ping", 1500, 50, ["ping"])]
+    assert store.timers["processing"] == {}
+    assert store.timers["event"] == {codec.encode("a"): 60}  # the event timer stays
+
+
+def test_timers_set_while_firing_fire_in_the_same_task_with_distinct_ids():
+    store = Store()
+
+    def rearm(key, timer, ctx):
+        if timer.time < 30:
+            ctx.timers.set_event_time(timer.time + 10)
+        return [(timer.time, ctx.state(COUNT).read())]
+
+    def once(key, value, ctx):
+        ctx.state(COUNT).write(value)
+        ctx.timers.set_event_time(10)
+
+    proc, _ = op(once, rearm)
+    feed(proc, store, [("a", 7, 0)])
+    ids = []
+    firing, out = op(once, rearm, batch=5, watermark=100)
+    firing.out = lambda elem: (out.append(elem), ids.append(firing.cursor.parent))
+    store.write(firing.fire(store.read, store.due))
+    assert out == [(10, 7), (20, 7), (30, 7)]
+    assert len(set(ids)) == 3
+    again, _ = op(once, rearm, batch=5, watermark=100)  # a retry of the task: same IDs
+    assert again.deriver is not None
+    assert [again.deriver.of(5, codec.encode("a"), n) for n in range(3)] == ids
+
+
+def test_state_ends_with_its_time_to_live():
+    store = Store()
+    proc, _ = op(counting, now=1000, ttl_ms=500)
+    feed(proc, store, [("a", 1, 0)])
+    assert store.timers["expiry"] == {codec.encode("a"): 1500}
+    within, out = op(counting, now=1499, ttl_ms=500)
+    feed(within, store, [("a", 1, 0)])
+    assert out[-1][1] == 2
+    assert store.timers["expiry"] == {codec.encode("a"): 1999}  # moved on by the write
+    after, out = op(counting, now=1999, ttl_ms=500)
+    feed(after, store, [("a", 1, 0)])
+    assert out[-1][1] == 1  # expired: starts afresh
+
+
+def test_a_refused_commit_forgets_the_chunk():
+    store = Store()
+    proc, out = op(counting)
+    proc.add(codec.encode("a"), "a", 1, 0)
+    proc.updates(store.read)
+    proc.reset_chunk()  # the commit was refused: nothing stored, the chunk runs again
+    feed(proc, store, [("a", 1, 0)])
+    assert codec.decode(store.values[codec.encode("a")])[0]["count"] == 1
+
+
+def test_undeclared_state_and_timers_without_on_timer_are_errors():
+    failures: list[Any] = []
+    other = ValueSpec[int]("other")
+    proc, _ = op(lambda k, v, ctx: ctx.state(other).write(1), failures=failures)
+    feed(proc, Store(), [("a", 1, 0)])
+    assert "not declared" in failures[0][1]
+    failures.clear()
+    proc, _ = op(lambda k, v, ctx: ctx.timers.set_event_time(5), failures=failures)
+    feed(proc, Store(), [("a", 1, 0)])
+    assert "no on_timer" in failures[0][1]
+
+
+def test_process_is_declared_on_keyed_streams_with_unique_states():
+    from onceflow import Pipeline, sources
+
+    p = Pipeline("decl")
+    stream = p.read("in", sources.Collection([1]))
+    with pytest.raises(PipelineError, match="needs a keyed stream"):
+        stream.process("p", counting)
+    keyed = stream.key_by("k", lambda x: x)
+    with pytest.raises(PipelineError, match="twice"):
+        keyed.process("p", counting, states=[COUNT, ValueSpec[int]("count")])
+    with pytest.raises(PipelineError, match="ttl"):
+        keyed.process("q", counting, states=[COUNT], state_ttl=0)
+
+
+def test_a_bounded_run_fires_every_timer_at_the_end():
+    from onceflow import Pipeline, sinks, sources
+
+    p = Pipeline("bounded-state")
+    out = sinks.Collect()
+    (
+        p.read("in", sources.Collection([1, 2, 3, 4, 5]))
+        .key_by("parity", lambda x: x % 2)
+        .process("p", sessions, states=STATES, on_timer=emit_bag)
+        .write("out", out)
+    )
+    p.run(master="local[1]", progress=False)
+    assert sorted((r[0], r[5]) for r in out.results) == [(0, [2, 4]), (1, [1, 3, 5])]
