@@ -275,8 +275,8 @@ class ProcessOp:
             assert timers is not None
             wm, now = self.watermark, self.now
             keys = sorted(set(timers(self.spec.name, wm, now)))
-        else:  # the input has ended: every timer is due
-            wm = now = END_OF_TIME
+        else:  # the input has ended: every timer is due (the functions see it so)
+            wm = now = self.watermark = self.now = END_OF_TIME
             keys = sorted(self.memory)
         if not keys:
             return write

@@ -245,7 +245,11 @@ class Evaluator:
         self.clock_ms = round(time.time() * 1000) if start_time_ms is None else start_time_ms
         self.time_ms = 0  # the previous batch's time (batch times never go back)
         self.watermark = 0  # the previous batch's watermark
-        self.windowed = [op.name for _, op in job.stateful_ops() if op.windowing is not None]
+        self.windowed = [  # ops with timers: windows, and process ops (user timers)
+            op.name
+            for _, op in job.stateful_ops()
+            if op.windowing is not None or op.process is not None
+        ]
         self.ticker = job.sources[0][0] if self.windowed and job.sources else None
         self.counters: dict[str, int] = {}
         self.batches = 0

@@ -10,11 +10,12 @@ is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark
 * q2 selection: the bids on auctions whose ID is a multiple of 123, as ``(auction, price)``;
 * q5 hot items: per sliding window (10 s, every 2 s), the auctions with the most bids;
 * q7 highest bid: per fixed window of 10 s, the bid with the highest price;
+* q6 average selling price by seller: over its last 10 closed auctions (user state and
+  timers, see ``q6.py``);
 * q11 user sessions: bids per bidder and session (10 s of inactivity ends one);
 * q18 deduplication: the last bid (by event time) of each bidder on each auction.
 
-Not yet: the joins (q3, q4, q6, q8, q20) and processing-time windows (q12) wait for joins and
-user state (issue 27).
+Not yet: the other joins (q3, q4, q8, q20) and processing-time windows (q12) (issue 27).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from examples.nexmark.q6 import q6
 from onceflow import EventTime, KafkaSink, KafkaSource, Pipeline, Stream
 from onceflow.connectors.base import SinkConnector, SourceConnector
 from onceflow.runtime.combine_fn import CombineFn
@@ -149,6 +151,7 @@ QUERIES: dict[str, Callable[[Stream], Stream]] = {
     "q1": q1,
     "q2": q2,
     "q5": q5,
+    "q6": q6,
     "q7": q7,
     "q11": q11,
     "q18": q18,

@@ -48,6 +48,30 @@ def q5(events: list[dict[str, Any]]) -> dict[tuple[int, int], list[Any]]:
     return out
 
 
+def q6(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per closed auction with a winner, in ``(expires, auction)`` order per seller: the
+    seller's average winning price over its last 10 such auctions."""
+    auctions = {a["id"]: a for a in events if a["type"] == "auction"}
+    best: dict[int, list[Any]] = {}
+    for b in bids(events):
+        a = auctions.get(b["auction"])
+        if a is None or not a["date_time"] <= b["date_time"] < a["expires"]:
+            continue
+        rank = [b["price"], b["event_id"]]
+        if b["price"] >= a["reserve"] and (b["auction"] not in best or rank > best[b["auction"]]):
+            best[b["auction"]] = rank
+    closed: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for aid, (price, _) in best.items():
+        closed[auctions[aid]["seller"]].append((auctions[aid]["expires"], aid, price))
+    out = []
+    for seller, mine in closed.items():
+        last: list[int] = []
+        for _expires, aid, price in sorted(mine):
+            last = [*last, price][-10:]
+            out.append({"seller": seller, "auction": aid, "average": sum(last) / len(last)})
+    return out
+
+
 def _rank(bid: dict[str, Any], by: str) -> tuple[Any, str]:
     return (bid[by], bid["event_id"])
 

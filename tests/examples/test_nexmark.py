@@ -57,6 +57,14 @@ def test_q5_hot_items():
     assert got == reference.q5(EVENTS)
 
 
+def test_q6_average_price_per_seller_over_its_last_closed_auctions():
+    got = _run("q6")
+    want = reference.q6(EVENTS)
+    assert len(want) > 50
+    key = repr
+    assert sorted(got, key=key) == sorted(want, key=key)
+
+
 def test_q7_highest_bid():
     got = {(p.start, p.end): p.value for _key, p in _run("q7") if p.final}
     assert got == reference.q7(EVENTS)
