@@ -65,12 +65,14 @@ EMPTY = codec.encode([{}, []])
 class KeyState:
     """One key's state in memory: cells by spec name and timers by tag."""
 
-    __slots__ = ("cells", "saved", "timers")
+    __slots__ = ("cells", "origin", "saved", "scores", "timers")
 
     def __init__(self, cells: Cells, timers: dict[str, Timer], saved: bytes) -> None:
         self.cells = cells
         self.timers = timers
         self.saved = saved  # the state after the last call that succeeded (encoded)
+        self.origin: bytes | None = None  # as read: unchanged state is not written again
+        self.scores: tuple[int | None, int | None] = (None, None)  # timer scores as read
 
     def snapshot(self, specs: Mapping[str, StateSpec[Any]]) -> bytes:
         """Cells and timers, encoded (raises when a value cannot be encoded)."""
@@ -92,10 +94,15 @@ class KeyState:
             return cls({}, {}, EMPTY)
         wire, timers, expiry = codec.decode(raw)
         if expiry is not None and expiry <= now:
-            return cls({}, {}, EMPTY)
-        wire = {name: v for name, v in wire.items() if name in specs}  # dropped specs go
-        cells = {name: specs[name].live(v) for name, v in wire.items()}
-        return cls(cells, {t[0]: Timer(*t) for t in timers}, codec.encode([wire, timers]))
+            state = cls({}, {}, EMPTY)
+        else:
+            wire = {name: v for name, v in wire.items() if name in specs}  # dropped specs go
+            cells = {name: specs[name].live(v) for name, v in wire.items()}
+            state = cls(cells, {t[0]: Timer(*t) for t in timers}, codec.encode([wire, timers]))
+        state.origin = raw
+        stored = cls({}, {t[0]: Timer(*t) for t in timers}, EMPTY)
+        state.scores = (stored.earliest(EVENT_TIME), stored.earliest(PROCESSING_TIME))
+        return state
 
     def encode(self, specs: Mapping[str, StateSpec[Any]], expiry: int | None) -> bytes | None:
         """The stored form, or None (delete the key) when nothing is left."""
@@ -234,18 +241,27 @@ class ProcessOp:
             return reader(self.spec.name, keys)
         return {kb: self.staged.get(kb, self.memory.get(kb)) for kb in keys}
 
-    def _store(self, write: StateWrite, kb: bytes, state: KeyState) -> None:
-        """The key's new state and timer scores into ``write`` (bounded: into memory)."""
+    def _store(self, write: StateWrite, kb: bytes, state: KeyState, force: bool = False) -> None:
+        """The key's new state and timer scores into ``write`` (bounded: into memory).
+
+        What did not change is not written (``force``: the timer scores are, because the
+        timer sets named the key as due: a score left behind would name it again).
+        """
         expiry = self.now + self.ttl_ms if self.ttl_ms is not None else None
         raw = state.encode(self.specs, expiry)
         if not self.stateful:
             self.staged[kb] = raw
             return
+        if raw == state.origin and not force:
+            return
         write.values[kb] = raw
         event = state.earliest(EVENT_TIME) if raw is not None else None
         processing = state.earliest(PROCESSING_TIME) if raw is not None else None
-        write.timers.setdefault(EVENT_TIMERS, {})[kb] = event
-        write.timers.setdefault(PROCESSING_TIMERS, {})[kb] = processing
+        old_event, old_processing = state.scores
+        if force or event != old_event:
+            write.timers.setdefault(EVENT_TIMERS, {})[kb] = event
+        if force or processing != old_processing:
+            write.timers.setdefault(PROCESSING_TIMERS, {})[kb] = processing
         if self.ttl_ms is not None:
             write.timers.setdefault(EXPIRY_TIMERS, {})[kb] = expiry if raw is not None else None
 
@@ -284,7 +300,7 @@ class ProcessOp:
         for kb in keys:
             state = KeyState.decode(current.get(kb), self.specs, self.now)
             self._fire_key(kb, state, wm, now)
-            self._store(write, kb, state)
+            self._store(write, kb, state, force=True)
         self.chunk_committed()
         return write
 

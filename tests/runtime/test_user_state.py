@@ -107,7 +107,7 @@ def test_handles_read_back_what_was_written_across_chunks():
         "total": 6,
     }
     assert (timers, expiry) == ([], None)
-    assert store.timers["event"] == {}  # no timer: no score
+    assert store.timers.get("event", {}) == {}  # no timer: no score
 
 
 def test_clearing_everything_deletes_the_key():
@@ -321,3 +321,54 @@ def test_the_docs_example_runs_bounded_and_every_timer_fires_at_the_end(tmp_path
     key = json.dumps
     assert sorted(got, key=key) == sorted(fraud_reference(ex.payments()), key=key)
     assert any("alert" in g for g in got)
+
+
+def test_timers_fire_as_a_test_stream_moves_the_watermark_and_the_clock():
+    """Through the task loop (in-process evaluator): event timers by watermark, processing
+    timers by batch time, each once."""
+    from onceflow import Pipeline, sinks, sources
+    from onceflow.testing import TestStream, run_test
+
+    def remind(key, value, ctx):
+        ctx.state(SEEN).add(value)
+        ctx.timers.set_event_time(ctx.timestamp + 1_000, "event")
+        ctx.timers.set_processing_time(ctx.now + 60_000, "clock")
+
+    def fired(key, timer, ctx):
+        return [(key, timer.tag, ctx.state(SEEN).read())]
+
+    start = 1_800_000_000_000
+    p = Pipeline("timers-in-memory")
+    (
+        p.read("in", sources.Collection([]))
+        .key_by("k", lambda x: x["k"])
+        .map_values("v", lambda x: x["v"])
+        .process("p", remind, states=STATES, on_timer=fired)
+        .write("out", sinks.Collect())
+    )
+    stream = (
+        TestStream(timestamp=lambda x: x["ts"])
+        .add([{"k": "a", "v": 1, "ts": start}, {"k": "b", "v": 2, "ts": start + 5_000}])
+        .advance_watermark(start + 2_000)  # a's event timer (start + 1 s) is due, not b's
+        .add([])
+    )
+    clock = start + 600_000  # the batch clock, ahead of the event times
+    out = run_test(p, {"in": stream}, start_time_ms=clock)
+    assert out["out"] == [("a", "event", [1])]
+    later = stream.advance_processing_time("2m")  # both keys' clock timers are due
+    out = run_test(p, {"in": later}, start_time_ms=clock)
+    assert sorted(out["out"]) == [("a", "clock", [1]), ("a", "event", [1]), ("b", "clock", [2])]
+
+
+def test_unchanged_state_is_not_written_and_a_stale_timer_score_is_removed():
+    store = Store()
+    proc, _ = op(counting)
+    feed(proc, store, [("a", 1, 0)])
+    reader, _ = op(lambda key, value, ctx: [ctx.state(COUNT).read()])
+    reader.add(codec.encode("a"), "a", 9, 0)
+    assert not reader.updates(store.read)  # nothing changed: nothing to commit
+    # gc deleted an expired key's state, its event-time score is left: it is due once
+    store.timers.setdefault("event", {})[codec.encode("gone")] = 5
+    firing, out = op(counting, emit_bag, watermark=10)
+    store.write(firing.fire(store.read, store.due))
+    assert out == [] and store.timers["event"] == {}
