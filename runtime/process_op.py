@@ -212,12 +212,20 @@ class ProcessOp:
         return write
 
     def _call(
-        self, state: KeyState, ts: int, what: Any, fn: Callable[..., Any], args: tuple[Any, Any]
+        self,
+        state: KeyState,
+        ts: int,
+        what: Any,
+        fn: Callable[..., Any],
+        args: tuple[Any, Any],
+        node: str = "",
     ) -> None:
         """Run ``fn(*args, ctx)``; on an exception undo its state changes, dead-letter it.
 
         The state must encode after the call (that is checked here, not at the commit, so a
-        value that cannot be stored fails its own record only).
+        value that cannot be stored fails its own record only). ``node`` names the dead
+        letter's node (default: the op; a timer's letter names ``<op>/on_timer``, so that
+        replaying it is refused rather than run as an element).
         """
         ctx = Context(
             self.specs,
@@ -230,7 +238,7 @@ class ProcessOp:
             state.saved = state.snapshot(self.specs)
         except Exception as exc:  # noqa: BLE001 - user code: a dead letter
             state.restore(self.specs)
-            self.fail(self.spec.name, exc, what)
+            self.fail(node or self.spec.name, exc, what)
             return
         out = self.out
         for r in results:
@@ -320,11 +328,13 @@ class ProcessOp:
             if n == MAX_FIRINGS:
                 return  # the rest fire in the next micro-batch
             del state.timers[timer.tag]
+            state.saved = state.snapshot(self.specs)  # a failing on_timer still consumes it
             if self.deriver is not None:
                 self.cursor.parent = self.deriver.of(self.batch, kb, n)
             ts = timer.time if timer.domain == EVENT_TIME else timer.hold
             self.cursor.ts = ts
-            self._call(state, ts, (key, list(timer)), on_timer, (key, timer))
+            node = f"{self.spec.name}/on_timer"
+            self._call(state, ts, (key, list(timer)), on_timer, (key, timer), node)
 
 
 def _nowhere(elem: Any) -> None:  # noqa: ARG001 - the default outlet

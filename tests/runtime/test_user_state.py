@@ -67,7 +67,7 @@ def op(fn, on_timer=None, *, batch=1, watermark=0, now=1000, ttl_ms=None, failur
     def fail(node, exc, what):
         if failures is None:
             raise exc
-        failures.append((what, str(exc)))
+        failures.append((what, str(exc)) if node == "p" else (node, what, str(exc)))
 
     proc = ProcessOp.build(
         spec, (batch, watermark, now, Guarantee.EXACTLY_ONCE), Cursor(), fail, out.append
@@ -251,6 +251,30 @@ def test_a_refused_commit_forgets_the_chunk():
     proc.reset_chunk()  # the commit was refused: nothing stored, the chunk runs again
     feed(proc, store, [("a", 1, 0)])
     assert codec.decode(store.values[codec.encode("a")])[0]["count"] == 1
+
+
+def test_a_failing_timer_is_consumed_and_its_letter_names_on_timer():
+    store = Store()
+    failures: list[Any] = []
+
+    def set_two(key, value, ctx):
+        ctx.state(COUNT).write(1)
+        ctx.timers.set_event_time(5, "bad")
+        ctx.timers.set_event_time(6, "good")
+
+    def fire(key, timer, ctx):
+        ctx.state(COUNT).write(2)
+        if timer.tag == "bad":
+            raise RuntimeError("bad timer")
+        return [(timer.tag, ctx.state(COUNT).read())]
+
+    proc, _ = op(set_two, fire, failures=failures)
+    feed(proc, store, [("a", 1, 0)])
+    firing, out = op(set_two, fire, watermark=10, failures=failures)
+    store.write(firing.fire(store.read, store.due))
+    assert out == [("good", 2)]  # the bad one's write of 2 was undone, the good one's kept
+    assert failures == [("p/on_timer", ("a", ["bad", "event", 5, 0]), "bad timer")]
+    assert codec.decode(store.values[codec.encode("a")])[:2] == [{"count": 2}, []]
 
 
 def test_undeclared_state_and_timers_without_on_timer_are_errors():
