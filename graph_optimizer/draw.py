@@ -17,7 +17,16 @@ import xml.etree.ElementTree as ET
 import zlib
 
 from onceflow.graph_optimizer.errors import GraphError
-from onceflow.graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Node, Sink, Source
+from onceflow.graph_optimizer.ir import (
+    Combine,
+    Exchange,
+    FlatMap,
+    Graph,
+    Node,
+    Process,
+    Sink,
+    Source,
+)
 from onceflow.graph_optimizer.plan import BoundaryKind, Plan, Via
 
 
@@ -30,6 +39,12 @@ def _detail(node: Node) -> str:
             text += f" | {node.windowing.describe()}"
         if node.ttl_ms is not None:
             text += f" | state ttl {node.ttl_ms} ms"
+        return text
+    if isinstance(node, Process) and node.process is not None:
+        states = ", ".join(spec.describe() for spec in node.process.states) or "none"
+        text = f"{node.label} | state: {states}"
+        if node.process.ttl_ms is not None:
+            text += f" | state ttl {node.process.ttl_ms} ms"
         return text
     return node.label or node.kind
 
