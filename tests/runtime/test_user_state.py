@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from onceflow.combiners import Sum
+from onceflow.combiners import Count, Sum
 from onceflow.kernel import codec
 from onceflow.kernel.records import Guarantee
 from onceflow.pipeline.errors import PipelineError
@@ -396,3 +396,24 @@ def test_unchanged_state_is_not_written_and_a_stale_timer_score_is_removed():
     firing, out = op(counting, emit_bag, watermark=10)
     store.write(firing.fire(store.read, store.due))
     assert out == [] and store.timers["event"] == {}
+
+
+def test_the_declared_state_is_part_of_the_plans_fingerprint():
+    """Another spec name or kind is another stored format: a resumed run must refuse it."""
+    from onceflow import Pipeline, sinks, sources
+
+    def fingerprint(states, fn=counting):
+        p = Pipeline("fp")
+        (
+            p.read("in", sources.Collection([1]))
+            .key_by("k", lambda x: x)
+            .process("p", fn, states=states)
+            .write("out", sinks.Collect())
+        )
+        return p.job().fingerprint
+
+    same = fingerprint(STATES)
+    assert fingerprint(STATES, fn=lambda k, v, ctx: None) == same  # code may change
+    assert fingerprint((*STATES[:3], CombiningSpec[int]("total", Count()))) != same
+    assert fingerprint((*STATES[:3], ValueSpec[int]("total"))) != same
+    assert fingerprint((*STATES[:3], CombiningSpec[int]("sum", Sum()))) != same
