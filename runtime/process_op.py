@@ -59,7 +59,7 @@ END_OF_TIME = 1 << 62  # a bounded run's watermark and time once its input has e
 # A key's timers fired in one task at most: a timer function that keeps setting due timers
 # fires on in the next micro-batch (a bounded run fails the key instead of looping).
 MAX_FIRINGS = 1000
-EMPTY = codec.encode([{}, []])
+EMPTY = codec.encode([{}, [], None])
 
 
 class KeyState:
@@ -75,13 +75,17 @@ class KeyState:
         self.scores: tuple[int | None, int | None] = (None, None)  # timer scores as read
 
     def snapshot(self, specs: Mapping[str, StateSpec[Any]]) -> bytes:
-        """Cells and timers, encoded (raises when a value cannot be encoded)."""
+        """Cells and timers in the stored form, without expiry.
+
+        Raises when a value cannot be encoded. After the last call it is the key's new state
+        (it is not encoded again).
+        """
         wire = {name: specs[name].wire(v) for name, v in self.cells.items()}
-        return codec.encode([wire, [list(t) for t in self.timers.values()]])
+        return codec.encode([wire, [list(t) for t in sorted(self.timers.values())], None])
 
     def restore(self, specs: Mapping[str, StateSpec[Any]]) -> None:
         """Back to the last snapshot (a call failed)."""
-        wire, timers = codec.decode(self.saved)
+        wire, timers, _ = codec.decode(self.saved)
         self.cells.clear()
         self.cells.update({name: specs[name].live(v) for name, v in wire.items()})
         self.timers.clear()
@@ -96,24 +100,30 @@ class KeyState:
         if expiry is not None and expiry <= now:
             state = cls({}, {}, EMPTY)
         else:
-            wire = {name: v for name, v in wire.items() if name in specs}  # dropped specs go
-            cells = {name: specs[name].live(v) for name, v in wire.items()}
-            state = cls(cells, {t[0]: Timer(*t) for t in timers}, codec.encode([wire, timers]))
+            kept = {name: v for name, v in wire.items() if name in specs}  # dropped specs go
+            cells = {name: specs[name].live(v) for name, v in kept.items()}
+            same = expiry is None and len(kept) == len(wire)
+            saved = raw if same else codec.encode([kept, timers, None])
+            state = cls(cells, {t[0]: Timer(*t) for t in timers}, saved)
         state.origin = raw
-        stored = cls({}, {t[0]: Timer(*t) for t in timers}, EMPTY)
-        state.scores = (stored.earliest(EVENT_TIME), stored.earliest(PROCESSING_TIME))
+        event = [t[2] for t in timers if t[1] == EVENT_TIME]
+        processing = [t[2] for t in timers if t[1] != EVENT_TIME]
+        state.scores = (min(event, default=None), min(processing, default=None))
         return state
 
     def encode(self, specs: Mapping[str, StateSpec[Any]], expiry: int | None) -> bytes | None:
         """The stored form, or None (delete the key) when nothing is left."""
         if not self.cells and not self.timers:
             return None
-        wire = {name: specs[name].wire(v) for name, v in self.cells.items()}
-        timers = [list(t) for t in sorted(self.timers.values())]
+        if expiry is None:
+            return self.saved  # the state after the last call (see :meth:`snapshot`)
+        wire, timers, _ = codec.decode(self.saved)
         return codec.encode([wire, timers, expiry])
 
     def earliest(self, domain: str) -> int | None:
         """When the key's earliest timer of ``domain`` is due."""
+        if not self.timers:
+            return None
         return min((t.time for t in self.timers.values() if t.domain == domain), default=None)
 
     def due(self, watermark: int, now: int) -> Timer | None:
