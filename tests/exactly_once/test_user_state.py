@@ -8,6 +8,8 @@ partition so that every session's timer fires. The run is killed (SIGKILL of eve
 process) at a chosen point and run again. The output topic is then read as a
 ``read_committed`` consumer outside Onceflow would, and compared with sessions computed from
 the events alone: every session once, with the reference's total and event count; each
+event's output once, with the random token its session was emitted with (the function draws
+it: a replay must restore what was committed, not run it again); each
 user's session indexes run from 0 without gaps (the combining state was neither lost nor
 advanced twice); no record ID twice; no event seen twice by the state (the map's check).
 """
@@ -162,9 +164,17 @@ def test_sessions_by_timer_once_with_the_reference_value(
     assert len(ids) == len(set(ids)), "a record was written twice"
     values = [json.loads(r.value) for r in records]
     assert not [v for v in values if "twice" in v], "the state saw an event twice"
+    token_of = {v["event"]: v["token"] for v in values if "event" in v}
+    assert len(token_of) == len([v for v in values if "event" in v]), "an event left twice"
+    assert set(token_of) == {e["event_id"] for e in run.accepted} | {
+        v["event"] for v in values if v.get("user") == FLUSH_USER
+    }
     got = defaultdict(list)
     for v in values:
-        got[v["user"]].append(v)
+        if "start" in v:
+            got[v["user"]].append(v)
+            # the random token the state held is the one its events left with
+            assert {token_of[i] for i in v["ids"]} == {v["token"]}, v
     expected = reference(run.accepted)
     wrong = []
     for user, sessions in expected.items():
@@ -175,7 +185,7 @@ def test_sessions_by_timer_once_with_the_reference_value(
         if seen != sessions:
             wrong.append((user, sessions, seen))
     assert not wrong, f"{len(wrong)} of {len(expected)} users wrong, e.g. {wrong[:2]}"
-    assert set(got) - {FLUSH_USER} == set(expected)
+    assert set(got) == set(expected)
     assert sum(len(s) for s in expected.values()) > 2 * USERS  # gaps cut sessions
 
     # each user keeps its session count (its bag was cleared by its last firing); only the
