@@ -57,8 +57,9 @@ class Status:
     receivers: dict[str, dict[str, int]] = field(default_factory=dict)
     gc: dict[str, str] = field(default_factory=dict)
     lanes: dict[str, dict[str, int]] = field(default_factory=dict)
-    # per combine node: keys with state, windows waiting for the watermark (``open_windows``,
-    # keys with an event timer) and the earliest such timer, state with a time-to-live
+    # per combine or process node: keys with state, windows (or process timers) waiting for
+    # the watermark (``open_windows``, keys with an event timer) and the earliest such
+    # timer, state with a time-to-live
     state: dict[str, dict[str, int]] = field(default_factory=dict)
     seen_layout: int = LAYOUT  # how seen-IDs are stored (see kernel.keyspace)
     driver: dict[str, Any] | None = None  # the running driver (see runtime.heartbeat)
@@ -116,7 +117,8 @@ class Status:
             text = f"  state of {node}: {row.get('keys', 0):,} key(s)"
             if row.get("open_windows"):
                 text += (
-                    f", {row['open_windows']:,} with windows open (next closes at event time "
+                    f", {row['open_windows']:,} with windows open or an event-time timer set "
+                    f"(the next due at event time "
                     f"{_when(row['next_close_ms'])})"
                 )
             if row.get("ttl_keys"):
