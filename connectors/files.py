@@ -42,7 +42,7 @@ from onceflow.connectors.base import (
 )
 from onceflow.connectors.collections import split_frame, splits_of
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.staged import StagedFilesWriter, local_folder
+from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
 from onceflow.kernel.records import DeadLetter, Record
@@ -231,6 +231,10 @@ class JsonLinesSink(SinkConnector):
     def local_paths(self) -> list[str]:
         """The folder the workers write their parts to, unless it is on shared storage."""
         return [] if self.shared or is_shared(self.path) else [self.parts_dir]
+
+    def staging_folder(self) -> str | None:
+        """The staging folder of exactly-once streaming runs."""
+        return os.path.join(self.path, STAGING)
 
     def open(self, task: TaskInfo) -> SinkWriter:
         """A writer for one task: transactional in an exactly-once streaming run."""
