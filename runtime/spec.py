@@ -122,6 +122,9 @@ class StageSpec:
     exchange: bool = False  # inputs are repartitioned by key before the stage runs
     on_error: str = "dead_letter"
     max_record_bytes: int = RECORD_BYTES
+    # the user's record classes (dataclasses ...) the pipeline's functions see: registered in
+    # the worker before a record is read (see onceflow.kernel.record_types)
+    record_types: tuple[type, ...] = ()
 
     @property
     def dead_target(self) -> int:

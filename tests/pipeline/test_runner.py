@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -176,3 +177,28 @@ def test_mean_min_max_and_user_combine_fn(spark, tmp_path):
     assert sorted(results["min"].results) == [(0, 0), (1, 1)]
     assert sorted(results["max"].results) == [(0, 24), (1, 23)]
     assert sorted(results["spread"].results) == [(0, 24), (1, 22)]
+
+
+@pytest.mark.parametrize("rules", [None, ()], ids=["fused", "every-node-a-stage"])
+def test_dataclasses_and_named_tuples_cross_every_boundary_as_themselves(spark, tmp_path, rules):
+    # the classes live in a pipeline file (module __onceflow__): no worker can import them
+    from onceflow.cli.loader import load_pipeline
+
+    here = os.path.dirname(os.path.dirname(__file__))
+    p = load_pipeline(os.path.join(here, "e2e_pipelines", "records.py"))
+    result = p.run(session=spark, progress=False, output_dir=str(tmp_path), rules=rules)
+    assert result.dead_letters == 0
+    out = {
+        n.name: n.connector.results
+        for n in p.graph.nodes
+        if isinstance(getattr(n, "connector", None), sinks.Collect)
+    }
+    visits = out["visits"]
+    assert sorted(v.ms for v in visits) == list(range(30))
+    assert {type(v).__name__ for v in visits} == {"Visit"} and visits[0].user == visits[0][0]
+    per_user = dict(out["per-user"])
+    assert sorted(per_user) == ["u0", "u1", "u2"]
+    clicks = [c for cs in per_user.values() for c in cs]
+    assert {type(c).__name__ for c in clicks} == {"Click"}
+    assert sorted(c.ms for c in clicks) == list(range(30))
+    assert all(c.user == user for user, cs in per_user.items() for c in cs)
