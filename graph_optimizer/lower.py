@@ -119,6 +119,7 @@ def stage_spec(
                     to_targets,
                     fn=node.fn,
                     timestamped=node.timestamped,
+                    restamp=node.restamp,
                 )
             )
         elif isinstance(node, Combine):

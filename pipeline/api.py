@@ -287,11 +287,20 @@ class Stream:
         keyed: bool | None,
         user_fn: object = None,
         timestamped: bool = False,
+        restamp: bool = False,
     ) -> Stream:
         _check_stage_name(name)
         if user_fn is not None:
             label = f"{label} {_fn_name(user_fn)}"
-        node = FlatMap(name, (self.name,), label=label, fn=fn, keyed=keyed, timestamped=timestamped)
+        node = FlatMap(
+            name,
+            (self.name,),
+            label=label,
+            fn=fn,
+            keyed=keyed,
+            timestamped=timestamped,
+            restamp=restamp,
+        )
         self.pipeline._add(node)
         return Stream(self.pipeline, name, self.keyed if keyed is None else keyed, self.windowing)
 
@@ -304,6 +313,34 @@ class Stream:
         """Zero or more outputs per element: the items of ``fn(element)``. Unkeyed."""
         _check_callable(name, "flat_map", fn)
         return self._flat(name, "flat_map", fn, keyed=False, user_fn=fn)
+
+    def map_timestamped(self, name: str, fn: Callable[[Any, int], Any]) -> Stream:
+        """``fn(element, event_time_ms)``: a map that reads each record's event time.
+
+        The output keeps the record's event time. Unkeyed, as :meth:`map`.
+        """
+        _check_callable(name, "map_timestamped", fn)
+        return self._flat(
+            name,
+            "map_timestamped",
+            lambda x, ts: (fn(x, ts),),
+            keyed=False,
+            user_fn=fn,
+            timestamped=True,
+        )
+
+    def restamp(self, name: str, fn: Callable[[Any], Any]) -> Stream:
+        """Give each element the event time ``fn(element)`` (epoch ms, or an aware datetime).
+
+        The element is passed on unchanged, keyed and windowed as it was; windows after this
+        step place it by its new time. The watermark still follows the sources' event
+        times: an element stamped behind it (minus the window's allowed lateness) is late for
+        its windows, and one stamped further ahead of the clock than ``EventTime.max_ahead``
+        is not processed; both become dead letters with the reason, as a failing ``fn``'s
+        element does.
+        """
+        _check_callable(name, "restamp", fn)
+        return self._flat(name, "restamp", fn, keyed=None, user_fn=fn, restamp=True)
 
     def filter(self, name: str, predicate: Callable[[Any], bool]) -> Stream:
         """Keep the elements for which ``predicate`` is true (keyedness is kept)."""

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from onceflow.kernel import codec
+from onceflow.kernel.eventtime import as_event_time
 from onceflow.kernel.ids import Deriver
 from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Redrive, StateWrite
 from onceflow.runtime.boundaries import Boundaries, Push
@@ -31,6 +32,7 @@ from onceflow.runtime.combine_op import CombineOp, StateReader
 from onceflow.runtime.record_text import (
     Cursor,
     StageFailure,
+    ahead_reason,
     as_json,
     describe,
     error_text,
@@ -70,6 +72,7 @@ class StageBody:
         self.partition = partition
         self.watermark = watermark  # the micro-batch's (None: bounded)
         self.now = now  # the micro-batch's time (None: bounded)
+        self.limit_ms: int | None = None  # the newest event time admitted (set by the task)
         self.cursor = Cursor()
         self.out = Boundaries(spec, mode.ids, self.cursor, self._origin)
         self.combines: dict[str, CombineOp | WindowedCombine] = {}
@@ -112,6 +115,8 @@ class StageBody:
 
     def _build_flat_map(self, op: OpSpec) -> Push:
         assert op.fn is not None
+        if op.restamp:
+            return self._build_restamp(op)
         fn = op.fn
         out = fan_out(self._downstream(op))
         cursor = self.cursor
@@ -129,6 +134,37 @@ class StageBody:
                 return
             for r in results:
                 out(r)
+
+        return push
+
+    def _build_restamp(self, op: OpSpec) -> Push:
+        """Pass each element on with the event time ``fn(element)`` (see Stream.restamp).
+
+        The new time holds for everything downstream of this op (in the stage, and in the
+        records it outputs); sibling ops of the same input keep the old one.
+        """
+        assert op.fn is not None
+        fn = op.fn
+        out = fan_out(self._downstream(op))
+        cursor = self.cursor
+        name = op.name
+
+        def push(elem: Any) -> None:
+            try:
+                ts = as_event_time(fn(elem))
+            except Exception as exc:  # noqa: BLE001 - user code: dead-letter it
+                self._fail(name, exc, elem)
+                return
+            limit = self.limit_ms
+            if limit is not None and ts > limit:
+                self.out.letter(name, ahead_reason(ts, limit), portable(elem), "ahead")
+                return
+            old = cursor.ts
+            cursor.ts = ts
+            try:
+                out(elem)
+            finally:
+                cursor.ts = old
 
         return push
 

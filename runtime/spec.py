@@ -90,6 +90,7 @@ class OpSpec:
     phase: Phase = Phase.FULL
     windowing: Windowing | None = None
     ttl_ms: int | None = None
+    restamp: bool = False  # a flat map that gives its element a new event time: fn(element)
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,7 @@ class TaskRun:
             self.guard.watermark,
             self.guard.batch_time_ms,
         )
+        self.body.limit_ms = self.guard.limit_ms
         self.counters: dict[str, int] = {}
         self.closed = False
         self.input = TaskInput(spec, self.guard, self.body, self.count)

@@ -22,6 +22,7 @@ from onceflow.connectors.kafka.offsets import tp_key
 from onceflow.connectors.kafka.worker import RANGE_COLUMNS, fetch_range
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec
+from onceflow.kernel.eventtime import as_event_time
 from onceflow.kernel.records import DeadLetter, Record, Redrive
 from onceflow.kernel.settings import KafkaSettings
 
@@ -247,5 +248,5 @@ def _event_time(
     if header is not None:
         return ids.parse_ts_header(header)
     if ts_fn is not None:
-        return ids.check_event_time(int(ts_fn(elem)))
+        return as_event_time(ts_fn(elem))
     return int(kafka_ts)
