@@ -21,6 +21,7 @@ from onceflow.kernel.eventtime import EventTime
 from onceflow.pipeline import combiners, sinks, sources, windows
 from onceflow.pipeline.api import Pipeline, Stream
 from onceflow.pipeline.errors import PipelineError
+from onceflow.pipeline.joins import CoGroup
 from onceflow.pipeline.windows import Fixed, Global, Pane, Sessions, Sliding, Trigger
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.errors import RunError
@@ -34,6 +35,7 @@ for _module in (combiners, sinks, sources, windows):
     sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
 
 __all__ = [
+    "CoGroup",
     "CombineFn",
     "ConfigError",
     "DedupConfig",

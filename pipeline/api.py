@@ -37,6 +37,7 @@ from onceflow.kernel.limits import RECORD_BYTES
 from onceflow.kernel.windows import Trigger, WindowFn, Windowing, windowing
 from onceflow.pipeline.combiners import ToList, resolve
 from onceflow.pipeline.errors import PipelineError
+from onceflow.pipeline.joins import co_group, join
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.run_config import RunConfig
 
@@ -444,6 +445,23 @@ class Stream:
     def group_by_key(self, name: str) -> Stream:
         """All values of each key in a list: ``(key, [values])``."""
         return self.combine_per_key(name, ToList())
+
+    def co_group(self, name: str, other: Stream, windows: WindowFn | Duration) -> Stream:
+        """Both keyed streams' values per key and window: ``(key, CoGroup(left, right, ...))``.
+
+        See :mod:`onceflow.pipeline.joins` (state, lateness, exactly-once).
+        """
+        return co_group(self, name, other, windows)
+
+    def join(
+        self, name: str, other: Stream, windows: WindowFn | Duration, *, how: str = "inner"
+    ) -> Stream:
+        """Pairs of one key's values in one window: ``(key, (this value, other value))``.
+
+        ``how``: ``"inner"``, ``"left"``, ``"right"`` or ``"outer"`` (a value with no partner
+        in its window is paired with None). See :mod:`onceflow.pipeline.joins`.
+        """
+        return join(self, name, other, windows, how)
 
     def write(self, name: str, sink: SinkConnector) -> None:
         """Write the elements to ``sink`` (see :mod:`pipeline.sinks`)."""

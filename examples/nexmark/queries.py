@@ -10,11 +10,13 @@ is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark
 * q2 selection: the bids on auctions whose ID is a multiple of 123, as ``(auction, price)``;
 * q5 hot items: per sliding window (10 s, every 2 s), the auctions with the most bids;
 * q7 highest bid: per fixed window of 10 s, the bid with the highest price;
+* q8 monitor new users: the persons who joined and created an auction in the same fixed
+  window of 10 s (a windowed join of persons and auctions by seller), one row each;
 * q11 user sessions: bids per bidder and session (10 s of inactivity ends one);
 * q18 deduplication: the last bid (by event time) of each bidder on each auction.
 
-Not yet: the joins (q3, q4, q6, q8, q20) and processing-time windows (q12) wait for joins and
-user state (issue 27).
+Not yet: q3, q4, q6, q20 (they need continuous joins and user state) and processing-time
+windows (q12).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from onceflow import EventTime, KafkaSink, KafkaSource, Pipeline, Stream
+from onceflow import CoGroup, EventTime, KafkaSink, KafkaSource, Pipeline, Stream
 from onceflow.connectors.base import SinkConnector, SourceConnector
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.windows import Fixed, Sessions, Sliding
@@ -126,6 +128,23 @@ def q7(events: Stream) -> Stream:
     )
 
 
+def _new_users(kv: tuple[Any, CoGroup]) -> list[dict[str, Any]]:
+    _seller, group = kv
+    if not group.right:
+        return []
+    return [{"id": p["id"], "name": p["name"], "start": group.start} for p in group.left]
+
+
+def q8(events: Stream) -> Stream:
+    persons = events.filter("persons", lambda e: e["type"] == "person").key_by(
+        "by-id", lambda p: p["id"]
+    )
+    sellers = events.filter("auctions", lambda e: e["type"] == "auction").key_by(
+        "by-seller", lambda a: a["seller"]
+    )
+    return persons.co_group("joined", sellers, Fixed("10s")).flat_map("new-users", _new_users)
+
+
 def q11(events: Stream) -> Stream:
     return (
         _bids(events)
@@ -150,6 +169,7 @@ QUERIES: dict[str, Callable[[Stream], Stream]] = {
     "q2": q2,
     "q5": q5,
     "q7": q7,
+    "q8": q8,
     "q11": q11,
     "q18": q18,
 }
