@@ -1,0 +1,120 @@
+"""Avro through a pipeline, end to end: Kafka in, decode, transform, Avro out to Kafka.
+
+The input is written by Confluent's own registry-aware serializer (confluent-kafka's
+``AvroSerializer``, an implementation independent of Onceflow's) with two versions of the
+schema, plus a value not in the wire format and one naming a schema id the registry does not
+have. The pipeline reads with a reader schema (the newer version), so the older records come
+out with the new field's default; the two bad values become dead letters with their reasons.
+An independent ``read_committed`` reader with Confluent's ``AvroDeserializer`` then checks
+every output record once, with the right values, under the id the sink registered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from onceflow.codecs import Avro
+from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.connectors.kafka.serialization import CODE_HEADER, ERROR_HEADER
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.connectors.registry.wire import frame
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.pipeline import Pipeline
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark, pytest.mark.registry]
+
+V1 = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}],
+}
+V2 = {**V1, "fields": [*V1["fields"], {"name": "qty", "type": "int", "default": 1}]}
+TOTAL = {
+    "type": "record",
+    "name": "Line",
+    "namespace": "shop",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "label", "type": "string"},
+        {"name": "qty", "type": "int"},
+    ],
+}
+OLD, NEW = 40, 60  # records written with V1, then with V2
+
+
+def _produce(bootstrap: str, registry_url: str, topic: str) -> None:
+    registry = SchemaRegistryClient({"url": registry_url})
+    context = SerializationContext(topic, MessageField.VALUE)
+    old = AvroSerializer(registry, json.dumps(V1))
+    new = AvroSerializer(registry, json.dumps(V2))
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(OLD):
+        producer.produce(topic, old({"id": i, "item": f"old-{i}"}, context))
+    producer.produce(topic, b'{"id": -1, "item": "not in the wire format"}')
+    producer.produce(topic, frame(99_999_999, b"\x02\x02x"))  # an id the registry lacks
+    for i in range(OLD, OLD + NEW):
+        producer.produce(topic, new({"id": i, "item": f"new-{i}", "qty": i % 5 + 2}, context))
+    producer.flush(30)
+
+
+def test_avro_records_of_two_schema_versions_go_through_once_and_poison_to_dead_letters(
+    spark, broker, redis_server, schema_registry, tmp_path, topic_name
+):
+    src, out, name = topic_name("orders"), topic_name("lines"), topic_name("avro")
+    _set_backward(schema_registry, f"{src}-value")
+    _produce(broker.bootstrap, schema_registry, src)
+
+    p = Pipeline(name)
+    p.read(
+        "orders",
+        KafkaSource(src, bootstrap_servers=broker.bootstrap, codec=Avro(schema_registry, V2)),
+    ).map("label", lambda o: {"id": o["id"], "label": o["item"].upper(), "qty": o["qty"]}).write(
+        "lines",
+        KafkaSink(out, bootstrap_servers=broker.bootstrap, codec=Avro(schema_registry, TOTAL)),
+    )
+    result = p.run(
+        session=spark,
+        redis_url=redis_server.url,
+        available_now=True,
+        checkpoint=os.path.join(tmp_path, "ckpt"),
+        output_dir=str(tmp_path),
+        progress=False,
+    )
+    assert result.counters["orders/undecodable"] == 2
+
+    settings = KafkaSettings(broker.bootstrap)
+    reader = AvroDeserializer(SchemaRegistryClient({"url": schema_registry}))
+    context = SerializationContext(out, MessageField.VALUE)
+    written = read_topic(settings, out, committed=True)
+    lines = [reader(r.value, context) for r in written]
+    expected = [{"id": i, "label": f"OLD-{i}", "qty": 1} for i in range(OLD)]
+    expected += [{"id": i, "label": f"NEW-{i}", "qty": i % 5 + 2} for i in range(OLD, OLD + NEW)]
+    assert sorted(lines, key=lambda v: v["id"]) == expected, "each record once, right values"
+    assert len({r.value[1:5] for r in written}) == 1, "one schema id for the sink's records"
+
+    dead = read_topic(settings, f"{name}.dead-letters")
+    reasons = sorted(r.headers[ERROR_HEADER].decode() for r in dead)
+    assert len(reasons) == 2 and all(r.headers[CODE_HEADER] == b"undecodable" for r in dead)
+    assert "not the magic byte 0x00" in reasons[0]
+    assert "schema id 99999999 is not in the schema registry" in reasons[1]
+
+
+def _set_backward(url: str, subject: str) -> None:
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{url}/config/{subject}",
+        data=b'{"compatibility": "BACKWARD"}',
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+        method="PUT",
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
