@@ -61,7 +61,11 @@ def test_the_wire_format_is_magic_byte_id_and_payload():
         decode_indexes(memoryview(b"\x04\x82"))
 
 
-def test_avro_records_carry_the_registered_id_and_decode_by_it(schema_registry):
+def _no_http(*args: object) -> None:
+    raise AssertionError("a registry call on the hot path")
+
+
+def test_avro_records_carry_the_registered_id_and_decode_by_it(schema_registry, monkeypatch):
     topic = _subject()
     sink = bind_codec(Avro(schema_registry, V1), topic)
     assert sink.prepare is not None
@@ -78,6 +82,12 @@ def test_avro_records_carry_the_registered_id_and_decode_by_it(schema_registry):
     assert fastavro.schemaless_reader(io.BytesIO(data[5:]), parsed) == {"id": 7, "item": "tea"}
     source = bind_codec(Avro(schema_registry), topic)
     assert source.decode(data) == {"id": 7, "item": "tea"}
+    # the schema is asked for once per id and process: no HTTP call per record after that
+    monkeypatch.setattr(SchemaRegistry, "_call", _no_http)
+    assert [source.decode(data) for _ in range(3)] == [{"id": 7, "item": "tea"}] * 3
+    assert (
+        bind_codec(Avro(schema_registry, V1), topic).encode({"id": 9, "item": "x"})[:5] == data[:5]
+    )
     # the codec pickles to workers with its id: encoding there makes no registry call
     again = pickle.loads(pickle.dumps(sink))
     assert again.encode({"id": 8, "item": "jam"})[1:5] == data[1:5]
@@ -158,17 +168,44 @@ def _set_compatibility(url: str, subject: str, level: str) -> None:
 
 
 def test_credentials_are_sent_and_never_printed():
-    registry = SchemaRegistry("https://alice:s3cret@registry.example:8081/base/")
-    assert registry.url == "https://registry.example:8081/base"
-    assert "s3cret" not in repr(registry) and "alice" not in repr(registry)
-    assert "s3cret" not in repr(Avro(registry, V1))
-    headers = {}
-    token = registry._auth  # noqa: SLF001 - what _call sends as the Authorization header
-    assert token is not None
-    headers["Authorization"] = token
+    """Basic auth reaches the server in the Authorization header (Apicurio needs Keycloak for
+    auth, so a loopback HTTP server stands in to see the header); no repr shows it."""
     import base64
+    import http.server
+    import json
+    import threading
 
-    assert base64.b64decode(token.split()[1]) == b"alice:s3cret"
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"schema": json.dumps(V1), "schemaType": "AVRO"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://alice:s3cret@127.0.0.1:{server.server_port}/base/"
+        registry = SchemaRegistry(url)
+        assert registry.url == f"http://127.0.0.1:{server.server_port}/base"
+        assert registry.schema_by_id(77_000 + server.server_port)[0] == "AVRO"
+        codec = Avro(SchemaRegistry(registry.url, username="bob", password="pw"), V1)
+        assert bind_codec(codec, "t").decode(frame(78_000 + server.server_port, b"\x02\x02x"))
+    finally:
+        server.shutdown()
+    assert seen == [
+        "Basic " + base64.b64encode(b"alice:s3cret").decode(),
+        "Basic " + base64.b64encode(b"bob:pw").decode(),
+    ]
+    for shown in (repr(registry), repr(codec), repr(Avro(url, V1))):
+        assert "s3cret" not in shown and "alice" not in shown and "pw" not in shown
     with pytest.raises(ConfigError, match="http"):
         SchemaRegistry("registry:8081")
 
