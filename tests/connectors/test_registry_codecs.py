@@ -132,7 +132,8 @@ def test_what_cannot_be_decoded_says_why(schema_registry):
         codec.encode({"id": "one", "item": "tea"})
 
 
-def test_registry_refusals_and_outages_are_errors_not_dead_letters(schema_registry):
+def test_registry_refusals_and_outages_are_errors_not_dead_letters(schema_registry, monkeypatch):
+    monkeypatch.setattr(registry_client, "BACKOFF_S", 0.0)  # the retries of an outage, at once
     topic = _subject()
     off = bind_codec(Avro(schema_registry, V1, auto_register=False), topic)
     assert off.prepare is not None
@@ -277,7 +278,10 @@ def _source_decode(source, values):
     return list(source.decoder("src", True)(batch))
 
 
-def test_a_source_dead_letters_bad_values_but_fails_when_the_registry_is_away(schema_registry):
+def test_a_source_dead_letters_bad_values_but_fails_when_the_registry_is_away(
+    schema_registry, monkeypatch
+):
+    monkeypatch.setattr(registry_client, "BACKOFF_S", 0.0)
     from onceflow.connectors.kafka.source import KafkaSource
     from onceflow.kernel.records import DeadLetter, Record
 
