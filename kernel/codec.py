@@ -145,11 +145,17 @@ def decode(data: bytes) -> Any:
 
 @dataclass(frozen=True)
 class ValueCodec:
-    """A named pair of functions between external bytes and record values."""
+    """A named pair of functions between external bytes and record values.
+
+    ``prepare``, if any, runs on the driver before a run that writes with the codec (a schema
+    registry codec registers or looks up its schema there, see
+    :mod:`onceflow.connectors.registry`).
+    """
 
     name: str
     decode: Callable[[bytes], Any]
     encode: Callable[[Any], bytes]
+    prepare: Callable[[], None] | None = None
 
 
 _orjson: Any
@@ -236,4 +242,10 @@ def value_codec(name: str) -> ValueCodec:
     except KeyError:
         known = ", ".join(sorted(CODECS))
         msg = f"unknown codec {name!r}; use one of: {known}"
+        if key in ("avro", "protobuf"):
+            kind = "Avro" if key == "avro" else "Protobuf"
+            msg = (
+                f"codec {name!r} needs a schema registry: pass codec=onceflow.codecs.{kind}("
+                f"registry=URL, ...) (pip install 'onceflow[{key}]'); named codecs are: {known}"
+            )
         raise CodecError(msg) from None

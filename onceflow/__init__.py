@@ -18,7 +18,7 @@ from onceflow.connectors.kafka import KafkaSink, KafkaSource
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError, OnceflowError
 from onceflow.kernel.eventtime import EventTime
-from onceflow.pipeline import combiners, sinks, sources, windows
+from onceflow.pipeline import codecs, combiners, sinks, sources, windows
 from onceflow.pipeline.api import Pipeline, Stream
 from onceflow.pipeline.errors import PipelineError
 from onceflow.pipeline.joins import CoGroup
@@ -31,7 +31,7 @@ from onceflow.runtime.run_config import RunConfig
 __version__ = "0.1.0"
 
 # ``from onceflow.windows import Sliding`` works as well as ``onceflow.windows.Sliding``.
-for _module in (combiners, sinks, sources, windows):
+for _module in (codecs, combiners, sinks, sources, windows):
     sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "Stream",
     "Trigger",
     "__version__",
+    "codecs",
     "combiners",
     "sinks",
     "sources",
