@@ -451,7 +451,8 @@ class Stream:
 
         See :mod:`onceflow.pipeline.joins` (state, lateness, exactly-once).
         """
-        return co_group(self, name, other, windows)
+        grouped: Stream = co_group(self, name, other, windows)
+        return grouped
 
     def join(
         self, name: str, other: Stream, windows: WindowFn | Duration, *, how: str = "inner"
@@ -461,7 +462,8 @@ class Stream:
         ``how``: ``"inner"``, ``"left"``, ``"right"`` or ``"outer"`` (a value with no partner
         in its window is paired with None). See :mod:`onceflow.pipeline.joins`.
         """
-        return join(self, name, other, windows, how)
+        joined: Stream = join(self, name, other, windows, how)
+        return joined
 
     def write(self, name: str, sink: SinkConnector) -> None:
         """Write the elements to ``sink`` (see :mod:`pipeline.sinks`)."""

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from onceflow.kernel import codec
-from onceflow.kernel.eventtime import as_event_time
 from onceflow.kernel.ids import Deriver
 from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Redrive, StateWrite
 from onceflow.runtime.boundaries import Boundaries, Push
@@ -32,12 +31,12 @@ from onceflow.runtime.combine_op import CombineOp, StateReader
 from onceflow.runtime.record_text import (
     Cursor,
     StageFailure,
-    ahead_reason,
     as_json,
     describe,
     error_text,
     portable,
 )
+from onceflow.runtime.restamp import restamp_push
 from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec
 from onceflow.runtime.windowing import WindowClosedError, WindowedCombine
 
@@ -116,7 +115,8 @@ class StageBody:
     def _build_flat_map(self, op: OpSpec) -> Push:
         assert op.fn is not None
         if op.restamp:
-            return self._build_restamp(op)
+            out = fan_out(self._downstream(op))
+            return restamp_push(op, out, self.cursor, self._fail, self.out, lambda: self.limit_ms)
         fn = op.fn
         out = fan_out(self._downstream(op))
         cursor = self.cursor
@@ -134,37 +134,6 @@ class StageBody:
                 return
             for r in results:
                 out(r)
-
-        return push
-
-    def _build_restamp(self, op: OpSpec) -> Push:
-        """Pass each element on with the event time ``fn(element)`` (see Stream.restamp).
-
-        The new time holds for everything downstream of this op (in the stage, and in the
-        records it outputs); sibling ops of the same input keep the old one.
-        """
-        assert op.fn is not None
-        fn = op.fn
-        out = fan_out(self._downstream(op))
-        cursor = self.cursor
-        name = op.name
-
-        def push(elem: Any) -> None:
-            try:
-                ts = as_event_time(fn(elem))
-            except Exception as exc:  # noqa: BLE001 - user code: dead-letter it
-                self._fail(name, exc, elem)
-                return
-            limit = self.limit_ms
-            if limit is not None and ts > limit:
-                self.out.letter(name, ahead_reason(ts, limit), portable(elem), "ahead")
-                return
-            old = cursor.ts
-            cursor.ts = ts
-            try:
-                out(elem)
-            finally:
-                cursor.ts = old
 
         return push
 
