@@ -122,7 +122,11 @@ class IcebergSink(SinkConnector):
 
     def load_table(self, rows: Any = None) -> Any:
         """The table; created if missing (from ``schema``, else ``rows``' Arrow schema)."""
-        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+        from pyiceberg.exceptions import (
+            CommitFailedException,
+            NoSuchTableError,
+            TableAlreadyExistsError,
+        )
 
         catalog = self.load_catalog()
         try:
@@ -142,7 +146,7 @@ class IcebergSink(SinkConnector):
                     for column in self.partition_by:
                         spec.add_identity(column)
             tx.commit_transaction()
-        except TableAlreadyExistsError:
+        except (TableAlreadyExistsError, CommitFailedException):
             pass  # another writer created it first: its schema it is
         return catalog.load_table(self.table)
 
@@ -164,7 +168,7 @@ class IcebergWriter(TransactionalWriter):
         self.sink = sink
         self.task = task
         self.token = uuid.uuid4().hex[:12]
-        self.rows: list[tuple[Record, dict[str, Any]]] = []
+        self.batches: list[Any] = []  # Arrow tables of the table's schema, one per write
         self.files: list[Any] = []  # the prepared delivery's data files (pyiceberg DataFile)
         self.marker: dict[str, Any] | None = None
         self.deliveries = 0
@@ -202,16 +206,20 @@ class IcebergWriter(TransactionalWriter):
             for rec, row in rows:
                 if rec.id:
                     row[ID_COLUMN] = rec.id.hex()
-        if _convert([row for _rec, row in rows], schema) is not None:
-            self.rows += rows
+        arrow = _convert([row for _rec, row in rows], schema)
+        if arrow is not None:
+            self.batches.append(arrow)
             return []
         rejected: list[Rejected] = []
+        good: list[dict[str, Any]] = []
         for rec, row in rows:
             reason = _fault(row, schema)
             if reason is None:
-                self.rows.append((rec, row))
+                good.append(row)
             else:
                 rejected.append((rec, f"cannot be a row of {self.sink.table}: {reason}"))
+        if good:
+            self.batches.append(_convert(good, schema))
         return rejected
 
     def _row(self, rec: Record) -> dict[str, Any]:
@@ -231,8 +239,9 @@ class IcebergWriter(TransactionalWriter):
     def prepare(self) -> str:
         """Write the data files (referenced by no snapshot yet); the marker names the delivery.
 
-        It also names the snapshot the table is at now: a retry that no longer finds that one
-        knows snapshots were expired since, and that the delivery's may be among them.
+        It also names a snapshot the table was at (when the writer last looked: an ancestor
+        of the delivery's): a retry that no longer finds that one knows snapshots were expired
+        since, and that the delivery's may be among them.
         """
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
@@ -240,17 +249,14 @@ class IcebergWriter(TransactionalWriter):
         delivery += f"/{self.deliveries}"
         self.deliveries += 1
         self.prepared = True
-        if not self.rows:  # every record refused: nothing to commit, nothing to look for
+        if not self.batches:  # every record refused: nothing to commit, nothing to look for
             self.marker = {"delivery": delivery, "empty": True}
             return json.dumps(self.marker)
-        table = self.table([row for _rec, row in self.rows])
-        table.refresh()
-        schema = table.schema().as_arrow()
-        arrow = _convert([row for _rec, row in self.rows], schema)
-        self.rows = []
-        if arrow is None:  # the schema changed since write(): the task fails, and is retried
-            msg = f"{self.sink.describe()}: the table's schema changed during the delivery"
-            raise ConnectorError(msg)
+        import pyarrow as pa
+
+        table = self.table()
+        arrow = pa.concat_tables(self.batches)
+        self.batches = []
         self.files = list(_dataframe_to_data_files(table.metadata, arrow, table.io))
         self.marker = {"delivery": delivery, "base": head(table)}
         return json.dumps(self.marker)
@@ -311,7 +317,7 @@ class IcebergWriter(TransactionalWriter):
 
     def abort(self) -> None:
         """Drop the rows; data files no commit was tried with are deleted (else orphans)."""
-        self.rows = []
+        self.batches = []
         if self.files and not self.committing and self._table is not None:
             for data_file in self.files:
                 try:
@@ -328,7 +334,7 @@ class IcebergWriter(TransactionalWriter):
 
     def flush(self) -> list[Rejected]:
         """Append what is buffered in one snapshot of its own."""
-        if self.rows:
+        if self.batches:
             self.prepare()
             self.commit()
         return []
