@@ -201,6 +201,9 @@ class IcebergWriter(TransactionalWriter):
         if not rows:
             return []
         table = self.table([row for _rec, row in rows])
+        if table is None:
+            why = f"cannot be a row of {self.sink.table}: no row to make the new table's types of"
+            return [(rec, why) for rec, _row in rows]
         schema = table.schema().as_arrow()
         if self.sink.with_ids and ID_COLUMN in schema.names:
             for rec, row in rows:
@@ -395,8 +398,32 @@ def _inferred(rows: Any, with_ids: bool) -> Any:
 
     if not rows:
         return None
-    schema = pa.Table.from_pylist(rows).schema
+    try:
+        schema = pa.Table.from_pylist(rows).schema
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        schema = _unified(rows)  # rows that clash: the types most of them fit, row by row
+        if schema is None:
+            return None
     fields = [pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in schema]
     if with_ids and ID_COLUMN not in schema.names:
         fields.append(pa.field(ID_COLUMN, pa.string()))
     return pa.schema(fields)
+
+
+def _unified(rows: list[dict[str, Any]]) -> Any:
+    """The rows' Arrow types widened row by row; a row that fits no widening is left out.
+
+    Only when the rows do not convert together: the rows left out become dead letters when
+    they are checked against the new table.
+    """
+    import pyarrow as pa
+
+    schema = None
+    for row in rows:
+        try:
+            one = pa.Table.from_pylist([row]).schema
+            both = [one] if schema is None else [schema, one]
+            schema = pa.unify_schemas(both, promote_options="permissive")
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            continue
+    return schema

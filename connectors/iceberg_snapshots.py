@@ -95,8 +95,7 @@ def ensure_base(table: Any) -> None:
     """
     from pyiceberg.exceptions import CommitFailedException
 
-    table.refresh()
-    if table.current_snapshot() is not None:
+    if table.current_snapshot() is not None:  # as loaded: once a snapshot, always one
         return
     try:
         swap(table, {BASE: "1"}, [])

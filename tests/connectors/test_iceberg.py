@@ -207,8 +207,28 @@ def test_rows_the_schema_cannot_take_become_dead_letters(sink):
     assert _read(sink) == [0, 1, 10, 11]
 
 
+def test_rows_that_clash_in_the_first_delivery_still_make_a_table(tmp_path):
+    sink = IcebergSink("db.new", catalog=catalog_props(tmp_path))
+    w = _writer(sink)
+    clash = Record(b"e" * 16, 0, {"id": 9, "user": "u", "n": "many"})
+    rejected = w.write([*_rows(3), clash])  # n: numbers, and once text
+    w.prepare()
+    w.commit()
+    assert len(rejected) + len(_read(sink)) == 4, "every row written or a dead letter"
+    assert _read(sink)[:3] == [0, 1, 2]
+
+
+def test_bounded_runs_append_at_flush(sink):
+    w = sink.open(TaskInfo("p", "ice", 0, 0, 0, exactly_once=False))
+    w.write(_rows(3))
+    w.close()
+    assert _read(sink) == [0, 1, 2]
+
+
 def test_a_table_is_created_from_an_explicit_schema_with_partitions(tmp_path):
-    schema = pa.schema([("id", pa.int64()), ("user", pa.string()), ("n", pa.int32())])
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), ("user", pa.string()), ("n", pa.int32())]
+    )
     sink = IcebergSink(
         "db.typed", catalog=catalog_props(tmp_path), schema=schema, partition_by=["user"]
     )
@@ -217,7 +237,11 @@ def test_a_table_is_created_from_an_explicit_schema_with_partitions(tmp_path):
     assert [f.name for f in table.schema().fields] == ["id", "user", "n"]
     assert [f.name for f in table.spec().fields] == ["user"]
     w = _writer(sink)
-    assert w.write(_rows(4)) == []
+    no_id = Record(b"f" * 16, 0, {"user": "u", "n": 1})
+    rejected = w.write([*_rows(4), no_id])
+    assert [(r.id, "required column(s) 'id' missing" in why) for r, why in rejected] == [
+        (b"f" * 16, True)
+    ]
     w.prepare()
     w.commit()
     assert _read(sink) == [0, 1, 2, 3]
