@@ -59,12 +59,37 @@ def swap(table: Any, properties: dict[str, str], files: list[Any]) -> None:
     """
     from pyiceberg.table.update import AssertTableUUID
 
-    tx = table.transaction()
+    view = head_view(table)
+    tx = view.transaction()
     with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
         for data_file in files:
             append.append_data_file(data_file)
     requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
-    table.catalog.commit_table(table, requirements, tx._updates)
+    table.catalog.commit_table(view, requirements, tx._updates)
+
+
+def head_view(table: Any) -> Any:
+    """``table`` with only its branch head among its snapshots (and no logs), to build on.
+
+    A fast append needs only the head (its manifests, its summary's totals); pyiceberg's
+    transaction deep-copies the whole metadata a dozen times per snapshot it builds: measured
+    per delivery of 1,000 rows (SQL catalog on SQLite), 106 ms at 50 snapshots and 677 ms at
+    400 on the whole metadata; 37 and 82 ms on this view.
+    The catalog applies the commit's updates to the table's real metadata, under the
+    commit's requirements: the view is never written.
+    """
+    from pyiceberg.table import Table
+
+    meta = table.metadata
+    current = meta.current_snapshot()
+    light = meta.model_copy(
+        update={
+            "snapshots": [] if current is None else [current],
+            "snapshot_log": [],
+            "metadata_log": [],
+        }
+    )
+    return Table(table.name(), light, table.metadata_location, table.io, table.catalog)
 
 
 def outcome(metadata: Any, delivery: str) -> str | None:
