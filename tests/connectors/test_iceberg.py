@@ -172,6 +172,33 @@ def test_the_retry_that_loses_the_race_finds_the_delivery(sink):
     assert not [p for p in props if VOID in p]
 
 
+class LostAnswer(CutBeforeSwap):
+    """A catalog whose answer to a commit is lost (after it landed, or before it was sent)."""
+
+    def __init__(self, catalog, landed):
+        super().__init__(catalog, None)
+        self.landed = landed
+
+    def commit_table(self, table, requirements, updates):
+        if self.landed:
+            self.catalog.commit_table(table, requirements, updates)
+        raise OSError("connection reset")
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
+def test_a_commit_of_unknown_outcome_is_recovered(sink, landed):
+    w = _writer(sink)
+    w.write(_rows(3))
+    w.prepare()
+    catalog = w.table().catalog
+    w.table().catalog = LostAnswer(catalog, landed)
+    with pytest.raises(TransactionBroken):
+        w.commit()
+    w.table().catalog = catalog
+    assert w.recover() == landed
+    assert _read(sink) == ([0, 1, 2] if landed else [])
+
+
 def test_partitions_committing_at_once_all_land(sink):
     writers = [_writer(sink, partition=p) for p in range(4)]
     for p, w in enumerate(writers):
