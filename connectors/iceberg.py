@@ -221,8 +221,12 @@ class IcebergWriter(TransactionalWriter):
                 good.append(row)
             else:
                 rejected.append((rec, f"cannot be a row of {self.sink.table}: {reason}"))
-        if good:
-            self.batches.append(_convert(good, schema))
+        together = _convert(good, schema) if good else None
+        if good and together is None:  # each fits alone, not together: not a row's fault
+            msg = f"{self.sink.describe()}: rows that fit the table alone do not fit it together"
+            raise ConnectorError(msg)
+        if together is not None:
+            self.batches.append(together)
         return rejected
 
     def _row(self, rec: Record) -> dict[str, Any]:
