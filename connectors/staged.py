@@ -46,7 +46,9 @@ def local_folder(path: str, sink: str) -> str:
     if "://" in path and not path.startswith("file://"):
         msg = (
             f"{sink}({path!r}): only local folders and shared POSIX mounts are supported "
-            "(the commit renames files, which object stores cannot do atomically)"
+            "(the commit renames files, which object stores cannot do atomically); on an "
+            "object store (s3a://, gs://, abfs://) write an Iceberg table (sinks.Iceberg), "
+            "whose commit is one atomic catalog update"
         )
         raise ConnectorError(msg)
     return os.path.abspath(path.removeprefix("file://"))

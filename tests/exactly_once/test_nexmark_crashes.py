@@ -63,7 +63,7 @@ def _produce(bootstrap: str, topic: str, events: list[dict]) -> None:
 def test_a_query_killed_mid_batch_gives_the_reference_once(
     query, crash, broker, redis_server, tmp_path
 ):
-    events = list(generate(Config(events=2_500, seed=5, start_ms=BASE_TS)))
+    events = list(generate(Config(events=1_500, seed=5, start_ms=BASE_TS)))
     name = f"nx-{query}-{uuid.uuid4().hex[:6]}"
     _produce(broker.bootstrap, f"{name}-in", events)
     env = {
