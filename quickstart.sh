@@ -80,6 +80,11 @@ ensure_kafka() {
   "$VENV/bin/python" -c 'from onceflow.testing.kafka import fetch_kafka; fetch_kafka()'
 }
 
+ensure_registry() {
+  # Apicurio Registry (the schema registry codecs' tests) from Maven Central, once (cached).
+  "$VENV/bin/python" -c 'from onceflow.testing.registry import fetch_registry; fetch_registry()'
+}
+
 ensure_jvm_cache() {
   # The Spark driver's class-data archive (~20 s once): runs and restarts start ~1.5 s sooner.
   # Only an optimization: without it everything works, a little slower.
@@ -95,7 +100,8 @@ main() {
       exec "$VENV/bin/onceflow" demo "$@" ;;
     test)
       ensure_debian_packages "${DEBIAN_PACKAGES[@]}" "${TEST_DEBIAN_PACKAGES[@]}"
-      ensure_java; ensure_venv; ensure_python_packages; ensure_kafka; ensure_jvm_cache
+      ensure_java; ensure_venv; ensure_python_packages; ensure_kafka; ensure_registry
+      ensure_jvm_cache
       exec "$VENV/bin/python" -m pytest "$@" ;;
     *)
       echo "usage: $0 demo [ARGS...] | test [PYTEST ARGS...]" >&2; exit 2 ;;

@@ -2,17 +2,19 @@
 
 The pipeline reads the benchmarks' bids (see ``bench/exactly_once.py``, IDs from each bid's
 ``n``), converts the price (a ``map``) and writes every bid to one sink: a transactional Kafka
-topic (the baseline), Parquet files (partitioned by auction modulo 10), JSON-lines files, or a
-PostgreSQL table (Debian's server, started here). Exactly-once, ``--repeat`` rounds, sinks in
+topic (the baseline), Parquet files (partitioned by auction modulo 10), JSON-lines files, a
+PostgreSQL table (Debian's server, started here) or an Iceberg table (pyiceberg's SQL catalog on
+SQLite, partitioned as the Parquet files). Exactly-once, ``--repeat`` rounds, sinks in
 a rotating order, one Spark session (after one warm-up run that is not counted). After each
-run an outside reader (a ``read_committed`` consumer, pyarrow, a file read, a psycopg query)
-counts the records in the sink: a run that lost or doubled one says so in the table.
+run an outside reader (a ``read_committed`` consumer, pyarrow, a file read, a psycopg query,
+pyiceberg's scan) counts the records in the sink: a run that lost or doubled one says so in the
+table.
 
 Prints records/s (whole run, and steady state without the query's first micro-batch), median
 and spread over the rounds, and the ratio to the Kafka sink's.
 
     python bench/sinks.py [--records 100000] [--batch 25000] [--repeat 2]
-        [--sinks kafka,parquet,jsonl,postgres] [--markdown FILE]
+        [--sinks kafka,parquet,jsonl,postgres,iceberg] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -38,10 +40,29 @@ from onceflow.connectors.kafka.topics import read_topic  # noqa: E402
 from onceflow.connectors.postgres import PostgresSink  # noqa: E402
 from onceflow.kernel.settings import KafkaSettings  # noqa: E402
 from onceflow.runtime.session import DEFAULT_MASTER, spark_session  # noqa: E402
-from onceflow.sinks import JsonLines, Parquet  # noqa: E402
+from onceflow.sinks import Iceberg, JsonLines, Parquet  # noqa: E402
 from onceflow.testing.postgres import PASSWORD, LocalPostgres  # noqa: E402
 
-SINKS = ("kafka", "parquet", "jsonl", "postgres")
+SINKS = ("kafka", "parquet", "jsonl", "postgres", "iceberg")
+ICEBERG_TABLE = "bench.bids"
+
+
+def iceberg_catalog(folder: str) -> dict[str, str]:
+    """A SQL catalog on SQLite and a warehouse folder (one per run)."""
+    os.makedirs(os.path.join(folder, "warehouse"), exist_ok=True)
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{os.path.join(folder, 'catalog.db')}",
+        "warehouse": f"file://{os.path.join(folder, 'warehouse')}",
+    }
+
+
+def iceberg_column(folder: str) -> list[int]:
+    """Every row's ``n``, read by pyiceberg's scan (not the sink's code)."""
+    from pyiceberg.catalog import load_catalog
+
+    table = load_catalog("default", **iceberg_catalog(folder)).load_table(ICEBERG_TABLE)
+    return table.scan(selected_fields=("n",)).to_arrow()["n"].to_pylist()
 
 
 def sink_of(kind: str, name: str, workdir: str, pg: LocalPostgres | None) -> tuple[Any, str]:
@@ -54,6 +75,10 @@ def sink_of(kind: str, name: str, workdir: str, pg: LocalPostgres | None) -> tup
     if kind == "jsonl":
         folder = os.path.join(workdir, name, "jsonl")
         return JsonLines(folder), folder
+    if kind == "iceberg":
+        folder = os.path.join(workdir, name, "iceberg")
+        catalog = iceberg_catalog(folder)
+        return Iceberg(ICEBERG_TABLE, catalog=catalog, partition_by=["shard"]), folder
     assert pg is not None
     table = name.replace("-", "_")
     import psycopg
@@ -77,6 +102,8 @@ def count_in(kind: str, where: str, bootstrap: str, pg: LocalPostgres | None) ->
         return len(
             set(ds.dataset(where, format="parquet").to_table(columns=["n"])["n"].to_pylist())
         )
+    if kind == "iceberg":
+        return len(set(iceberg_column(where)))
     if kind == "jsonl":
         seen: set[int] = set()
         for name in os.listdir(where):
@@ -101,6 +128,8 @@ def rows_in(kind: str, where: str, bootstrap: str, pg: LocalPostgres | None) -> 
             return int(conn.execute(f"SELECT count(*) FROM {where}").fetchone()[0])
     if kind == "kafka":
         return len(read_topic(KafkaSettings(bootstrap), where))
+    if kind == "iceberg":
+        return len(iceberg_column(where))
     if kind == "parquet":
         import pyarrow.dataset as ds
 

@@ -70,6 +70,7 @@ def _targets(client: Any, args: argparse.Namespace) -> list[str]:
 
 
 def _gc_pass(args: argparse.Namespace, metrics: Any = None) -> int:
+    from onceflow.kernel.durations import parse_duration_ms
     from onceflow.kernel.keyspace import Keyspace
     from onceflow.operations.gc import GcError, collect
 
@@ -88,6 +89,7 @@ def _gc_pass(args: argparse.Namespace, metrics: Any = None) -> int:
                 scan_count=args.scan_count,
                 delete_batch=args.delete_batch,
                 connect=_tags(args),
+                staging_age_s=parse_duration_ms(args.staging_age, "--staging-age") / 1000,
             )
         except GcError as exc:
             if not args.all:
@@ -266,13 +268,18 @@ def add_commands(sub: Any) -> None:
         "gc",
         help="delete exactly-once state that can no longer matter",
         description="Delete seen-ID buckets older than the dedup horizon, acknowledged "
-        "backups and stale Bloom snapshots. Safe while the pipeline runs. One JSON log line "
-        "per namespace and pass.",
+        "backups, stale Bloom snapshots and file sinks' staging leftovers. Safe while the "
+        "pipeline runs. One JSON log line per namespace and pass.",
     )
     _add_redis_target_args(p)
     p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
     p.add_argument("--every", help="run a pass every INTERVAL (e.g. 10m) until stopped")
     p.add_argument("--horizon", help="keep more than the pipeline's horizon (e.g. 48h); never less")
+    p.add_argument(
+        "--staging-age",
+        default="1h",
+        help="delete file sinks' staged files older than this (killed attempts' leftovers)",
+    )
     p.add_argument("--scan-count", type=int, default=1000, help="SCAN step (keys)")
     p.add_argument("--delete-batch", type=int, default=500, help="keys per UNLINK")
     p.add_argument(

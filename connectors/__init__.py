@@ -6,12 +6,14 @@ from onceflow.connectors.base import SinkConnector, SinkWriter, SourceConnector,
 from onceflow.connectors.collect import Collect
 from onceflow.connectors.collections import Collection, Generate
 from onceflow.connectors.files import JsonLinesSink, JsonLinesSource, LineFiles, TextFile
+from onceflow.connectors.iceberg import IcebergSink
 from onceflow.connectors.parquet import ParquetSink
 
 __all__ = [
     "Collect",
     "Collection",
     "Generate",
+    "IcebergSink",
     "JsonLinesSink",
     "JsonLinesSource",
     "LineFiles",

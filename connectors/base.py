@@ -310,6 +310,10 @@ class SinkConnector(abc.ABC):
         """Paths on this machine's own disk that the workers write (none by default)."""
         return []
 
+    def staging_folder(self) -> str | None:
+        """Where killed attempts may leave staged files (``onceflow gc`` clears old ones)."""
+        return None
+
     def open(self, task: TaskInfo) -> SinkWriter:
         """Executor side: a writer for one task."""
         msg = f"{type(self).__name__} does not write from workers"

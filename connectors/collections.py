@@ -13,6 +13,7 @@ from onceflow.connectors.base import Decoded, Decoder, SourceConnector
 from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel import codec, ids
 from onceflow.kernel.errors import CodecError
+from onceflow.kernel.eventtime import as_event_time
 from onceflow.kernel.records import DeadLetter, Record
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def _id_and_ts(
     ts_fn: Callable[[Any], int] | None,
     with_ids: bool,
 ) -> tuple[bytes, int]:
-    ts = ids.check_event_time(int(ts_fn(value))) if ts_fn is not None else 0
+    ts = as_event_time(ts_fn(value)) if ts_fn is not None else 0
     if not with_ids:
         return b"", ts
     if id_fn is not None:

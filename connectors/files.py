@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.connectors.base import (
@@ -42,9 +42,10 @@ from onceflow.connectors.base import (
 )
 from onceflow.connectors.collections import split_frame, splits_of
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.staged import StagedFilesWriter, local_folder
+from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
+from onceflow.kernel.eventtime import as_event_time
 from onceflow.kernel.records import DeadLetter, Record
 from onceflow.kernel.windows import Pane
 
@@ -93,9 +94,11 @@ class LineFiles(SourceConnector):
         split_bytes: int = DEFAULT_SPLIT_BYTES,
         skip_blank: bool = False,
         shared: bool = False,
+        timestamp: Callable[[Any], Any] | None = None,
     ) -> None:
         self.path = path
         self.shared = shared
+        self.ts_fn = timestamp
         self.codec = value_codec(codec)
         self.split_bytes = split_bytes
         self.skip_blank = skip_blank
@@ -132,7 +135,7 @@ class LineFiles(SourceConnector):
 
     def decoder(self, source: str, with_ids: bool) -> Decoder:
         """Read and decode the lines of each range."""
-        ranges, codec, skip_blank = self.ranges, self.codec, self.skip_blank
+        ranges, codec, skip_blank, ts_fn = self.ranges, self.codec, self.skip_blank, self.ts_fn
 
         def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
             for split, _splits in splits_of(batch):
@@ -140,7 +143,7 @@ class LineFiles(SourceConnector):
                 for offset, line in read_range(path, start, end):
                     if skip_blank and not line.strip():
                         continue
-                    yield _decode_line(source, path, offset, line, codec, with_ids)
+                    yield _decode_line(source, path, offset, line, codec, with_ids, ts_fn)
 
         return decode
 
@@ -160,29 +163,65 @@ def read_range(path: str, start: int, end: int) -> Iterator[tuple[int, bytes]]:
             pos += len(line)
 
 
-def _decode_line(
-    source: str, path: str, offset: int, line: bytes, codec: ValueCodec, with_ids: bool
+def _decode_line(  # noqa: PLR0913 - one line and where it came from
+    source: str,
+    path: str,
+    offset: int,
+    line: bytes,
+    codec: ValueCodec,
+    with_ids: bool,
+    ts_fn: Callable[[Any], Any] | None = None,
 ) -> Decoded:
     rid = ids.from_position(source, path, 0, offset) if with_ids else b""
     try:
-        return Record(rid, 0, codec.decode(line), path, offset, size=len(line))
+        value = codec.decode(line)
     except Exception as exc:  # noqa: BLE001 - undecodable input becomes a dead letter
         error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
         return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line, code="undecodable")
+    try:
+        ts = as_event_time(ts_fn(value)) if ts_fn is not None else 0
+    except Exception as exc:  # noqa: BLE001 - the user's timestamp function failed
+        error = f"no event time: {type(exc).__name__}: {exc}"
+        return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line, code="no_time")
+    return Record(rid, ts, value, path, offset, size=len(line))
 
 
 def TextFile(  # noqa: N802
-    path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES, shared: bool = False
+    path: str,
+    *,
+    split_bytes: int = DEFAULT_SPLIT_BYTES,
+    shared: bool = False,
+    timestamp: Callable[[Any], Any] | None = None,
 ) -> LineFiles:
-    """Each line of the file(s) as a ``str`` (``shared``: see the module docstring)."""
-    return LineFiles(path, codec="utf-8", split_bytes=split_bytes, shared=shared)
+    """Each line of the file(s) as a ``str`` (``shared``: see the module docstring).
+
+    ``timestamp(line)`` gives a line's event time (epoch ms or an aware datetime); a line it
+    fails on is a dead letter (``no_time``).
+    """
+    return LineFiles(
+        path, codec="utf-8", split_bytes=split_bytes, shared=shared, timestamp=timestamp
+    )
 
 
 def JsonLinesSource(  # noqa: N802
-    path: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES, shared: bool = False
+    path: str,
+    *,
+    split_bytes: int = DEFAULT_SPLIT_BYTES,
+    shared: bool = False,
+    timestamp: Callable[[Any], Any] | None = None,
 ) -> LineFiles:
-    """Each line of the file(s) parsed as JSON (blank lines are not records and are skipped)."""
-    return LineFiles(path, codec="json", split_bytes=split_bytes, skip_blank=True, shared=shared)
+    """Each line of the file(s) parsed as JSON (blank lines are not records and are skipped).
+
+    ``timestamp(value)`` gives a record's event time, as for :func:`TextFile`.
+    """
+    return LineFiles(
+        path,
+        codec="json",
+        split_bytes=split_bytes,
+        skip_blank=True,
+        shared=shared,
+        timestamp=timestamp,
+    )
 
 
 def _json_default(value: Any) -> Any:
@@ -231,6 +270,10 @@ class JsonLinesSink(SinkConnector):
     def local_paths(self) -> list[str]:
         """The folder the workers write their parts to, unless it is on shared storage."""
         return [] if self.shared or is_shared(self.path) else [self.parts_dir]
+
+    def staging_folder(self) -> str | None:
+        """The staging folder of exactly-once streaming runs."""
+        return os.path.join(self.path, STAGING)
 
     def open(self, task: TaskInfo) -> SinkWriter:
         """A writer for one task: transactional in an exactly-once streaming run."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from onceflow.connectors.base import SinkConnector, SinkWriter, TaskInfo, element_row
+from onceflow.connectors.base import Rejected, SinkConnector, SinkWriter, TaskInfo, element_row
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.files import is_shared
 from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
@@ -73,6 +73,10 @@ class ParquetSink(SinkConnector):
         """The folder the workers write, unless it is on shared storage."""
         return [] if self.shared or is_shared(self.path) else [self.path]
 
+    def staging_folder(self) -> str | None:
+        """The sink's staging folder (see :mod:`onceflow.connectors.staged`)."""
+        return os.path.join(self.path, STAGING)
+
     def open(self, task: TaskInfo) -> SinkWriter:
         """A writer for one task."""
         return ParquetWriter(self, task)
@@ -89,8 +93,36 @@ class ParquetWriter(StagedFilesWriter):
         self.sink = sink
         self.columns: Any = None  # the pyarrow schema inferred so far (no schema given)
 
+    def write(self, records: Sequence[Record]) -> list[Rejected]:
+        """Turn records into rows, checked against the columns as one table.
+
+        Only when the table cannot be built (a row's types clash with the others, or with
+        ``schema``) are the rows checked one by one, so that the culprit is refused alone
+        instead of failing the file; the common case costs one conversion per chunk.
+        """
+        rows: list[tuple[int, Record, dict[str, Any]]] = []
+        rejected: list[tuple[int, Rejected]] = []
+        for i, rec in enumerate(records):
+            try:
+                rows.append((i, rec, self.row(rec)))
+            except (TypeError, ValueError) as exc:
+                rejected.append((i, (rec, f"{self.refusal}: {exc}")))
+        try:
+            self._fit([row for _i, _rec, row in rows])
+        except (TypeError, ValueError, ArithmeticError):  # pyarrow's errors are these too
+            kept = []
+            for i, rec, row in rows:
+                try:
+                    self._fit([row])
+                    kept.append((i, rec, row))
+                except (TypeError, ValueError, ArithmeticError) as exc:
+                    rejected.append((i, (rec, f"{self.refusal}: {exc}")))
+            rows = kept
+        self.rows.extend((rec.id, row) for _i, rec, row in rows)
+        return [refusal for _i, refusal in sorted(rejected, key=lambda r: r[0])]
+
     def row(self, rec: Record) -> dict[str, Any]:
-        """The record as a row, checked against the columns (see :meth:`_fit`)."""
+        """The record as a row (not yet checked against the columns)."""
         elem = rec.elem
         key: Any = None
         if self.task.keyed:
@@ -106,25 +138,22 @@ class ParquetWriter(StagedFilesWriter):
                 raise ValueError(msg)
         if self.sink.with_ids and rec.id:
             row[ID_COLUMN] = rec.id.hex()
-        self._fit(row)
         return row
 
-    def _fit(self, row: dict[str, Any]) -> None:
-        """Check a row against the sink's schema, or widen this writer's inferred columns.
-
-        Rows are checked one by one, so that a row whose types clash with the others (text
-        where the other rows have numbers) is refused alone instead of failing the file.
-        """
+    def _fit(self, rows: list[dict[str, Any]]) -> None:
+        """Check rows against the sink's schema, or widen this writer's inferred columns."""
         import pyarrow as pa
 
-        if self.sink.schema is not None:
-            pa.Table.from_pylist([row], schema=self.sink.schema)
+        if not rows:
             return
-        one = pa.Table.from_pylist([row]).schema
+        if self.sink.schema is not None:
+            pa.Table.from_pylist(rows, schema=self.sink.schema)
+            return
+        found = pa.Table.from_pylist(rows).schema
         if self.columns is None:
-            self.columns = one
+            self.columns = found
         else:
-            self.columns = pa.unify_schemas([self.columns, one], promote_options="permissive")
+            self.columns = pa.unify_schemas([self.columns, found], promote_options="permissive")
 
     def folder(self, row: dict[str, Any]) -> str:
         """``col=value/...`` of a row (values quoted as Hive-style partition folders)."""

@@ -199,8 +199,24 @@ class PostgresWriter(TransactionalWriter):
                 raise ConnectorError(msg) from None
             raise PoisonInTransaction(refused) from None
         self.conn.execute(f"INSERT INTO {DELIVERIES} (marker) VALUES (%s)", (marker,))
+        self._forget_older(marker)
         self.deliveries += 1
         return marker
+
+    def _forget_older(self, marker: str) -> None:
+        """Delete the partition's other markers, in the delivery's own transaction.
+
+        None of them is asked about again: this writer resolved what earlier attempts left
+        pending before its first delivery (see :meth:`settle`), and each of its own earlier
+        deliveries was marked delivered before this one began. So the table keeps one row
+        per sink partition, not one per delivery; a transaction that never commits deletes
+        nothing.
+        """
+        prefix = marker[: marker.rindex("/", 0, marker.rindex("/")) + 1]
+        self.conn.execute(
+            f"DELETE FROM {DELIVERIES} WHERE left(marker, %s) = %s AND marker <> %s",
+            (len(prefix), prefix, marker),
+        )
 
     def commit(self) -> None:
         """Commit the transaction: the rows and the marker become visible together."""

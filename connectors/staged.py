@@ -46,7 +46,9 @@ def local_folder(path: str, sink: str) -> str:
     if "://" in path and not path.startswith("file://"):
         msg = (
             f"{sink}({path!r}): only local folders and shared POSIX mounts are supported "
-            "(the commit renames files, which object stores cannot do atomically)"
+            "(the commit renames files, which object stores cannot do atomically); on an "
+            "object store (s3a://, gs://, abfs://) write an Iceberg table (sinks.Iceberg), "
+            "whose commit is one atomic catalog update"
         )
         raise ConnectorError(msg)
     return os.path.abspath(path.removeprefix("file://"))
@@ -175,7 +177,7 @@ class StagedFilesWriter(TransactionalWriter):
         for folder, rows in sorted(groups.items()):
             name = self._name(rows)
             staging = os.path.join(self._staging_dir(self.identity), f"{self.token}-{name}")
-            with open(staging, "wb") as fh:
+            with _create(staging) as fh:
                 self.write_file(fh, [row for _rid, row in rows])
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -202,6 +204,15 @@ class StagedFilesWriter(TransactionalWriter):
 
     def _staging_dir(self, identity: str) -> str:
         return os.path.join(self.root, STAGING, quote(identity, safe=""))
+
+
+def _create(path: str) -> Any:
+    """Open a new staging file; its folder again if ``onceflow gc`` just removed it empty."""
+    try:
+        return open(path, "wb")  # noqa: SIM115 - the caller closes it
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb")  # noqa: SIM115
 
 
 def _fsync_dirs(folders: set[str]) -> None:

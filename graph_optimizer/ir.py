@@ -70,12 +70,14 @@ class FlatMap(Node):
 
     ``keyed`` says whether outputs are ``(key, value)`` pairs: True or False, or None to keep
     the keyedness of the input. A ``timestamped`` function is called as ``fn(element, ts)``
-    with the record's event time in ms (window assignment needs it).
+    with the record's event time in ms (window assignment needs it). A ``restamp`` node
+    passes each element on unchanged with the event time ``fn(element)`` gives.
     """
 
     fn: Callable[..., Iterable[Any]] | None = None
     keyed: bool | None = None
     timestamped: bool = False
+    restamp: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,14 @@ layout and fingerprint (:mod:`onceflow.graph_optimizer.fingerprint`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from onceflow.graph_optimizer.fingerprint import fingerprint, layout
 from onceflow.graph_optimizer.ir import Combine, Exchange, FlatMap, Process, Sink, Source
 from onceflow.graph_optimizer.plan import Plan, Stage, Via
 from onceflow.kernel.limits import RECORD_BYTES
+from onceflow.kernel.record_types import visible_types
 from onceflow.runtime.spec import (
     DEAD_LETTERS,
     InboundSpec,
@@ -45,6 +47,10 @@ def lower(
         specs[stage.name] = stage_spec(
             plan, stage, specs, on_error=on_error, max_record_bytes=max_record_bytes
         )
+    records = visible_types(
+        getattr(node, attr, None) for node in plan.graph.nodes for attr in ("fn", "combine_fn")
+    )
+    specs = {name: replace(spec, record_types=records) for name, spec in specs.items()}
     sinks: list[Any] = []
     for node in plan.graph.sinks():
         if all(node.connector is not s for s in sinks):
@@ -113,6 +119,7 @@ def stage_spec(
                     to_targets,
                     fn=node.fn,
                     timestamped=node.timestamped,
+                    restamp=node.restamp,
                 )
             )
         elif isinstance(node, Combine):

@@ -4,7 +4,8 @@ Records are plain Python values. Between Spark tasks, into Redis backups and int
 they travel as MessagePack: fast (a C extension), compact and safe, because decoding never
 executes code (unlike pickle). Tuples survive the trip (as an extension type) because keyed
 elements are ``(key, value)`` tuples and users rely on that; so do the panes of windowed
-combines (:class:`~onceflow.kernel.windows.Pane`).
+combines (:class:`~onceflow.kernel.windows.Pane`) and the user's dataclasses, named tuples and
+pydantic models (their class name and fields; see :mod:`onceflow.kernel.record_types`).
 
 External payloads (Kafka values, file lines) are decoded by a :class:`ValueCodec` chosen per
 source or sink: JSON, UTF-8 text, raw bytes or MessagePack.
@@ -21,16 +22,20 @@ from typing import Any
 
 import msgpack
 
+from onceflow.kernel import record_types
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.windows import Pane
 
 _EXT_TUPLE = 1
 _EXT_PANE = 2
+_EXT_RECORD = 3  # a dataclass, named tuple or pydantic model (see kernel.record_types)
 
 
 def _to_builtin(obj: Any) -> Any:  # noqa: PLR0911 - one return per supported type
     """Map subclasses of supported types onto the types themselves (msgpack strict mode)."""
     if isinstance(obj, tuple):
+        if type(obj) is not tuple and hasattr(type(obj), "_fields"):  # a named tuple
+            return _record(obj)
         return msgpack.ExtType(_EXT_TUPLE, _pack_nested([*obj]))
     if isinstance(obj, Pane):
         return msgpack.ExtType(_EXT_PANE, _pack_nested(obj.as_list()))
@@ -48,13 +53,21 @@ def _to_builtin(obj: Any) -> Any:  # noqa: PLR0911 - one return per supported ty
         return dict(obj)
     if isinstance(obj, list):
         return list(obj)
-    name = type(obj).__name__
-    msg = (
-        f"cannot encode a value of type {name!r}: records must be built from None, bool, int, "
-        "float, str, bytes, list, tuple and dict; convert it (for example with str() or "
-        "dataclasses.asdict()) before it leaves your function"
-    )
-    raise CodecError(msg)
+    return _record(obj)
+
+
+def _record(obj: Any) -> msgpack.ExtType:
+    """A dataclass, named tuple or pydantic model: its class name and fields."""
+    found = record_types.fields_of(obj)
+    if found is None:
+        name = type(obj).__name__
+        msg = (
+            f"cannot encode a value of type {name!r}: records must be built from None, bool, "
+            "int, float, str, bytes, list, tuple, dict, dataclasses, named tuples and pydantic "
+            "models; convert it (for example with str()) before it leaves your function"
+        )
+        raise CodecError(msg)
+    return msgpack.ExtType(_EXT_RECORD, _pack_nested([found[0], found[1]]))
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -62,6 +75,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return tuple(decode(data))
     if code == _EXT_PANE:
         return Pane(*decode(data))
+    if code == _EXT_RECORD:
+        name, fields = decode(data)
+        return record_types.build(name, fields)
     msg = f"unknown MessagePack extension type {code}; the data was not written by Onceflow"
     raise CodecError(msg)
 
@@ -129,11 +145,17 @@ def decode(data: bytes) -> Any:
 
 @dataclass(frozen=True)
 class ValueCodec:
-    """A named pair of functions between external bytes and record values."""
+    """A named pair of functions between external bytes and record values.
+
+    ``prepare``, if any, runs on the driver before a run that writes with the codec (a schema
+    registry codec registers or looks up its schema there, see
+    :mod:`onceflow.connectors.registry`).
+    """
 
     name: str
     decode: Callable[[bytes], Any]
     encode: Callable[[Any], bytes]
+    prepare: Callable[[], None] | None = None
 
 
 _orjson: Any
@@ -163,9 +185,20 @@ def _json_decode(data: bytes) -> Any:
     return json.loads(data)
 
 
+def _json_record(value: Any) -> dict[str, Any]:
+    """A dataclass or pydantic model as a JSON object (a named tuple is an array, as in json)."""
+    found = record_types.fields_of(value)
+    if found is None:
+        msg = f"Object of type {type(value).__name__} is not JSON serializable"
+        raise TypeError(msg)
+    return found[1]
+
+
 def _json_encode(value: Any) -> bytes:
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(
+            value, separators=(",", ":"), ensure_ascii=False, default=_json_record
+        ).encode()
     except (TypeError, ValueError) as exc:  # bytes, sets, dicts with tuple keys, cycles, ...
         msg = f"the json codec cannot write a {type(value).__name__}: {exc}"
         raise CodecError(msg) from exc
@@ -209,4 +242,10 @@ def value_codec(name: str) -> ValueCodec:
     except KeyError:
         known = ", ".join(sorted(CODECS))
         msg = f"unknown codec {name!r}; use one of: {known}"
+        if key in ("avro", "protobuf"):
+            kind = "Avro" if key == "avro" else "Protobuf"
+            msg = (
+                f"codec {name!r} needs a schema registry: pass codec=onceflow.codecs.{kind}("
+                f"registry=URL, ...) (pip install 'onceflow[{key}]'); named codecs are: {known}"
+            )
         raise CodecError(msg) from None

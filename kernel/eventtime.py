@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from onceflow.kernel.durations import HOUR_MS, MINUTE_MS, Duration, parse_duration_ms
 from onceflow.kernel.errors import ConfigError
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_IDLE_MS = MINUTE_MS
 DEFAULT_MAX_AHEAD_MS = HOUR_MS
 DEFAULT_MAX_CLOCK_SKEW_MS = MINUTE_MS
@@ -99,3 +101,32 @@ def watermark(
     ]
     candidate = min(active) - settings.out_of_orderness_ms
     return max(previous, min(candidate, batch_time_ms))
+
+
+def as_event_time(value: Any) -> int:
+    """An event time as a user function gives it, in epoch milliseconds.
+
+    Milliseconds as an int (or a float, rounded down), or a timezone-aware ``datetime``; a
+    naive ``datetime`` is refused (its zone is a guess), as are booleans and times outside
+    64-bit milliseconds.
+    """
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            msg = "an event time datetime needs a timezone (for example tzinfo=timezone.utc)"
+            raise ConfigError(msg)
+        ms = (value - _EPOCH) // timedelta(milliseconds=1)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):  # noqa: PLR0124 - NaN
+            msg = f"an event time must be epoch milliseconds, got {value!r}"
+            raise ConfigError(msg)
+        ms = int(value)
+    else:
+        msg = (
+            f"an event time must be epoch milliseconds (int) or an aware datetime, got "
+            f"{type(value).__name__}"
+        )
+        raise ConfigError(msg)
+    if not -(1 << 63) <= ms < (1 << 63):
+        msg = f"event time {ms} does not fit 64-bit milliseconds"
+        raise ConfigError(msg)
+    return ms

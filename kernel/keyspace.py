@@ -368,6 +368,9 @@ LAST_OLD_LAYOUT_COMMIT = "7c48c6f"
 # Field of the GC hash: GC may have deleted seen-IDs of records older than this (it only rises,
 # and is raised before anything is deleted); batches admit no record older than it again.
 GC_FLOOR_FIELD = "forgotten_below_ms"
+# Field of the meta hash: JSON list of the staging folders of the pipeline's file sinks (what
+# ``onceflow gc`` clears of leftovers; paths only, never credentials).
+STAGING_FIELD = "staging_folders"
 SEEN_MARK = b"1"  # a seen-mark's value (not empty: a lookup takes a falsy answer for "unseen")
 PRINT_BYTES = 4  # a seen-mark that holds its record's content fingerprint instead (sources)
 

@@ -18,9 +18,10 @@ from onceflow.connectors.kafka import KafkaSink, KafkaSource
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError, OnceflowError
 from onceflow.kernel.eventtime import EventTime
-from onceflow.pipeline import combiners, sinks, sources, state, windows
+from onceflow.pipeline import codecs, combiners, sinks, sources, state, windows
 from onceflow.pipeline.api import Pipeline, Stream
 from onceflow.pipeline.errors import PipelineError
+from onceflow.pipeline.joins import CoGroup
 from onceflow.pipeline.windows import Fixed, Global, Pane, Sessions, Sliding, Trigger
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.errors import RunError
@@ -30,10 +31,11 @@ from onceflow.runtime.run_config import RunConfig
 __version__ = "0.1.0"
 
 # ``from onceflow.windows import Sliding`` works as well as ``onceflow.windows.Sliding``.
-for _module in (combiners, sinks, sources, state, windows):
+for _module in (codecs, combiners, sinks, sources, state, windows):
     sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
 
 __all__ = [
+    "CoGroup",
     "CombineFn",
     "ConfigError",
     "DedupConfig",
@@ -54,6 +56,7 @@ __all__ = [
     "Stream",
     "Trigger",
     "__version__",
+    "codecs",
     "combiners",
     "sinks",
     "sources",

@@ -46,6 +46,7 @@ from onceflow.kernel.keyspace import (
     GC_FLOOR_FIELD,
     LAYOUT_FIELD,
     META_PATTERN,
+    STAGING_FIELD,
     Keyspace,
     Kind,
     ParsedKey,
@@ -54,6 +55,7 @@ from onceflow.kernel.keyspace import (
 )
 from onceflow.kernel.scopes import PLAN_FIELD, Connect, read_scopes, tag_client
 from onceflow.kernel.scripts import scripts_for
+from onceflow.operations.staging import DEFAULT_STAGING_AGE_S, clear_staging, listed_folders
 
 # Buckets of event time a generation is kept past the horizon, in case a clock is a little behind.
 SLACK_BUCKETS = 1
@@ -61,7 +63,7 @@ DEFAULT_SCAN_COUNT = 1000
 DEFAULT_DELETE_BATCH = 500
 # What a pass removes, by kind (keys of GcPass.removed).
 KEY_KINDS = ("seen_ids", "backups", "batch_params")
-REMOVED_KINDS = (*KEY_KINDS, "bloom_snapshots", "expired_state")
+REMOVED_KINDS = (*KEY_KINDS, "bloom_snapshots", "expired_state", "staged_files")
 
 
 class GcError(ConfigError):
@@ -222,6 +224,7 @@ def collect(
     scan_count: int = DEFAULT_SCAN_COUNT,
     delete_batch: int = DEFAULT_DELETE_BATCH,
     connect: Connect | None = None,
+    staging_age_s: float = DEFAULT_STAGING_AGE_S,
 ) -> GcPass:
     """One GC pass over one namespace (see the module docstring).
 
@@ -277,10 +280,18 @@ def collect(
                 for parsed in expiries:
                     _expire_state(tagged, tag, parsed, expired_by, delete_batch, result, dry_run)
     result.garbage = Garbage(frozenset(forgotten), garbage.below)
+    _clear_staging(meta, staging_age_s, result)
     result.seconds = time.monotonic() - t0
     if not dry_run:
         _record(client, ks, result)
     return result
+
+
+def _clear_staging(meta: dict[str, str], age_s: float, result: GcPass) -> None:
+    """Staged files of killed attempts (see :mod:`onceflow.operations.staging`)."""
+    cleared = clear_staging(listed_folders(meta.get(STAGING_FIELD)), age_s, result.dry_run)
+    if cleared.files:
+        result.removed["staged_files"] = Removed(keys=cleared.files, bytes=cleared.bytes)
 
 
 def _raise_floor(client: Any, ks: Keyspace, threshold: int) -> None:

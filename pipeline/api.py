@@ -38,6 +38,7 @@ from onceflow.kernel.limits import RECORD_BYTES
 from onceflow.kernel.windows import Trigger, WindowFn, Windowing, windowing
 from onceflow.pipeline.combiners import ToList, resolve
 from onceflow.pipeline.errors import PipelineError
+from onceflow.pipeline.joins import co_group, join
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.run_config import RunConfig
 from onceflow.runtime.user_state import ProcessFn, ProcessSpec, StateSpec, TimerFn
@@ -306,11 +307,20 @@ class Stream:
         keyed: bool | None,
         user_fn: object = None,
         timestamped: bool = False,
+        restamp: bool = False,
     ) -> Stream:
         _check_stage_name(name)
         if user_fn is not None:
             label = f"{label} {_fn_name(user_fn)}"
-        node = FlatMap(name, (self.name,), label=label, fn=fn, keyed=keyed, timestamped=timestamped)
+        node = FlatMap(
+            name,
+            (self.name,),
+            label=label,
+            fn=fn,
+            keyed=keyed,
+            timestamped=timestamped,
+            restamp=restamp,
+        )
         self.pipeline._add(node)
         return Stream(self.pipeline, name, self.keyed if keyed is None else keyed, self.windowing)
 
@@ -323,6 +333,34 @@ class Stream:
         """Zero or more outputs per element: the items of ``fn(element)``. Unkeyed."""
         _check_callable(name, "flat_map", fn)
         return self._flat(name, "flat_map", fn, keyed=False, user_fn=fn)
+
+    def map_timestamped(self, name: str, fn: Callable[[Any, int], Any]) -> Stream:
+        """``fn(element, event_time_ms)``: a map that reads each record's event time.
+
+        The output keeps the record's event time. Unkeyed, as :meth:`map`.
+        """
+        _check_callable(name, "map_timestamped", fn)
+        return self._flat(
+            name,
+            "map_timestamped",
+            lambda x, ts: (fn(x, ts),),
+            keyed=False,
+            user_fn=fn,
+            timestamped=True,
+        )
+
+    def restamp(self, name: str, fn: Callable[[Any], Any]) -> Stream:
+        """Give each element the event time ``fn(element)`` (epoch ms, or an aware datetime).
+
+        The element is passed on unchanged, keyed and windowed as it was; windows after this
+        step place it by its new time. The watermark still follows the sources' event
+        times: an element stamped behind it (minus the window's allowed lateness) is late for
+        its windows, and one stamped further ahead of the clock than ``EventTime.max_ahead``
+        is not processed; both become dead letters with the reason, as a failing ``fn``'s
+        element does.
+        """
+        _check_callable(name, "restamp", fn)
+        return self._flat(name, "restamp", fn, keyed=None, user_fn=fn, restamp=True)
 
     def filter(self, name: str, predicate: Callable[[Any], bool]) -> Stream:
         """Keep the elements for which ``predicate`` is true (keyedness is kept)."""
@@ -465,6 +503,25 @@ class Stream:
     def group_by_key(self, name: str) -> Stream:
         """All values of each key in a list: ``(key, [values])``."""
         return self.combine_per_key(name, ToList())
+
+    def co_group(self, name: str, other: Stream, windows: WindowFn | Duration) -> Stream:
+        """Both keyed streams' values per key and window: ``(key, CoGroup(left, right, ...))``.
+
+        See :mod:`onceflow.pipeline.joins` (state, lateness, exactly-once).
+        """
+        grouped: Stream = co_group(self, name, other, windows)
+        return grouped
+
+    def join(
+        self, name: str, other: Stream, windows: WindowFn | Duration, *, how: str = "inner"
+    ) -> Stream:
+        """Pairs of one key's values in one window: ``(key, (this value, other value))``.
+
+        ``how``: ``"inner"``, ``"left"``, ``"right"`` or ``"outer"`` (a value with no partner
+        in its window is paired with None). See :mod:`onceflow.pipeline.joins`.
+        """
+        joined: Stream = join(self, name, other, windows, how)
+        return joined
 
     def write(self, name: str, sink: SinkConnector) -> None:
         """Write the elements to ``sink`` (see :mod:`pipeline.sinks`)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from onceflow.connectors.collect import Collect
 from onceflow.connectors.files import JsonLinesSink as JsonLines
+from onceflow.connectors.iceberg import IcebergSink as Iceberg
 from onceflow.connectors.parquet import ParquetSink as Parquet
 
-__all__ = ["Collect", "JsonLines", "Parquet"]
+__all__ = ["Collect", "Iceberg", "JsonLines", "Parquet"]

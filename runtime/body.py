@@ -45,6 +45,7 @@ from onceflow.runtime.record_text import (
     error_text,
     portable,
 )
+from onceflow.runtime.restamp import restamp_push
 from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec
 from onceflow.runtime.windowing import WindowClosedError, WindowedCombine
 
@@ -100,6 +101,7 @@ class StageBody:
         self.partition = partition
         self.watermark = watermark  # the micro-batch's (None: bounded)
         self.now = now  # the micro-batch's time (None: bounded)
+        self.limit_ms: int | None = None  # the newest event time admitted (set by the task)
         self.cursor = Cursor()
         self.out = Boundaries(spec, mode.ids, self.cursor, self._origin)
         self.combines: dict[str, CombineOp | WindowedCombine] = {}
@@ -145,6 +147,9 @@ class StageBody:
 
     def _build_flat_map(self, op: OpSpec) -> Push:
         assert op.fn is not None
+        if op.restamp:
+            out = fan_out(self._downstream(op))
+            return restamp_push(op, out, self.cursor, self._fail, self.out, lambda: self.limit_ms)
         return flat_map(op, fan_out(self._downstream(op)), self.cursor, self._fail)
 
     def _build_combine(self, op: OpSpec) -> Push:

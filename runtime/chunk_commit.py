@@ -19,7 +19,7 @@ from onceflow.kernel.records import DeadLetter, InRow, Output, StateWrite
 from onceflow.runtime.body import StageBody
 from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
-from onceflow.runtime.record_text import StageFailure, portable
+from onceflow.runtime.record_text import StageFailure, ahead_reason, portable
 from onceflow.runtime.spec import StageSpec
 
 # Event times below this many ms (September 2001) are taken to be seconds by mistake.
@@ -260,18 +260,6 @@ def late_reason(ts: int) -> str:
     return (
         f"event time {ts} is older than the dedup horizon: a copy of this record could no "
         f"longer be recognised, so it is not processed{hint}"
-    )
-
-
-def ahead_reason(ts: int, limit: int | None) -> str:
-    """Why a record too far ahead of the clock is not processed."""
-    hint = ""
-    if limit is not None and ts > limit * 100:
-        hint = " (it looks like microseconds or nanoseconds, not milliseconds)"
-    return (
-        f"event time {ts} is further ahead of the clock than the pipeline allows (newest "
-        f"admitted: {limit}): a producer's clock is wrong{hint}; it is not processed, so it "
-        "cannot move the watermark (raise EventTime.max_ahead if such times are real)"
     )
 
 

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 from onceflow.backup.store import acknowledged
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, Keyspace, Kind, check_layout
+from onceflow.kernel.keyspace import (
+    LAYOUT,
+    LAYOUT_FIELD,
+    STAGING_FIELD,
+    Keyspace,
+    Kind,
+    check_layout,
+)
 from onceflow.kernel.scopes import PLAN_FIELD
 from onceflow.kernel.store import store_for
 
@@ -85,6 +92,21 @@ def pin_layout(client: Connection, keyspace: Keyspace) -> None:
     *state, stored = cmds.execute()
     check_layout(stored, any(state), keyspace.namespace)
     store_for(client).hsetnx(keyspace.meta, LAYOUT_FIELD, LAYOUT)
+
+
+def note_staging(client: Connection, keyspace: Keyspace, folders: list[str]) -> None:
+    """Add the file sinks' staging folders to those the namespace lists (for ``onceflow gc``).
+
+    Folders of earlier runs stay listed: a sink removed from the pipeline can still hold
+    leftovers.
+    """
+    if not folders:
+        return
+    store = store_for(client)
+    raw = store.hget(keyspace.meta, STAGING_FIELD)
+    known = set(json.loads(raw)) if raw else set()
+    if not set(folders) <= known:
+        store.hset(keyspace.meta, STAGING_FIELD, json.dumps(sorted(known | set(folders))))
 
 
 def pin_plan(

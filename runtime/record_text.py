@@ -58,3 +58,15 @@ def error_text(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+def ahead_reason(ts: int, limit: int | None) -> str:
+    """Why a record too far ahead of the clock is not processed."""
+    hint = ""
+    if limit is not None and ts > limit * 100:
+        hint = " (it looks like microseconds or nanoseconds, not milliseconds)"
+    return (
+        f"event time {ts} is further ahead of the clock than the pipeline allows (newest "
+        f"admitted: {limit}): a producer's clock is wrong{hint}; it is not processed, so it "
+        "cannot move the watermark (raise EventTime.max_ahead if such times are real)"
+    )

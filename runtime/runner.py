@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from onceflow.kernel import record_types
 from onceflow.kernel.errors import ConfigError
 from onceflow.runtime.bounded import run_bounded
 from onceflow.runtime.result import RunResult
@@ -21,6 +22,8 @@ def run(job: Job, config: RunConfig, session: SparkSession | None = None) -> Run
     ``session`` is a SparkSession to run on instead of starting one (then ``log_level`` and
     ``spark_conf`` do not apply). A bounded job refuses settings only a streaming run reads.
     """
+    for stage in job.stages:  # what the driver reads back (to_driver sinks, dead letters)
+        record_types.register(stage.record_types)
     if not job.bounded:
         from onceflow.runtime.streaming import run_streaming
 

@@ -94,6 +94,7 @@ class OpSpec:
     windowing: Windowing | None = None
     ttl_ms: int | None = None
     process: ProcessSpec | None = None
+    restamp: bool = False  # a flat map that gives its element a new event time: fn(element)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,9 @@ class StageSpec:
     exchange: bool = False  # inputs are repartitioned by key before the stage runs
     on_error: str = "dead_letter"
     max_record_bytes: int = RECORD_BYTES
+    # the user's record classes (dataclasses ...) the pipeline's functions see: registered in
+    # the worker before a record is read (see onceflow.kernel.record_types)
+    record_types: tuple[type, ...] = ()
 
     @property
     def dead_target(self) -> int:

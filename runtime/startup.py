@@ -49,7 +49,13 @@ from onceflow.runtime.guard import AtLeastOnceGuards
 from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.observe import exporter
 from onceflow.runtime.phases import Phases
-from onceflow.runtime.pinning import check_not_behind, pin_checkpoint, pin_plan, pin_settings
+from onceflow.runtime.pinning import (
+    check_not_behind,
+    note_staging,
+    pin_checkpoint,
+    pin_plan,
+    pin_settings,
+)
 from onceflow.runtime.placement import check_paths
 from onceflow.runtime.query import trigger_seconds_of
 from onceflow.runtime.run_config import RunConfig
@@ -298,6 +304,8 @@ def start(
     if opts.guarantee is Guarantee.EXACTLY_ONCE:  # a Redis that went back behind the checkpoint
         targets = [(ks, connect(ks.tag)) for ks in ns.scopes.keyspaces()]
         check_markers(targets, cp.last_committed(), ns.keyspace.namespace)
+        staging = [c.staging_folder() for c in sinks]
+        note_staging(ns.client, ns.keyspace, [f for f in staging if f is not None])
     served = exporter(
         job.pipeline,
         ns.keyspace.namespace,

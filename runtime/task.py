@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.connectors.errors import ConnectorError
 from onceflow.dedup.errors import FencedError
+from onceflow.kernel import record_types
 from onceflow.kernel.limits import Budget, split_outputs
 from onceflow.kernel.records import InRow, Output, StateWrite, TaskRef
 from onceflow.runtime.body import StageBody
@@ -100,6 +101,7 @@ class StageFunction:
         attempt = ctx.attemptNumber() if ctx is not None else 0
         attempt_id = ctx.taskAttemptId() if ctx is not None else 0
         batch, guards = self._batch(ctx)
+        record_types.register(self.spec.record_types)
         ref = TaskRef(self.spec.name, batch, partition, attempt, self.spec.sinks, attempt_id)
         task = TaskRun(self.spec, guards, ref)
         ok = False
@@ -148,6 +150,7 @@ class TaskRun:
             self.guard.watermark,
             self.guard.batch_time_ms,
         )
+        self.body.limit_ms = self.guard.limit_ms
         self.counters: dict[str, int] = {}
         self.closed = False
         self.input = TaskInput(spec, self.guard, self.body, self.count)

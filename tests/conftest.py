@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.spark_cluster",
     "tests.fixtures.postgres",
+    "tests.fixtures.registry",
 ]
 
 

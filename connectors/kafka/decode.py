@@ -4,7 +4,8 @@ Record IDs: the user's ``id`` function, else the ``onceflow-id`` header, else th
 position; event time: the ``onceflow-ts`` header, else the ``timestamp`` function, else the
 Kafka timestamp. A record ``onceflow dead-letters replay`` sent (the ``onceflow-redrive``
 header) is the input of the node it failed in (:class:`~onceflow.kernel.records.Redrive`).
-Anything that cannot be decoded is a dead letter with its origin, never an error.
+Anything that cannot be decoded is a dead letter with its origin, never an error; only a
+service the codec needs and cannot reach (a schema registry) fails the task instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from onceflow.connectors.kafka.offsets import tp_key
 from onceflow.connectors.kafka.worker import RANGE_COLUMNS, fetch_range
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec
+from onceflow.kernel.errors import ServiceError
+from onceflow.kernel.eventtime import as_event_time
 from onceflow.kernel.records import DeadLetter, Record, Redrive
 from onceflow.kernel.settings import KafkaSettings
 
@@ -130,6 +133,8 @@ def _decode_one(
                 "offset": offset,
                 "timestamp": kts,
             }
+    except ServiceError:  # a schema registry out of reach: the task fails, and is retried
+        raise
     except Exception as exc:  # noqa: BLE001 - undecodable: dead letter
         error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
         return DeadLetter(
@@ -247,5 +252,5 @@ def _event_time(
     if header is not None:
         return ids.parse_ts_header(header)
     if ts_fn is not None:
-        return ids.check_event_time(int(ts_fn(elem)))
+        return as_event_time(ts_fn(elem))
     return int(kafka_ts)

@@ -58,8 +58,9 @@ from onceflow.connectors.kafka.serialization import (
 )
 from onceflow.connectors.kafka.transactional_writer import TransactionalKafkaWriter
 from onceflow.connectors.kafka.writer import KafkaWriter
+from onceflow.connectors.registry import RegistryCodec, bind_codec
 from onceflow.kernel import ids
-from onceflow.kernel.codec import value_codec
+from onceflow.kernel.codec import ValueCodec
 from onceflow.kernel.records import Record
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.kernel.windows import Pane
@@ -119,7 +120,7 @@ class KafkaSink(SinkConnector):
         topic: str,
         *,
         bootstrap_servers: str | None = None,
-        codec: str = "json",
+        codec: str | ValueCodec | RegistryCodec = "json",
         key: Callable[[Any], Any] | None = None,
         partitions: int = 2,
         create_topic: bool = True,
@@ -154,7 +155,7 @@ class KafkaSink(SinkConnector):
             type(self).__name__, "options", "producer_options", options, producer_options, hint
         )
         self._producer_options = dict(producer_options or {})
-        self.codec = value_codec(codec)
+        self.codec = bind_codec(codec, topic)
         self.key_fn = key
         self.partitions = partitions
         self.create_topic = create_topic
@@ -194,6 +195,8 @@ class KafkaSink(SinkConnector):
         sink) and what to say about its replication (:meth:`notes`).
         """
         self.settings  # noqa: B018 - resolved here, on the driver, and pickled to the workers
+        if self.codec.prepare is not None:  # a registry codec: its schema id, for the workers
+            self.codec.prepare()
         topics = [TopicRequest(self.topic, self.partitions, create=self.create_topic)]
         if self.transactional and streaming:
             self.log_topic = f"{pipeline}.{DELIVERY_LOG_SUFFIX}"

@@ -12,8 +12,9 @@ marks seen when the query started. Clients are created lazily on each worker and
 Record IDs: the ``onceflow-id`` header when present, else the user's ``id`` function, else
 source name + topic + partition + offset. Event time: the ``onceflow-ts`` header, else the
 user's ``timestamp`` function, else the Kafka record timestamp. Values decode through a codec
-(``json``, ``utf-8``, ``raw``, ``msgpack``); a value that does not decode becomes a dead
-letter with its topic, partition and offset.
+(``json``, ``utf-8``, ``raw``, ``msgpack``, or a schema registry's Avro or Protobuf:
+``codec=onceflow.codecs.Avro(registry_url, schema)``, see :mod:`onceflow.connectors.registry`);
+a value that does not decode becomes a dead letter with its topic, partition and offset.
 
 The sink writes each record with its ID in the ``onceflow-id`` header (and its event time in
 ``onceflow-ts``), so an Onceflow pipeline reading this topic stays exactly-once end to end.
@@ -42,7 +43,8 @@ from onceflow.connectors.kafka.offsets import partitions_of, split_tp
 from onceflow.connectors.kafka.outage import retrying
 from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client
 from onceflow.connectors.kafka.worker import ON_DATA_LOSS
-from onceflow.kernel.codec import value_codec
+from onceflow.connectors.registry import RegistryCodec, bind_codec
+from onceflow.kernel.codec import ValueCodec, value_codec
 from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -69,7 +71,7 @@ class KafkaSource(SourceConnector):
         topics: str | Sequence[str],
         *,
         bootstrap_servers: str | None = None,
-        codec: str = "json",
+        codec: str | ValueCodec | RegistryCodec = "json",
         id: Callable[[Any], Any] | None = None,  # noqa: A002 - reads well at the call site
         timestamp: Callable[[Any], int] | None = None,
         starting_offsets: str = "earliest",
@@ -111,7 +113,7 @@ class KafkaSource(SourceConnector):
         )
         self._connection = dict(connection or {})
         self._resolved: KafkaSettings | None = None
-        self.codec = value_codec(codec)
+        self.codec = bind_codec(codec, self.topics[0])
         self.key_codec = value_codec(key_codec)
         self.id_fn = id
         self.ts_fn = timestamp

@@ -27,7 +27,7 @@ from onceflow.connectors.kafka.clients import (
 )
 from onceflow.connectors.kafka.outage import Wait, retrying, transient
 from onceflow.connectors.kafka.serialization import RECORD_OVERHEAD_BYTES, record_size, too_big
-from onceflow.kernel.errors import CodecError
+from onceflow.kernel.errors import CodecError, ServiceError
 from onceflow.kernel.records import Record
 from onceflow.kernel.settings import KafkaSettings
 
@@ -140,6 +140,8 @@ class KafkaWriter(SinkWriter):
         except CodecError as exc:
             msg = f"cannot write to Kafka topic {topic!r}: {exc}"
             raise RecordRefused(msg) from exc
+        except ServiceError:  # a schema registry out of reach: not the record's fault
+            raise
         except Exception as exc:  # noqa: BLE001 - the sink's key function failed on this record
             msg = f"cannot write to Kafka topic {topic!r}: {type(exc).__name__}: {exc}"
             raise RecordRefused(msg) from exc

@@ -12,10 +12,12 @@ is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark
 * q7 highest bid: per fixed window of 10 s, the bid with the highest price;
 * q6 average selling price by seller: over its last 10 closed auctions (user state and
   timers, see ``q6.py``);
+* q8 monitor new users: the persons who joined and created an auction in the same fixed
+  window of 10 s (a windowed join of persons and auctions by seller), one row each;
 * q11 user sessions: bids per bidder and session (10 s of inactivity ends one);
 * q18 deduplication: the last bid (by event time) of each bidder on each auction.
 
-Not yet: the other joins (q3, q4, q8, q20) and processing-time windows (q12) (issue 27).
+Not yet: q3, q4, q20 (they need continuous joins) and processing-time windows (q12).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from examples.nexmark.q6 import q6
-from onceflow import EventTime, KafkaSink, KafkaSource, Pipeline, Stream
+from onceflow import CoGroup, EventTime, KafkaSink, KafkaSource, Pipeline, Stream
 from onceflow.connectors.base import SinkConnector, SourceConnector
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.windows import Fixed, Sessions, Sliding
@@ -128,6 +130,23 @@ def q7(events: Stream) -> Stream:
     )
 
 
+def _new_users(kv: tuple[Any, CoGroup]) -> list[dict[str, Any]]:
+    _seller, group = kv
+    if not group.right:
+        return []
+    return [{"id": p["id"], "name": p["name"], "start": group.start} for p in group.left]
+
+
+def q8(events: Stream) -> Stream:
+    persons = events.filter("persons", lambda e: e["type"] == "person").key_by(
+        "by-id", lambda p: p["id"]
+    )
+    sellers = events.filter("auctions", lambda e: e["type"] == "auction").key_by(
+        "by-seller", lambda a: a["seller"]
+    )
+    return persons.co_group("joined", sellers, Fixed("10s")).flat_map("new-users", _new_users)
+
+
 def q11(events: Stream) -> Stream:
     return (
         _bids(events)
@@ -153,6 +172,7 @@ QUERIES: dict[str, Callable[[Stream], Stream]] = {
     "q5": q5,
     "q6": q6,
     "q7": q7,
+    "q8": q8,
     "q11": q11,
     "q18": q18,
 }

@@ -114,3 +114,14 @@ def q18(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if key not in last or _rank(b, "date_time") > _rank(last[key], "date_time"):
             last[key] = b
     return last
+
+
+def q8(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Persons who joined and created an auction in the same 10 s window, once per window."""
+    window = FIXED_MS
+    sellers = {(e["seller"], e["date_time"] // window) for e in events if e["type"] == "auction"}
+    return [
+        {"id": e["id"], "name": e["name"], "start": e["date_time"] // window * window}
+        for e in events
+        if e["type"] == "person" and (e["id"], e["date_time"] // window) in sellers
+    ]

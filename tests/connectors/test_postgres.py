@@ -141,3 +141,29 @@ def test_settings_errors_are_one_line_without_the_password(postgres_server, tabl
     with pytest.raises(ConnectorError, match="cannot connect to PostgreSQL") as err:
         bad.prepare("p", streaming=True)
     assert "nope" not in str(err.value) and PASSWORD not in str(err.value)
+
+
+def test_the_delivery_table_keeps_one_marker_per_partition(postgres_server, table):
+    sink = _sink(postgres_server, table)
+    sink_name = f"db-{table}"  # markers of this test's own sink only
+    first = sink.open(TaskInfo("p", sink_name, 1, 1, 0, exactly_once=True))
+    other = sink.open(TaskInfo("p", sink_name, 1, 11, 0, exactly_once=True))
+    for writer, start in ((first, 0), (other, 100)):
+        writer.write(_rows(2, start))
+        writer.prepare()
+        writer.commit()
+    retry = sink.open(TaskInfo("p", sink_name, 2, 1, 1, exactly_once=True))
+    markers = []
+    for start in (10, 20, 30):
+        retry.write(_rows(2, start))
+        markers.append(retry.prepare())
+        retry.commit()
+    with postgres_server.connect() as conn:
+        left = [
+            m
+            for (m,) in conn.execute("SELECT marker FROM onceflow_deliveries").fetchall()
+            if m.startswith(f"p/{sink_name}/")
+        ]
+    assert sorted(left) == sorted([markers[-1], f"p/{sink_name}/11/{other.token}/0"])
+    assert retry.committed(markers[-1]), "the last delivery is still answered"
+    assert len(_read(postgres_server, table)) == 10

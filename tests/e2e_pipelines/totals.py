@@ -15,7 +15,9 @@ TOTALS_CHUNK_SIZE set the dedup horizon and the records per atomic commit, TOTAL
 TOTALS_DELIVERY_BYTES the bytes per atomic commit and per delivery, TOTALS_MAX_RECORD_BYTES the
 pipeline's max_record_bytes; TOTALS_SLOW_MS makes enrich take that long per record; with
 TOTALS_GATE (a path) an event with "gate" waits in enrich until that file exists (a test holds
-the run's end until an outside fault is over).
+the run's end until an outside fault is over). TOTALS_PARQUET (a folder) also writes the
+enriched events as Parquet files; TOTALS_PG_TABLE as rows (event_id, user, amount) of that
+PostgreSQL table at PG_CONNINFO (the password in PGPASSWORD).
 """
 
 import os
@@ -90,3 +92,13 @@ enriched.write(
     .combine_per_key("total", "sum")
     .write("totals", KafkaSink(os.environ["TOTALS_OUT"], client=client))
 )
+if os.environ.get("TOTALS_PARQUET"):
+    from onceflow.sinks import Parquet
+
+    enriched.write("lake", Parquet(os.environ["TOTALS_PARQUET"]))
+if os.environ.get("TOTALS_PG_TABLE"):
+    from onceflow.connectors.postgres import PostgresSink
+
+    enriched.map(
+        "row", lambda e: {"event_id": e["event_id"], "user": e["user"], "amount": e["amount"]}
+    ).write("db", PostgresSink(os.environ["TOTALS_PG_TABLE"], conninfo=os.environ["PG_CONNINFO"]))

@@ -153,13 +153,38 @@ def verify(run: Run, client: Any, connect: Any = None) -> dict[str, int]:
     assert report.ok, f"copy topic: {report}"
     if run.extra_env.get("TOTALS_PLAIN_SINK") != "1":  # transactional: each record once
         assert raw == len(copies), f"copy topic: {raw - len(copies)} records read twice"
+    facts = _verify_table_sinks(run)
     dead = dead_letters(run)
     for marker, reason in run.poison.items():
         found = [d for d in dead if marker in d["text"]]
         assert len(found) == 1, f"dead letter for {marker!r}: {len(found)} found in {dead}"
         assert reason in found[0]["error"], f"reason {found[0]['error']!r} lacks {reason!r}"
     assert len(dead) == len(run.poison), f"unexpected dead letters: {dead}"
-    return {"copy_records": raw, "copy_ids": len(copies), "dead_letters": len(dead)}
+    return {"copy_records": raw, "copy_ids": len(copies), "dead_letters": len(dead), **facts}
+
+
+def _verify_table_sinks(run: Run) -> dict[str, int]:
+    """The Parquet folder and the PostgreSQL table, read by pyarrow and psycopg: each event once."""
+    facts = {}
+    folder = run.extra_env.get("TOTALS_PARQUET")
+    if folder:
+        import pyarrow.dataset as ds
+
+        ids = ds.dataset(folder, format="parquet").to_table(columns=["event_id"]).column(0)
+        report = compare_counts(run.events, Counter(ids.to_pylist()))
+        assert report.ok, f"Parquet files: {report}"
+        facts["parquet_rows"] = len(ids)
+    table = run.extra_env.get("TOTALS_PG_TABLE")
+    if table:
+        import psycopg
+
+        env = run.extra_env
+        with psycopg.connect(env["PG_CONNINFO"], password=env["PGPASSWORD"]) as conn:
+            rows = conn.execute(f"SELECT event_id FROM {table}").fetchall()
+        report = compare_counts(run.events, Counter(r[0] for r in rows))
+        assert report.ok, f"PostgreSQL table: {report}"
+        facts["postgres_rows"] = len(rows)
+    return facts
 
 
 def dead_letters(run: Run) -> list[dict[str, str]]:

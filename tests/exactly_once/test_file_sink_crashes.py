@@ -1,9 +1,10 @@
-"""The Parquet, JSON-lines and PostgreSQL sinks after kill -9 of every process mid-delivery.
+"""The Parquet, JSON-lines, PostgreSQL and Iceberg sinks after kill -9 of every process.
 
 The run is killed inside a sink transaction (files staged), after the delivery is recorded
 as pending (staged, not renamed), after the rename (visible, not yet marked delivered) and
 after the micro-batch's sinks but before Spark's commit; then run again. A reader that knows
-nothing of Onceflow (pyarrow's dataset, a psycopg query) must see every event exactly once.
+nothing of Onceflow (pyarrow's dataset, a psycopg query, pyiceberg's scan) must see every event
+exactly once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import Counter
 import pyarrow.dataset as ds
 import pytest
 
+from onceflow.kernel.keyspace import STAGING_FIELD, Keyspace
 from onceflow.testing.harness import Crash, crash_and_resume
 from tests.exactly_once.scenario import make_scenario
 
@@ -34,6 +36,17 @@ KILLS = [
 
 
 def _read_files(out: str, fmt: str, postgres=None) -> list[dict]:
+    if fmt == "iceberg":
+        from pyiceberg.catalog import load_catalog
+
+        catalog = load_catalog(  # the pipeline's catalog (files_orders.py), opened anew
+            "default",  # a SQL catalog keeps its tables under its name
+            type="sql",
+            uri=f"sqlite:///{os.path.join(out, 'catalog.db')}",
+            warehouse=f"file://{os.path.join(out, 'warehouse')}",
+        )
+        table = catalog.load_table("onceflow.orders")
+        return table.scan(selected_fields=("event_id", "user")).to_arrow().to_pylist()
     if fmt == "postgres":
         with postgres.connect() as conn:
             cur = conn.execute(f'SELECT event_id, "user" FROM {out}')
@@ -54,6 +67,7 @@ FORMATS = [
     "parquet",
     pytest.param("postgres", marks=pytest.mark.long),
     pytest.param("jsonl", marks=pytest.mark.long),
+    pytest.param("iceberg", marks=pytest.mark.long),
 ]
 
 
@@ -84,3 +98,6 @@ def test_kill_9_at_each_delivery_point_leaves_every_event_once(
     assert users == scn.expected, "an event is in the wrong user's folder"
     left = [f for _d, _s, fs in os.walk(os.path.join(str(out), "_onceflow_staging")) for f in fs]
     assert left == [], f"staged files left behind: {left}"
+    if fmt != "postgres":  # the run lists its staging folder for `onceflow gc`
+        listed = redis_server.client().hget(Keyspace(scn.name).meta, STAGING_FIELD)
+        assert os.path.join(out, "_onceflow_staging") in json.loads(listed)

@@ -19,6 +19,8 @@ tests.exactly_once.torture --redis-host-crash --minutes 30`` keeps going for as 
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -44,8 +46,11 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
     [(23, 2, 1200), pytest.param(41, 5, 3000, marks=pytest.mark.long, id="long")],
 )
 def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
-    broker, crashable_redis, tmp_path, seed, kills, wave
+    broker, crashable_redis, postgres_server, tmp_path, seed, kills, wave
 ):
+    table = f"torture_{seed}_{os.getpid()}_{time.monotonic_ns()}"
+    with postgres_server.connect() as conn:  # a database sink too, read back by psycopg
+        conn.execute(f'CREATE TABLE {table} (event_id text, "user" text, amount int)')
     t = torture(
         broker.bootstrap,
         crashable_redis.url,
@@ -57,6 +62,7 @@ def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
         min_kill_s=0.5,
         max_kill_s=2.0,
         redis_host=crashable_redis,
+        sinks_env={"TOTALS_PG_TABLE": table, **postgres_server.env},
     )
     settings = RedisSettings(crashable_redis.url)
     facts = check(t, redis_client(settings, t.run.name))
@@ -65,6 +71,7 @@ def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
     assert facts["redis_lost_bytes"] > 0, f"the crashes lost no acknowledged write: {facts}"
     assert t.reruns >= 1, f"no batch was run again after a crash: {facts}"
     assert facts["poison"] > 0 and facts["duplicates_dropped"] > 0
+    assert facts["postgres_rows"] > 0
 
 
 @pytest.mark.parametrize(
@@ -98,6 +105,7 @@ def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, 
         max_kill_s=2.0,
         client=client,
         ids=ids,
+        sinks_env={"TOTALS_PARQUET": str(tmp_path / "lake")},  # read back by pyarrow
     )
     settings = RedisSettings(url)
     facts = check(t, redis_client(settings, t.run.name), lambda tag: redis_client(settings, tag))
@@ -108,5 +116,6 @@ def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, 
         assert facts["duplicates_dropped"] > 0
     else:  # every re-sent copy had to count again
         assert facts["copy_ids"] > len({e["event_id"] for e in t.sent})
+    assert facts["parquet_rows"] > 0
     reasons = set(t.run.poison.values())
     assert "further ahead of the clock" in reasons, "no days-ahead record in this seed's input"

@@ -261,12 +261,16 @@ def torture(
     client: str = "python",
     ids: str = "mixed",
     redis_host: CrashableRedis | None = None,
+    sinks_env: dict[str, str] | None = None,
 ) -> Torture:
     """Waves of input and ``kills`` random kills, then a final run to the end; not checked.
 
     ``client`` is the Kafka client of the pipeline's source and sinks (``TOTALS_CLIENT``).
     ``ids``: ``mixed`` (byte and text headers and the body's field, by event) or ``positions``
     (none: offsets are the IDs).
+
+    ``sinks_env`` adds sinks to the pipeline (``TOTALS_PARQUET``, ``TOTALS_PG_TABLE``: see
+    ``tests/e2e_pipelines/totals.py``); :func:`check` reads them back.
 
     ``cap`` (records per micro-batch, a third of a wave by default): smaller makes each run
     last longer, so a kill lands mid-run more often. A kill lands between ``min_kill_s`` and
@@ -286,7 +290,7 @@ def torture(
         redis_url,
         workdir,
         PARTITIONS,
-        extra_env={"TOTALS_CLIENT": client, **env},
+        extra_env={"TOTALS_CLIENT": client, **env, **(sinks_env or {})},
         cap=cap or wave // 3,
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR

@@ -43,11 +43,10 @@ def test_lists_and_tuples_stay_distinct():
 
 
 def test_subclasses_are_encoded_as_their_base_types():
-    from collections import OrderedDict, namedtuple
+    from collections import OrderedDict
 
-    Point = namedtuple("Point", "x y")
+    assert type(codec.decode(codec.encode(OrderedDict(a=1)))) is dict
     assert codec.decode(codec.encode(OrderedDict(a=1))) == {"a": 1}
-    assert codec.decode(codec.encode(Point(1, 2))) == (1, 2)
 
 
 def test_unsupported_type_names_the_type_and_the_fix():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -176,3 +177,70 @@ def test_mean_min_max_and_user_combine_fn(spark, tmp_path):
     assert sorted(results["min"].results) == [(0, 0), (1, 1)]
     assert sorted(results["max"].results) == [(0, 24), (1, 23)]
     assert sorted(results["spread"].results) == [(0, 24), (1, 22)]
+
+
+@pytest.mark.parametrize("rules", [None, ()], ids=["fused", "every-node-a-stage"])
+def test_dataclasses_and_named_tuples_cross_every_boundary_as_themselves(spark, tmp_path, rules):
+    # the classes live in a pipeline file (module __onceflow__): no worker can import them
+    from onceflow.cli.loader import load_pipeline
+
+    here = os.path.dirname(os.path.dirname(__file__))
+    p = load_pipeline(os.path.join(here, "e2e_pipelines", "records.py"))
+    result = p.run(session=spark, progress=False, output_dir=str(tmp_path), rules=rules)
+    assert result.dead_letters == 0
+    out = {
+        n.name: n.connector.results
+        for n in p.graph.nodes
+        if isinstance(getattr(n, "connector", None), sinks.Collect)
+    }
+    visits = out["visits"]
+    assert sorted(v.ms for v in visits) == list(range(30))
+    assert {type(v).__name__ for v in visits} == {"Visit"} and visits[0].user == visits[0][0]
+    per_user = dict(out["per-user"])
+    assert sorted(per_user) == ["u0", "u1", "u2"]
+    clicks = [c for cs in per_user.values() for c in cs]
+    assert {type(c).__name__ for c in clicks} == {"Click"}
+    assert sorted(c.ms for c in clicks) == list(range(30))
+    assert all(c.user == user for user, cs in per_user.items() for c in cs)
+
+
+@pytest.mark.parametrize("rules", [None, ()], ids=["fused", "every-node-a-stage"])
+def test_user_code_reads_and_sets_event_time(spark, tmp_path, rules):
+    from datetime import UTC, datetime
+
+    from onceflow import Pane
+
+    lines = [
+        {"k": "a", "at": "2026-01-01T00:00:01+00:00", "paid": 130_000},
+        {"k": "a", "at": "2026-01-01T00:00:02+00:00", "paid": 10_000},
+        {"k": "b", "at": "2026-01-01T00:00:03+00:00", "paid": 70_000},
+        {"k": "b", "at": "yesterday", "paid": 1},  # no event time: a dead letter
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    base = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    seen, paid, dead = sinks.Collect(), sinks.Collect(), sinks.Collect()
+    p = Pipeline("event-time", dead_letters=dead)
+    src = p.read(
+        "in", sources.JsonLines(str(path), timestamp=lambda e: datetime.fromisoformat(e["at"]))
+    )
+    (
+        src.restamp("by-payment", lambda e: base + e["paid"])
+        .map_timestamped("check", lambda e, ts: {**e, "ts": ts - base})
+        .key_by("key", lambda e: e["k"])
+        .window("minute", 60)
+        .combine_per_key("n", "count")
+        .write("paid", paid)
+    )
+    # a sibling after the restamp: it must see the source's time, not the new one
+    src.map_timestamped("read-time", lambda e, ts: (e["k"], ts - base)).write("seen", seen)
+    p.run(session=spark, progress=False, output_dir=str(tmp_path), rules=rules)
+    assert sorted(seen.results) == [("a", 1000), ("a", 2000), ("b", 3000)]
+    got = sorted(paid.results, key=lambda kv: (kv[0], kv[1].start))
+    assert [(k, pane.value, pane.start - base) for k, pane in got] == [
+        ("a", 1, 0),
+        ("a", 1, 120_000),
+        ("b", 1, 60_000),
+    ]
+    assert all(isinstance(pane, Pane) for _k, pane in got)
+    assert [d["error"].split(":")[0] for d in dead.results] == ["no event time"]

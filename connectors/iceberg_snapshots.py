@@ -1,0 +1,129 @@
+"""The Iceberg sink's snapshots: one per delivery, committed only if none names it yet.
+
+The compare-and-swap loop of :class:`~onceflow.connectors.iceberg.IcebergWriter` (see that
+module's docstring), apart from rows and catalogs: each try looks through the refreshed table's
+snapshots for the delivery, then commits asserting that the branch head is still the one it
+looked at. pyiceberg's own commit retry is not used: it would rebase the snapshot onto a
+conflicting commit without looking, and so append a delivery a retry had voided.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from onceflow.connectors.errors import ConnectorError
+
+DELIVERY = "onceflow.delivery"  # a snapshot summary property: the delivery it appended
+PIPELINE = "onceflow.pipeline"
+VOID = "onceflow.void"  # ... the delivery a retry declared never to commit
+BASE = "onceflow.base"  # the table's first snapshot, committed by the sink when it had none
+COMMIT_TIMEOUT_S = 120.0  # conflicts with the other partitions' commits are retried this long
+
+
+def append_once(
+    table: Any, delivery: str, pipeline: str, files: list[Any], void: bool, what: str
+) -> str:
+    """Commit a snapshot for ``delivery`` unless one names it; what names it in the end.
+
+    ``void``: a snapshot without files saying the delivery never commits, else one appending
+    ``files``. A conflict (another partition's commit, or the delivery's other attempt) is
+    waited out with jitter and looked at again; :data:`DELIVERY` or :data:`VOID` is returned.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    properties = {PIPELINE: pipeline, VOID if void else DELIVERY: delivery}
+    deadline = time.monotonic() + COMMIT_TIMEOUT_S
+    wait = 0.01
+    while True:
+        table.refresh()
+        found = outcome(table.metadata, delivery)
+        if found is not None:
+            return found
+        try:
+            swap(table, properties, files)
+            return VOID if void else DELIVERY
+        except CommitFailedException:
+            if time.monotonic() > deadline:
+                msg = f"{what}: commits kept conflicting for {COMMIT_TIMEOUT_S:.0f}s"
+                raise ConnectorError(msg) from None
+        time.sleep(wait * (1 + random.random()))  # noqa: S311 - jitter, not secrecy
+        wait = min(wait * 2, 1.0)
+
+
+def swap(table: Any, properties: dict[str, str], files: list[Any]) -> None:
+    """One compare-and-swap: a snapshot of ``files`` on the head ``table`` is at, or a conflict.
+
+    Raises pyiceberg's ``CommitFailedException`` when the branch head moved (nothing landed).
+    """
+    from pyiceberg.table.update import AssertTableUUID
+
+    view = head_view(table)
+    tx = view.transaction()
+    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        for data_file in files:
+            append.append_data_file(data_file)
+    requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
+    table.catalog.commit_table(view, requirements, tx._updates)
+
+
+def head_view(table: Any) -> Any:
+    """``table`` with only its branch head among its snapshots (and no logs), to build on.
+
+    A fast append needs only the head (its manifests, its summary's totals); pyiceberg's
+    transaction deep-copies the whole metadata a dozen times per snapshot it builds: measured
+    per delivery of 1,000 rows (SQL catalog on SQLite), 106 ms at 50 snapshots and 677 ms at
+    400 on the whole metadata; 37 and 82 ms on this view.
+    The catalog applies the commit's updates to the table's real metadata, under the
+    commit's requirements: the view is never written.
+    """
+    from pyiceberg.table import Table
+
+    meta = table.metadata
+    current = meta.current_snapshot()
+    light = meta.model_copy(
+        update={
+            "snapshots": [] if current is None else [current],
+            "snapshot_log": [],
+            "metadata_log": [],
+        }
+    )
+    return Table(table.name(), light, table.metadata_location, table.io, table.catalog)
+
+
+def outcome(metadata: Any, delivery: str) -> str | None:
+    """``DELIVERY`` if a snapshot appended ``delivery``, ``VOID`` if one voided it, else None."""
+    for snapshot in reversed(metadata.snapshots):
+        summary = snapshot.summary
+        if summary is None:
+            continue
+        props = summary.additional_properties
+        if props.get(DELIVERY) == delivery:
+            return DELIVERY
+        if props.get(VOID) == delivery:
+            return VOID
+    return None
+
+
+def head(table: Any) -> int | None:
+    """The id of the snapshot the table's main branch is at (None: it has none)."""
+    snapshot = table.current_snapshot()
+    return None if snapshot is None else int(snapshot.snapshot_id)
+
+
+def ensure_base(table: Any) -> None:
+    """Give a table without snapshots an empty first one, named ``onceflow.base``.
+
+    Every marker then names a snapshot the table was at (see ``IcebergWriter.prepare``).
+    Another writer's first snapshot is as good: a conflict is not retried.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    if table.current_snapshot() is not None:  # as loaded: once a snapshot, always one
+        return
+    try:
+        swap(table, {BASE: "1"}, [])
+    except CommitFailedException:
+        pass
+    table.refresh()
