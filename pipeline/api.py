@@ -37,6 +37,7 @@ from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.limits import RECORD_BYTES
 from onceflow.kernel.windows import Trigger, WindowFn, Windowing, windowing
 from onceflow.pipeline.combiners import ToList, resolve
+from onceflow.pipeline.continuous_joins import interval_join, join_table
 from onceflow.pipeline.errors import PipelineError
 from onceflow.pipeline.joins import co_group, join
 from onceflow.runtime.combine_fn import CombineFn
@@ -521,6 +522,26 @@ class Stream:
         in its window is paired with None). See :mod:`onceflow.pipeline.joins`.
         """
         joined: Stream = join(self, name, other, windows, how)
+        return joined
+
+    def interval_join(self, name: str, other: Stream, lower: Duration, upper: Duration) -> Stream:
+        """Pairs of one key's values close in event time: ``(key, (this, other))``.
+
+        ``this.ts + lower <= other.ts <= this.ts + upper`` (seconds or ``"5s"``; negative
+        allowed). Not windowed: each side is kept until the watermark passes the last time a
+        partner can have. See :mod:`onceflow.pipeline.continuous_joins`.
+        """
+        joined: Stream = interval_join(self, name, other, lower, upper)
+        return joined
+
+    def join_table(self, name: str, table: Stream, *, how: str = "left") -> Stream:
+        """Each value with the table's row for its key as of its time: ``(key, (value, row))``.
+
+        ``table`` holds versions of each key's row (e.g. a compacted topic; a None row deletes
+        it). ``how="inner"`` leaves out values with no row. See
+        :mod:`onceflow.pipeline.continuous_joins`.
+        """
+        joined: Stream = join_table(self, name, table, how)
         return joined
 
     def write(self, name: str, sink: SinkConnector) -> None:

@@ -8,6 +8,8 @@ is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark
 * q0 pass-through: every event;
 * q1 currency conversion: each bid's price in euros (cents, ``price * 908 // 1000``);
 * q2 selection: the bids on auctions whose ID is a multiple of 123, as ``(auction, price)``;
+* q3 local item suggestion: auctions of category 10 by sellers in OR, ID or CA (a join of
+  auctions with the persons table, as of each auction's time);
 * q5 hot items: per sliding window (10 s, every 2 s), the auctions with the most bids;
 * q7 highest bid: per fixed window of 10 s, the bid with the highest price;
 * q6 average selling price by seller: over its last 10 closed auctions (user state and
@@ -15,9 +17,11 @@ is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark
 * q8 monitor new users: the persons who joined and created an auction in the same fixed
   window of 10 s (a windowed join of persons and auctions by seller), one row each;
 * q11 user sessions: bids per bidder and session (10 s of inactivity ends one);
-* q18 deduplication: the last bid (by event time) of each bidder on each auction.
+* q18 deduplication: the last bid (by event time) of each bidder on each auction;
+* q20 bids with their auction's details, category 10 only (a join with the auctions table,
+  as of each bid's time).
 
-Not yet: q3, q4, q20 (they need continuous joins) and processing-time windows (q12).
+Not yet: q4 (average price per category) and processing-time windows (q12).
 """
 
 from __future__ import annotations
@@ -165,16 +169,62 @@ def q18(events: Stream) -> Stream:
     )
 
 
+Q3_STATES = ("OR", "ID", "CA")
+
+
+def q3(events: Stream) -> Stream:
+    """Local item suggestion: auctions of category 10 by sellers in OR, ID or CA."""
+    persons = (
+        events.filter("persons", lambda e: e["type"] == "person")
+        .key_by("person-id", lambda p: p["id"])
+        .map_values("where", lambda p: {"name": p["name"], "city": p["city"], "state": p["state"]})
+    )
+    auctions = events.filter(
+        "category-10", lambda e: e["type"] == "auction" and e["category"] == 10
+    ).key_by("by-seller", lambda a: a["seller"])
+    return (
+        auctions.join_table("seller", persons, how="inner")
+        .filter("local", lambda kv: kv[1][1]["state"] in Q3_STATES)
+        .map("suggest", lambda kv: {"auction": kv[1][0]["id"], **kv[1][1]})
+    )
+
+
+def q20(events: Stream) -> Stream:
+    """Bids joined with their auction's details (as of the bid's time), category 10 only."""
+    auctions = events.filter("auctions", lambda e: e["type"] == "auction").key_by(
+        "auction-id", lambda a: a["id"]
+    )
+    bids = _bids(events).key_by("by-auction", lambda b: b["auction"])
+    return (
+        bids.join_table("auction", auctions, how="inner")
+        .filter("category-10", lambda kv: kv[1][1]["category"] == 10)
+        .map(
+            "bid-and-auction",
+            lambda kv: {
+                "auction": kv[0],
+                "bidder": kv[1][0]["bidder"],
+                "price": kv[1][0]["price"],
+                "date_time": kv[1][0]["date_time"],
+                "item_name": kv[1][1]["item_name"],
+                "seller": kv[1][1]["seller"],
+                "category": kv[1][1]["category"],
+            },
+        )
+    )
+
+
 QUERIES: dict[str, Callable[[Stream], Stream]] = {
     "q0": q0,
     "q1": q1,
     "q2": q2,
+    "q3": q3,
     "q5": q5,
     "q6": q6,
     "q7": q7,
     "q8": q8,
     "q11": q11,
     "q18": q18,
+    "q20": q20,
 }
 
 

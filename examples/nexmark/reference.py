@@ -125,3 +125,39 @@ def q8(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for e in events
         if e["type"] == "person" and (e["id"], e["date_time"] // window) in sellers
     ]
+
+
+def q3(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Auctions of category 10 by sellers in OR, ID or CA (the seller as of the auction)."""
+    persons = {e["id"]: e for e in events if e["type"] == "person"}
+    out = []
+    for a in events:
+        if a["type"] != "auction" or a["category"] != 10:
+            continue
+        p = persons.get(a["seller"])
+        if p is None or p["date_time"] > a["date_time"] or p["state"] not in ("OR", "ID", "CA"):
+            continue
+        out.append({"auction": a["id"], "name": p["name"], "city": p["city"], "state": p["state"]})
+    return out
+
+
+def q20(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bids on category-10 auctions with the auction's details (the auction as of the bid)."""
+    auctions = {e["id"]: e for e in events if e["type"] == "auction"}
+    out = []
+    for b in bids(events):
+        a = auctions.get(b["auction"])
+        if a is None or a["date_time"] > b["date_time"] or a["category"] != 10:
+            continue
+        out.append(
+            {
+                "auction": b["auction"],
+                "bidder": b["bidder"],
+                "price": b["price"],
+                "date_time": b["date_time"],
+                "item_name": a["item_name"],
+                "seller": a["seller"],
+                "category": a["category"],
+            }
+        )
+    return out

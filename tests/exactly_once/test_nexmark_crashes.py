@@ -36,6 +36,14 @@ CASES = [
     # its rows written and committed, the task not yet done (at-least-once doubles them here)
     pytest.param("q8", Crash("task_end", stage="joined.group", batch=2), marks=pytest.mark.long),
     pytest.param("q8", Crash("batch_end", batch=3), marks=pytest.mark.long),
+    # the join with the auctions table: its versions and waiting bids are user state
+    pytest.param(
+        "q20", Crash("after_finish", stage="auction.as-of", batch=2), marks=pytest.mark.long
+    ),
+    pytest.param(
+        "q3", Crash("before_commit", stage="seller.as-of", batch=1), marks=pytest.mark.long
+    ),
+    pytest.param("q6", Crash("after_finish", batch=2), marks=pytest.mark.long),
     pytest.param("q1", Crash("after_sink_write", batch=1), marks=pytest.mark.long),
     pytest.param("q2", Crash("after_commit", batch=2), marks=pytest.mark.long),
 ]

@@ -44,7 +44,7 @@ def test_the_generator_is_deterministic_and_shaped_as_nexmark():
     assert late > 50, "some events are out of order"
 
 
-@pytest.mark.parametrize("query", ["q0", "q1", "q2", "q8"])
+@pytest.mark.parametrize("query", ["q0", "q1", "q2", "q3", "q8", "q20"])
 def test_element_wise_queries(query):
     got = _run(query)
     want = getattr(reference, query)(EVENTS)

@@ -1,0 +1,204 @@
+"""Joins that are not windowed: by a time interval, and a stream against a table's versions.
+
+Both are ``Stream.process`` stages underneath (per-key user state and event-time timers, see
+:mod:`onceflow.runtime.user_state`), so their state, its changes and their outputs commit
+together, exactly once, and a crash then rerun neither loses nor repeats a pair. Both sides
+of a join are tagged and merged into one keyed stream first.
+
+**Interval join** (``a.interval_join(name, b, lower, upper)``, Flink's): ``(key, (a, b))``
+for every ``a`` and ``b`` of one key with ``a.ts + lower <= b.ts <= a.ts + upper``. Each side
+is buffered until the watermark passes the last time a partner can have (``a.ts + upper``,
+``b.ts - lower``); a timer prunes it then. A record behind the watermark when it arrives may
+have missed partners already pruned: it is a dead letter (``user_error``, "late for the
+interval join ..."), never joined partially.
+
+**Temporal join** (``stream.join_table(name, table, how="left")``): the table side is a
+stream of versions of each key's row (a compacted Kafka topic read with
+``KafkaSource(..., envelope=True)``, keyed by the Kafka key; a row of None — a tombstone —
+deletes the key from that time on). Each stream record is joined with the row the table held
+**as of the record's event time**: the newest version with a time at or before it. To be
+sure every version up to that time has arrived, a record waits until the watermark passes
+its time (an event-time timer), then leaves as ``(key, (value, row))``; with ``how="left"``
+``row`` is None when the table had none, with ``"inner"`` such records are not emitted.
+The documented choice for a late table side: a version that arrives behind the watermark
+applies to the records that have not left yet (those at or after its time), never to
+records already emitted (no retraction). A stream record that arrives behind the watermark
+leaves at once, joined with what the table holds; if the version of its time has been pruned
+(versions older than the newest one at or before the time of the last record that left are
+pruned) it is a dead letter ("late for the table join ..."), never joined with a wrong
+row. A key's versions and waiting records are its state: keyed by the table's key, they
+live as long as the key has a row (a tombstone's version is pruned like any other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from onceflow.kernel.durations import Duration, parse_duration_ms
+from onceflow.pipeline.errors import PipelineError
+from onceflow.runtime.user_state import BagSpec, Context, MapSpec, Timer, ValueSpec
+
+Stream = Any  # onceflow.pipeline.api.Stream (that module calls this one: no import cycle)
+
+LEFT = BagSpec[list[Any]]("left")  # [ts, value] of the left side, kept until no partner can come
+RIGHT = BagSpec[list[Any]]("right")
+VERSIONS = MapSpec[int, Any]("versions")  # version time -> row (None: deleted)
+WAITING = BagSpec[list[Any]]("waiting")  # [ts, value] of stream records waiting for the watermark
+FLOOR = ValueSpec[int]("floor")  # versions before this time were pruned
+PRUNE = "prune"
+
+
+class LateForJoin(ValueError):
+    """A record behind the watermark where the join may have pruned its partners."""
+
+
+def _tag(side: int) -> Any:
+    return lambda v: (side, v)
+
+
+def _tagged(left: Stream, name: str, right: Stream) -> Stream:
+    for stream in (left, right):
+        stream._need_keyed(name, "join")  # noqa: SLF001 - same package
+        if stream.windowing is not None:
+            msg = f"join {name!r}: stream {stream.name!r} is windowed; this join is not"
+            raise PipelineError(msg)
+    return left.pipeline.merge(
+        f"{name}.both",
+        left.map_values(f"{name}.left", _tag(0)),
+        right.map_values(f"{name}.right", _tag(1)),
+    )
+
+
+def _keyed(stream: Stream, name: str) -> Stream:
+    """The process stage's ``(key, pair)`` outputs as a keyed stream."""
+    return stream._flat(name, "keyed", lambda kv: (kv,), keyed=True)  # noqa: SLF001
+
+
+def interval_join(
+    left: Stream, name: str, right: Stream, lower: Duration, upper: Duration
+) -> Stream:
+    """See the module docstring; ``lower``/``upper`` in seconds (negative allowed) or text."""
+    lo = _signed_ms(lower, name, "lower")
+    hi = _signed_ms(upper, name, "upper")
+    if lo > hi:
+        msg = f"interval_join {name!r}: lower ({lower!r}) is after upper ({upper!r})"
+        raise PipelineError(msg)
+
+    def on_element(key: Any, tagged: Any, ctx: Context) -> Iterator[Any]:
+        side, value = tagged
+        ts = ctx.timestamp
+        if ts < ctx.watermark:
+            msg = (
+                f"late for the interval join {name!r}: event time {ts} is behind the watermark "
+                f"{ctx.watermark}, where partners may be gone (allow more out-of-orderness)"
+            )
+            raise LateForJoin(msg)
+        if side == 0:
+            for r_ts, r in ctx.state(RIGHT).read():
+                if ts + lo <= r_ts <= ts + hi:
+                    yield key, (value, r)
+            ctx.state(LEFT).add([ts, value])
+        else:
+            for l_ts, a in ctx.state(LEFT).read():
+                if l_ts + lo <= ts <= l_ts + hi:
+                    yield key, (a, value)
+            ctx.state(RIGHT).add([ts, value])
+        _arm(ctx, lo, hi)
+
+    def on_timer(key: Any, timer: Timer, ctx: Context) -> None:
+        w = ctx.watermark
+        ctx.state(LEFT).write([e for e in ctx.state(LEFT).read() if e[0] + hi >= w])
+        ctx.state(RIGHT).write([e for e in ctx.state(RIGHT).read() if e[0] - lo >= w])
+        _arm(ctx, lo, hi)
+
+    joined = _tagged(left, name, right).process(
+        f"{name}.pairs", on_element, states=[LEFT, RIGHT], on_timer=on_timer
+    )
+    return _keyed(joined, name)
+
+
+def _arm(ctx: Context, lo: int, hi: int) -> None:
+    """The prune timer at the first moment an entry can go (none: no timer)."""
+    ends = [ts + hi for ts, _v in ctx.state(LEFT).read()]
+    ends += [ts - lo for ts, _v in ctx.state(RIGHT).read()]
+    if ends:
+        ctx.timers.set_event_time(min(ends) + 1, PRUNE)
+    else:
+        ctx.timers.clear(PRUNE)
+
+
+def _signed_ms(value: Duration, name: str, what: str) -> int:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+        return -parse_duration_ms(-value, f"interval_join {name!r} {what}")
+    if isinstance(value, str) and value.startswith("-"):
+        return -parse_duration_ms(value[1:], f"interval_join {name!r} {what}")
+    return parse_duration_ms(value, f"interval_join {name!r} {what}")
+
+
+def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> Stream:
+    """See the module docstring."""
+    if how not in ("left", "inner"):
+        msg = f"join_table {name!r}: how={how!r} is not 'left' or 'inner'"
+        raise PipelineError(msg)
+    inner = how == "inner"
+
+    def emit(key: Any, ts: int, value: Any, ctx: Context) -> Iterator[Any]:
+        floor = ctx.state(FLOOR).read()
+        if floor is not None and ts < floor:
+            msg = (
+                f"late for the table join {name!r}: event time {ts} is before {floor}, the "
+                "oldest version of the table row still kept (allow more out-of-orderness)"
+            )
+            raise LateForJoin(msg)
+        row = _as_of(ctx, ts)
+        if row is not None or not inner:
+            yield key, (value, row)
+
+    def on_element(key: Any, tagged: Any, ctx: Context) -> Iterator[Any]:
+        side, value = tagged
+        ts = ctx.timestamp
+        if side == 1:
+            ctx.state(VERSIONS).put(ts, value)
+            return
+        if ts < ctx.watermark:  # late: it leaves now, with what the table holds
+            yield from emit(key, ts, value, ctx)
+            return
+        ctx.state(WAITING).add([ts, value])
+        ctx.timers.set_event_time(ts, f"t{ts}")
+
+    def on_timer(key: Any, timer: Timer, ctx: Context) -> Iterator[Any]:
+        due = [e for e in ctx.state(WAITING).read() if e[0] <= timer.time]
+        if due:
+            ctx.state(WAITING).write([e for e in ctx.state(WAITING).read() if e[0] > timer.time])
+            for ts, value in due:
+                yield from emit(key, ts, value, ctx)
+        _prune(ctx, timer.time)
+
+    joined = _tagged(stream, name, table).process(
+        f"{name}.as-of", on_element, states=[VERSIONS, WAITING, FLOOR], on_timer=on_timer
+    )
+    return _keyed(joined, name)
+
+
+def _as_of(ctx: Context, ts: int) -> Any:
+    """The row the table held at ``ts``: the newest version at or before it (None: none)."""
+    versions = ctx.state(VERSIONS)
+    times = sorted(t for t in versions.keys() if t <= ts)
+    if times:
+        return versions.get(times[-1])
+    return None
+
+
+def _prune(ctx: Context, upto: int) -> None:
+    """Versions older than the newest one at or before ``upto`` can no longer be read.
+
+    ``upto`` is the firing timer's time: records still waiting are later, and records still
+    to come are at or after the watermark (or late, and then checked against the floor).
+    """
+    versions = ctx.state(VERSIONS)
+    older = sorted(t for t in versions.keys() if t <= upto)
+    for t in older[:-1]:
+        versions.remove(t)
+    if len(older) > 1:
+        ctx.state(FLOOR).write(older[-1])
