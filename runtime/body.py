@@ -328,8 +328,12 @@ class StageBody:
         Returns the state changes of windowed combines (panes fired, windows closed): they
         are committed with the task's end-of-task outputs.
         """
-        changes = self.end.flush_end(reader, timers)
+        # process ops first: each begins its stage (after its exchange), so the combines of
+        # the stage are downstream of it, and what its timers emit must reach them before
+        # they flush (a lifted partial combine flushed first would lose it)
+        changes: dict[str, StateWrite] = {}
         self.processes.fire(reader, timers, changes)  # timers due fire
+        changes.update(self.end.flush_end(reader, timers))
         return changes
 
     # -- outputs -------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def _offer(ctx: Context, auction: dict[str, Any], price: int, event_id: str, at:
 def on_auction_or_bid(aid: int, event: dict[str, Any], ctx: Context) -> None:
     """Remember the auction (a timer at its end) or take a bid."""
     if event["type"] == "auction":
-        auction = {k: event[k] for k in ("seller", "date_time", "expires", "reserve")}
+        auction = {k: event[k] for k in ("seller", "date_time", "expires", "reserve", "category")}
         ctx.state(AUCTION).write(auction)
         for price, event_id, at in ctx.state(WAITING).read():
             _offer(ctx, auction, price, event_id, at)
@@ -73,7 +73,14 @@ def on_close(aid: int, timer: Timer, ctx: Context) -> list[dict[str, Any]]:
         ctx.state(spec).clear()
     if timer.tag != "close" or auction is None or best is None:
         return []
-    return [{"seller": auction["seller"], "auction": aid, "price": best[0]}]
+    return [
+        {
+            "seller": auction["seller"],
+            "auction": aid,
+            "price": best[0],
+            "category": auction["category"],
+        }
+    ]
 
 
 def on_closed_auction(seller: int, closed: dict[str, Any], ctx: Context) -> None:
@@ -101,7 +108,8 @@ def on_watermark(seller: int, timer: Timer, ctx: Context) -> list[dict[str, Any]
     return out
 
 
-def q6(events: Stream) -> Stream:
+def winning_bids(events: Stream) -> Stream:
+    """Each closed auction's winning bid: ``{"seller", "auction", "price", "category"}``."""
     return (
         events.filter("auctions-and-bids", lambda e: e["type"] in ("auction", "bid"))
         .key_by("by-auction", lambda e: e["id"] if e["type"] == "auction" else e["auction"])
@@ -111,6 +119,12 @@ def q6(events: Stream) -> Stream:
             states=[AUCTION, BEST, WAITING],
             on_timer=on_close,
         )
+    )
+
+
+def q6(events: Stream) -> Stream:
+    return (
+        winning_bids(events)
         .key_by("by-seller", lambda w: w["seller"])
         .process(
             "average-price", on_closed_auction, states=[PENDING, PRICES], on_timer=on_watermark

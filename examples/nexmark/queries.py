@@ -10,6 +10,8 @@ is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark
 * q2 selection: the bids on auctions whose ID is a multiple of 123, as ``(auction, price)``;
 * q3 local item suggestion: auctions of category 10 by sellers in OR, ID or CA (a join of
   auctions with the persons table, as of each auction's time);
+* q4 average price per category: the running mean of the winning bids of closed auctions
+  (their winners found with user state and timers, as in q6);
 * q5 hot items: per sliding window (10 s, every 2 s), the auctions with the most bids;
 * q7 highest bid: per fixed window of 10 s, the bid with the highest price;
 * q6 average selling price by seller: over its last 10 closed auctions (user state and
@@ -21,7 +23,7 @@ is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark
 * q20 bids with their auction's details, category 10 only (a join with the auctions table,
   as of each bid's time).
 
-Not yet: q4 (average price per category) and processing-time windows (q12).
+Not yet: processing-time windows (q12).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from examples.nexmark.q6 import q6
+from examples.nexmark.q6 import q6, winning_bids
 from onceflow import CoGroup, EventTime, KafkaSink, KafkaSource, Pipeline, Stream
 from onceflow.connectors.base import SinkConnector, SourceConnector
 from onceflow.runtime.combine_fn import CombineFn
@@ -112,6 +114,16 @@ def q2(events: Stream) -> Stream:
         _bids(events)
         .filter("some-auctions", lambda b: b["auction"] % 123 == 0)
         .map("auction-price", lambda b: [b["auction"], b["price"]])
+    )
+
+
+def q4(events: Stream) -> Stream:
+    """Average selling price per category: the running mean of closed auctions' winning bids."""
+    return (
+        winning_bids(events)
+        .key_by("by-category", lambda w: w["category"])
+        .map_values("price", lambda w: w["price"])
+        .combine_per_key("average", "mean")
     )
 
 
@@ -218,6 +230,7 @@ QUERIES: dict[str, Callable[[Stream], Stream]] = {
     "q1": q1,
     "q2": q2,
     "q3": q3,
+    "q4": q4,
     "q5": q5,
     "q6": q6,
     "q7": q7,

@@ -161,3 +161,20 @@ def q20(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def q4(events: list[dict[str, Any]]) -> dict[int, float]:
+    """``category -> mean winning price`` over every closed auction with a winner."""
+    auctions = {a["id"]: a for a in events if a["type"] == "auction"}
+    best: dict[int, list[Any]] = {}
+    for b in bids(events):
+        a = auctions.get(b["auction"])
+        if a is None or not a["date_time"] <= b["date_time"] < a["expires"]:
+            continue
+        rank = [b["price"], b["event_id"]]
+        if b["price"] >= a["reserve"] and (b["auction"] not in best or rank > best[b["auction"]]):
+            best[b["auction"]] = rank
+    prices: dict[int, list[int]] = defaultdict(list)
+    for aid, (price, _) in best.items():
+        prices[auctions[aid]["category"]].append(price)
+    return {c: sum(p) / len(p) for c, p in prices.items()}

@@ -81,3 +81,12 @@ def test_q18_last_bid_per_bidder_and_auction():
     for key, bid in _run("q18"):
         last[key] = bid
     assert last == reference.q18(EVENTS)
+
+
+def test_q4_average_price_per_category():
+    last = {}
+    for category, average in _run("q4"):  # running means: the last one is over every auction
+        last[category] = average
+    want = reference.q4(EVENTS)
+    assert want and last.keys() == want.keys()
+    assert all(abs(last[c] - want[c]) < 1e-6 for c in want)
