@@ -178,3 +178,28 @@ def q4(events: list[dict[str, Any]]) -> dict[int, float]:
     for aid, (price, _) in best.items():
         prices[auctions[aid]["category"]].append(price)
     return {c: sum(p) / len(p) for c, p in prices.items()}
+
+
+def q12_totals(events: list[dict[str, Any]]) -> dict[int, int]:
+    """``bidder -> bids``: what q12's windows add up to, whatever the processing times."""
+    totals: dict[int, int] = defaultdict(int)
+    for b in bids(events):
+        totals[b["bidder"]] += 1
+    return dict(totals)
+
+
+def early_bids(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each bid within 2 s (inclusive) of its auction's start, after it."""
+    auctions = {a["id"]: a for a in events if a["type"] == "auction"}
+    out = []
+    for b in bids(events):
+        a = auctions.get(b["auction"])
+        if a is not None and 0 <= b["date_time"] - a["date_time"] <= 2_000:
+            out.append(
+                {
+                    "auction": a["id"],
+                    "bid": b["event_id"],
+                    "after_ms": b["date_time"] - a["date_time"],
+                }
+            )
+    return out

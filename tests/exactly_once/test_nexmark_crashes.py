@@ -48,6 +48,9 @@ CASES = [
     pytest.param(
         "q4", Crash("after_finish", stage="winning-bids", batch=2), marks=pytest.mark.long
     ),
+    pytest.param(
+        "early_bids", Crash("after_commit", stage="early.pairs", batch=1), marks=pytest.mark.long
+    ),
     pytest.param("q1", Crash("after_sink_write", batch=1), marks=pytest.mark.long),
     pytest.param("q2", Crash("after_commit", batch=2), marks=pytest.mark.long),
 ]

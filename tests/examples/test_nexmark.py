@@ -44,7 +44,7 @@ def test_the_generator_is_deterministic_and_shaped_as_nexmark():
     assert late > 50, "some events are out of order"
 
 
-@pytest.mark.parametrize("query", ["q0", "q1", "q2", "q3", "q8", "q20"])
+@pytest.mark.parametrize("query", ["q0", "q1", "q2", "q3", "q8", "q20", "early_bids"])
 def test_element_wise_queries(query):
     got = _run(query)
     want = getattr(reference, query)(EVENTS)
@@ -90,3 +90,20 @@ def test_q4_average_price_per_category():
     want = reference.q4(EVENTS)
     assert want and last.keys() == want.keys()
     assert all(abs(last[c] - want[c]) < 1e-6 for c in want)
+
+
+def test_q12_processing_time_windows_add_up_to_every_bid():
+    stream = TestStream()
+    for i in range(0, len(EVENTS), 500):  # ten seconds of processing time between batches
+        stream = stream.add(EVENTS[i : i + 500]).advance_processing_time(10)
+    stream = stream.advance_processing_time(10).advance_watermark_to_end()
+    pipeline = query_pipeline("q12", kafka_events("unused"), Collect(), "nexmark-q12")
+    out = run_test(pipeline, {"events": stream})
+    assert out.dead_letters == []
+    rows = list(out["out"])
+    totals: dict[int, int] = {}
+    for row in rows:
+        totals[row["bidder"]] = totals.get(row["bidder"], 0) + row["bids"]
+    assert totals == reference.q12_totals(EVENTS)
+    ends = {row["window_end"] for row in rows}
+    assert len(ends) > 3 and all(end % 10_000 == 0 for end in ends), "several windows"
