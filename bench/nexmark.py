@@ -11,7 +11,8 @@ project's README (q0 155k, q1 158k, q4 34k, q5 22k, q7 12k, q18 54k, q20 19k eve
     python bench/nexmark.py [--events 200000] [--batch 50000] [--repeat 2]
         [--queries q0,q1,q2,q3,q4,q5,q6,q7,q8,q11,q18,q20] [--markdown FILE]
 
-Latency at a steady rate, per query and guarantee: ``bench/nexmark_latency.py``.
+Latency at a steady rate, per query and guarantee (p50/p90/p99): ``python bench/nexmark.py
+--latency [--rate 1000] [--seconds 30] [--queries ...]`` (``bench/nexmark_latency.py``).
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def table(runs: dict[str, dict[str, list[dict]]], args: Any) -> list[str]:
 
 
 def main() -> None:
+    if "--latency" in sys.argv:
+        import nexmark_latency
+
+        sys.argv.remove("--latency")
+        nexmark_latency.main()
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=50_000)
