@@ -115,10 +115,10 @@ SYSTEMS = (
         ("--guarantee", "at-least-once"),
         "at least once",
     ),
-    System("spark", "Spark groupBy().sum()", "spark", (), "at least once (sink)"),
+    System("spark", "Spark Structured Streaming", "spark", (), "at least once (sink)"),
     System(
         "spark-dedup",
-        "Spark + dropDuplicatesWithinWatermark",
+        "Spark + dropDuplicatesWithinWatermark(event_id)",
         "spark",
         ("--dedup",),
         "at least once (sink)",
@@ -442,7 +442,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def cell(values: list[float], ref: float | None, fmt: str) -> str:
     """``median (min–max) ×ratio`` of a measure (ratio to Onceflow exactly-once's median)."""
-    if not values or not any(values):
+    if not values or (not any(values) and fmt != ".0f"):  # ".0f": a count, where 0 means none
         return "-"
     med = statistics.median(values)
     spread = f" ({min(values):{fmt}}–{max(values):{fmt}})" if len(values) > 1 else ""
@@ -459,7 +459,7 @@ def run_table(runs: dict[str, list[Result]], skipped: dict[str, str], workload: 
         ("peak memory MB (PSS)", "memory_mb", ",.0f"),
     )
     if workload == "copy":
-        measures += (("copies", "duplicates", ",.0f"),)
+        measures += (("copies", "duplicates", ".0f"),)
     ref_runs = [r for r in runs.get(REFERENCE, []) if r.ok]
     refs = (
         {attr: statistics.median([getattr(r, attr) for r in ref_runs]) for _, attr, _ in measures}
