@@ -17,7 +17,9 @@ defaults where the workload does not force a choice:
   sink is not transactional: its output is at least once.
 
 Workloads: ``sum`` (running total of ``amount`` per user, emitted as ``{"user", "total"}``
-keyed by user) and ``copy`` (a filter, ``amount % 10 != 0``, and a map adding ``cents``).
+keyed by user), ``copy`` (a filter, ``amount % 10 != 0``, and a map adding ``cents``) and
+``window`` (events per user in sliding windows of 10 s every 2 s of the event's ``ts``, out of
+order by 1 s at most, each window's final count emitted as ``{"user", "start", "count"}``).
 
     python bench/peer_jobs.py SYSTEM WORKLOAD --bootstrap B --input T --output T2 --work DIR
         [--guarantee exactly-once|at-least-once] [--client python|confluent] [--dedup]
@@ -33,7 +35,8 @@ import uuid
 from typing import Any
 
 SYSTEMS = ("onceflow", "quix", "spark")
-WORKLOADS = ("sum", "copy")
+WORKLOADS = ("sum", "copy", "window")
+WINDOW_MS, STEP_MS, LATENESS_MS = 10_000, 2_000, 1_000  # sliding 10 s every 2 s, 1 s late
 
 
 def keep(e: dict[str, Any]) -> bool:
@@ -47,13 +50,18 @@ def cents(e: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_onceflow(args: argparse.Namespace) -> None:
-    from onceflow import KafkaSink, KafkaSource, Pipeline
+    from onceflow import EventTime, KafkaSink, KafkaSource, Pipeline, Sliding
 
     eo = args.guarantee == "exactly-once"
     name = f"peer-{args.workload}-{uuid.uuid4().hex[:6]}"
-    p = Pipeline(name)
-    ids = {"id": lambda e: e["event_id"]} if eo else {}
-    events = p.read("events", KafkaSource(args.input, codec="json", client=args.client, **ids))
+    timed = args.workload == "window"  # event time only where the workload needs it
+    lateness = EventTime.of(out_of_orderness=f"{LATENESS_MS}ms") if timed else None
+    p = Pipeline(name, event_time=lateness)
+    ids: dict[str, Any] = {"id": lambda e: e["event_id"]} if eo else {}
+    if timed:
+        ids["timestamp"] = lambda e: e["ts"]
+    source = KafkaSource(args.input, codec="json", client=args.client, **ids)
+    events = p.read("events", source)
     sink = KafkaSink(
         args.output,
         key=lambda r: r["user"],
@@ -69,6 +77,16 @@ def run_onceflow(args: argparse.Namespace) -> None:
             .map("as-record", lambda kv: {"user": kv[0], "total": kv[1]})
             .write("totals", sink)
         )
+    elif args.workload == "window":
+        (
+            events.key_by("by-user", lambda e: e["user"])
+            .window("sliding", Sliding(f"{WINDOW_MS}ms", f"{STEP_MS}ms"))
+            .count_per_key("count")
+            .map(
+                "as-record", lambda kv: {"user": kv[0], "start": kv[1].start, "count": kv[1].value}
+            )
+            .write("counts", sink)
+        )
     else:
         events.filter("keep", keep).map("cents", cents).write("copies", sink)
     p.run(
@@ -79,6 +97,7 @@ def run_onceflow(args: argparse.Namespace) -> None:
         max_records_per_batch=args.batch,
         trigger_seconds=0,
         progress=False,
+        log_level="info",  # the driver's per-batch phases, read by bench/peers.py
     )
 
 
@@ -93,7 +112,9 @@ def run_quix(args: argparse.Namespace) -> None:
         state_dir=os.path.join(args.work, "state"),
         loglevel="WARNING",
     )
-    source = app.topic(args.input, value_deserializer="json")
+    timed = args.workload == "window"  # event time only where the workload needs it
+    extract = {"timestamp_extractor": lambda v, _h, _t, _k: v["ts"]} if timed else {}
+    source = app.topic(args.input, value_deserializer="json", **extract)
     sink = app.topic(args.output, value_serializer="json")
     sdf = app.dataframe(source)
     if args.workload == "sum":
@@ -104,6 +125,14 @@ def run_quix(args: argparse.Namespace) -> None:
             return {"user": e["user"], "total": total}
 
         sdf = sdf.apply(add, stateful=True)
+    elif args.workload == "window":
+        windows = sdf.hopping_window(WINDOW_MS, STEP_MS, grace_ms=LATENESS_MS).count().final()
+
+        def record(w: dict[str, Any], key: Any, _ts: int, _headers: Any) -> dict[str, Any]:
+            user = key.decode() if isinstance(key, bytes) else key
+            return {"user": user, "start": w["start"], "count": w["value"]}
+
+        sdf = windows.apply(record, metadata=True)
     else:
         sdf = sdf.filter(keep).apply(cents)
     sdf.to_topic(sink)
@@ -140,6 +169,18 @@ def run_spark(args: argparse.Namespace) -> None:
             F.col("user").alias("key"), F.to_json(F.struct("user", "total")).alias("value")
         )
         mode = "update"
+    elif args.workload == "window":
+        if not args.dedup:
+            events = events.withColumn("event_time", F.timestamp_millis("ts")).withWatermark(
+                "event_time", f"{LATENESS_MS} milliseconds"
+            )
+        counts = events.groupBy(
+            F.window("event_time", f"{WINDOW_MS} milliseconds", f"{STEP_MS} milliseconds"),
+            "user",
+        ).count()
+        record = F.struct("user", F.unix_millis("window.start").alias("start"), F.col("count"))
+        out = counts.select(F.col("user").alias("key"), F.to_json(record).alias("value"))
+        mode = "append"
     else:
         kept = events.where(F.col("amount") % 10 != 0).withColumn("cents", F.col("amount") * 100)
         cols = ("user", "amount", "event_id", "ts", "sent_ms", "cents")

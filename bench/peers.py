@@ -35,6 +35,10 @@ topic. Measured from outside, per run:
 Workload ``copy`` (``--workloads sum,copy``): the stateless filter (one event in ten dropped)
 and map, measured the same way (right: every kept ``event_id`` came out; copies counted).
 
+Workload ``window`` (``--workloads window``): events per user in sliding windows of 10 s every
+2 s of the events' time (1 s of lateness allowed), the final count of each window out; right
+when every window ending 12 s before the last event time has its count.
+
 Latency (``--latency``): the same copy, fed at ``--rate`` events/s
 (each stamped with its send time); latency is the arrival time at a ``read_committed``
 consumer minus the send time, p50/p90/p99 over ``--seconds`` after ``--warmup`` seconds
@@ -69,6 +73,8 @@ from typing import Any
 
 import page
 from exactly_once import BROKER_PID_ENV, PeakRss, redis_cpu, services
+from latency import Measured, _read_phases
+from peer_jobs import STEP_MS, WINDOW_MS, keep
 
 from onceflow.connectors.kafka.admin import ensure_topics
 from onceflow.kernel.settings import KafkaSettings
@@ -180,19 +186,33 @@ class Input:
 
     totals: dict[str, int]  # running sum: the final total per user
     kept: int  # copy: events that pass the filter
+    windows: dict[tuple[str, int], int]  # window: events per (user, window start)
+    last_ts: int = 0  # the largest event time written
+
+    def closed_windows(self) -> dict[tuple[str, int], int]:
+        """The windows every system must have closed: ending 12 s before the last event time.
+
+        The watermark stops 1 s (the lateness; 10 s in Spark's variant with
+        ``dropDuplicatesWithinWatermark``) behind the largest event time, in Onceflow and
+        Spark the smallest of the partitions' (which differ by a few events' times).
+        """
+        cutoff = self.last_ts - 12_000
+        return {k: n for k, n in self.windows.items() if k[1] + WINDOW_MS <= cutoff}
 
 
 def write_input(bootstrap: str, topic: str, events: int) -> Input:
     """Write ``events`` events keyed by user; return the independent answers."""
-    from peer_jobs import keep
-
     ensure_topics(KafkaSettings(bootstrap), [topic], PARTITIONS)
     prod, rng = producer(bootstrap), random.Random(7)
-    answers = Input({}, 0)
+    answers = Input({}, 0, {})
     for n in range(events):
         e = event(n, rng)
         answers.totals[e["user"]] = answers.totals.get(e["user"], 0) + e["amount"]
         answers.kept += keep(e)
+        answers.last_ts = max(answers.last_ts, e["ts"])
+        first = (e["ts"] - WINDOW_MS) // STEP_MS * STEP_MS + STEP_MS  # epoch-aligned starts
+        for start in range(first, e["ts"] + 1, STEP_MS):
+            answers.windows[e["user"], start] = answers.windows.get((e["user"], start), 0) + 1
         send(prod, topic, e["user"].encode(), json.dumps(e).encode())
         if n % 10_000 == 0:
             prod.poll(0)
@@ -288,6 +308,33 @@ class CopyCheck(Check):
         self.advance(now, len(self.seen) / self.kept, len(self.seen) == self.kept)
 
 
+class WindowCheck(Check):
+    """The sliding-window count: right when every closed window's last count is expected."""
+
+    def __init__(self, expected: dict[tuple[str, int], int]) -> None:
+        super().__init__()
+        self.expected = expected
+        self.latest: dict[tuple[str, int], int] = {}
+        self.right = 0
+
+    def __call__(self, value: Any, now: float) -> None:
+        key = (value["user"], int(value["start"]))
+        count, old = int(value["count"]), self.latest.get(key)
+        want = self.expected.get(key)
+        self.duplicates += old is not None
+        self.right += (count == want) - (old is not None and old == want)
+        self.latest[key] = count
+        self.advance(now, self.right / len(self.expected), self.right == len(self.expected))
+
+
+def check_for(workload: str, answers: Input) -> Check:
+    if workload == "sum":
+        return SumCheck(answers.totals)
+    if workload == "copy":
+        return CopyCheck(answers.kept)
+    return WindowCheck(answers.closed_windows())
+
+
 # -- one measured run ------------------------------------------------------------------------
 
 
@@ -302,6 +349,7 @@ class Result:
     memory_mb: float = 0.0
     duplicates: int = 0  # copy: records that came out more than once
     error: str = ""
+    phases: dict[str, float] = field(default_factory=dict)  # Onceflow: median s per batch
     latencies: list[float] = field(default_factory=list)  # ms (latency runs)
 
 
@@ -337,7 +385,7 @@ def measure_run(system: System, workload: str, ctx: dict[str, str], answers: Inp
     work = tempfile.mkdtemp(prefix=f"peers-{system.key}-", dir=ctx["work"])
     out = f"peers-out-{uuid.uuid4().hex[:8]}"
     ensure_topics(KafkaSettings(ctx["bootstrap"]), [out], PARTITIONS)
-    check = SumCheck(answers.totals) if workload == "sum" else CopyCheck(answers.kept)
+    check = check_for(workload, answers)
     reader = Reader(ctx["bootstrap"], out, check)
     reader.start()
     redis_before = redis_cpu(ctx["redis_url"]) or {"total": 0.0}
@@ -372,7 +420,15 @@ def measure_run(system: System, workload: str, ctx: dict[str, str], answers: Inp
         services_100k=(cpu.get("broker", 0.0) + redis_after["total"] - redis_before["total"]) * per,
         memory_mb=sum(v for k, v in peak.peaks_mb().items() if k != "worker processes"),
         duplicates=check.duplicates,
+        phases=batch_phases(work),
     )
+
+
+def batch_phases(work: str) -> dict[str, float]:
+    """Where an Onceflow micro-batch's time went (its driver's log), median s per phase."""
+    measured = Measured("")
+    _read_phases(work, measured)
+    return {k: statistics.median(v) for k, v in measured.phases.items()}
 
 
 # -- latency ---------------------------------------------------------------------------------
@@ -458,7 +514,7 @@ def run_table(runs: dict[str, list[Result]], skipped: dict[str, str], workload: 
         ("broker + Redis CPU s / 100k", "services_100k", ".1f"),
         ("peak memory MB (PSS)", "memory_mb", ",.0f"),
     )
-    if workload == "copy":
+    if workload != "sum":
         measures += (("copies", "duplicates", ".0f"),)
     ref_runs = [r for r in runs.get(REFERENCE, []) if r.ok]
     refs = (
@@ -587,6 +643,8 @@ def progress_line(r: Result) -> str:
     return (
         f"correct after {r.seconds:.1f} s, steady {r.steady:,.0f} rec/s, "
         f"CPU {r.cpu_100k:.1f} s/100k, memory {r.memory_mb:,.0f} MB, {r.duplicates} copies"
+        + ("; per batch " + ", ".join(f"{k} {v:.2f} s" for k, v in r.phases.items()))
+        * bool(r.phases)
     )
 
 
@@ -597,7 +655,11 @@ def report(
     skipped: dict[str, str],
 ) -> None:
     lines: list[str] = []
-    titles = {"sum": "Running sum per user", "copy": "Stateless copy (filter + map)"}
+    titles = {
+        "sum": "Running sum per user",
+        "copy": "Stateless copy (filter + map)",
+        "window": "Sliding-window count per user (10 s every 2 s)",
+    }
     for workload, results in runs.items():
         lines += [
             f"{titles[workload]}, {args.events:,} events, {USERS} users, {PARTITIONS} "
