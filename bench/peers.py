@@ -545,6 +545,10 @@ def run_table(runs: dict[str, list[Result]], skipped: dict[str, str], workload: 
         f"| {BY_KEY[k].label} | skipped: {why} |" + " |" * len(measures)
         for k, why in skipped.items()
     ]
+    errors = [(k, r.error) for k, rs in runs.items() for r in rs if not r.ok][:4]
+    lines += ["", *(f"Failed run of {BY_KEY[k].label}: {e[:300]}" for k, e in errors)] * bool(
+        errors
+    )
     return lines
 
 
