@@ -48,10 +48,11 @@ def q5(events: list[dict[str, Any]]) -> dict[tuple[int, int], list[Any]]:
     return out
 
 
-def q6(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per closed auction with a winner, in ``(expires, auction)`` order per seller: the
-    seller's average winning price over its last 10 such auctions."""
-    auctions = {a["id"]: a for a in events if a["type"] == "auction"}
+def winning_prices(
+    events: list[dict[str, Any]], auctions: dict[int, dict[str, Any]]
+) -> dict[int, int]:
+    """``auction -> winning price``: the highest valid bid (ties: the larger event ID) made
+    in ``[date_time, expires)`` at or above the reserve, for each auction with one."""
     best: dict[int, list[Any]] = {}
     for b in bids(events):
         a = auctions.get(b["auction"])
@@ -60,8 +61,15 @@ def q6(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rank = [b["price"], b["event_id"]]
         if b["price"] >= a["reserve"] and (b["auction"] not in best or rank > best[b["auction"]]):
             best[b["auction"]] = rank
+    return {aid: rank[0] for aid, rank in best.items()}
+
+
+def q6(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per closed auction with a winner, in ``(expires, auction)`` order per seller: the
+    seller's average winning price over its last 10 such auctions."""
+    auctions = {a["id"]: a for a in events if a["type"] == "auction"}
     closed: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    for aid, (price, _) in best.items():
+    for aid, price in winning_prices(events, auctions).items():
         closed[auctions[aid]["seller"]].append((auctions[aid]["expires"], aid, price))
     out = []
     for seller, mine in closed.items():
@@ -166,16 +174,8 @@ def q20(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def q4(events: list[dict[str, Any]]) -> dict[int, float]:
     """``category -> mean winning price`` over every closed auction with a winner."""
     auctions = {a["id"]: a for a in events if a["type"] == "auction"}
-    best: dict[int, list[Any]] = {}
-    for b in bids(events):
-        a = auctions.get(b["auction"])
-        if a is None or not a["date_time"] <= b["date_time"] < a["expires"]:
-            continue
-        rank = [b["price"], b["event_id"]]
-        if b["price"] >= a["reserve"] and (b["auction"] not in best or rank > best[b["auction"]]):
-            best[b["auction"]] = rank
     prices: dict[int, list[int]] = defaultdict(list)
-    for aid, (price, _) in best.items():
+    for aid, price in winning_prices(events, auctions).items():
         prices[auctions[aid]["category"]].append(price)
     return {c: sum(p) / len(p) for c, p in prices.items()}
 
