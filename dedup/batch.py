@@ -54,6 +54,12 @@ class BatchParams:
     generation: int  # the bucket of the dedup time: where the batch's seen-IDs go
     live: tuple[int, ...]  # generations still looked up, newest first (the batch's included)
     limit_ms: int  # the newest event time admitted (the batch time plus max_ahead)
+    # The batch before's watermark: the windows it closed are closed (their final panes have
+    # left); a window that ends between it and ``watermark`` still takes this batch's
+    # records — those of event-time firings upstream (a pane's time is its window's last ms,
+    # a timer's its time) among them — and fires at the end of this batch.
+    # (None: a batch started by an earlier build, whose windows closed at its own watermark).
+    previous_watermark: int | None = None
 
     @property
     def floor_ms(self) -> int:
@@ -62,7 +68,7 @@ class BatchParams:
 
     def as_fields(self) -> dict[str, int | str]:
         """As the fields of the batch's Redis hash."""
-        return {
+        fields: dict[str, int | str] = {
             "time_ms": self.time_ms,
             "watermark": self.watermark,
             "dedup_time_ms": self.dedup_time_ms,
@@ -72,12 +78,15 @@ class BatchParams:
             "live": ",".join(str(g) for g in self.live),
             "limit_ms": self.limit_ms,
         }
+        if self.previous_watermark is not None:
+            fields["previous_watermark"] = self.previous_watermark
+        return fields
 
     @classmethod
     def from_fields(cls, batch: int, fields: Mapping[Any, Any]) -> BatchParams:
         """Back from the batch's Redis hash (``HGETALL``, bytes or str)."""
         text = {_text(k): _text(v) for k, v in fields.items()}
-        f = {k: int(v) for k, v in text.items() if k != "live"}
+        f: dict[str, int] = {k: int(v) for k, v in text.items() if k != "live"}
         return cls(
             batch,
             f["time_ms"],
@@ -88,6 +97,7 @@ class BatchParams:
             f["generation"],
             tuple(int(g) for g in text["live"].split(",") if g),
             f["limit_ms"],
+            f.get("previous_watermark"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -184,6 +194,7 @@ def fix_batch_params(
         # (late is per bucket), so the generations holding them must still be looked up
         live_generations(client, ks, generation, floor * config.bucket_ms),
         event_time.limit(now),
+        min(previous_wm, wm),
     )
     keys, args = script_args.batch_params(
         ks, batch, epoch=epoch, server=server, clock=(wm, tau, now), fields=params.as_fields()

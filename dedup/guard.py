@@ -143,6 +143,7 @@ class ExactlyOnceGuard:
         self.params = params
         self.limit_ms: int | None = params.limit_ms
         self.watermark: int | None = params.watermark
+        self.previous_watermark: int | None = params.previous_watermark
         self.batch_time_ms: int | None = params.time_ms
         self.attempt_id = task.attempt_id
         self.session = TaskSession(

@@ -32,12 +32,20 @@ live as long as the key has a row (a tombstone's version is pruned like any othe
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Any
 
 from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.pipeline.errors import PipelineError
-from onceflow.runtime.user_state import BagSpec, Context, MapSpec, Timer, ValueSpec
+from onceflow.runtime.user_state import (
+    BagSpec,
+    Context,
+    MapSpec,
+    Timer,
+    TimestampedValue,
+    ValueSpec,
+)
 
 Stream = Any  # onceflow.pipeline.api.Stream (that module calls this one: no import cycle)
 
@@ -47,6 +55,7 @@ VERSIONS = MapSpec[int, Any]("versions")  # version time -> row (None: deleted)
 WAITING = BagSpec[list[Any]]("waiting")  # [ts, value] of stream records waiting for the watermark
 FLOOR = ValueSpec[int]("floor")  # versions before this time were pruned
 PRUNE = "prune"
+DUE = "due"  # join_table: the timer at a key's earliest waiting record
 
 
 class LateForJoin(ValueError):
@@ -143,7 +152,7 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
         raise PipelineError(msg)
     inner = how == "inner"
 
-    def emit(key: Any, ts: int, value: Any, ctx: Context) -> Iterator[Any]:
+    def emit(key: Any, ts: int, value: Any, ctx: Context, times: list[int]) -> Iterator[Any]:
         floor = ctx.state(FLOOR).read()
         if floor is not None and ts < floor:
             msg = (
@@ -151,9 +160,9 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
                 "oldest version of the table row still kept (allow more out-of-orderness)"
             )
             raise LateForJoin(msg)
-        row = _as_of(ctx, ts)
+        row = _as_of(ctx, times, ts)
         if row is not None or not inner:
-            yield key, (value, row)
+            yield TimestampedValue((key, (value, row)), ts)
 
     def on_element(key: Any, tagged: Any, ctx: Context) -> Iterator[Any]:
         side, value = tagged
@@ -162,18 +171,27 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
             ctx.state(VERSIONS).put(ts, value)
             return
         if ts < ctx.watermark:  # late: it leaves now, with what the table holds
-            yield from emit(key, ts, value, ctx)
+            yield from emit(key, ts, value, ctx, sorted(ctx.state(VERSIONS).keys()))
             return
         ctx.state(WAITING).add([ts, value])
-        ctx.timers.set_event_time(ts, f"t{ts}")
+        armed = ctx.timers.get(DUE)
+        if armed is None or ts < armed.time:
+            ctx.timers.set_event_time(ts, DUE)
 
-    def on_timer(key: Any, timer: Timer, ctx: Context) -> Iterator[Any]:
-        due = [e for e in ctx.state(WAITING).read() if e[0] <= timer.time]
-        if due:
-            ctx.state(WAITING).write([e for e in ctx.state(WAITING).read() if e[0] > timer.time])
-            for ts, value in due:
-                yield from emit(key, ts, value, ctx)
-        _prune(ctx, timer.time)
+    def on_timer(key: Any, timer: Timer, ctx: Context) -> Iterator[Any]:  # noqa: ARG001
+        # One timer per key, at its earliest waiting record: a firing releases every record
+        # the watermark has passed (each with its own time), in time order, then moves on.
+        waiting = ctx.state(WAITING)
+        due, rest = _split(waiting.read(), ctx.watermark)
+        if rest:
+            ctx.timers.set_event_time(min(e[0] for e in rest), DUE)
+        if not due:
+            return
+        waiting.write(rest)
+        times = sorted(ctx.state(VERSIONS).keys())
+        for ts, value in due:
+            yield from emit(key, ts, value, ctx, times)
+        _prune(ctx, times, due[-1][0])
 
     joined = _tagged(stream, name, table).process(
         f"{name}.as-of", on_element, states=[VERSIONS, WAITING, FLOOR], on_timer=on_timer
@@ -181,23 +199,30 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
     return _keyed(joined, name)
 
 
-def _as_of(ctx: Context, ts: int) -> Any:
-    """The row the table held at ``ts``: the newest version at or before it (None: none)."""
-    versions = ctx.state(VERSIONS)
-    times = sorted(t for t in versions.keys() if t <= ts)
-    if times:
-        return versions.get(times[-1])
-    return None
+def _split(waiting: list[list[Any]], watermark: int) -> tuple[list[list[Any]], list[list[Any]]]:
+    """The waiting records the watermark has passed, in time order (ties: arrival), and the rest."""
+    due = sorted((e for e in waiting if e[0] <= watermark), key=lambda e: int(e[0]))
+    return due, [e for e in waiting if e[0] > watermark]
 
 
-def _prune(ctx: Context, upto: int) -> None:
+def _as_of(ctx: Context, times: list[int], ts: int) -> Any:
+    """The row the table held at ``ts``: the newest version at or before it (None: none).
+
+    ``times`` are the key's version times, sorted.
+    """
+    at = bisect_right(times, ts)
+    return ctx.state(VERSIONS).get(times[at - 1]) if at else None
+
+
+def _prune(ctx: Context, times: list[int], upto: int) -> None:
     """Versions older than the newest one at or before ``upto`` can no longer be read.
 
-    ``upto`` is the firing timer's time: records still waiting are later, and records still
-    to come are at or after the watermark (or late, and then checked against the floor).
+    ``upto`` is the time of the last record released: records still waiting are later, and
+    records still to come are at or after the watermark (or late, and then checked against
+    the floor).
     """
     versions = ctx.state(VERSIONS)
-    older = sorted(t for t in versions.keys() if t <= upto)
+    older = times[: bisect_right(times, upto)]
     for t in older[:-1]:
         versions.remove(t)
     if len(older) > 1:

@@ -19,6 +19,7 @@ from onceflow.runtime.user_state import (
     StateSpec,
     Timer,
     Timers,
+    TimestampedValue,
     ValueSpec,
     ValueState,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "StateSpec",
     "Timer",
     "Timers",
+    "TimestampedValue",
     "ValueSpec",
     "ValueState",
 ]

@@ -92,14 +92,16 @@ class StageBody:
         mode: Guarantee,
         batch: int,
         partition: int,
-        watermark: int | None = None,
+        watermarks: tuple[int | None, int | None] = (None, None),
         now: int | None = None,
     ) -> None:
         self.spec = spec
         self.mode = mode
         self.batch = batch
         self.partition = partition
-        self.watermark = watermark  # the micro-batch's (None: bounded)
+        # the micro-batch's watermark and the batch before's (None: bounded)
+        self.watermark, self.previous_watermark = watermarks
+        watermark = self.watermark
         self.now = now  # the micro-batch's time (None: bounded)
         self.limit_ms: int | None = None  # the newest event time admitted (set by the task)
         self.cursor = Cursor()
@@ -157,7 +159,8 @@ class StageBody:
         chunked = self.mode.ids and op.phase is Phase.PARTIAL
         combine: CombineOp | WindowedCombine
         if op.windowing is not None:
-            combine = WindowedCombine(op, stateful, chunked, self.watermark, self.now)
+            watermarks = (self.watermark, self.previous_watermark)
+            combine = WindowedCombine(op, stateful, chunked, watermarks, self.now)
         else:
             combine = CombineOp(op, stateful, chunked, self.now)
         self.combines[op.name] = combine

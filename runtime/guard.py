@@ -40,6 +40,7 @@ class Guard(Protocol):
     delivery: Budget  # sink records held and delivered together
     limit_ms: int | None  # the newest event time admitted, if there is a limit
     watermark: int | None  # the micro-batch's watermark (None: bounded, nothing is late)
+    previous_watermark: int | None  # the batch before's: windows it closed are closed
     batch_time_ms: int | None  # the micro-batch's time (processing-time triggers, ttl)
 
     def open(self) -> TaskBackup:
@@ -171,6 +172,7 @@ class NoGuard:
     delivery = Budget(DELIVERY_RECORDS, DELIVERY_BYTES)
     limit_ms: int | None = None
     watermark: int | None = None
+    previous_watermark: int | None = None
     batch_time_ms: int | None = None
 
     def open(self) -> TaskBackup:
@@ -298,6 +300,7 @@ class AtLeastOnceGuard(NoGuard):
         params = factory.params
         if params is not None:
             self.watermark = params.watermark
+            self.previous_watermark = params.previous_watermark
             self.batch_time_ms = params.time_ms
 
     def read_state(self, node: str, keys: Sequence[bytes]) -> Mapping[bytes, bytes | None]:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from onceflow.kernel import codec
+from onceflow.kernel.eventtime import as_event_time
 from onceflow.kernel.ids import Deriver
 from onceflow.kernel.records import Guarantee, StateWrite
 from onceflow.runtime.combine_op import EXPIRY_TIMERS
@@ -46,6 +47,7 @@ from onceflow.runtime.user_state import (
     StateSpec,
     Timer,
     Timers,
+    TimestampedValue,
 )
 from onceflow.runtime.window_panes import EVENT_TIMERS, PROCESSING_TIMERS
 
@@ -151,6 +153,24 @@ def _outputs(result: Any) -> list[Any]:
     return list(result)
 
 
+def _stamped(results: list[Any], ts: int) -> list[tuple[int | None, Any]]:
+    """Each output with its own event time (None: the call's), checked before any leaves."""
+    stamped: list[tuple[int | None, Any]] = []
+    for r in results:
+        if not isinstance(r, TimestampedValue):
+            stamped.append((None, r))
+            continue
+        at = as_event_time(r.timestamp)
+        if at < ts:
+            msg = (
+                f"an output's timestamp {at} is earlier than ctx.timestamp {ts}: an output "
+                "may only move forward in event time"
+            )
+            raise ValueError(msg)
+        stamped.append((at, r.value))
+    return stamped
+
+
 class ProcessOp:
     """A process node of one task (see the module docstring)."""
 
@@ -244,15 +264,22 @@ class ProcessOp:
             (ts, self.watermark, self.now),
         )
         try:
-            results = _outputs(fn(*args, ctx))
+            results = _stamped(_outputs(fn(*args, ctx)), ts)
             state.saved = state.snapshot(self.specs)
         except Exception as exc:  # noqa: BLE001 - user code: a dead letter
             state.restore(self.specs)
             self.fail(node or self.spec.name, exc, what)
             return
-        out = self.out
-        for r in results:
-            out(r)
+        out, cursor = self.out, self.cursor
+        for stamp, r in results:
+            if stamp is None:
+                out(r)
+                continue
+            cursor.ts = stamp
+            try:
+                out(r)
+            finally:
+                cursor.ts = ts
 
     def _read(self, reader: StateReader, keys: list[bytes]) -> Mapping[bytes, bytes | None]:
         if self.stateful:

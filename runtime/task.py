@@ -147,7 +147,7 @@ class TaskRun:
             self.guard.mode,
             task.batch,
             task.partition,
-            self.guard.watermark,
+            (self.guard.watermark, self.guard.previous_watermark),
             self.guard.batch_time_ms,
         )
         self.body.limit_ms = self.guard.limit_ms

@@ -276,6 +276,22 @@ class Timer(NamedTuple):
     hold: int
 
 
+class TimestampedValue(NamedTuple):
+    """An output of a process or timer function with an event time of its own (ms).
+
+    Outputs carry ``ctx.timestamp`` by default (the element's time, or the firing timer's);
+    yield ``TimestampedValue(value, ts)`` to give one a later time, as Beam's
+    ``outputWithTimestamp`` does — for instance a timer that releases several buffered
+    records, each with its own time. It may not be earlier than ``ctx.timestamp``: the
+    stage's output watermark is held there, and an earlier record could reach a window that
+    has already fired (the call fails, as a dead letter, instead). ``ts`` may be an aware
+    datetime.
+    """
+
+    value: Any
+    timestamp: Any
+
+
 class Timers:
     """The key's timers, each named by a tag (setting a tag again moves its timer)."""
 

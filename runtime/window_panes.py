@@ -44,21 +44,31 @@ class WindowPanes:
         self,
         fn: CombineFn,
         windowing: Windowing,
-        watermark: int | None,
+        watermarks: tuple[int | None, int | None],
         now: int,
         failed: Failed,
     ) -> None:
         self.fn = fn
         self.windowing = windowing
-        self.watermark = watermark  # None: bounded, nothing closes before the end
+        # None: bounded, nothing closes before the end
+        self.watermark, previous = watermarks  # the batch's: what fires at its end
+        # the batch before's: windows it closed are closed (see BatchParams); none: the batch's
+        self.closed_at = previous if previous is not None else self.watermark
         self.now = now
         self.failed = failed  # a pane whose extract raised: the user's function failed
 
     # -- adding --------------------------------------------------------------------------
 
     def open_windows(self, ts: int, spans: list[Span]) -> tuple[list[Span], int]:
-        """The spans still open at the watermark, and how many closed; raises if all did."""
-        wm = self.watermark
+        """The spans still open, and how many closed; raises if all did.
+
+        A window that ends between the batch before's watermark and this batch's is open: it
+        fires at the end of this batch, with these records. Records of event-time firings
+        upstream (a pane at its window's last millisecond, a timer's output) always land
+        there, and so do records of this batch behind its watermark whose window has not
+        fired yet.
+        """
+        wm = self.closed_at
         if wm is None:
             return spans, 0
         lateness = self.windowing.allowed_lateness_ms

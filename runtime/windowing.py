@@ -69,7 +69,7 @@ class WindowedCombine:
         spec: OpSpec,
         stateful: bool,
         chunked: bool,
-        watermark: int | None,
+        watermarks: tuple[int | None, int | None],
         now: int | None,
     ) -> None:
         assert spec.combine_fn is not None and spec.windowing is not None
@@ -79,7 +79,10 @@ class WindowedCombine:
         self.stateful = stateful
         self.chunked = chunked
         self.merging = spec.phase is Phase.FINAL  # inputs are lifted partials
-        self.watermark = watermark  # None: bounded, nothing closes before the end
+        # The batch's watermark fires windows; the batch before's decides which have closed
+        # (None: bounded, nothing closes before the end).
+        watermark, previous = watermarks
+        self.watermark = previous if previous is not None else watermark
         self.now = now or 0
         self.per_record = stateful and self.windowing.trigger.late_mode is Late.RECORD
         self.acc: dict[bytes, KeyDeltas] = {}  # this chunk's deltas
@@ -94,7 +97,7 @@ class WindowedCombine:
         self.closed_windows: Callable[[str, Any], None] = _refuse
         # late-bound: the stage body sets ``failed`` after construction
         failed = lambda key, exc: self.failed(key, exc)  # noqa: E731, PLW0108
-        self.panes = WindowPanes(self.fn, self.windowing, watermark, self.now, failed)
+        self.panes = WindowPanes(self.fn, self.windowing, watermarks, self.now, failed)
 
     # -- adding ------------------------------------------------------------------------
 

@@ -125,6 +125,7 @@ class BatchClock:
     watermark: int
     floor: int  # oldest event-time bucket admitted
     limit_ms: int  # newest event time admitted
+    previous_watermark: int  # the batch before's: windows it closed are closed
 
 
 class MemoryGuard(NoGuard):
@@ -149,6 +150,7 @@ class MemoryGuard(NoGuard):
         self.floor = clock.floor
         self.limit_ms: int | None = clock.limit_ms
         self.watermark: int | None = clock.watermark
+        self.previous_watermark: int | None = clock.previous_watermark
         self.batch_time_ms: int | None = clock.time_ms
         self.counts: dict[str, int] = {}
 
@@ -310,9 +312,11 @@ class Evaluator:
     def _batch_clock(self) -> BatchClock:
         """The batch's time and watermark, as ``fix_batch_params`` fixes them."""
         now = max(self.clock_ms, self.time_ms)
-        wm = watermark(self.store.lane_view(), now, self.watermark, self.event_time)
+        previous = self.watermark
+        wm = watermark(self.store.lane_view(), now, previous, self.event_time)
         self.time_ms, self.watermark = now, wm
-        return BatchClock(self.batches, now, wm, self.config.floor(wm), self.event_time.limit(now))
+        floor, limit = self.config.floor(wm), self.event_time.limit(now)
+        return BatchClock(self.batches, now, wm, floor, limit, min(previous, wm))
 
     def _tick_due(self) -> bool:
         """Whether a window's timer is due by the next watermark (as ``Ticker.after_batch``)."""

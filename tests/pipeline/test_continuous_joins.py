@@ -107,3 +107,40 @@ def test_a_table_join_takes_the_row_as_of_each_records_time():
     inner = run_test(_table_pipeline("inner"), {"clicks": stream, "users": table})
     assert sorted(v[0] for _k, v in inner["out"]) == ["b", "c", "d"]
     assert left.dead_letters == [] and inner.dead_letters == []
+
+
+def _windowed_table_pipeline() -> Pipeline:
+    from onceflow import sinks, windows
+
+    p = Pipeline("as-of-windows")
+    clicks = p.read("clicks", sources.Collection([])).key_by("user", lambda c: c["user"])
+    users = p.read("users", sources.Collection([])).key_by("id", lambda u: u["key"])
+    users = users.map_values("row", lambda u: u["value"])
+    joined = clicks.map_values("page", lambda c: c["page"]).join_table("enriched", users)
+    joined.write("out", sinks.Collect())
+    plans = joined.key_by("plan", lambda kv: kv[1][1]["plan"])
+    plans.window("secs", windows.Fixed("1s")).count_per_key("n").write("counts", sinks.Collect())
+    return p
+
+
+def test_a_hot_key_leaves_in_one_batch_each_record_with_its_own_time():
+    """Thousands of records of one key wait at distinct times; the watermark passes them all.
+
+    They all leave in the micro-batch that passes them (one timer per key, not one per
+    waiting time: thousands of firings per key were capped per batch, and the records beyond
+    the cap were left for batches that a finite input never runs), and each keeps its own
+    event time: counted per one-second window downstream, as a reference counts them.
+    """
+    t = START
+    clicks = [({"user": "hot", "page": f"p{i}"}, t + 10 * i) for i in range(3_000)]
+    users = [({"key": "hot", "value": {"plan": "pro"}}, t)]
+    stream = TestStream().add_timestamped(clicks).advance_watermark(t + 40_000)
+    table = TestStream().add_timestamped(users).advance_watermark(t + 40_000)
+    out = run_test(_windowed_table_pipeline(), {"clicks": stream, "users": table})
+    assert sorted(v[0] for _k, v in out["out"]) == sorted(f"p{i}" for i in range(3_000))
+    want: dict[int, int] = {}
+    for _c, ts in clicks:
+        want[ts // 1_000 * 1_000] = want.get(ts // 1_000 * 1_000, 0) + 1
+    got = {pane.start: pane.value for _plan, pane in out["counts"]}
+    assert got == want
+    assert out.dead_letters == []

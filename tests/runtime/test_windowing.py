@@ -73,7 +73,7 @@ def run_operator(w: Windowing, batches, phase=Phase.FULL):
     store = Store()
     panes, dead = [], []
     for b, (wm, now, chunks) in enumerate(batches):
-        op = WindowedCombine(spec, True, False, wm, now)
+        op = WindowedCombine(spec, True, False, (wm, None), now)
 
         def emit(kb, key, pane, ts, b=b):
             panes.append((b, key, pane))
@@ -309,7 +309,7 @@ def test_a_lifted_partial_carries_windows_across_the_exchange():
     partial_spec = OpSpec(
         "p", OpKind.COMBINE, (), (), combine_fn=Sum(), phase=Phase.PARTIAL, windowing=w
     )
-    partial = WindowedCombine(partial_spec, False, False, 0, 0)
+    partial = WindowedCombine(partial_spec, False, False, (0, None), 0)
     for ts in (0, 5_000, 40_000):
         partial.add(b"k", "k", 1, ts)
     sent = partial.drain()
@@ -335,7 +335,7 @@ def test_the_final_combine_takes_one_window_partials_of_older_backups():
 def test_a_partials_closed_windows_are_dead_letters_and_its_open_ones_count():
     w = windowing(Fixed(10))
     spec = OpSpec(NODE, OpKind.COMBINE, (), (), combine_fn=Sum(), phase=Phase.FINAL, windowing=w)
-    op = WindowedCombine(spec, True, False, 20_000, 0)  # windows ending by 20 s have closed
+    op = WindowedCombine(spec, True, False, (20_000, None), 0)  # windows ending by 20 s have closed
     letters = []
     op.closed_windows = lambda reason, part: letters.append((reason, part))
     mixed = [[0, 10_000, 4, 4, 9_000], [20_000, 30_000, 1, 1, 25_000]]
