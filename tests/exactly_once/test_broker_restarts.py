@@ -138,7 +138,11 @@ def _rolling_restart(nodes: LocalKafkaCluster) -> Callable[[], None]:
 def test_a_broker_killed_and_restarted_mid_run_is_ridden_out(
     client, single_broker, redis_server, tmp_path
 ):
-    run = new_run(single_broker, redis_server.url, tmp_path, TOTALS_CLIENT=client)
+    # the enriched events also go to Parquet files (read back by pyarrow in the check)
+    lake = str(tmp_path / "lake")
+    run = new_run(
+        single_broker, redis_server.url, tmp_path, TOTALS_CLIENT=client, TOTALS_PARQUET=lake
+    )
     gate = str(tmp_path / "fault-over")
     _input(run, gate)
     outage = Outage(_kill_and_restart(single_broker), gate)

@@ -88,6 +88,7 @@ def test_a_kill_between_byte_bounded_chunks_or_deliveries_is_exact(
     kill -9 of every process lands after the first of many, the rerun is exact."""
     server = _tight_redis(redis_factory, 8 << 20)
     env = {"TOTALS_CHUNK_BYTES": str(1 << 20), "TOTALS_DELIVERY_BYTES": str(2 << 20)}
+    env["TOTALS_PARQUET"] = str(tmp_path / "lake")  # the documents as Parquet too (pyarrow)
     run = new_run(broker, server.url, tmp_path, partitions=1, **env)
     docs = 60
     bodies = [_document(i, 100 * KB, 300 * KB) for i in range(docs)]
@@ -100,7 +101,7 @@ def test_a_kill_between_byte_bounded_chunks_or_deliveries_is_exact(
     assert chunks and b"done" not in backup, f"the kill landed inside the task: {backup}"
     run_pipeline(PIPELINE, run.args(), env=run.env).check()
     facts = verify(run, client)
-    assert facts["copy_ids"] == docs
+    assert facts["copy_ids"] == docs and facts["parquet_rows"] == docs
     assert _largest_backup_field(server, run.name) <= (1 << 20) + RECORD_BYTES
 
 
