@@ -12,16 +12,20 @@ other, each in a fresh namespace, with ``--parallelism``:
 
 For each, per master: the pipeline's keys and their memory (``MEMORY USAGE`` of every key of
 the namespace and its scopes, by kind: seen-IDs, backups, Bloom filter snapshot and journal,
-keyed state, the rest), the commands it served during the run (``INFO commandstats``: calls
-and Redis CPU microseconds) and the change of ``used_memory``; then the *spread*: the largest
+keyed state, the rest), the commands it served during the run (``INFO commandstats``, the
+commands scripts run included, and the script calls), the CPU of its main thread (``INFO
+cpu``), its network bytes in and out, and the change of ``used_memory``; the same after an
+``onceflow gc`` pass; then the *spread*: the largest
 distance of a master from the masters' mean, over that mean (0 % is perfectly even; "within
 20 %" is every master within 20 % of the mean).
 
 ``--project-tags N`` also prints where the memory would sit if the namespace's seen-ID shards
 were spread over ``N`` hash tags chosen one per ``16384 / N`` slots (the layout that
 ``docs/concepts/dedup.md`` "Spreading seen-IDs" designs): each seen shard's measured bytes are
-put on the master of its tag's slot (shard ``s`` -> tag ``s % N``). That is a projection of
-the memory only, not a run of that protocol (which is not built yet).
+put on the master of its tag's slot (shard ``s`` -> tag ``s % N``), with and without the
+source stage's Bloom snapshot and journal, and the per-ID commands (``HSETNX``, ``HGET`` ...)
+of the namespace's master are shared out the same way. That is a projection, not a run of
+that protocol (which is not built yet); Redis CPU is not projected.
 
     python bench/cluster_balance.py [--records 100000] [--batch 25000] [--partitions 4]
         [--parallelism 6] [--workloads stateless,keyed] [--project-tags 96]
@@ -77,6 +81,8 @@ class MasterLoad:
     calls: int = 0
     scripts: int = 0
     usec: int = 0
+    per_id_calls: int = 0  # the seen-IDs' own commands (see PER_ID_COMMANDS)
+    per_id_usec: int = 0
     net_in: int = 0
     net_out: int = 0
     used_memory_delta: int = 0
@@ -123,25 +129,35 @@ def produce_bids(kafka: KafkaSettings, topic: str, records: int, partitions: int
 
 
 SCRIPT_COMMANDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall")
+# What scripts run per seen ID (check-and-mark, look-up, undo): the work that would move to
+# the ID tags. A projection: the commit's other commands stay where they are.
+PER_ID_COMMANDS = ("cmdstat_hsetnx", "cmdstat_hget", "cmdstat_hexists", "cmdstat_hdel")
 
 
-def command_stats(cluster: LocalRedisCluster) -> dict[int, tuple[int, int, int, int, int]]:
-    """Per master port: (commands, script calls, usec, network bytes in, out).
+def command_stats(cluster: LocalRedisCluster) -> dict[int, tuple[int, ...]]:
+    """Per master port: (commands, script calls, main thread CPU us, per-ID calls, their
+    usec, bytes in, out).
 
     ``commands`` counts the commands scripts run too (Redis counts them in commandstats),
     so it follows the work; ``script calls`` follows the round trips that carry it.
     """
-    out = {}
+    out: dict[int, tuple[int, ...]] = {}
     for master in cluster.masters():
         client = cluster.node_client(master.port)
         stats = client.info("commandstats")
         net = client.info("stats")
         calls = sum(int(v["calls"]) for v in stats.values())
         scripts = sum(int(stats[k]["calls"]) for k in SCRIPT_COMMANDS if k in stats)
-        usec = sum(int(v["usec"]) for v in stats.values())
+        cpu = client.info("cpu")
+        # the main thread's CPU: commandstats' usec counts a script's commands twice
+        usec = round(
+            1e6 * (float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"]))
+        )
+        id_calls = sum(int(stats[k]["calls"]) for k in PER_ID_COMMANDS if k in stats)
+        id_usec = sum(int(stats[k]["usec"]) for k in PER_ID_COMMANDS if k in stats)
         net_in = int(net["total_net_input_bytes"])
         net_out = int(net["total_net_output_bytes"])
-        out[master.port] = (calls, scripts, usec, net_in, net_out)
+        out[master.port] = (calls, scripts, usec, id_calls, id_usec, net_in, net_out)
     return out
 
 
@@ -200,13 +216,31 @@ def slot_even_tags(namespace: str, count: int) -> list[str]:
     return tags
 
 
+@dataclass
+class Projection:
+    """Per master: bytes with seen shards spread (filters kept / dropped), and commands.
+
+    Redis time is not projected: a script's time is not split between its per-ID loop
+    (which would move to the ID tags) and the rest (which would not).
+    """
+
+    kept: dict[int, int]
+    no_filters: dict[int, int]
+    calls: dict[int, int]
+
+
 def projected(
     cluster: LocalRedisCluster, namespace: str, loads: dict[int, MasterLoad], tags: int
-) -> dict[int, int]:
-    """Bytes per master if the namespace tag's seen shards were spread over ``tags`` tags."""
+) -> Projection:
+    """Where the namespace tag's seen-IDs would sit over ``tags`` slot-even ID tags.
+
+    Seen shard ``s`` goes to tag ``s % tags`` with its measured bytes; the per-ID commands
+    of the namespace's master go to the tags' masters in proportion to their tags. ``no
+    filters``: also without the namespace tag's Bloom snapshot and journal (design option (a)).
+    """
     home = cluster.slot_owner(namespace_slot(namespace)).port
-    out = {port: load.bytes for port, load in loads.items()}
     owners = [cluster.slot_owner(namespace_slot(t)).port for t in slot_even_tags(namespace, tags)]
+    kept = {port: load.bytes for port, load in loads.items()}
     client = cluster.node_client(home)
     ks = Keyspace(namespace)
     for key in client.scan_iter(match=ks.seen_pattern(), count=1000):
@@ -214,9 +248,33 @@ def projected(
         if parsed is None or parsed.shard is None:
             continue
         size = int(client.memory_usage(key, samples=0) or 0)
-        out[home] -= size
-        out[owners[parsed.shard % tags]] += size
-    return out
+        kept[home] -= size
+        kept[owners[parsed.shard % tags]] += size
+    filters = 0
+    for kind in (Kind.FILTER_SNAPSHOT, Kind.FILTER_JOURNAL):
+        for key in client.scan_iter(match=ks.pattern(kind), count=1000):
+            filters += int(client.memory_usage(key, samples=0) or 0)
+    no_filters = {**kept, home: kept[home] - filters}
+    calls = {port: load.calls for port, load in loads.items()}
+    moved_calls = loads[home].per_id_calls
+    calls[home] -= moved_calls
+    for port in owners:
+        calls[port] += moved_calls // tags
+    return Projection(kept, no_filters, calls)
+
+
+def print_projection(title: str, tags: int, p: Projection, commands: bool) -> None:
+    """The run's commands and Redis time, or the memory after gc, as projected."""
+    rows = [("commands", p.calls)] if commands else []
+    if not commands:
+        rows = [("memory, filters kept", p.kept), ("memory, no source filters", p.no_filters)]
+    print(f"projected {title}, seen-IDs over {tags} slot-even tags:")
+    for what, per_master in rows:
+        values = [float(v) for v in per_master.values()]
+        scale = 1e6 if what.startswith("memory") else 1
+        unit = " MB" if what.startswith("memory") else ""
+        cells = "  ".join(f"{port}: {v / scale:,.2f}{unit}" for port, v in per_master.items())
+        print(f"  {what:<26} {cells}  (spread {spread(values):.0%})")
 
 
 def run_workload(
@@ -244,9 +302,15 @@ def run_workload(
     calls1, mem1 = command_stats(cluster), used_memory(cluster)
     loads = namespace_memory(cluster, name)
     for port, load in loads.items():
-        load.calls, load.scripts, load.usec, load.net_in, load.net_out = (
-            after - before for after, before in zip(calls1[port], calls0[port], strict=True)
-        )
+        (
+            load.calls,
+            load.scripts,
+            load.usec,
+            load.per_id_calls,
+            load.per_id_usec,
+            load.net_in,
+            load.net_out,
+        ) = (after - before for after, before in zip(calls1[port], calls0[port], strict=True))
         load.used_memory_delta = mem1[port] - mem0[port]
     settings = RedisSettings(redis_url)
     scopes = read_scopes(redis_client(settings, name), Keyspace(name))
@@ -266,14 +330,21 @@ def run_workload(
     print("after `onceflow gc` (the batches' backups are garbage once Spark committed them):")
     print_memory(collected)
     if args.project_tags:
-        for title, measured in (("after the run", loads), ("after gc", collected)):
-            bytes_after = projected(cluster, name, measured, args.project_tags)
-            values = [float(v) for v in bytes_after.values()]
-            cells = "  ".join(f"{p}: {v / 1e6:.2f} MB" for p, v in bytes_after.items())
-            print(
-                f"projected, {title}, seen shards over {args.project_tags} slot-even tags: "
-                f"{cells}  (spread {spread(values):.0%})"
-            )
+        for port, load in collected.items():  # the run's commands, for the projection
+            load.calls, load.usec = loads[port].calls, loads[port].usec
+            load.per_id_calls, load.per_id_usec = loads[port].per_id_calls, loads[port].per_id_usec
+        print_projection(
+            "for the run",
+            args.project_tags,
+            projected(cluster, name, loads, args.project_tags),
+            commands=True,
+        )
+        print_projection(
+            "after gc",
+            args.project_tags,
+            projected(cluster, name, collected, args.project_tags),
+            commands=False,
+        )
 
 
 def print_loads(loads: dict[int, MasterLoad], tags: dict[int, int]) -> None:
@@ -285,7 +356,7 @@ def print_loads(loads: dict[int, MasterLoad], tags: dict[int, int]) -> None:
     )
     for port, load in loads.items():
         print(
-            f"{port:<8} {load.calls:>9,} {load.scripts:>8,} {load.usec / 1e3:>9.0f} "
+            f"{port:<8} {load.calls:>9,} {load.scripts:>8,} {load.usec / 1e3:>12.0f} "
             f"{load.net_in / 1e6:>10.2f} {load.net_out / 1e6:>10.2f} "
             f"{load.used_memory_delta / 1e6:>9.2f}"
         )
@@ -293,7 +364,7 @@ def print_loads(loads: dict[int, MasterLoad], tags: dict[int, int]) -> None:
     print(
         f"spread: commands {spread([float(v.calls) for v in values]):.0%}, "
         f"script calls {spread([float(v.scripts) for v in values]):.0%}, "
-        f"Redis time {spread([float(v.usec) for v in values]):.0%}"
+        f"Redis CPU {spread([float(v.usec) for v in values]):.0%}"
     )
 
 
@@ -323,7 +394,7 @@ def print_costs(loads: dict[int, MasterLoad], records: int) -> None:
         for group, size in load.bytes_by_group.items():
             total.bytes_by_group[group] = total.bytes_by_group.get(group, 0) + size
     per = {
-        "Redis us": total.usec / records,
+        "Redis CPU us": total.usec / records,
         "commands": total.calls / records,
         "script calls": total.scripts / records,
         "net in B": total.net_in / records,
