@@ -49,7 +49,7 @@ from typing import Any
 from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
-from onceflow.kernel.scopes import read_scopes
+from onceflow.kernel.scopes import Scopes, read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.operations.gc import collect
@@ -200,7 +200,7 @@ def spread(values: list[float]) -> float:
     return max(abs(v - mean) for v in values) / mean if mean else 0.0
 
 
-def slot_even_tags(namespace: str, count: int) -> list[str]:
+def slot_even_tags(namespace: str, count: int, kind: str = "i") -> list[str]:
     """``count`` hash tags of the namespace, the k-th in slot range [k, k + 1) * 16384 / count.
 
     Masters own contiguous slot ranges, so such tags spread over them in proportion to the
@@ -210,9 +210,9 @@ def slot_even_tags(namespace: str, count: int) -> list[str]:
     for k in range(count):
         low, high = k * HASH_SLOTS // count, (k + 1) * HASH_SLOTS // count
         j = 0
-        while not low <= namespace_slot(f"{namespace}:i{k}.{j}") < high:
+        while not low <= namespace_slot(f"{namespace}:{kind}{k}.{j}") < high:
             j += 1
-        tags.append(f"{namespace}:i{k}.{j}")
+        tags.append(f"{namespace}:{kind}{k}.{j}")
     return tags
 
 
@@ -226,17 +226,24 @@ class Projection:
 
     kept: dict[int, int]
     no_filters: dict[int, int]
+    even_scopes: dict[int, int]
     calls: dict[int, int]
 
 
 def projected(
-    cluster: LocalRedisCluster, namespace: str, loads: dict[int, MasterLoad], tags: int
+    cluster: LocalRedisCluster,
+    namespace: str,
+    loads: dict[int, MasterLoad],
+    tags: int,
+    scopes: Scopes,
 ) -> Projection:
     """Where the namespace tag's seen-IDs would sit over ``tags`` slot-even ID tags.
 
     Seen shard ``s`` goes to tag ``s % tags`` with its measured bytes; the per-ID commands
     of the namespace's master go to the tags' masters in proportion to their tags. ``no
     filters``: also without the namespace tag's Bloom snapshot and journal (design option (a)).
+    ``even scopes``: that, with each partition scope's measured bytes moved to the master of
+    a slot-even tag for its partition (the design names scopes so; commands stay put).
     """
     home = cluster.slot_owner(namespace_slot(namespace)).port
     owners = [cluster.slot_owner(namespace_slot(t)).port for t in slot_even_tags(namespace, tags)]
@@ -255,24 +262,42 @@ def projected(
         for key in client.scan_iter(match=ks.pattern(kind), count=1000):
             filters += int(client.memory_usage(key, samples=0) or 0)
     no_filters = {**kept, home: kept[home] - filters}
+    even_scopes = dict(no_filters)
+    for stage in sorted(scopes.stages):
+        even = slot_even_tags(f"{namespace}:{stage}", scopes.parallelism, kind="s")
+        for partition in range(scopes.parallelism):
+            tag_ks = scopes.keyspace(stage, partition)
+            now = cluster.slot_owner(namespace_slot(tag_ks.tag)).port
+            held = cluster.node_client(now)
+            size = sum(
+                int(held.memory_usage(k, samples=0) or 0)
+                for k in held.scan_iter(match=tag_ks.pattern(), count=1000)
+            )
+            even_scopes[now] -= size
+            even_scopes[cluster.slot_owner(namespace_slot(even[partition])).port] += size
     calls = {port: load.calls for port, load in loads.items()}
     moved_calls = loads[home].per_id_calls
     calls[home] -= moved_calls
     for port in owners:
         calls[port] += moved_calls // tags
-    return Projection(kept, no_filters, calls)
+    return Projection(kept, no_filters, even_scopes, calls)
 
 
 def print_projection(title: str, tags: int, p: Projection, commands: bool) -> None:
     """The run's commands and Redis time, or the memory after gc, as projected."""
     rows = [("commands", p.calls)] if commands else []
     if not commands:
-        rows = [("memory, filters kept", p.kept), ("memory, no source filters", p.no_filters)]
+        rows = [
+            ("memory, filters kept", p.kept),
+            ("memory, no source filters", p.no_filters),
+            ("... and scopes slot-even", p.even_scopes),
+        ]
     print(f"projected {title}, seen-IDs over {tags} slot-even tags:")
     for what, per_master in rows:
         values = [float(v) for v in per_master.values()]
-        scale = 1e6 if what.startswith("memory") else 1
-        unit = " MB" if what.startswith("memory") else ""
+        memory = what != "commands"
+        scale = 1e6 if memory else 1
+        unit = " MB" if memory else ""
         cells = "  ".join(f"{port}: {v / scale:,.2f}{unit}" for port, v in per_master.items())
         print(f"  {what:<26} {cells}  (spread {spread(values):.0%})")
 
@@ -336,13 +361,13 @@ def run_workload(
         print_projection(
             "for the run",
             args.project_tags,
-            projected(cluster, name, loads, args.project_tags),
+            projected(cluster, name, loads, args.project_tags, scopes),
             commands=True,
         )
         print_projection(
             "after gc",
             args.project_tags,
-            projected(cluster, name, collected, args.project_tags),
+            projected(cluster, name, collected, args.project_tags, scopes),
             commands=False,
         )
 
@@ -351,7 +376,7 @@ def print_loads(loads: dict[int, MasterLoad], tags: dict[int, int]) -> None:
     """Memory by group, then the run's commands, script calls, Redis time and bytes."""
     print_memory(loads, tags)
     print(
-        f"{'master':<8} {'commands':>9} {'scripts':>8} {'Redis ms':>9} {'net in MB':>10} "
+        f"{'master':<8} {'commands':>9} {'scripts':>8} {'Redis CPU ms':>12} {'net in MB':>10} "
         f"{'net out MB':>10} {'used MB +':>9}"
     )
     for port, load in loads.items():
