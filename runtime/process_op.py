@@ -234,12 +234,46 @@ class ProcessOp:
         cursor = self.cursor
         for kb, (key, records) in self.buffer.items():
             state = KeyState.decode(current.get(kb), self.specs, self.now)
-            for value, ts, parent in records:
-                cursor.parent = parent
-                cursor.ts = ts
-                self._call(state, ts, (key, value), self.process.fn, (key, value))
+            if len(records) == 1 or not self._run_all(state, key, records):
+                for value, ts, parent in records:
+                    cursor.parent = parent
+                    cursor.ts = ts
+                    self._call(state, ts, (key, value), self.process.fn, (key, value))
             self._store(write, kb, state)
         return write
+
+    def _run_all(self, state: KeyState, key: Any, records: list[tuple[Any, int, Any]]) -> bool:
+        """Run a key's records of the chunk in one go, encoding its state once at the end.
+
+        Undoing a failing call needs the state as it was before that call: encoding it after
+        every call costs the whole state per record (quadratic for a key that buffers, as a
+        join's waiting records). So the key's records run first without it, their outputs
+        held back; only if every call succeeds and the state then encodes do the outputs
+        leave (in order, each with its record's cursor). Otherwise the key's state goes back
+        to what it was before the chunk, the held outputs are forgotten, and the caller runs
+        the records one at a time, a failing one becoming a dead letter.
+        """
+        fn, on = self.process.fn, self.process.on_timer is not None
+        held: list[tuple[Any, int, list[tuple[int | None, Any]]]] = []
+        try:
+            for value, ts, parent in records:
+                ctx = Context(
+                    self.specs,
+                    state.cells,
+                    Timers(state.timers, ts, on),
+                    (ts, self.watermark, self.now),
+                )
+                held.append((parent, ts, _stamped(_outputs(fn(key, value, ctx)), ts)))
+            state.saved = state.snapshot(self.specs)
+        except Exception:  # noqa: BLE001 - user code: run one at a time to find it
+            state.restore(self.specs)
+            return False
+        cursor = self.cursor
+        for parent, ts, results in held:
+            cursor.parent = parent
+            cursor.ts = ts
+            self._emit(results, ts)
+        return True
 
     def _call(
         self,
@@ -270,6 +304,10 @@ class ProcessOp:
             state.restore(self.specs)
             self.fail(node or self.spec.name, exc, what)
             return
+        self._emit(results, ts)
+
+    def _emit(self, results: list[tuple[int | None, Any]], ts: int) -> None:
+        """Pass a call's outputs on (``ts``: the call's time, which the cursor holds)."""
         out, cursor = self.out, self.cursor
         for stamp, r in results:
             if stamp is None:

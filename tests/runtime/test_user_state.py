@@ -151,6 +151,27 @@ def test_a_failing_call_leaves_the_state_as_it_was_and_is_a_dead_letter():
     assert timers == [["", "event", 103, 0]]
 
 
+def test_a_keys_records_that_all_succeed_encode_its_state_once_per_chunk(monkeypatch):
+    """Encoding the state after every call costs the whole state per record: quadratic for
+    a key that buffers (a join's waiting records). A chunk's calls of one key that all
+    succeed encode it once; outputs still leave in order, each with its record's cursor."""
+    from onceflow.runtime import process_op
+
+    encoded = []
+    real = process_op.KeyState.snapshot
+    monkeypatch.setattr(
+        process_op.KeyState, "snapshot", lambda self, specs: encoded.append(1) or real(self, specs)
+    )
+    store = Store()
+    proc, out = op(counting)
+    seen_parents = []
+    proc.out = lambda r: (seen_parents.append(proc.cursor.parent), out.append(r))
+    feed(proc, store, [("a", v, 10 * v) for v in range(1, 201)])
+    assert len(encoded) == 1
+    assert out == [("a", n, n * (n + 1) // 2, 10 * n) for n in range(1, 201)]
+    assert seen_parents == [f"a-{v}".encode() for v in range(1, 201)]
+
+
 def test_a_value_that_cannot_be_stored_fails_its_own_record_only():
     store = Store()
     failures: list[Any] = []
