@@ -113,7 +113,11 @@ def interval_join(
                 if l_ts + lo <= ts <= l_ts + hi:
                     yield key, (a, value)
             ctx.state(RIGHT).add([ts, value])
-        _arm(ctx, lo, hi)
+        # the prune timer moves earlier only (the bags are not read again for it)
+        end = ts + hi if side == 0 else ts - lo
+        armed = ctx.timers.get(PRUNE)
+        if armed is None or end + 1 < armed.time:
+            ctx.timers.set_event_time(end + 1, PRUNE)
 
     def on_timer(key: Any, timer: Timer, ctx: Context) -> None:
         w = ctx.watermark

@@ -170,7 +170,8 @@ class StageBody:
 
     def _build_process(self, op: OpSpec) -> Push:
         where = (self.batch, self.watermark, self.now, self.mode)
-        proc = ProcessOp.build(op, where, self.cursor, self._fail, fan_out(self._downstream(op)))
+        out = fan_out(self._downstream(op))
+        proc = ProcessOp.build(op, where, self.cursor, self._fail, out, self.previous_watermark)
         self.processes[op.name] = proc
         return self._adder(proc)
 

@@ -189,6 +189,9 @@ class ProcessOp:
         self.stateful = stateful  # False: a bounded run keeps state in the task
         self.batch, watermark, now = where
         self.watermark = watermark if watermark is not None else NO_TIME
+        # What elements see as the watermark: the batch before's (a record behind it is
+        # late), as windows do; this batch's watermark advances at its end, where timers fire.
+        self.element_watermark = self.watermark
         self.now = now or 0
         self.ttl_ms = self.process.ttl_ms if stateful else None
         self.cursor = cursor
@@ -207,10 +210,17 @@ class ProcessOp:
         cursor: Cursor,
         fail: Fail,
         out: Push,
+        previous_watermark: int | None = None,
     ) -> ProcessOp:
-        """The op of one task: ``where`` is its batch, watermark, batch time and guarantee."""
+        """The op of one task: ``where`` is its batch, watermark, batch time and guarantee.
+
+        ``previous_watermark``: the batch before's (see :class:`~onceflow.dedup.batch.BatchParams`);
+        None: elements see the batch's own.
+        """
         batch, watermark, now, mode = where
         op = cls(spec, mode.streaming, (batch, watermark, now), cursor, fail)
+        if previous_watermark is not None:
+            op.element_watermark = previous_watermark
         op.out = out
         if mode.ids:
             op.deriver = Deriver(spec.name)
@@ -238,7 +248,7 @@ class ProcessOp:
                 for value, ts, parent in records:
                     cursor.parent = parent
                     cursor.ts = ts
-                    self._call(state, ts, (key, value), self.process.fn, (key, value))
+                    self._call(state, ts, (key, value), self.process.fn, (key, value), element=True)
             self._store(write, kb, state)
         return write
 
@@ -261,7 +271,7 @@ class ProcessOp:
                     self.specs,
                     state.cells,
                     Timers(state.timers, ts, on),
-                    (ts, self.watermark, self.now),
+                    (ts, self.element_watermark, self.now),
                 )
                 held.append((parent, ts, _stamped(_outputs(fn(key, value, ctx)), ts)))
             state.saved = state.snapshot(self.specs)
@@ -283,6 +293,7 @@ class ProcessOp:
         fn: Callable[..., Any],
         args: tuple[Any, Any],
         node: str = "",
+        element: bool = False,
     ) -> None:
         """Run ``fn(*args, ctx)``; on an exception undo its state changes, dead-letter it.
 
@@ -295,7 +306,7 @@ class ProcessOp:
             self.specs,
             state.cells,
             Timers(state.timers, ts, self.process.on_timer is not None),
-            (ts, self.watermark, self.now),
+            (ts, self.element_watermark if element else self.watermark, self.now),
         )
         try:
             results = _stamped(_outputs(fn(*args, ctx)), ts)

@@ -338,8 +338,10 @@ class Context:
     """What a process or timer function gets besides the key: state, timers, times.
 
     ``timestamp`` is the event time (ms) of the record being processed (of a firing
-    event-time timer: its time); ``watermark`` is the stage's watermark in this micro-batch
-    and ``now`` the micro-batch's time (processing time), both ms.
+    event-time timer: its time); ``watermark`` is the stage's watermark — while elements run,
+    the one the micro-batch starts from (the batch before's: an element behind it is late);
+    in ``on_timer``, the micro-batch's own, which fired the timer — and ``now`` the
+    micro-batch's time (processing time), both ms.
     """
 
     __slots__ = ("_cells", "_specs", "now", "timers", "timestamp", "watermark")

@@ -110,3 +110,27 @@ def test_an_output_may_move_forward_in_event_time_never_back():
     assert got == [(0, 1), (10_000, 1), (20_000, 1)]  # 5 s, 12 s, 25 s
     assert [d["code"] for d in out.dead_letters] == ["user_error"]
     assert "may only move forward in event time" in out.dead_letters[0]["error"]
+
+
+def test_a_process_stage_after_a_window_sees_its_panes_on_time():
+    """Elements see the watermark the batch started from: a pane (behind the watermark of the
+    batch that fired it) is not late for a process stage, nor for an interval join."""
+
+    def lateness(key, kv, ctx):
+        return [(key, "late" if ctx.timestamp < ctx.watermark else "on time")]
+
+    p = Pipeline("pane-process")
+    panes = (
+        p.read("in", sources.Collection([]))
+        .key_by("k", lambda e: e["k"])
+        .window("secs", windows.Fixed("1s"))
+        .count_per_key("n1")
+        .key_by("k2", lambda kv: kv[0])
+    )
+    panes.process("check", lateness).write("out", sinks.Collect())
+    panes.interval_join("pairs", panes, 0, 0).write("pairs-out", sinks.Collect())
+    out = run_test(p, {"in": _stream()})
+    seconds = {(e["k"], (e["t"] - START) // 1_000) for e in EVENTS}
+    assert Counter(v for _k, v in out["out"]) == Counter({"on time": len(seconds)})
+    assert len(out["pairs-out"]) == len(seconds)  # each pane with itself
+    assert out.dead_letters == []
