@@ -75,17 +75,22 @@ orders = pipeline.read(
         id=lambda o: o["event_id"],
         timestamp=lambda o: o["ts"],
         read_in_task=os.environ.get("ONCEFLOW_BENCH_READ_IN_TASK", "1") != "0",
+        client=os.environ.get("LATENCY_CLIENT", "python"),
     ),
 )
 txn = os.environ["LATENCY_TRANSACTIONAL"] == "1"
+client = os.environ.get("LATENCY_CLIENT", "python")
 orders.filter("paid", lambda o: o["status"] == "paid").write(
-    "paid-out", KafkaSink(os.environ["LATENCY_PAID"], transactional=txn)
+    "paid-out", KafkaSink(os.environ["LATENCY_PAID"], transactional=txn, client=client)
 )
 (
     orders.key_by("by-customer", lambda o: o["customer"])
     .map_values("amount", lambda o: o["amount"])
     .combine_per_key("revenue", "sum")
-    .write("revenue-out", KafkaSink(os.environ["LATENCY_REVENUE"], transactional=txn))
+    .write(
+        "revenue-out",
+        KafkaSink(os.environ["LATENCY_REVENUE"], transactional=txn, client=client),
+    )
 )
 """
 _PHASES = re.compile(r"batch (\d+) phases: (.*); (\d+) Spark job\(s\), (\d+) stage\(s\)")
@@ -325,6 +330,7 @@ def measure(
         "LATENCY_PAID": topics["paid"],
         "LATENCY_REVENUE": topics["revenue"],
         "LATENCY_TRANSACTIONAL": "1" if transactional else "0",
+        "LATENCY_CLIENT": args.client,
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "REDIS_URL": redis_url,
     }
@@ -583,6 +589,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--recovery", action="store_true")
+    parser.add_argument(
+        "--client",
+        choices=("python", "confluent"),
+        default="python",
+        help="the pipeline's Kafka client (source and sinks): kafka-python or confluent-kafka",
+    )
     parser.add_argument(
         "--phases",
         action="store_true",

@@ -63,7 +63,9 @@ class SinkTransaction:
                 break
             except TransactionBroken:
                 self.guard.note_writer(self.index, writer.identity)
-                if writer.recover():
+                with timed("kafka recover"):
+                    recovered = writer.recover()
+                if recovered:
                     break
                 self.count("sink_transactions_redone", 1)
         self.crash(CrashPoint.AFTER_SINK_COMMIT)
