@@ -184,6 +184,9 @@ class Measured:
     first: dict[str, float] = field(default_factory=dict)  # restart's first batch: phase -> s
     first_tasks: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> step -> ms
     boot_ms: list[float] = field(default_factory=list)  # restart: Python workers' boot
+    # per batch: transactional ids registered anew, transactions redone (both sinks)
+    registrations: list[int] = field(default_factory=list)
+    redone: list[int] = field(default_factory=list)
     imports_s: float | None = None  # process start to the run's beginning (imports, CLI)
 
 
@@ -409,6 +412,9 @@ def _read_run(lines: list[str], result: Measured) -> None:
             continue
         counted = _COUNTERS.search(line)
         if counted and int(counted.group(2)) > 0:
+            moved = _sums(counted.group(4), ("/registrations/", "/sink_transactions_redone"))
+            result.registrations.append(moved[0])
+            result.redone.append(moved[1])
             for name, steps in _task_steps(counted.group(4)).items():
                 for step, ms in steps.items():
                     result.tasks.setdefault(name, {}).setdefault(step, []).append(ms)
@@ -446,6 +452,15 @@ def _phase_parts(text: str) -> list[tuple[str, float]]:
         phase, seconds, _ = part.rsplit(" ", 2)
         parts.append((phase, float(seconds)))
     return parts
+
+
+def _sums(counters_text: str, parts: tuple[str, ...]) -> list[int]:
+    """For each of ``parts``, the sum of a batch's counters whose name contains it."""
+    try:
+        counters = ast.literal_eval(counters_text)
+    except (ValueError, SyntaxError):
+        return [0] * len(parts)
+    return [sum(v for k, v in counters.items() if part in k) for part in parts]
 
 
 def _task_steps(counters_text: str) -> dict[str, dict[str, float]]:
@@ -551,6 +566,15 @@ def _report_tasks(measured: list[Measured]) -> None:
         f"{names.get(k, k)} {statistics.median(v):.0f} ms" for k, v in sorted(kinds.items())
     )
     print(f"  {'':<15} Spark's stages (median per batch): {text}")
+    moved = [n for m in measured for n in m.registrations]
+    redone = [n for m in measured for n in m.redone]
+    if moved:
+        print(
+            f"  {'':<15} per batch: transactional ids registered anew (a sink partition's task "
+            f"in another Python worker than last time) median {statistics.median(moved):.0f}, "
+            f"in {sum(1 for n in moved if n)} of {len(moved)} batches; transactions redone in "
+            f"{sum(1 for n in redone if n)} of {len(redone)} batches"
+        )
     for stage, steps in stages.items():
         ordered = sorted(steps.items(), key=lambda kv: -statistics.median(kv[1]))
         text = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in ordered)

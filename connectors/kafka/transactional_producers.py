@@ -136,6 +136,7 @@ class TransactionalProducer:
         self.entry: _Registered | None = None
         self.prepared = False
         self.clean = True
+        self.registrations = 0  # of the id by this writer (see bench/latency.py --phases)
 
     @property
     def open(self) -> bool:
@@ -175,6 +176,7 @@ class TransactionalProducer:
         while self.entry is None:
             try:
                 self.entry = _register(self.sink, self.tid)
+                self.registrations += 1
             except Exception as exc:
                 if not (transient(exc) or isinstance(exc, ProducerBroken)):
                     raise

@@ -325,6 +325,7 @@ def test_a_producer_another_process_here_registered_since_is_replaced_before_sen
     again.prepare()  # TransactionBroken if the fenced producer had been used
     again.commit()
     assert again.producer is not ours[again.identity].producer
+    assert again.counts().get("registrations") == 1, "what bench/latency.py counts as a move"
     assert len(read_topic(settings, topic)) == 3 + 5 + 6
 
 
