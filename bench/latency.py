@@ -17,8 +17,15 @@ the restart to its first committed micro-batch, with the start-up steps the run 
 (interpreter and imports, Redis, Spark session, checkpoint and connectors, query start, the
 first batch's planning) and the restarted run's latency while it catches up.
 
+``--phases`` adds where the time goes inside a micro-batch and a restart: each task's
+steps (``onceflow.runtime.task_times``: reading input, the Redis admit and commit, the Kafka
+transaction's write, prepare and commit, the stage's code, ...; ms per task, median over
+batches), Spark's stages of the batch (from its log) and, with ``--recovery``, the restarted
+run's steps to its first batch and that batch's own phases and task steps.
+
     python bench/latency.py [--rate 1000] [--seconds 30] [--warmup 10] [--repeat 2]
-        [--recovery] [--modes at-least-once,exactly-once] [--conf spark.KEY=VALUE ...]
+        [--recovery] [--phases] [--modes at-least-once,exactly-once] [--client python]
+        [--conf spark.KEY=VALUE ...] [--markdown docs/benchmarks.md]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 """
@@ -26,8 +33,11 @@ Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import glob
 import importlib.util
+import io
 import json
 import os
 import re
@@ -41,6 +51,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import page
 from exactly_once import services
 
 from onceflow.connectors.kafka.clients import ensure_topics
@@ -67,22 +78,32 @@ orders = pipeline.read(
         id=lambda o: o["event_id"],
         timestamp=lambda o: o["ts"],
         read_in_task=os.environ.get("ONCEFLOW_BENCH_READ_IN_TASK", "1") != "0",
+        client=os.environ.get("LATENCY_CLIENT", "python"),
     ),
 )
 txn = os.environ["LATENCY_TRANSACTIONAL"] == "1"
+client = os.environ.get("LATENCY_CLIENT", "python")
 orders.filter("paid", lambda o: o["status"] == "paid").write(
-    "paid-out", KafkaSink(os.environ["LATENCY_PAID"], transactional=txn)
+    "paid-out", KafkaSink(os.environ["LATENCY_PAID"], transactional=txn, client=client)
 )
 (
     orders.key_by("by-customer", lambda o: o["customer"])
     .map_values("amount", lambda o: o["amount"])
     .combine_per_key("revenue", "sum")
-    .write("revenue-out", KafkaSink(os.environ["LATENCY_REVENUE"], transactional=txn))
+    .write(
+        "revenue-out",
+        KafkaSink(os.environ["LATENCY_REVENUE"], transactional=txn, client=client),
+    )
 )
 """
 _PHASES = re.compile(r"batch (\d+) phases: (.*); (\d+) Spark job\(s\), (\d+) stage\(s\)")
 _TRIGGER = re.compile(r"batch (\d+) trigger: ([\d.]+) s \((.*)\)")
 _FIRST = re.compile(r"first micro-batch starts ([\d.]+) s after the run began \((.*)\)")
+_COUNTERS = re.compile(r"batch (\d+): (\d+) records in ([\d.]+) s; counters (\{.*\})$")
+_STAGE = re.compile(r"DAGScheduler: (ShuffleMapStage|ResultStage) \d+ \(.*\) finished in (\d+) ms")
+_BOOT = re.compile(r"Times: total = (-?\d+), boot = (-?\d+), init = (-?\d+), finish = (-?\d+)")
+TIMES_ENV = "ONCEFLOW_TASK_TIMES"  # onceflow.runtime.task_times.ENV
+SECTION = "## Latency and recovery"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -156,6 +177,16 @@ class Measured:
     batches: int = 0
     recovery_s: float | None = None
     startup: str = ""
+    steps: dict[str, float] = field(default_factory=dict)  # restart: step -> s
+    # stage -> step -> ms per task, one value per batch (--phases)
+    tasks: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    spark_stages: dict[str, list[float]] = field(default_factory=dict)  # kind -> ms per batch
+    first: dict[str, float] = field(default_factory=dict)  # restart's first batch: phase -> s
+    first_tasks: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> step -> ms
+    boot_ms: list[float] = field(default_factory=list)  # restart: Python workers' boot
+    # per batch: transactional ids registered anew, transactions redone (both sinks)
+    registrations: list[int] = field(default_factory=list)
+    redone: list[int] = field(default_factory=list)
     imports_s: float | None = None  # process start to the run's beginning (imports, CLI)
 
 
@@ -306,9 +337,12 @@ def measure(
         "LATENCY_PAID": topics["paid"],
         "LATENCY_REVENUE": topics["revenue"],
         "LATENCY_TRANSACTIONAL": "1" if transactional else "0",
+        "LATENCY_CLIENT": args.client,
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "REDIS_URL": redis_url,
     }
+    if args.phases:
+        env[TIMES_ENV] = "1"
     cmd = [sys.executable, "-m", "onceflow", "run", path, "--guarantee", guarantee]
     cmd += ["--trigger-seconds", "0", "--output-dir", out, "--log-level", "info"]
     for setting in args.conf:
@@ -332,6 +366,11 @@ def measure(
             found = _FIRST.search(line)
             if found:
                 result.imports_s = (began - run.started) - float(found.group(1))
+                result.steps = {"interpreter and imports": result.imports_s}
+                for part in found.group(2).split(", "):
+                    step, seconds, _ = part.rsplit(" ", 2)
+                    result.steps[step] = float(seconds)
+                result.steps["first batch"] = at - began
                 result.startup = (
                     f"run began -> first batch starts {found.group(1)} s ({found.group(2)}), "
                     f"first batch {at - began:.1f} s"
@@ -346,26 +385,100 @@ def measure(
 
 
 def _read_phases(out: str, result: Measured) -> None:
-    """Per-batch phases from the runs' logs (batches that read records)."""
-    for log_path in glob.glob(os.path.join(out, "logs", "*.log")):
+    """Per-batch phases from the runs' logs: the measured run's, then the restarted one's."""
+    logs = sorted(glob.glob(os.path.join(out, "logs", "*.log")))
+    for i, log_path in enumerate(logs):
         with open(log_path, errors="replace") as fh:
-            for line in fh:
-                spark = _TRIGGER.search(line)
-                if spark:
-                    result.trigger.setdefault("trigger", []).append(float(spark.group(2)))
-                    for part in filter(None, spark.group(3).split(", ")):
-                        phase, seconds, _ = part.rsplit(" ", 2)
-                        result.trigger.setdefault(phase, []).append(float(seconds))
-                    continue
-                found = _PHASES.search(line)
-                if not found:
-                    continue
-                result.batches += 1
-                for part in found.group(2).split(", "):
-                    phase, seconds, _ = part.rsplit(" ", 2)
-                    result.phases.setdefault(phase, []).append(float(seconds))
-                result.jobs.append(int(found.group(3)))
-                result.stages.append(int(found.group(4)))
+            lines = fh.read().splitlines()
+        if i == 0:
+            _read_run(lines, result)
+        else:
+            _read_restart(lines, result)
+
+
+def _read_run(lines: list[str], result: Measured) -> None:
+    """Every batch of the measured run: driver phases, Spark's trigger, task steps, stages."""
+    for line in lines:
+        spark = _TRIGGER.search(line)
+        if spark:
+            result.trigger.setdefault("trigger", []).append(float(spark.group(2)))
+            for part in filter(None, spark.group(3).split(", ")):
+                phase, seconds, _ = part.rsplit(" ", 2)
+                result.trigger.setdefault(phase, []).append(float(seconds))
+            continue
+        stage = _STAGE.search(line)
+        if stage and "session.py" not in line:  # not the job that starts the workers
+            result.spark_stages.setdefault(stage.group(1), []).append(float(stage.group(2)))
+            continue
+        counted = _COUNTERS.search(line)
+        if counted and int(counted.group(2)) > 0:
+            moved = _sums(counted.group(4), ("/registrations/", "/sink_transactions_redone"))
+            result.registrations.append(moved[0])
+            result.redone.append(moved[1])
+            for name, steps in _task_steps(counted.group(4)).items():
+                for step, ms in steps.items():
+                    result.tasks.setdefault(name, {}).setdefault(step, []).append(ms)
+            continue
+        found = _PHASES.search(line)
+        if not found:
+            continue
+        result.batches += 1
+        for phase, seconds in _phase_parts(found.group(2)):
+            result.phases.setdefault(phase, []).append(seconds)
+        result.jobs.append(int(found.group(3)))
+        result.stages.append(int(found.group(4)))
+
+
+def _read_restart(lines: list[str], result: Measured) -> None:
+    """The restarted run's first batch: its phases, its task steps, its workers' boot."""
+    for line in lines:
+        boot = _BOOT.search(line)
+        if boot and not result.first and int(boot.group(2)) > 0:
+            result.boot_ms.append(float(boot.group(2)))
+        counted = _COUNTERS.search(line)
+        if counted and not result.first_tasks:
+            result.first_tasks = {
+                name: dict(steps.items()) for name, steps in _task_steps(counted.group(4)).items()
+            }
+        found = _PHASES.search(line)
+        if found and not result.first:
+            result.first = dict(_phase_parts(found.group(2)))
+
+
+def _phase_parts(text: str) -> list[tuple[str, float]]:
+    """``params 0.007 s, plan 0.035 s`` -> [(params, 0.007), (plan, 0.035)]."""
+    parts = []
+    for part in text.split(", "):
+        phase, seconds, _ = part.rsplit(" ", 2)
+        parts.append((phase, float(seconds)))
+    return parts
+
+
+def _sums(counters_text: str, parts: tuple[str, ...]) -> list[int]:
+    """For each of ``parts``, the sum of a batch's counters whose name contains it."""
+    try:
+        counters = ast.literal_eval(counters_text)
+    except (ValueError, SyntaxError):
+        return [0] * len(parts)
+    return [sum(v for k, v in counters.items() if part in k) for part in parts]
+
+
+def _task_steps(counters_text: str) -> dict[str, dict[str, float]]:
+    """Stage -> step -> ms per task, from a batch's counters (``stage/time_us/step``)."""
+    try:
+        counters = ast.literal_eval(counters_text)
+    except (ValueError, SyntaxError):
+        return {}
+    steps: dict[str, dict[str, float]] = {}
+    for key, value in counters.items():
+        stage, _, rest = key.partition("/")
+        if not rest.startswith("time_us/"):
+            continue
+        tasks = max(1, int(counters.get(f"{stage}/tasks", 1)))
+        steps.setdefault(stage, {})[rest.removeprefix("time_us/")] = value / tasks / 1000
+    for named in steps.values():
+        named["other"] = named.get("task", 0.0) - sum(v for k, v in named.items() if k != "task")
+    return steps
 
 
 def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
@@ -407,6 +520,8 @@ def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
         if spark:
             text = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in spark.items())
             print(f"  {'':<15} Spark's micro-batch: {text}")
+        if args.phases:
+            _report_tasks(measured)
     if not args.recovery:
         return
     print()
@@ -426,6 +541,73 @@ def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
         if times:
             spread = f"{min(times):.1f}..{max(times):.1f}"
             print(f"  {g:<15} median {statistics.median(times):.1f} s ({spread})")
+        if args.phases:
+            _report_restart(measured)
+
+
+def _median_spread(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
+    """``median (min..max)`` of ``values`` times ``scale``."""
+    v = [x * scale for x in values]
+    return f"{statistics.median(v):.{digits}f} ({min(v):.{digits}f}..{max(v):.{digits}f})"
+
+
+def _report_tasks(measured: list[Measured]) -> None:
+    """Spark's stages per batch, and each stage's task steps (ms per task)."""
+    kinds: dict[str, list[float]] = {}
+    stages: dict[str, dict[str, list[float]]] = {}
+    for m in measured:
+        for kind, values in m.spark_stages.items():
+            kinds.setdefault(kind, []).extend(values)
+        for stage, steps in m.tasks.items():
+            for step, values in steps.items():
+                stages.setdefault(stage, {}).setdefault(step, []).extend(values)
+    names = {"ShuffleMapStage": "stage before the exchange", "ResultStage": "last stage"}
+    text = ", ".join(
+        f"{names.get(k, k)} {statistics.median(v):.0f} ms" for k, v in sorted(kinds.items())
+    )
+    print(f"  {'':<15} Spark's stages (median per batch): {text}")
+    moved = [n for m in measured for n in m.registrations]
+    redone = [n for m in measured for n in m.redone]
+    if moved:
+        print(
+            f"  {'':<15} per batch: transactional ids registered anew (a sink partition's task "
+            f"in another Python worker than last time) median {statistics.median(moved):.0f}, "
+            f"in {sum(1 for n in moved if n)} of {len(moved)} batches; transactions redone in "
+            f"{sum(1 for n in redone if n)} of {len(redone)} batches"
+        )
+    for stage, steps in stages.items():
+        ordered = sorted(steps.items(), key=lambda kv: -statistics.median(kv[1]))
+        text = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in ordered)
+        print(f"  {'':<15} stage {stage!r}, ms per task (median over batches): {text}")
+
+
+def _report_restart(measured: list[Measured]) -> None:
+    """Each restart's steps to its first committed batch, median (min..max) over runs."""
+    steps: dict[str, list[float]] = {}
+    first: dict[str, list[float]] = {}
+    tasks: dict[str, dict[str, list[float]]] = {}
+    boots: list[float] = []
+    for m in measured:
+        for k, v in m.steps.items():
+            steps.setdefault(k, []).append(v)
+        for k, v in m.first.items():
+            first.setdefault(k, []).append(v)
+        for stage, named in m.first_tasks.items():
+            for k, v in named.items():
+                tasks.setdefault(stage, {}).setdefault(k, []).append(v)
+        if m.boot_ms:
+            boots.append(max(m.boot_ms))
+    print("    restart steps, s, median (min..max):")
+    for k, v in steps.items():
+        print(f"      {k:<32} {_median_spread(v, digits=2)}")
+    text = ", ".join(f"{k} {_median_spread(v, digits=2)}" for k, v in first.items())
+    print(f"    first batch's phases, s: {text}")
+    if boots:
+        print(f"    Python workers' boot (slowest, Spark's log), ms: {_median_spread(boots)}")
+    for stage, named in tasks.items():
+        ordered = sorted(named.items(), key=lambda kv: -statistics.median(kv[1]))
+        text = ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in ordered)
+        print(f"    first batch, stage {stage!r}, ms per task: {text}")
 
 
 def main() -> None:
@@ -435,7 +617,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--recovery", action="store_true")
+    parser.add_argument(
+        "--client",
+        choices=("python", "confluent"),
+        default="python",
+        help="the pipeline's Kafka client (source and sinks): kafka-python or confluent-kafka",
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="time each task's steps and print where a batch's (and a restart's) time goes",
+    )
     parser.add_argument("--after-kill", type=float, default=30.0)
+    parser.add_argument("--markdown", help=f"also write the report into this page ({SECTION})")
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     parser.add_argument(
         "--traffic-client",
@@ -454,6 +648,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="onceflow-bench-latency-")
     modes = args.modes.split(",")
     runs: dict[str, list[Measured]] = {m: [] for m in modes}
+    load_before = os.getloadavg()[0]  # the machine's load says how far the numbers are its own
     with services(False) as (redis_url, bootstrap, _):
         for i in range(args.repeat):
             for g in modes:
@@ -464,7 +659,18 @@ def main() -> None:
                 print(
                     f"  run {i + 1} {g:<15} p50 {p50:.0f} ms ({m.batches} batches){rec}", flush=True
                 )
-    report(runs, args)
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        report(runs, args)
+    print(text.getvalue(), end="")
+    if args.markdown:
+        command = "Generated by `python bench/latency.py " + " ".join(sys.argv[1:])
+        command += (
+            f"` on {time.strftime('%Y-%m-%d')} (2 cores, shared with other work: load average "
+            f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)."
+        )
+        body = [command, "", "```text", *text.getvalue().strip("\n").splitlines(), "```"]
+        page.replace_section(args.markdown, SECTION, body)
 
 
 if __name__ == "__main__":

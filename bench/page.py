@@ -8,7 +8,13 @@ keeps the hand-written ``## The other benchmarks`` at the end.
 from __future__ import annotations
 
 OTHER_BENCHMARKS = "## The other benchmarks"
-GENERATED_SECTIONS = ("## Peers", "## Sinks", "## Nexmark", "## Nexmark latency")
+GENERATED_SECTIONS = (
+    "## Peers",
+    "## Sinks",
+    "## Nexmark",
+    "## Nexmark latency",
+    "## Latency and recovery",
+)
 
 
 def section(text: str, heading: str) -> str:

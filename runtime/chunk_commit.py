@@ -21,6 +21,7 @@ from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
 from onceflow.runtime.record_text import StageFailure, ahead_reason, portable
 from onceflow.runtime.spec import StageSpec
+from onceflow.runtime.task_times import timed
 
 # Event times below this many ms (September 2001) are taken to be seconds by mistake.
 SECONDS_NOT_MS = 1_000_000_000_000
@@ -66,7 +67,8 @@ class ChunkCommits:
         redone. Returns the admission, the outputs committed and the next chunk's number.
         """
         self.prints = {id(row): fp for row, fp in zip(rows, prints, strict=True)} if prints else {}
-        admission = self.guard.admit(rows, positional, prints)
+        with timed("redis admit"):
+            admission = self.guard.admit(rows, positional, prints)
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
@@ -109,7 +111,8 @@ class ChunkCommits:
         rest: list[InRow] = []
         refused: dict[bytes, DeadLetter] = {}
         while True:
-            self.body.run([r for r in fresh if r[1] not in refused] if refused else fresh)
+            with timed("stage code"):
+                self.body.run([r for r in fresh if r[1] not in refused] if refused else fresh)
             for letter in refused.values():
                 self.body.dead(letter)
             updates = self.body.state_updates(self.guard.read_state)  # may fire late panes
@@ -127,9 +130,10 @@ class ChunkCommits:
             outputs = before + made
             self.crash(CrashPoint.BEFORE_COMMIT)
             try:
-                conflicts = self.guard.commit(
-                    chunk_no, fresh, outputs + deltas, updates, {} if rest else lanes, unmarked
-                )
+                with timed("redis commit"):
+                    conflicts = self.guard.commit(
+                        chunk_no, fresh, outputs + deltas, updates, {} if rest else lanes, unmarked
+                    )
             except FloorRaised as raised:
                 self.body.reset_chunk()
                 self.body.restore_counts(counts)

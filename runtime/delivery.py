@@ -23,6 +23,7 @@ from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
 from onceflow.runtime.record_text import portable
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
+from onceflow.runtime.task_times import timed
 from onceflow.runtime.transaction import SinkTransaction, accepted
 
 
@@ -85,10 +86,12 @@ class SinkDelivery:
         With IDs on, the delivery is remembered as pending in Redis before it becomes
         visible (see :mod:`onceflow.dedup.delivery`); a transactional sink commits only then.
         """
-        writer = self.writer(target)
+        with timed("sink open"):
+            writer = self.writer(target)
         if not self.guard.mode.ids:  # no IDs to tell records apart (they may be empty)
             return self.refused_letters(target, writer.write(decode_outputs(outputs, target)))
-        todo = self.guard.undelivered(target.index, _first_of_each_id(outputs))
+        with timed("redis undelivered"):
+            todo = self.guard.undelivered(target.index, _first_of_each_id(outputs))
         skipped = len(outputs) - len(todo)
         if skipped:
             self.count("already_delivered", skipped)
@@ -98,13 +101,16 @@ class SinkDelivery:
         if isinstance(writer, TransactionalWriter):
             rejected = self._in_transaction(target, writer, todo, records)
         else:
-            self.guard.prepare_delivery(target.index, NO_MARKER, todo)
-            rejected = writer.write(records)
-            rejected += writer.flush()
+            with timed("redis pending"):
+                self.guard.prepare_delivery(target.index, NO_MARKER, todo)
+            with timed("kafka write"):
+                rejected = writer.write(records)
+                rejected += writer.flush()
             self.crash(CrashPoint.AFTER_SINK_WRITE)
         # Refused records are not marked: their dead letters are not durable yet, and a
         # retry that finds them unmarked refuses them again and makes the same letters.
-        self.guard.delivered(target.index, accepted(todo, records, rejected))
+        with timed("redis delivered"):
+            self.guard.delivered(target.index, accepted(todo, records, rejected))
         return self.refused_letters(target, rejected)
 
     def _in_transaction(
@@ -115,7 +121,8 @@ class SinkDelivery:
         records: list[Record],
     ) -> list[Rejected]:
         """Deliver in a transaction, its writer recorded in Redis before it begins."""
-        self.guard.note_writer(target.index, writer.identity)  # before it begins
+        with timed("redis note writer"):
+            self.guard.note_writer(target.index, writer.identity)  # before it begins
         self.noted[target.index] = writer.identity
         transaction = SinkTransaction(self.guard, writer, target.index, self.crash, self.count)
         rejected = transaction.deliver(todo, records)

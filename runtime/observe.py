@@ -46,6 +46,7 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 def first_batch(ctx: RunContext) -> None:
     """Say once how long the run took to reach its first micro-batch, and where."""
+    ctx.steps.mark("Spark's first trigger")  # the query's start to its first foreachBatch
     took = time.monotonic() - ctx.started
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in ctx.steps.seconds.items())
     line = f"first micro-batch starts {took:.1f} s after the run began ({parts})"

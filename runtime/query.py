@@ -23,6 +23,7 @@ from onceflow.runtime.stopping import STOP_MARK, StopRequest
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from onceflow.runtime.phases import Phases
     from onceflow.runtime.spec import Job
 
 AWAIT_STEP_SECONDS = 0.5
@@ -37,8 +38,13 @@ def start_query(
     checkpoint: str,
     available_now: bool,
     trigger_seconds: float | None,
+    steps: Phases | None = None,
 ) -> Any:
-    """Union the job's sources into one streaming query and start it."""
+    """Union the job's sources into one streaming query and start it.
+
+    ``steps`` (start-up timing) gets the sources' frames (Spark asks each Python data source
+    for its schema) apart from the query's own start.
+    """
     from pyspark.sql import functions as F  # noqa: N812
 
     frames = []
@@ -49,6 +55,8 @@ def start_query(
     union = frames[0]
     for df in frames[1:]:
         union = union.unionByName(df)
+    if steps is not None:
+        steps.mark("source frames")
     writer = (
         union.writeStream.foreachBatch(run_batch)
         .option("checkpointLocation", checkpoint)

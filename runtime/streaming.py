@@ -74,6 +74,7 @@ def _run(
     steps = Phases(began)
     stop = handlers.stop
     check_sources(job)  # and wait for their systems (and the sinks')
+    steps.mark("Kafka")
     ns = open_namespace(job, opts)
     steps.mark("Redis")
     spark = session or spark_session(
@@ -125,6 +126,7 @@ def _drive(ctx: RunContext, batches: MicroBatches, opts: RunConfig) -> None:
                 ctx.checkpoint.location,
                 opts.available_now,
                 opts.trigger_seconds,
+                ctx.steps,
             )
             ctx.steps.mark("query start")
             await_query(query, ctx.job.pipeline, ctx.stop, opts.timeout_seconds)

@@ -39,6 +39,7 @@ from onceflow.dedup.errors import FencedError
 from onceflow.kernel import record_types
 from onceflow.kernel.limits import Budget, split_outputs
 from onceflow.kernel.records import InRow, Output, StateWrite, TaskRef
+from onceflow.runtime import task_times
 from onceflow.runtime.body import StageBody
 from onceflow.runtime.chunk_commit import ChunkCommits
 from onceflow.runtime.delivery import SinkDelivery
@@ -103,6 +104,7 @@ class StageFunction:
         batch, guards = self._batch(ctx)
         record_types.register(self.spec.record_types)
         ref = TaskRef(self.spec.name, batch, partition, attempt, self.spec.sinks, attempt_id)
+        times = task_times.begin()
         task = TaskRun(self.spec, guards, ref)
         ok = False
         try:
@@ -114,6 +116,10 @@ class StageFunction:
             raise TaskFailure(task.failure_line(exc)) from exc
         finally:
             task.close(ok)
+            if times is not None:
+                for name, n in times.counters().items():
+                    task.count(name, n)
+                task_times.end()
             if self.metrics is not None and ok:
                 self.metrics.add(task.counters)
 
@@ -189,7 +195,8 @@ class TaskRun:
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Steps 1-4 of the module docstring."""
-        replay = self.guard.open()
+        with task_times.timed("redis open"):
+            replay = self.guard.open()
         deltas = [o for o in replay.outputs if o.target < 0]
         sent = [o for o in replay.outputs if o.target >= 0]
         if deltas and not replay.done:
@@ -204,11 +211,13 @@ class TaskRun:
             yield from self.flush_sinks()
             return
         chunk_no = replay.next_chunk
-        for rows, lanes, positional, prints in self.input.chunks(batches):
+        chunks = task_times.timed_iter("input", self.input.chunks(batches))
+        for rows, lanes, positional, prints in chunks:
             outputs, chunk_no = self.process_chunk(chunk_no, rows, lanes, positional, prints)
             yield from self.emit(outputs)
         self.close_counts()
-        changes = self.body.flush_end(self.guard.read_state, self.guard.due_timers)
+        with task_times.timed("stage end"):
+            changes = self.body.flush_end(self.guard.read_state, self.guard.due_timers)
         outputs = self.finish(chunk_no, self.body.take(), changes, {o.id for o in sent})
         yield from self.emit(outputs)
         yield from self.release()
@@ -276,7 +285,8 @@ class TaskRun:
             chunk_no += 1
             self.crash(CrashPoint.AFTER_COMMIT)
         self.crash(CrashPoint.BEFORE_FINISH)
-        self.guard.finish(parts[-1], changes)
+        with task_times.timed("redis finish"):
+            self.guard.finish(parts[-1], changes)
         self.crash(CrashPoint.AFTER_FINISH)
         return outputs
 

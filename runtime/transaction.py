@@ -17,6 +17,7 @@ from onceflow.connectors.base import (
 from onceflow.kernel.records import Output, Record
 from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
+from onceflow.runtime.task_times import timed
 
 
 def accepted(todo: list[Output], records: list[Record], rejected: list[Rejected]) -> list[Output]:
@@ -62,7 +63,9 @@ class SinkTransaction:
                 break
             except TransactionBroken:
                 self.guard.note_writer(self.index, writer.identity)
-                if writer.recover():
+                with timed("kafka recover"):
+                    recovered = writer.recover()
+                if recovered:
                     break
                 self.count("sink_transactions_redone", 1)
         self.crash(CrashPoint.AFTER_SINK_COMMIT)
@@ -81,20 +84,24 @@ class SinkTransaction:
         """
         writer = self.writer
         while True:
-            refused = writer.write(sending)
+            with timed("kafka write"):
+                refused = writer.write(sending)
             rejected += refused
             if refused:  # refused before sending: not again in a redone transaction
                 sending = _without(sending, refused)
             self.crash(CrashPoint.IN_SINK_TRANSACTION)
             try:
-                marker = writer.prepare()
+                with timed("kafka prepare"):
+                    marker = writer.prepare()
                 break
             except PoisonInTransaction as poison:  # the transaction was aborted: again without
                 rejected += poison.rejected
                 sending = _without(sending, poison.rejected)
-        self.guard.prepare_delivery(self.index, marker, accepted(todo, records, rejected))
+        with timed("redis pending"):
+            self.guard.prepare_delivery(self.index, marker, accepted(todo, records, rejected))
         self.crash(CrashPoint.AFTER_SINK_WRITE)
-        writer.commit()
+        with timed("kafka commit"):
+            writer.commit()
         return sending
 
 

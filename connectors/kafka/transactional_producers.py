@@ -4,7 +4,8 @@ A sink partition's writers share one transactional id (:func:`transactional_id`)
 it with Kafka fences every older producer of it, wherever it runs, and ends its open
 transaction (a commit under way completes, anything else is aborted). A worker process
 registers an id once and reuses the producer for that partition's later tasks there
-(:data:`_TXN_PRODUCERS`); :class:`TransactionalProducer` is one writer's hold on it.
+(:data:`_TXN_PRODUCERS`), unless another process of the machine registered the id since
+(:mod:`.registrations`); :class:`TransactionalProducer` is one writer's hold on it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from onceflow.connectors.kafka.clients import (
     new_producer,
 )
 from onceflow.connectors.kafka.outage import ATTEMPT_S, Wait, retrying, transient
+from onceflow.connectors.kafka.registrations import note_registered, registered_elsewhere
 from onceflow.connectors.kafka.writer import ABORT_TIMEOUT_S, WritingSink
 
 REGISTER_TIMEOUT_S = ATTEMPT_S  # one attempt at registering a transactional id
@@ -44,6 +46,7 @@ class _Registered:
 
     producer: Producer
     open: bool = False
+    token: str | None = None  # this registration's note (see .registrations)
 
 
 # This worker process's transactional producers, by transactional id (one per sink partition
@@ -81,7 +84,8 @@ def _register(sink: WritingSink, tid: str) -> _Registered:
             producer.close(timeout_s=0)
         raise
     _cached(tid)  # the cache belongs to this process
-    entry = _TXN_PRODUCERS[tid] = _Registered(producer)
+    token = note_registered(sink.settings.bootstrap_servers, tid)
+    entry = _TXN_PRODUCERS[tid] = _Registered(producer, token=token)
     _evict()
     return entry
 
@@ -132,6 +136,7 @@ class TransactionalProducer:
         self.entry: _Registered | None = None
         self.prepared = False
         self.clean = True
+        self.registrations = 0  # of the id by this writer (see bench/latency.py --phases)
 
     @property
     def open(self) -> bool:
@@ -143,6 +148,9 @@ class TransactionalProducer:
         """This process's registered producer of the id (registered when first needed)."""
         if self.entry is None:
             entry = _cached(self.tid)
+            if entry is not None and not entry.open and self._moved(entry):
+                _drop(self.tid)  # fenced by that registration: register anew, before sending
+                entry = None
             if entry is None:
                 self.renew()
             elif entry.open:  # an earlier task of this process left it open: end it first
@@ -155,6 +163,10 @@ class TransactionalProducer:
         assert self.entry is not None
         return self.entry.producer
 
+    def _moved(self, entry: _Registered) -> bool:
+        """Whether another process here registered the id since ``entry`` (see .registrations)."""
+        return registered_elsewhere(self.sink.settings.bootstrap_servers, self.tid, entry.token)
+
     def renew(self) -> None:
         """Register the id anew (waiting out Kafka): this process's producer of it is new.
 
@@ -164,6 +176,7 @@ class TransactionalProducer:
         while self.entry is None:
             try:
                 self.entry = _register(self.sink, self.tid)
+                self.registrations += 1
             except Exception as exc:
                 if not (transient(exc) or isinstance(exc, ProducerBroken)):
                     raise

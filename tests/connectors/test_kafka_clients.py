@@ -18,7 +18,7 @@ import pytest
 
 from onceflow.connectors.base import PoisonInTransaction, TaskInfo, TransactionBroken
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.connectors.kafka import KafkaSink, KafkaSource, transactional_producers
 from onceflow.connectors.kafka.clients import (
     CONFLUENT_CLIENT,
     WORKER_CLIENTS,
@@ -273,9 +273,14 @@ def test_settling_one_partition_leaves_another_partitions_writer_able_to_commit(
 @pytest.mark.kafka
 @CLIENTS
 def test_a_cached_producer_another_process_fenced_is_replaced_without_a_word(
-    client, kafka_broker, topic_name
+    client, kafka_broker, topic_name, monkeypatch
 ):
-    """The partition's task ran in another process since: its registration fenced ours."""
+    """The partition's task ran in another process since: its registration fenced ours.
+
+    That process ran on another machine: it left no note here (see ``.registrations``), so
+    the fenced producer only learns so from Kafka, and the transaction is redone.
+    """
+    monkeypatch.setattr(transactional_producers, "registered_elsewhere", lambda *_: False)
     settings = KafkaSettings(kafka_broker.bootstrap)
     topic, pipeline = topic_name("hop"), topic_name("p")
     sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
@@ -291,6 +296,36 @@ def test_a_cached_producer_another_process_fenced_is_replaced_without_a_word(
     _TXN_PRODUCERS.update(ours)  # back in this process, with its fenced producer
     again = sink.open(_task(pipeline, 3, 3))
     _deliver(again, _records(6, _now()))
+    assert len(read_topic(settings, topic)) == 3 + 5 + 6
+
+
+@pytest.mark.kafka
+@CLIENTS
+def test_a_producer_another_process_here_registered_since_is_replaced_before_sending(
+    client, kafka_broker, topic_name
+):
+    """The note that process left makes this one register anew first: no transaction fails.
+
+    Without the note, ``prepare`` finds the cached producer fenced (TransactionBroken) and
+    the runtime has to recover and redo the transaction (the test above).
+    """
+    settings = KafkaSettings(kafka_broker.bootstrap)
+    topic, pipeline = topic_name("moved"), topic_name("p")
+    sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
+    here = sink.open(_task(pipeline, 1, 1))
+    _deliver(here, _records(3, _now()))
+    ours = dict(_TXN_PRODUCERS)
+    _TXN_PRODUCERS.clear()
+    elsewhere = sink.open(_task(pipeline, 2, 2))  # another process registers the id
+    _deliver(elsewhere, _records(5, _now()))
+    _TXN_PRODUCERS.clear()
+    _TXN_PRODUCERS.update(ours)  # back in this process, with its fenced producer
+    again = sink.open(_task(pipeline, 3, 3))
+    assert again.write(_records(6, _now())) == []
+    again.prepare()  # TransactionBroken if the fenced producer had been used
+    again.commit()
+    assert again.producer is not ours[again.identity].producer
+    assert again.counts().get("registrations") == 1, "what bench/latency.py counts as a move"
     assert len(read_topic(settings, topic)) == 3 + 5 + 6
 
 

@@ -8,8 +8,9 @@ from onceflow import Pipeline, sinks, sources
 from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel.limits import SOURCE_SLICE_RECORDS as SOURCE_SLICE
 from onceflow.kernel.records import TaskRef
+from onceflow.runtime import task_times
 from onceflow.runtime.guard import no_guard
-from onceflow.runtime.task import TaskRun
+from onceflow.runtime.task import StageFunction, TaskRun
 
 
 def test_a_batch_standing_for_many_records_is_handed_on_in_slices():
@@ -40,3 +41,40 @@ def test_a_failure_names_the_record_only_when_it_is_not_a_connectors_failure():
     assert "ValueError: bad value" in line and line.endswith("[input record t:0@41]")
     broker = task.failure_line(ConnectorError("reading t:0 at offset 42: broker down"))
     assert broker.endswith("broker down")
+
+
+class _Counters:
+    """What the run's accumulator gets from a task (``metrics.add``)."""
+
+    def __init__(self) -> None:
+        self.value: dict[str, int] = {}
+
+    def add(self, counters: dict[str, int]) -> None:
+        for k, v in counters.items():
+            self.value[k] = self.value.get(k, 0) + v
+
+
+def _run_task(monkeypatch, times: str | None) -> dict[str, int]:
+    if times is None:
+        monkeypatch.delenv(task_times.ENV, raising=False)
+    else:
+        monkeypatch.setenv(task_times.ENV, times)
+    p = Pipeline("timed")
+    p.read("gen", sources.Generate(50, splits=1)).write("out", sinks.Collect())
+    spec = p.job().stages[0]
+    counters = _Counters()
+    fn = StageFunction(spec, no_guard, 0, counters)
+    list(fn(iter([pa.RecordBatch.from_pydict({"split": [0], "splits": [1]})])))
+    return counters.value
+
+
+def test_task_steps_are_timed_only_when_asked(monkeypatch):
+    """``bench/latency.py --phases`` reads where a task's time went from its counters."""
+    timed = _run_task(monkeypatch, "1")
+    assert timed["gen/tasks"] == 1
+    assert {"gen/time_us/task", "gen/time_us/input", "gen/time_us/stage code"} <= set(timed)
+    assert timed["gen/time_us/task"] >= timed["gen/time_us/input"]
+    assert timed["gen/in"] == 50
+    plain = _run_task(monkeypatch, None)
+    assert not [k for k in plain if "time_us" in k or k.endswith("/tasks")]
+    assert plain["gen/in"] == 50
