@@ -99,9 +99,8 @@ class StageBody:
         self.mode = mode
         self.batch = batch
         self.partition = partition
-        # the micro-batch's watermark and the batch before's (None: bounded)
-        self.watermark, self.previous_watermark = watermarks
-        watermark = self.watermark
+        self.watermarks = watermarks  # the micro-batch's and the batch before's (None: bounded)
+        self.watermark, self.previous_watermark = watermark, _ = watermarks
         self.now = now  # the micro-batch's time (None: bounded)
         self.limit_ms: int | None = None  # the newest event time admitted (set by the task)
         self.cursor = Cursor()
@@ -159,8 +158,7 @@ class StageBody:
         chunked = self.mode.ids and op.phase is Phase.PARTIAL
         combine: CombineOp | WindowedCombine
         if op.windowing is not None:
-            watermarks = (self.watermark, self.previous_watermark)
-            combine = WindowedCombine(op, stateful, chunked, watermarks, self.now)
+            combine = WindowedCombine(op, stateful, chunked, self.watermarks, self.now)
         else:
             combine = CombineOp(op, stateful, chunked, self.now)
         self.combines[op.name] = combine
