@@ -147,18 +147,21 @@ class NexmarkTorture:
                 self.restarts.append(restart)
 
 
-class BrokerRestart(threading.Thread):
+class BrokerRestart:
     """Kill -9 the broker ``after_s`` after the attempt's first new micro-batch, start it
     again ``down_s`` later (on the same data: what was acknowledged survives)."""
 
     def __init__(self, run: Run, broker: LocalKafka, after_s: float, down_s: float = 6.0) -> None:
-        super().__init__(daemon=True)
         self.run, self.broker, self.after_s, self.down_s = run, broker, after_s, down_s
         self.done = threading.Event()
         self.killed_at: float | None = None
         self.back_at: float | None = None
+        self.thread = threading.Thread(target=self._restart, daemon=True)
 
-    def run(self) -> None:  # type: ignore[override]
+    def start(self) -> None:
+        self.thread.start()
+
+    def _restart(self) -> None:
         before = _highest_batch(self.run, "offsets")
         while not self.done.is_set() and _highest_batch(self.run, "offsets") <= before:
             time.sleep(0.05)
@@ -173,7 +176,7 @@ class BrokerRestart(threading.Thread):
     def finish(self) -> None:
         """The attempt is over: stop waiting, and let a restart under way complete."""
         self.done.set()
-        self.join(120)
+        self.thread.join(120)
 
 
 def nexmark_torture(
