@@ -45,7 +45,7 @@ from onceflow.testing.harness import compare_counts
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.kafka import LocalKafka
 from tests.exactly_once.real_input import Run, Send, dead_letters
-from tests.exactly_once.torture import HOUR, Torture, _highest_batch
+from tests.exactly_once.torture import CHUNK, HOUR, Torture, _highest_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 QUERIES_FILE = os.path.join(ROOT, "examples", "nexmark", "queries.py")
@@ -208,6 +208,8 @@ def nexmark_torture(
         "NEXMARK_OUT": f"{name}-out",
         "NEXMARK_PIPELINE": name,
         "NEXMARK_IDS": "mixed",
+        # several commits per task, so that a kill often lands between two of them
+        "NEXMARK_CHUNK_SIZE": str(CHUNK),
         "PYTHONPATH": ROOT,
     }
     run = Run(name, bootstrap, redis_url, workdir, PARTITIONS, extra_env=env, cap=cap)
