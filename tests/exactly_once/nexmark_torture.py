@@ -6,11 +6,12 @@ join (q8: ``co_group``), a join with a table (q20: ``join_table``) and an interv
 Python workers) is killed -9 at random moments (``torture.KillTimer``), optionally with
 Redis's host crashing under it (``torture.RedisHostCrashes``: the last second of
 acknowledged writes lost) or the Kafka broker killed and restarted mid-run. The input is
-what production sends: each event's ID as a 16-byte header, a text header or a body field
-(``NEXMARK_IDS=mixed`` in ``examples/nexmark/queries.py``); copies re-sent seconds or hours
-later in Kafka time, to other partitions; poison records (undecodable, an empty ID header,
-an event the query's own functions reject, one stamped days ahead of the clock). At the end
-the output topic, read ``read_committed`` by a plain consumer, must be the plain-Python
+what production sends: each event's ID (a UUID) as a 16-byte header, a text header or a body
+field (``NEXMARK_IDS=mixed`` in ``examples/nexmark/queries.py``); copies re-sent seconds or
+hours later in Kafka time, to other partitions, their IDs written any of the three ways (a
+UUID's text and its bytes are one ID); poison records (undecodable, an empty ID header, an
+event the query's own functions reject, one stamped days ahead of the clock). At the end the
+output topic, read ``read_committed`` by a plain consumer, must be the plain-Python
 reference's answer (``examples/nexmark/reference.py``) over the events sent once each:
 nothing lost, nothing twice; and the dead letters exactly the poison, each with its reason.
 
@@ -86,7 +87,8 @@ class NexmarkTorture:
             later = old["date_time"] + (
                 rng.randrange(1, 30) * 1000 if rng.random() < 0.5 else 2 * HOUR
             )
-            send = self._send(old, later, rng.randrange(PARTITIONS))
+            # re-sent by another producer, maybe: its ID written any of the three ways
+            send = self._send(old, later, rng.randrange(PARTITIONS), rng.randrange(3))
             placed.append((rng.uniform(after, len(new)), send))
         for _ in range(max(1, len(new) // 300)):
             placed.append((rng.uniform(0, len(new)), self._poison()))
@@ -102,15 +104,16 @@ class NexmarkTorture:
                 sends.append(self._send(closer, end, p))
         self.run.produce(sends)
 
-    def _send(self, e: dict[str, Any], ts: int, partition: int) -> Send:
-        """An event carries its ID the same way every time it is sent (a producer's habit)."""
+    def _send(self, e: dict[str, Any], ts: int, partition: int, way: int | None = None) -> Send:
+        """The event's ID (a UUID) as 16 header bytes, header text or the body's ``msg_id``
+        text: its original always one way (by the ID), ``way`` for a copy."""
         uid = uuid.uuid5(ID_NAMESPACE, e["event_id"])
-        way = uid.int % 3
+        way = uid.int % 3 if way is None else way
         if way == 0:
             return Send(e, partition, [("onceflow-id", uid.bytes)], ts)
         if way == 1:
             return Send(e, partition, [("onceflow-id", str(uid).encode())], ts)
-        return Send({**e, "msg_id": e["event_id"]}, partition, None, ts)
+        return Send({**e, "msg_id": str(uid)}, partition, None, ts)
 
     def _poison(self) -> Send:
         rng, poison = self.t.rng, self.run.poison
