@@ -9,9 +9,9 @@ acknowledged writes lost) or the Kafka broker killed and restarted mid-run. The 
 what production sends: each event's ID (a UUID) as a 16-byte header, a text header or a body
 field (``NEXMARK_IDS=mixed`` in ``examples/nexmark/queries.py``); copies re-sent seconds or
 hours later in Kafka time, to other partitions, a header ID as bytes or as text whichever the
-original had (a UUID's text and its bytes are one ID); poison records (undecodable, an empty ID header, an
-event the query's own functions reject, one stamped days ahead of the clock). At the end the
-output topic, read ``read_committed`` by a plain consumer, must be the plain-Python
+original had (a UUID's text and its bytes are one ID); poison records (undecodable, an empty
+ID header, an event the query's own functions reject, one stamped days ahead of the clock).
+At the end the output topic, read ``read_committed`` by a plain consumer, must be the plain-Python
 reference's answer (``examples/nexmark/reference.py``) over the events sent once each:
 nothing lost, nothing twice; and the dead letters exactly the poison, each with its reason.
 
