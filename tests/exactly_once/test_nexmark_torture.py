@@ -39,7 +39,7 @@ def test_a_stateful_query_killed_at_a_random_moment_gives_the_reference_once(
     broker, redis_server, tmp_path
 ):
     nt = nexmark_torture(
-        "q6", broker.bootstrap, redis_server.url, str(tmp_path), seed=5, kills=1, wave=1200
+        "q6", broker.bootstrap, redis_server.url, str(tmp_path), seed=5, kills=1, wave=900
     )
     _checked(nt)
 
