@@ -2,8 +2,11 @@
 
 ``query_pipeline(query, source, sink)`` returns the pipeline; ``onceflow run
 examples/nexmark/queries.py`` runs the one ``NEXMARK_QUERY`` names (default ``q1``) from the
-topic ``NEXMARK_TOPIC`` to the topic ``NEXMARK_OUT``. The plain-Python answer of each query
-is in ``reference.py``; the tests compare the two (``tests/examples/test_nexmark.py``).
+topic ``NEXMARK_TOPIC`` to the topic ``NEXMARK_OUT``; with ``NEXMARK_IDS=mixed`` an event's
+ID is its ``msg_id`` field where it has one, else its ``onceflow-id`` header (as producers
+send them; the torture run's input), instead of its ``event_id``; ``NEXMARK_CHUNK_SIZE`` sets
+the records per atomic commit. The plain-Python answer of each query is in ``reference.py``;
+the tests compare the two (``tests/examples/test_nexmark.py``).
 
 * q0 pass-through: every event;
 * q1 currency conversion: each bid's price in euros (cents, ``price * 908 // 1000``);
@@ -37,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from examples.nexmark.q6 import q6, winning_bids
-from onceflow import CoGroup, EventTime, KafkaSink, KafkaSource, Pipeline, Stream
+from onceflow import CoGroup, DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline, Stream
 from onceflow.connectors.base import SinkConnector, SourceConnector
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.state import Context, Timer, ValueSpec
@@ -291,11 +294,15 @@ QUERIES: dict[str, Callable[[Stream], Stream]] = {
 
 
 def query_pipeline(
-    query: str, source: SourceConnector, sink: SinkConnector, name: str = ""
+    query: str,
+    source: SourceConnector,
+    sink: SinkConnector,
+    name: str = "",
+    dedup: DedupConfig | None = None,
 ) -> Pipeline:
     """The pipeline of one query: events (IDs from ``event_id``) -> the query -> ``out``."""
     event_time = EventTime.of(out_of_orderness=OUT_OF_ORDERNESS)
-    p = Pipeline(name or f"nexmark-{query}", event_time=event_time)
+    p = Pipeline(name or f"nexmark-{query}", event_time=event_time, dedup=dedup)
     QUERIES[query](p.read("events", source)).write("out", sink)
     return p
 
@@ -313,4 +320,14 @@ def build() -> Pipeline:
     topic = os.environ.get("NEXMARK_TOPIC", "nexmark-events")
     out = os.environ.get("NEXMARK_OUT", f"nexmark-{query}")
     name = os.environ.get("NEXMARK_PIPELINE", "")
-    return query_pipeline(query, kafka_events(topic), KafkaSink(out), name)
+    source = kafka_events(topic)
+    if os.environ.get("NEXMARK_IDS") == "mixed":  # as producers send them (the torture run's)
+        source = KafkaSource(topic, id=_body_or_header_id, timestamp=lambda e: e["date_time"])
+    chunk = os.environ.get("NEXMARK_CHUNK_SIZE")  # records per atomic commit
+    dedup = DedupConfig.of(chunk_size=int(chunk)) if chunk else None
+    return query_pipeline(query, source, KafkaSink(out), name, dedup)
+
+
+def _body_or_header_id(event: dict[str, Any]) -> Any:
+    """The ``msg_id`` field where an event has one, else (None) its ``onceflow-id`` header."""
+    return event.get("msg_id")

@@ -69,6 +69,7 @@ class Torture:
     redis_crashes: int = 0  # host crashes of Redis during runs
     reruns: int = 0  # batches a run ran again after Redis came back
     startup_s: float | None = None  # an attempt's start to its first new micro-batch
+    pipeline: str = PIPELINE  # the file run (the Nexmark torture runs its queries' file)
 
     def wave(self, size: int) -> None:
         """Produce ``size`` events, some re-sends of earlier ones, and a few poison records."""
@@ -149,7 +150,7 @@ class Torture:
             crashes = RedisHostCrashes(self.run, self.redis_host, self.rng, kill_after)
             when = crashes.then(timer)
         outcome = run_pipeline(
-            PIPELINE, self.run.args(), env=self.run.env, kill_when=when, echo=echo
+            self.pipeline, self.run.args(), env=self.run.env, kill_when=when, echo=echo
         )
         if crashes is not None:
             self.redis_crashes += crashes.done
