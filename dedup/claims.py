@@ -13,16 +13,30 @@ with another fingerprint, an ID conflict) that the chunk drops before its commit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from onceflow.backup.store import replay
 from onceflow.dedup.addressing import RUN, KeyTable, seen_fields, shards_of
+from onceflow.dedup.errors import ServerChangedError, server_changed_message
+from onceflow.dedup.session import FENCED
 from onceflow.kernel.errors import OnceflowError
 from onceflow.kernel.id_tags import ORIGIN_BYTES, id_tag
 from onceflow.kernel.ids import ID_BYTES
-from onceflow.kernel.keyspace import PRINT_BYTES, same_content
+from onceflow.kernel.keyspace import (
+    PRINT_BYTES,
+    SCAN_ALL,
+    SEEN_MARK,
+    Keyspace,
+    glob_escape,
+    same_content,
+    seen_field,
+    shard_of,
+)
+from onceflow.kernel.scripts import scripts_for
 
 CLAIM_BYTES = ORIGIN_BYTES + PRINT_BYTES  # a claim's value: origin, then fingerprint
 
@@ -115,3 +129,100 @@ def settle(
             same = same_content(value[ORIGIN_BYTES:], int.from_bytes(own[ORIGIN_BYTES:], "big"))
             (copies if same else conflicts).add(j)
     return Settled(copies, conflicts)
+
+
+@dataclass
+class Claimer:
+    """Claims a source stage's IDs on its namespace's ID tags for one task (layout 4).
+
+    ``connect`` gives the client of a hash tag; ``servers`` each tag's master's run id when
+    the batch started. Calls on tags served by one client go in one pipeline.
+    """
+
+    namespace: str
+    tags: int
+    shards: int
+    receiver: str
+    batch: int
+    connect: Callable[[str], Any]
+    servers: Mapping[str, str]
+
+    def claim(
+        self, rids: Sequence[bytes], values: Sequence[bytes], live: Sequence[int], newest: int
+    ) -> Settled:
+        """Claim ``rids`` in ``live[0]`` (looking in every ``live`` generation); settle them."""
+        by_tag = {
+            k: self.servers.get(id_tag(self.namespace, k, self.tags).tag, "")
+            for k in range(self.tags)
+        }
+        calls = claim_calls(
+            self.namespace,
+            self.tags,
+            self.shards,
+            self.receiver,
+            live,
+            rids,
+            values,
+            by_tag,
+            newest,
+        )
+        replies: list[list[object]] = [[] for _ in calls]
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for n, call in enumerate(calls):
+            client = self.connect(id_tag(self.namespace, call.tag, self.tags).tag)
+            groups.setdefault(id(client), (client, []))[1].append(n)
+        for client, members in groups.values():
+            pipe = client.pipeline(transaction=False)
+            script = scripts_for(client).claim_ids
+            for n in members:
+                script(keys=calls[n].keys, args=calls[n].args, client=pipe)
+            for n, reply in zip(members, pipe.execute(), strict=True):
+                replies[n] = reply
+        for call, reply in zip(calls, replies, strict=True):
+            if reply and reply[0] == FENCED:
+                where = f"ID tag {id_tag(self.namespace, call.tag, self.tags).tag}"
+                raise ServerChangedError(server_changed_message(where, self.batch))
+        return settle(calls, replies, values)
+
+
+def remark(
+    client: Any,
+    namespace: str,
+    tags: int,
+    shards: int,
+    stages: Sequence[str],
+    batch: int,
+    generation: int,
+    connect: Callable[[str], Any],
+) -> int:
+    """Claim again, on their ID tags, the inputs a batch's committed chunks hold; return how many.
+
+    Run by the driver before a batch runs again after a Redis server change, and before a
+    starting driver's first batch (a master may have gone back while no driver ran): a master
+    of an ID tag that went back may have lost claims whose commits survived on the
+    namespace's master; the replay reads those chunks from the backup and claims nothing, so a
+    later copy would find no claim. ``HSETNX`` with :data:`SEEN_MARK` (the origin is not kept
+    in the backup): nothing else can hold those fields, the lost claim had won its ``HSETNX``.
+    """
+    home = Keyspace(namespace)
+    newest = client.hget(home.generations, str(generation)) or b"0"
+    total = 0
+    for stage in stages:
+        inputs: list[bytes] = []
+        pattern = f"{home.backup(glob_escape(stage), batch, 0)[:-1]}{SCAN_ALL}"
+        for key in client.scan_iter(match=pattern, count=1000):
+            inputs.extend(replay(client.hgetall(key)).inputs)
+        by_tag: dict[int, list[tuple[str, bytes]]] = {}
+        for rid in inputs:
+            shard = shard_of(rid, shards)
+            key = id_tag(namespace, shard % tags, tags).seen(stage, generation, shard)
+            by_tag.setdefault(shard % tags, []).append((key, seen_field(rid, shards)))
+        for k, fields in by_tag.items():
+            tag = id_tag(namespace, k, tags)
+            pipe = connect(tag.tag).pipeline(transaction=False)
+            for key, name in fields:
+                pipe.hsetnx(key, name, SEEN_MARK)
+            pipe.hsetnx(tag.generations, str(generation), newest)  # GC finds the generation
+            pipe.execute()
+        total += len(inputs)
+    return total

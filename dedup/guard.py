@@ -34,6 +34,7 @@ from onceflow.dedup import delivery, trust
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import Admission, admit
 from onceflow.dedup.batch import BatchParams
+from onceflow.dedup.claims import Claimer
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import (
@@ -73,6 +74,7 @@ class ExactlyOnceGuards:
     waitaof: bool = False  # a pending delivery is visible only once WAITAOF confirmed it
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
     parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
+    id_tags: int = 0  # layout 4: ID tags source stages claim their IDs on (kernel.id_tags)
 
     def for_batch(
         self, params: BatchParams, durability: BatchDurability | None = None
@@ -169,6 +171,18 @@ class ExactlyOnceGuard:
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
+        self.claimed: set[bytes] = set()  # the last admission's IDs claimed on ID tags
+        self.claimer: Claimer | None = None  # layout 4: a source stage claims on ID tags
+        if factory.id_tags and ks.scope is None:
+            self.claimer = Claimer(
+                factory.namespace,
+                factory.id_tags,
+                config.shards,
+                task.stage,
+                task.batch,
+                lambda tag: redis_client(factory.redis, tag),
+                factory.servers or {},
+            )
 
     @property
     def receivers(self) -> list[trust.Receiver]:
@@ -206,7 +220,11 @@ class ExactlyOnceGuard:
         return replay
 
     def admit(
-        self, rows: list[InRow], positional: Sequence[bool] = (), prints: Sequence[int] = ()
+        self,
+        rows: list[InRow],
+        positional: Sequence[bool] = (),
+        prints: Sequence[int] = (),
+        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
 
@@ -223,8 +241,11 @@ class ExactlyOnceGuard:
             self.earlier,
             positional,
             prints,
+            self.claimer,
+            origins,
         )
         self.prints = adm.prints
+        self.claimed = adm.claimed
         return adm
 
     def raise_floor(self, floor_ms: int) -> None:
@@ -275,6 +296,7 @@ class ExactlyOnceGuard:
             self.params.time_ms,
             unmarked,
             self.prints,
+            self.claimed,
         )
         if conflicts:
             return conflicts

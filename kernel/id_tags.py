@@ -14,6 +14,7 @@ generation (``kernel/lua/claim_ids.lua``).
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from onceflow.kernel.errors import OnceflowError
 from onceflow.kernel.keyspace import Keyspace
@@ -74,3 +75,34 @@ def origin(lane: int, offset: int) -> bytes:
         msg = f"origin (lane {lane}, offset {offset}) does not fit a claim"
         raise OnceflowError(msg)
     return lane.to_bytes(2, "big") + offset.to_bytes(6, "big")
+
+
+def id_tags_for(client: Any) -> int:
+    """``T`` for a new namespace: :data:`TAGS_PER_MASTER` per master serving slots now.
+
+    A single Redis (no cluster) counts as one master: the tags then only cost, but work.
+    """
+    from redis.exceptions import ResponseError
+
+    try:
+        info = client.execute_command("CLUSTER", "INFO")
+    except ResponseError:
+        return TAGS_PER_MASTER
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    sizes = [
+        line.split(":", 1)[1] for line in text.splitlines() if line.startswith("cluster_size:")
+    ]
+    return TAGS_PER_MASTER * max(1, int(sizes[0])) if sizes else TAGS_PER_MASTER
+
+
+def origin_of(lane: str, offset: int) -> bytes:
+    """A record's origin from its source lane's name (a Kafka topic and partition) and offset.
+
+    Lanes are not numbered in the namespace yet: the origin is 8 bytes of a BLAKE2b digest of
+    both, so two records of different positions share an origin with chance 2^-64 (then a
+    copy would be taken for its original's replay).
+    """
+    import hashlib
+
+    text = f"{lane}@{offset}".encode()
+    return hashlib.blake2b(text, digest_size=ORIGIN_BYTES).digest()

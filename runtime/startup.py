@@ -31,6 +31,7 @@ from onceflow.dedup.durability import (
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
+from onceflow.kernel.id_tags import id_tags_for
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee
 from onceflow.kernel.scopes import (
@@ -138,7 +139,10 @@ def pin_namespace(
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
     exchanges = [s.name for s in job.stages if s.exchange]
     stages = [s.name for s in job.stages]
-    scopes = pin_scopes(client, keyspace, exchanges, stages, previous, opts.parallelism, new)
+    tags = id_tags_for(client) if opts.spread_seen and exactly_once else 0
+    scopes = pin_scopes(
+        client, keyspace, exchanges, stages, previous, opts.parallelism, new, id_tags=tags
+    )
     masters = _masters(scopes, redis)
     for master in masters[1:]:  # the partition scopes' masters, before anything goes there
         check_durable(master, opts.allow_non_durable_redis)
@@ -257,6 +261,7 @@ def _guards(mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect) -
             wait_timeout_ms=ns.durability.timeout_ms,
             scoped=ns.scopes.stages,
             parallelism=opts.parallelism,
+            id_tags=ns.scopes.id_tags,
         )
     # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
     guards = AtLeastOnceGuards(ns.redis, ns.keyspace.namespace, ns.config, scoped=ns.scopes.stages)

@@ -13,9 +13,10 @@ import os
 import pytest
 from redis.crc import key_slot
 
-from onceflow.dedup.claims import claim_calls, settle
+from onceflow.backup.store import inputs_args
+from onceflow.dedup.claims import claim_calls, remark, settle
 from onceflow.kernel.id_tags import SLOTS, id_tag, id_tag_scope, origin, slot_range
-from onceflow.kernel.keyspace import print_value
+from onceflow.kernel.keyspace import Keyspace, print_value
 from onceflow.kernel.scripts import scripts_for
 
 SHARDS = 64
@@ -128,3 +129,25 @@ def test_a_claim_begun_on_another_server_is_fenced_and_writes_nothing(redis_serv
     claimed = sum(len(c.members) for c, r in zip(calls, replies, strict=True) if r[0] == b"ok")
     assert _seen_count(client, namespace, 5) == claimed < 100
     assert client.hget(id_tag(namespace, 3, TAGS).generations, "5") is None
+
+
+@pytest.mark.redis
+def test_a_replayed_batch_claims_its_committed_inputs_again_before_it_runs(redis_server):
+    """An ID tag's master that went back lost claims whose commits survived: the driver's
+    re-mark puts them back, so a later copy is still found; a claim that survived stays."""
+    client, namespace = redis_server.client(), f"claims-remark-{os.getpid()}"
+    rids = _ids(120, 6)
+    committed, lost = rids[:100], rids[100:]
+    home = Keyspace(namespace)
+    client.hset(home.backup("src", 3, 0), *inputs_args(0, committed[:60]))
+    client.hset(home.backup("src", 3, 1), *inputs_args(2, committed[60:]))
+    client.hset(home.backup("src", 4, 0), *inputs_args(0, lost))  # another batch
+    _claim(client, namespace, committed[:10], _values(10, lane=1), [5])  # survived
+    n = remark(client, namespace, TAGS, SHARDS, ["src"], 3, 5, lambda _tag: client)
+    assert n == 100
+    assert _seen_count(client, namespace, 5) == 100
+    values = _values(120, lane=9)
+    calls, replies = _claim(client, namespace, rids, values, [5])
+    assert settle(calls, replies, values).copies == set(range(100))
+    held = [client.hget(id_tag(namespace, k, TAGS).generations, "5") for k in range(TAGS)]
+    assert all(h is not None for h in held)

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.id_tags import id_tag
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import node_state, read_scopes
 from onceflow.kernel.settings import RedisSettings, redis_client
@@ -170,6 +171,7 @@ def copies_on_other_partitions(scn) -> int:
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("layout", [3, 4])
 @pytest.mark.parametrize(
     "crash",
     [
@@ -179,27 +181,41 @@ def copies_on_other_partitions(scn) -> int:
     ids=lambda c: c.env(),
 )
 def test_kill_9_on_a_cluster_drops_copies_from_other_partitions_once(
-    crash, broker, redis_cluster, tmp_path
+    crash, layout, broker, redis_cluster, tmp_path
 ):
     """kill -9 of every process mid-run on a Redis Cluster, then a rerun: exact.
 
     Copies of events re-sent upstream land on the other input partition (another task of the
     source stage), in the same micro-batch or a later one; each must be dropped exactly once
-    whatever the kill interrupted. Today the source stage's seen-IDs are one set in the
-    namespace's slot; this is the acceptance test for spreading them over the masters
-    (docs/concepts/dedup.md).
+    whatever the kill interrupted. Layout 3 keeps the source stage's seen-IDs as one set in
+    the namespace's slot; layout 4 (``--spread-seen``) spreads them over the masters as claims
+    on ID tags (docs/concepts/dedup.md).
     """
     url = cluster_url(redis_cluster)
     scn = make_scenario(broker, url, tmp_path)
     assert copies_on_other_partitions(scn) >= 5, "the scenario must re-send across partitions"
-    first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
+    args = [*scn.args, "--spread-seen"] if layout == 4 else scn.args
+    first, second = crash_and_resume(PIPELINE, crash, args, env=scn.env)
     assert first.crashed and second.returncode == 0, second.output[-3000:]
     connect = tag_clients(url)
     verify(scn, connect(scn.name), connect=connect)
-    stats = connect(scn.name).hgetall(Keyspace(scn.name).stats("events"))
+    home = Keyspace(scn.name)
+    stats = connect(scn.name).hgetall(home.stats("events"))
     # copies dropped in a chunk the killed attempt committed are not in its backup: the
     # rerun finds them seen and counts them again (the counter, not the output, is over)
     assert int(stats[b"duplicates"]) >= EVENTS * 6 // 100
+    scopes = read_scopes(connect(scn.name), home)
+    at_home = list(connect(scn.name).scan_iter(home.seen_pattern("events"), count=1000))
+    if layout == 3:
+        assert scopes.id_tags == 0 and at_home
+        return
+    assert scopes.id_tags == 32 * len(redis_cluster.masters()) and not at_home
+    shards = dict.fromkeys((m.port for m in redis_cluster.masters()), 0)
+    for k in range(scopes.id_tags):
+        tag = id_tag(scn.name, k, scopes.id_tags)
+        owner = redis_cluster.slot_owner(namespace_slot(tag.tag)).port
+        shards[owner] += sum(1 for _ in connect(tag.tag).scan_iter(tag.seen_pattern("events")))
+    assert all(n > 0 for n in shards.values()), f"seen shards per master: {shards}"
 
 
 def onceflow(*args: str) -> subprocess.CompletedProcess[str]:
