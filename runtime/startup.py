@@ -32,7 +32,7 @@ from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.id_tags import id_tags_for
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import LAYOUT, SPREAD_LAYOUT, Keyspace
 from onceflow.kernel.records import Guarantee
 from onceflow.kernel.scopes import (
     Connect,
@@ -135,11 +135,11 @@ def pin_namespace(
         _durability(opts, [client])
     new = not store_for(client).hexists(keyspace.meta, "parallelism")
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
-    pin_settings(client, keyspace, opts.parallelism, config)
+    tags = id_tags_for(client) if opts.spread_seen and exactly_once and new else 0
+    pin_settings(client, keyspace, opts.parallelism, config, SPREAD_LAYOUT if tags else LAYOUT)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
     exchanges = [s.name for s in job.stages if s.exchange]
     stages = [s.name for s in job.stages]
-    tags = id_tags_for(client) if opts.spread_seen and exactly_once else 0
     scopes = pin_scopes(
         client, keyspace, exchanges, stages, previous, opts.parallelism, new, id_tags=tags
     )
