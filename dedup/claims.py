@@ -36,7 +36,7 @@ from onceflow.kernel.keyspace import (
     seen_field,
     shard_of,
 )
-from onceflow.kernel.scripts import scripts_for
+from onceflow.kernel.store import Store, store_for
 
 CLAIM_BYTES = ORIGIN_BYTES + PRINT_BYTES  # a claim's value: origin, then fingerprint
 
@@ -172,11 +172,10 @@ class Claimer:
             client = self.connect(id_tag(self.namespace, call.tag, self.tags).tag)
             groups.setdefault(id(client), (client, []))[1].append(n)
         for client, members in groups.values():
-            pipe = client.pipeline(transaction=False)
-            script = scripts_for(client).claim_ids
+            cmds = store_for(client).batch()
             for n in members:
-                script(keys=calls[n].keys, args=calls[n].args, client=pipe)
-            for n, reply in zip(members, pipe.execute(), strict=True):
+                cmds.script("claim_ids", calls[n].keys, calls[n].args)
+            for n, reply in zip(members, cmds.execute(), strict=True):
                 replies[n] = reply
         for call, reply in zip(calls, replies, strict=True):
             if reply and reply[0] == FENCED:
@@ -205,24 +204,31 @@ def remark(
     in the backup): nothing else can hold those fields, the lost claim had won its ``HSETNX``.
     """
     home = Keyspace(namespace)
-    newest = client.hget(home.generations, str(generation)) or b"0"
+    store = store_for(client)
+    newest = store.hget(home.generations, str(generation)) or b"0"
     total = 0
     for stage in stages:
-        inputs: list[bytes] = []
-        pattern = f"{home.backup(glob_escape(stage), batch, 0)[:-1]}{SCAN_ALL}"
-        for key in client.scan_iter(match=pattern, count=1000):
-            inputs.extend(replay(client.hgetall(key)).inputs)
+        inputs = _committed_inputs(store, home, stage, batch)
         by_tag: dict[int, list[tuple[str, bytes]]] = {}
         for rid in inputs:
             shard = shard_of(rid, shards)
-            key = id_tag(namespace, shard % tags, tags).seen(stage, generation, shard)
-            by_tag.setdefault(shard % tags, []).append((key, seen_field(rid, shards)))
+            seen = id_tag(namespace, shard % tags, tags).seen(stage, generation, shard)
+            by_tag.setdefault(shard % tags, []).append((seen, seen_field(rid, shards)))
         for k, fields in by_tag.items():
             tag = id_tag(namespace, k, tags)
-            pipe = connect(tag.tag).pipeline(transaction=False)
-            for key, name in fields:
-                pipe.hsetnx(key, name, SEEN_MARK)
-            pipe.hsetnx(tag.generations, str(generation), newest)  # GC finds the generation
-            pipe.execute()
+            cmds = store_for(connect(tag.tag)).batch()
+            for seen, name in fields:
+                cmds.hsetnx(seen, name, SEEN_MARK)
+            cmds.hsetnx(tag.generations, str(generation), newest)  # GC finds the generation
+            cmds.execute()
         total += len(inputs)
     return total
+
+
+def _committed_inputs(store: Store, home: Keyspace, stage: str, batch: int) -> list[bytes]:
+    """The input IDs of every chunk of ``stage`` that its tasks committed in ``batch``."""
+    inputs: list[bytes] = []
+    pattern = f"{home.backup(glob_escape(stage), batch, 0)[:-1]}{SCAN_ALL}"
+    for key in store.scan_iter(pattern, 1000):
+        inputs.extend(replay(store.hgetall(key.decode())).inputs)
+    return inputs

@@ -48,6 +48,7 @@ from onceflow.dedup.durability import BatchDurability
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel import script_args
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.settings import RedisSettings, redis_client
@@ -172,17 +173,7 @@ class ExactlyOnceGuard:
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
         self.claimed: set[bytes] = set()  # the last admission's IDs claimed on ID tags
-        self.claimer: Claimer | None = None  # layout 4: a source stage claims on ID tags
-        if factory.id_tags and ks.scope is None:
-            self.claimer = Claimer(
-                factory.namespace,
-                factory.id_tags,
-                config.shards,
-                task.stage,
-                task.batch,
-                lambda tag: redis_client(factory.redis, tag),
-                factory.servers or {},
-            )
+        self.claimer = _claimer(factory, task, ks, config)  # layout 4: claims on ID tags
 
     @property
     def receivers(self) -> list[trust.Receiver]:
@@ -386,3 +377,21 @@ class ExactlyOnceGuard:
         counters = {k: v for k, v in self.session.counters.items() if k not in _REDIS_ONLY}
         counters["bloom_bytes"] = sum(r.filters.memory_bytes() for r in self.receivers)
         return counters
+
+
+def _claimer(
+    factory: ExactlyOnceGuards, task: TaskRef, ks: Keyspace, config: DedupConfig
+) -> Claimer | None:
+    """Layout 4: a stage in the namespace's own tag claims its source IDs on the ID tags."""
+    if not factory.id_tags or ks.scope is not None:
+        return None
+    redis = factory.redis
+    return Claimer(
+        factory.namespace,
+        factory.id_tags,
+        config.shards,
+        task.stage,
+        task.batch,
+        lambda tag: redis_client(redis, tag),
+        factory.servers or {},
+    )
