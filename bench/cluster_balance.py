@@ -25,10 +25,11 @@ were spread over ``N`` hash tags chosen one per ``16384 / N`` slots (the layout 
 put on the master of its tag's slot (shard ``s`` -> tag ``s % N``), with and without the
 source stage's Bloom snapshot and journal, and the per-ID commands (``HSETNX``, ``HGET`` ...)
 of the namespace's master are shared out the same way. That is a projection, not a run of
-that protocol (which is not built yet); Redis CPU is not projected.
+that protocol; Redis CPU is not projected. ``--spread-seen`` runs the pipelines with that
+protocol instead (seen-ID layout 4, opt-in): the measured spread is then the layout's own.
 
     python bench/cluster_balance.py [--records 100000] [--batch 25000] [--partitions 4]
-        [--parallelism 6] [--workloads stateless,keyed] [--project-tags 96]
+        [--parallelism 6] [--workloads stateless,keyed] [--project-tags 96] [--spread-seen]
 """
 
 from __future__ import annotations
@@ -322,6 +323,7 @@ def run_workload(
         output_dir=workdir,
         dedup=DedupConfig(),
         progress=False,
+        spread_seen=args.spread_seen,
     )
     seconds = time.perf_counter() - started
     calls1, mem1 = command_stats(cluster), used_memory(cluster)
@@ -453,6 +455,9 @@ def main() -> None:
     parser.add_argument("--master", default=DEFAULT_MASTER)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--project-tags", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--spread-seen", action="store_true", help="run the pipelines with layout 4 (opt-in)"
+    )
     args = parser.parse_args()
     unknown = set(args.workloads.split(",")) - set(WORKLOADS)
     if unknown:

@@ -363,6 +363,9 @@ def shard_of(rid: bytes, shards: int) -> int:
 # The seen-ID layout (see the module docstring) and the meta field that pins a namespace's.
 LAYOUT_FIELD = "layout"
 LAYOUT = 3
+# Layout 3 with a source stage's seen-IDs spread over ID tags (opt-in, kernel.id_tags): an
+# Onceflow that does not know it refuses the namespace rather than miss its seen-IDs.
+SPREAD_LAYOUT = 4
 # The last commit of Onceflow 0.1.0 (unreleased) that read layouts 1 and 2.
 LAST_OLD_LAYOUT_COMMIT = "7c48c6f"
 # Field of the GC hash: GC may have deleted seen-IDs of records older than this (it only rises,
@@ -436,7 +439,7 @@ def check_layout(stored: bytes | str | None, has_state: bool, namespace: str) ->
             return
         stored = b"1"
     text = stored.decode() if isinstance(stored, bytes) else stored
-    if text == str(LAYOUT):
+    if text in (str(LAYOUT), str(SPREAD_LAYOUT)):
         return
     if text.isdigit() and int(text) < LAYOUT:
         msg = (
@@ -448,8 +451,8 @@ def check_layout(stored: bytes | str | None, has_state: bool, namespace: str) ->
     else:
         msg = (
             f"namespace {namespace!r} keeps its seen-IDs in layout {text}, which this onceflow "
-            f"does not know (it knows {LAYOUT}): run the onceflow version that created it, or "
-            "a newer one"
+            f"does not know (it knows {LAYOUT} and {SPREAD_LAYOUT}): run the onceflow version "
+            "that created it, or a newer one"
         )
     raise ConfigError(msg)
 

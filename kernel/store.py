@@ -77,6 +77,10 @@ class Batch:
         """Queue ``HSET`` of one field."""
         self._pipe.hset(key, field, value)
 
+    def hsetnx(self, key: str, field: Field, value: Value) -> None:
+        """Queue ``HSETNX`` of one field."""
+        self._pipe.hsetnx(key, field, value)
+
     def hset_many(self, key: str, mapping: Fields) -> None:
         """Queue ``HSET`` of several fields."""
         self._pipe.hset(key, mapping={k: v for k, v in mapping.items()})

@@ -55,10 +55,17 @@ def _decode_meta(client: Connection, keyspace: Keyspace) -> dict[str, str]:
 
 
 def pin_settings(
-    client: Connection, keyspace: Keyspace, parallelism: int, config: DedupConfig
+    client: Connection,
+    keyspace: Keyspace,
+    parallelism: int,
+    config: DedupConfig,
+    layout: int = LAYOUT,
 ) -> None:
-    """Settings that must not change while state exists (partition, bucket, seen-ID layout)."""
-    pin_layout(client, keyspace)
+    """Settings that must not change while state exists (partition, bucket, seen-ID layout).
+
+    ``layout``: what a new namespace is made with (an existing one keeps its own).
+    """
+    pin_layout(client, keyspace, layout)
     wanted = {
         "parallelism": str(parallelism),
         "bucket_ms": str(config.bucket_ms),
@@ -79,7 +86,7 @@ def pin_settings(
             raise ConfigError(msg)
 
 
-def pin_layout(client: Connection, keyspace: Keyspace) -> None:
+def pin_layout(client: Connection, keyspace: Keyspace, layout: int = LAYOUT) -> None:
     """Pin the seen-ID layout on a new namespace; refuse one an older Onceflow made.
 
     A namespace that holds state but no layout was made before layouts existed (layout 1).
@@ -91,7 +98,7 @@ def pin_layout(client: Connection, keyspace: Keyspace) -> None:
     cmds.hget(keyspace.meta, LAYOUT_FIELD)
     *state, stored = cmds.execute()
     check_layout(stored, any(state), keyspace.namespace)
-    store_for(client).hsetnx(keyspace.meta, LAYOUT_FIELD, LAYOUT)
+    store_for(client).hsetnx(keyspace.meta, LAYOUT_FIELD, layout)
 
 
 def note_staging(client: Connection, keyspace: Keyspace, folders: list[str]) -> None:

@@ -180,6 +180,14 @@ class RunConfig:
     dedup: DedupConfig | None = _option(
         None, "how long duplicates are recognised (default: the pipeline's own)"
     )
+    spread_seen: bool = _option(
+        False,
+        "when a new namespace is created, spread its source stages' seen-IDs over the "
+        "Redis Cluster's masters (seen-ID layout 4, docs/concepts/dedup.md; Kafka sources "
+        "only); an existing namespace keeps its layout",
+        flag="--spread-seen",
+        switch=True,
+    )
     ui_port: int | None = _option(
         None,
         "serve a live page of the run on this port (loopback)",

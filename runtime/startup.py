@@ -31,7 +31,8 @@ from onceflow.dedup.durability import (
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.id_tags import id_tags_for
+from onceflow.kernel.keyspace import LAYOUT, SPREAD_LAYOUT, Keyspace
 from onceflow.kernel.records import Guarantee
 from onceflow.kernel.scopes import (
     Connect,
@@ -134,11 +135,14 @@ def pin_namespace(
         _durability(opts, [client])
     new = not store_for(client).hexists(keyspace.meta, "parallelism")
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
-    pin_settings(client, keyspace, opts.parallelism, config)
+    tags = id_tags_for(client) if opts.spread_seen and exactly_once and new else 0
+    pin_settings(client, keyspace, opts.parallelism, config, SPREAD_LAYOUT if tags else LAYOUT)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
     exchanges = [s.name for s in job.stages if s.exchange]
     stages = [s.name for s in job.stages]
-    scopes = pin_scopes(client, keyspace, exchanges, stages, previous, opts.parallelism, new)
+    scopes = pin_scopes(
+        client, keyspace, exchanges, stages, previous, opts.parallelism, new, id_tags=tags
+    )
     masters = _masters(scopes, redis)
     for master in masters[1:]:  # the partition scopes' masters, before anything goes there
         check_durable(master, opts.allow_non_durable_redis)
@@ -257,6 +261,7 @@ def _guards(mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect) -
             wait_timeout_ms=ns.durability.timeout_ms,
             scoped=ns.scopes.stages,
             parallelism=opts.parallelism,
+            id_tags=ns.scopes.id_tags,
         )
     # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
     guards = AtLeastOnceGuards(ns.redis, ns.keyspace.namespace, ns.config, scoped=ns.scopes.stages)

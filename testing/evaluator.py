@@ -155,7 +155,11 @@ class MemoryGuard(NoGuard):
         self.counts: dict[str, int] = {}
 
     def admit(
-        self, rows: list[InRow], positional: Sequence[bool] = (), prints: Sequence[int] = ()
+        self,
+        rows: list[InRow],
+        positional: Sequence[bool] = (),
+        prints: Sequence[int] = (),
+        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Late, ahead, copies, fresh: the rules of :mod:`onceflow.dedup.admission`.
 
