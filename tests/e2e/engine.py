@@ -235,6 +235,7 @@ def _start_service() -> None:
         stdout=log,
         stderr=log,
         start_new_session=True,
+        cwd=HERE,  # outlives the checkout that started it (a later run may reuse the service)
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
