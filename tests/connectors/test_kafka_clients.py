@@ -288,15 +288,22 @@ def test_a_cached_producer_another_process_fenced_is_replaced_without_a_word(
     here.write(_records(3, _now()))
     here.prepare()
     here.commit()
-    ours = dict(_TXN_PRODUCERS)
-    _TXN_PRODUCERS.clear()
-    elsewhere = sink.open(_task(pipeline, 2, 2))  # another process registers the id
-    _deliver(elsewhere, _records(5, _now()))
-    _TXN_PRODUCERS.clear()
-    _TXN_PRODUCERS.update(ours)  # back in this process, with its fenced producer
+    _registered_elsewhere(sink, pipeline)
     again = sink.open(_task(pipeline, 3, 3))
     _deliver(again, _records(6, _now()))
     assert len(read_topic(settings, topic)) == 3 + 5 + 6
+
+
+def _registered_elsewhere(sink, pipeline) -> dict:
+    """Another process registers the sink partition's id and delivers 5 records; this process
+    then gets back its own producers (one of them fenced by that registration)."""
+    ours = dict(_TXN_PRODUCERS)
+    _TXN_PRODUCERS.clear()
+    elsewhere = sink.open(_task(pipeline, 2, 2))
+    _deliver(elsewhere, _records(5, _now()))
+    _TXN_PRODUCERS.clear()
+    _TXN_PRODUCERS.update(ours)
+    return ours
 
 
 @pytest.mark.kafka
@@ -314,12 +321,7 @@ def test_a_producer_another_process_here_registered_since_is_replaced_before_sen
     sink = _sink(client, kafka_broker.bootstrap, topic, pipeline)
     here = sink.open(_task(pipeline, 1, 1))
     _deliver(here, _records(3, _now()))
-    ours = dict(_TXN_PRODUCERS)
-    _TXN_PRODUCERS.clear()
-    elsewhere = sink.open(_task(pipeline, 2, 2))  # another process registers the id
-    _deliver(elsewhere, _records(5, _now()))
-    _TXN_PRODUCERS.clear()
-    _TXN_PRODUCERS.update(ours)  # back in this process, with its fenced producer
+    ours = _registered_elsewhere(sink, pipeline)
     again = sink.open(_task(pipeline, 3, 3))
     assert again.write(_records(6, _now())) == []
     again.prepare()  # TransactionBroken if the fenced producer had been used
