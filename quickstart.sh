@@ -4,6 +4,10 @@
 #   ./quickstart.sh demo            the main job on embedded defaults (Redis + broker started
 #                                    for you unless REDIS_URL / KAFKA_BOOTSTRAP_SERVERS are set)
 #   ./quickstart.sh test [ARGS...]   the whole test suite (ARGS go to pytest)
+#   ./quickstart.sh bench [NAME [ARGS...]]
+#                                    a benchmark, bench/NAME.py (default: peers, Onceflow beside
+#                                    Quix Streams and Spark's own operators), in a virtual env
+#                                    of its own (.venv-bench: the peers pin other client versions)
 #
 # Safe to run again: each step checks before it installs. Needs Debian with Python >= 3.11
 # and Java 17; as root it installs missing Debian packages itself (otherwise via sudo).
@@ -14,6 +18,7 @@ cd "$(dirname "$0")"
 DEBIAN_PACKAGES=(redis-server redis-tools graphviz maven)
 TEST_DEBIAN_PACKAGES=(podman runc uidmap slirp4netns fuse-overlayfs debootstrap chromium chromium-driver faketime postgresql)
 VENV=.venv
+EXTRAS=dev  # the optional dependencies installed into $VENV
 
 log() { printf '[quickstart] %s\n' "$*" >&2; }
 
@@ -68,10 +73,10 @@ ensure_venv() {
 
 ensure_python_packages() {
   local stamp="$VENV/.onceflow-installed" want
-  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  want="$(sha256sum pyproject.toml | cut -d' ' -f1) $EXTRAS"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
-  log "installing Python packages (first time: a few minutes, PySpark is large)"
-  "$VENV/bin/python" -m pip install -q -e '.[dev]'
+  log "installing Python packages into $VENV (first time: a few minutes, PySpark is large)"
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
   echo "$want" > "$stamp"
 }
 
@@ -103,8 +108,14 @@ main() {
       ensure_java; ensure_venv; ensure_python_packages; ensure_kafka; ensure_registry
       ensure_jvm_cache
       exec "$VENV/bin/python" -m pytest "$@" ;;
+    bench)
+      VENV=.venv-bench; EXTRAS=bench
+      ensure_debian_packages "${DEBIAN_PACKAGES[@]}"; ensure_java; ensure_venv; ensure_python_packages
+      ensure_kafka; ensure_jvm_cache
+      local name="${1:-peers}"; shift || true
+      exec "$VENV/bin/python" "bench/${name%.py}.py" "$@" ;;
     *)
-      echo "usage: $0 demo [ARGS...] | test [PYTEST ARGS...]" >&2; exit 2 ;;
+      echo "usage: $0 demo [ARGS...] | test [PYTEST ARGS...] | bench [NAME [ARGS...]]" >&2; exit 2 ;;
   esac
 }
 
