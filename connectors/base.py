@@ -79,6 +79,8 @@ class SourceCapabilities:
     alone, so a replay gives each record the same task (False for a source whose partitions
     Spark plans itself). ``readable_ends``: :meth:`SourceConnector.readable_ends` answers
     (consumer lag). ``batch_cap``: it honours :attr:`SourceRun.max_records_per_batch`.
+    ``python_data_source``: its stream is a Spark Python data source (the run has Spark look
+    those up early, see ``onceflow.runtime.session.prime_data_sources``).
     """
 
     ticks: bool = False
@@ -86,6 +88,7 @@ class SourceCapabilities:
     stable_partitions: bool = True
     readable_ends: bool = False
     batch_cap: bool = False
+    python_data_source: bool = False
 
 
 @dataclass(frozen=True)

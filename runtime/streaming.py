@@ -34,7 +34,13 @@ from onceflow.runtime.query import await_query, linger, start_query
 from onceflow.runtime.result import RunResult
 from onceflow.runtime.run_config import RunConfig
 from onceflow.runtime.run_context import RunContext
-from onceflow.runtime.session import adopt, default_log_file, spark_session, warm_workers
+from onceflow.runtime.session import (
+    adopt,
+    default_log_file,
+    prime_data_sources,
+    spark_session,
+    warm_workers,
+)
 from onceflow.runtime.shipping import ship_code
 from onceflow.runtime.spec import Job
 from onceflow.runtime.startup import check_sources, open_namespace, spark_conf, start
@@ -88,6 +94,8 @@ def _run(
     handlers.install()  # over PySpark's SIGINT handler, set when its context started
     adopt(spark)
     warm_workers(spark, opts.parallelism)  # while the checkpoint, connectors and query start
+    if any(c.capabilities().python_data_source for _, c in job.sources):
+        prime_data_sources(spark)  # while the checkpoint and connectors are prepared
     steps.mark("Spark session")
     if opts.code_dir is not None:
         ship_code(spark, opts.code_dir)

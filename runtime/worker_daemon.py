@@ -69,6 +69,16 @@ PRELOAD = (
     "onceflow.connectors.kafka.worker",
     "onceflow.connectors.kafka.datasource",
     "onceflow.connectors.kafka.sink",
+    # ``import onceflow`` no longer imports the API (PEP 562, see onceflow/__init__.py), and
+    # tasks unpickle what a pipeline refers to (its combiners, windows, ...): measured, each
+    # worker of a restart's first batch imported onceflow.pipeline for ~0.3 s without this.
+    "onceflow.pipeline",
+    "onceflow.pipeline.windows",
+    "onceflow.pipeline.state",
+    "onceflow.pipeline.codecs",
+    "onceflow.connectors.kafka.source",
+    "onceflow.runtime.result",
+    "onceflow.runtime.session",  # the warm-up task's function (warm_workers)
 )
 OPTIONAL = frozenset({"pybloom_live"})
 # Libraries that start threads on import unless told not to (only set when unset).

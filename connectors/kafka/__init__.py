@@ -12,12 +12,42 @@ translation of settings to librdkafka's); :mod:`~.admin` topic administration (c
 replication, timestamp bounds); :mod:`~.spark_source` Spark's own connector, with
 :mod:`~.spark_jars` fetching its jars; :mod:`~.topics` producing and reading whole topics
 outside Spark.
+
+The names below are imported when first used (PEP 562): Spark's planner processes import
+:mod:`~.datasource` only, not the sink and the source with their codecs.
 """
 
 from __future__ import annotations
 
-from onceflow.connectors.kafka.dead_letters import KafkaDeadLetterSink
-from onceflow.connectors.kafka.sink import KafkaSink
-from onceflow.connectors.kafka.source import KafkaSource
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onceflow.connectors.kafka.dead_letters import KafkaDeadLetterSink
+    from onceflow.connectors.kafka.sink import KafkaSink
+    from onceflow.connectors.kafka.source import KafkaSource
+
+# name -> the module that defines it
+_EXPORTS = {
+    "KafkaDeadLetterSink": "onceflow.connectors.kafka.dead_letters",
+    "KafkaSink": "onceflow.connectors.kafka.sink",
+    "KafkaSource": "onceflow.connectors.kafka.source",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """An exported name, imported on first use (then kept in the package's namespace)."""
+    if name not in _EXPORTS:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The package's names, the ones not imported yet among them."""
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = ["KafkaDeadLetterSink", "KafkaSink", "KafkaSource"]

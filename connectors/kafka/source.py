@@ -154,6 +154,7 @@ class KafkaSource(SourceConnector):
             stable_partitions=python,
             readable_ends=True,
             batch_cap=True,
+            python_data_source=python,
         )
 
     def for_run(self, run: SourceRun) -> KafkaSource:
