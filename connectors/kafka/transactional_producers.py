@@ -61,8 +61,8 @@ class _Registered:
 
 
 # This worker process's transactional producers, by transactional id (one per sink partition
-# it wrote, in its slot): registered once, then reused by that partition's later tasks here. Bounded: the
-# least recently used one without an open transaction is closed beyond the limit.
+# it wrote, in its slot): registered once, then reused by that partition's later tasks here.
+# Bounded: the least recently used one without an open transaction is closed beyond the limit.
 _TXN_PRODUCERS: OrderedDict[str, _Registered] = OrderedDict()
 _TXN_PID = [os.getpid()]  # a forked child starts with none of its parent's producers
 

@@ -1,9 +1,10 @@
 """The transactional Kafka writer: the commit protocol of an exactly-once Kafka sink.
 
 Each sink partition's records go out in Kafka transactions under the transactional id of
-the partition and of the worker process's slot on its machine (``<prefix>.<sink>.<partition>
-.<slot>``, :mod:`.slots`; :mod:`.transactional_producers` registers it, which fences older
-producers of that id), each with a marker record in the pipeline's delivery log (:mod:`.delivery_log`).
+the partition and of the worker process's slot on its machine
+(``<prefix>.<sink>.<partition>.<slot>``, :mod:`.slots`; :mod:`.transactional_producers`
+registers it, which fences older producers of that id), each with a marker record in the
+pipeline's delivery log (:mod:`.delivery_log`).
 The runtime records the delivery as pending in Redis with the marker's place before
 committing, and marks the records delivered after; a crash in between is resolved by the next
 attempt from the marker. Sending the records and telling apart those the broker refuses is
@@ -35,11 +36,11 @@ from onceflow.connectors.kafka.delivery_log import (
     took,
 )
 from onceflow.connectors.kafka.outage import Wait, describe
+from onceflow.connectors.kafka.slots import worker_slot
 from onceflow.connectors.kafka.transactional_producers import (
     TransactionalProducer,
     transactional_id,
 )
-from onceflow.connectors.kafka.slots import worker_slot
 from onceflow.connectors.kafka.transactional_sends import TransactionalSends
 from onceflow.connectors.kafka.writer import FLUSH_SLICE_S, WritingSink
 from onceflow.kernel.records import Record
