@@ -19,13 +19,15 @@ In between, the sink partition keeps one *pending* delivery in Redis (:func:`pre
   may have reached the sink and will be written again: the next attempt counts them as
   ``possible_copies`` (``onceflow status`` shows them), with the same ID and value.
 
-A transactional writer's identity (a Kafka transactional id, one per sink partition, reused
-by the partition's tasks) is recorded in the same hash before it begins a transaction for the
-partition (:func:`note_writer`); logging the delivery deletes the hash, and with it the
-record. An attempt that opens the partition reads both (:func:`sink_state`) and settles every
-identity it finds before it asks whether a pending delivery happened: then no transaction of
-a crashed or zombie attempt is left open (blocking ``read_committed`` readers until it times
-out), and none can still commit after the answer.
+A transactional writer's identity (a Kafka transactional id, one per sink partition and
+worker slot, reused by the partition's tasks in that worker) is recorded in the same hash
+before it begins each transaction for the partition (:func:`note_writer`, fenced: an attempt
+that no longer owns the partition cannot record, nor begin); logging the delivery deletes
+the hash, and with it the record. An attempt that opens the partition reads both
+(:func:`sink_state`) and settles every identity it finds (of any worker slot) before it asks
+whether a pending delivery happened: then no transaction of a crashed or zombie attempt is
+left open (blocking ``read_committed`` readers until it times out), and none can still commit
+after the answer.
 """
 
 from __future__ import annotations

@@ -81,6 +81,8 @@ class SinkTransaction:
         """One transaction of ``sending``: refused records join ``rejected``; what was sent.
 
         The pending delivery names what becomes visible: a recovery marks exactly that.
+        Every transaction begins after a fenced ``note_writer`` of this attempt: the first
+        (see :mod:`~.delivery`), one after a poison abort (here) or a recovery (``deliver``).
         """
         writer = self.writer
         while True:
@@ -97,6 +99,9 @@ class SinkTransaction:
             except PoisonInTransaction as poison:  # the transaction was aborted: again without
                 rejected += poison.rejected
                 sending = _without(sending, poison.rejected)
+                # the next transaction begins only once Redis confirms this attempt still
+                # owns the partition, with its writer recorded (as before the first one)
+                self.guard.note_writer(self.index, writer.identity)
         with timed("redis pending"):
             self.guard.prepare_delivery(self.index, marker, accepted(todo, records, rejected))
         self.crash(CrashPoint.AFTER_SINK_WRITE)

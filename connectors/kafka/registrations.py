@@ -31,8 +31,11 @@ import uuid
 _FOLDER: list[str | None] = []  # the notes' folder once checked (None: no notes)
 
 
-def _folder() -> str | None:
-    """This user's folder of notes (made if need be), or None if it is not safe to use."""
+def private_folder() -> str | None:
+    """This user's folder of notes (made if need be), or None if it is not safe to use.
+
+    Also where :mod:`.slots` keeps its lease files.
+    """
     if _FOLDER:
         return _FOLDER[0]
     path = os.path.join(tempfile.gettempdir(), f"onceflow-txn-{os.getuid()}")
@@ -49,7 +52,7 @@ def _folder() -> str | None:
 
 
 def _note_path(bootstrap: str, tid: str) -> str | None:
-    folder = _folder()
+    folder = private_folder()
     if folder is None:
         return None
     name = hashlib.sha256(f"{bootstrap}\n{tid}".encode()).hexdigest()[:40]

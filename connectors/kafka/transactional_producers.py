@@ -1,11 +1,18 @@
-"""Transactional producers: one per sink partition's transactional id, registered and reused.
+"""Transactional producers: one per transactional id a worker process writes, registered once.
 
-A sink partition's writers share one transactional id (:func:`transactional_id`): registering
-it with Kafka fences every older producer of it, wherever it runs, and ends its open
-transaction (a commit under way completes, anything else is aborted). A worker process
-registers an id once and reuses the producer for that partition's later tasks there
-(:data:`_TXN_PRODUCERS`), unless another process of the machine registered the id since
-(:mod:`.registrations`); :class:`TransactionalProducer` is one writer's hold on it.
+A sink partition's writers in one worker process share one transactional id,
+``<prefix>.<sink>.<partition>.<slot>`` (:func:`transactional_id`), where ``slot`` is the
+process's lease on this machine (:mod:`.slots`). A worker process registers the id once
+and reuses the producer for that partition's later tasks there (:data:`_TXN_PRODUCERS`),
+unless another process of the machine registered the id since (:mod:`.registrations`: a
+retry settling what a failed attempt of the partition left, or a process that took the slot
+of a dead one); :class:`TransactionalProducer` is one writer's hold on it.
+
+Registering an id fences every older producer of that id, wherever it runs, and ends its
+open transaction (a commit under way completes, anything else is aborted). Producers of one
+partition in two slots do not fence each other: the runtime records each writer's id in
+Redis before its transaction begins and a later attempt of the partition registers every id
+recorded for it anew (:meth:`TransactionalProducer.settle`), see :mod:`onceflow.dedup.delivery`.
 """
 
 from __future__ import annotations
@@ -30,14 +37,18 @@ REGISTER_TIMEOUT_S = ATTEMPT_S  # one attempt at registering a transactional id
 MAX_TXN_PRODUCERS = 64
 
 
-def transactional_id(prefix: str | None, sink: str, partition: int) -> str:
-    """The transactional id of a sink partition's writers: ``<prefix>.<sink>.<partition>``.
+def transactional_id(prefix: str | None, sink: str, partition: int, slot: int | None = None) -> str:
+    """A transactional id of a sink partition's writers: ``<prefix>.<sink>.<partition>.<slot>``.
 
-    One per (pipeline, sink, stage partition), whichever process writes it: a new attempt
-    of the partition registering it fences every older writer of that partition, and only
-    of that partition.
+    One per (pipeline, sink, stage partition, worker slot): each worker process of a machine
+    has its own (see :mod:`.slots`), so a partition's task that lands in another worker than
+    last time finds that worker's producer registered already. Kafka keeps each id's state
+    for ``transactional.id.expiration.ms`` after its last use: a pipeline's ids number at
+    most its sink partitions times the slots in use at once. Without ``slot``: the partition's
+    id of older Onceflows, still the key of its markers in the delivery log.
     """
-    return f"{prefix}.{sink}.{partition}"
+    partition_id = f"{prefix}.{sink}.{partition}"
+    return partition_id if slot is None else f"{partition_id}.{slot}"
 
 
 @dataclass
@@ -50,8 +61,8 @@ class _Registered:
 
 
 # This worker process's transactional producers, by transactional id (one per sink partition
-# it wrote): registered once, then reused by that partition's later tasks here. Bounded: the
-# least recently used one without an open transaction is closed beyond the limit.
+# it wrote, in its slot): registered once, then reused by that partition's later tasks here.
+# Bounded: the least recently used one without an open transaction is closed beyond the limit.
 _TXN_PRODUCERS: OrderedDict[str, _Registered] = OrderedDict()
 _TXN_PID = [os.getpid()]  # a forked child starts with none of its parent's producers
 
@@ -184,11 +195,17 @@ class TransactionalProducer:
         self.prepared = False
 
     def settle(self, identities: Sequence[str]) -> None:
-        """End the transactions these ids may hold open, by registering each anew."""
+        """End the transactions these ids may hold open, by registering each anew.
+
+        Every id recorded for the partition: this process's own (registered anew, kept) and
+        those of other slots, machines or an older Onceflow (registered here, then closed;
+        the process that held one learns so from the note :mod:`.registrations` keeps, or
+        from Kafka).
+        """
         for tid in dict.fromkeys(identities):
             if tid == self.tid:
                 self.renew()
-            else:  # an id of another form (an older Onceflow, another prefix)
+            else:
                 fence(self.sink, tid)
 
     def begin(self) -> bool:

@@ -1,8 +1,10 @@
 """The transactional Kafka writer: the commit protocol of an exactly-once Kafka sink.
 
-Each sink partition's records go out in Kafka transactions under the partition's
-transactional id (:mod:`.transactional_producers` registers it, which fences older
-producers), each with a marker record in the pipeline's delivery log (:mod:`.delivery_log`).
+Each sink partition's records go out in Kafka transactions under the transactional id of
+the partition and of the worker process's slot on its machine
+(``<prefix>.<sink>.<partition>.<slot>``, :mod:`.slots`; :mod:`.transactional_producers`
+registers it, which fences older producers of that id), each with a marker record in the
+pipeline's delivery log (:mod:`.delivery_log`).
 The runtime records the delivery as pending in Redis with the marker's place before
 committing, and marks the records delivered after; a crash in between is resolved by the next
 attempt from the marker. Sending the records and telling apart those the broker refuses is
@@ -34,6 +36,7 @@ from onceflow.connectors.kafka.delivery_log import (
     took,
 )
 from onceflow.connectors.kafka.outage import Wait, describe
+from onceflow.connectors.kafka.slots import worker_slot
 from onceflow.connectors.kafka.transactional_producers import (
     TransactionalProducer,
     transactional_id,
@@ -48,13 +51,16 @@ COMMIT_TIMEOUT_S = 20.0  # a commit not answered by then is settled by registeri
 class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
     """Writes a task's records in Kafka transactions (see the module docstring).
 
-    Its transactional id is the sink partition's (:func:`transactional_id`); this worker
-    process registers it once and its later tasks of the partition reuse the producer
-    (:class:`TransactionalProducer`). The runtime records the id in Redis before a
-    transaction begins, and a later attempt of the partition settles it (:meth:`settle`)
-    when it finds it recorded. A producer some other registration fenced (the partition's
-    task ran in another process since) is replaced without a word: its transaction fails,
-    and the runtime has it :meth:`recover`.
+    Its transactional id is the sink partition's in this worker process's slot
+    (:func:`transactional_id`, :mod:`.slots`); this process registers it once and its later
+    tasks of the partition reuse the producer (:class:`TransactionalProducer`). The runtime
+    records the id in Redis before each transaction begins (fenced: an attempt that no
+    longer owns the partition stops there), and a later attempt of the partition settles
+    every id it finds recorded (:meth:`settle`), whichever slot or machine it names: so a
+    zombie's transaction under another slot's id is ended before the new attempt reads its
+    marker or writes. A producer some other registration fenced (a retry settled this slot's
+    id, or a process on another machine has the same slot) is replaced without a word: its
+    transaction fails, and the runtime has it :meth:`recover`.
 
     **A Kafka that goes away** under an open transaction (its producer's sends or commit
     fail, or it stops making progress) ends that producer's use: :meth:`prepare` and
@@ -69,16 +75,17 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
     def __init__(self, sink: WritingSink, task: TaskInfo) -> None:
         super().__init__(sink, task)
         self.task = task
-        self.tid = transactional_id(sink.transaction_prefix, task.sink, task.partition)
+        prefix = sink.transaction_prefix
+        self.tid = transactional_id(prefix, task.sink, task.partition, worker_slot(str(prefix)))
         # the delivery log keeps each sink partition's newest marker (compacted by key)
-        self.log_key = self.tid.encode()
+        self.log_key = transactional_id(prefix, task.sink, task.partition).encode()
         self.txn = TransactionalProducer(sink, self.tid, self._waiting)
         self.marker: str | None = None  # the marker prepare() returned for the open transaction
         self.deliveries = 0
 
     @property
     def identity(self) -> str:
-        """The transactional id: the sink partition's."""
+        """The transactional id: the sink partition's, in this process's slot."""
         return self.tid
 
     @property
@@ -99,8 +106,9 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
     def settle(self, identities: Sequence[str]) -> None:
         """End the transactions these ids may hold open, by registering each anew.
 
-        The partition's own id included: its last writer may be this process's producer or
-        another's. Registering fences only producers of that id, so of this partition.
+        Every id recorded for the partition, this process's own included (its last writer
+        may be this process's producer or another's) and those of other slots. Registering
+        fences only producers of that id, so of this partition.
         """
         self.txn.settle(identities)
 

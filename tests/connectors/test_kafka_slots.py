@@ -1,0 +1,176 @@
+"""Worker slots: each worker process of a machine writes a partition under its own id.
+
+The lease (no Kafka): two live processes never share a slot, and a killed one's slot is
+taken again. Against a real Kafka and Redis, through the runtime's delivery code: a zombie
+attempt in one slot has prepared a delivery when a new attempt in another slot takes the
+partition over; the new attempt settles the zombie's id (recorded in Redis before its
+transaction began), resolves the pending delivery and delivers; the zombie's commit then
+fails, and a ``read_committed`` reader sees each record once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import uuid
+
+import pytest
+
+from onceflow.connectors.kafka import KafkaSink, KafkaSource, slots, transactional_writer
+from onceflow.connectors.kafka.clients import WORKER_CLIENTS
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.connectors.kafka.transactional_producers import _TXN_PRODUCERS
+from onceflow.dedup.batch import BatchParams
+from onceflow.dedup.config import DedupConfig
+from onceflow.dedup.guard import ExactlyOnceGuards
+from onceflow.kernel import codec
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.records import Output, TaskRef
+from onceflow.kernel.settings import RedisSettings
+from onceflow.pipeline import Pipeline
+from onceflow.runtime.delivery import SinkDelivery
+from onceflow.runtime.faults import CrashPoint
+
+CLIENTS = pytest.mark.parametrize("client", WORKER_CLIENTS)
+
+
+def _holder(prefix: str) -> tuple[int, int]:
+    """A forked worker process holding its lease until killed: its pid and slot."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child never returns into pytest
+        try:
+            os.close(read)
+            os.write(write, str(slots.worker_slot(prefix)).encode())
+            signal.pause()  # hold the lease until killed
+        finally:
+            os._exit(0)
+    os.close(write)
+    slot = int(os.read(read, 16) or b"-1")
+    os.close(read)
+    return pid, slot
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def test_live_processes_hold_different_slots_and_a_killed_ones_is_taken_again():
+    prefix = f"onceflow.slots-{uuid.uuid4().hex[:8]}"
+    pids: list[int] = []
+    try:
+        first, a = _holder(prefix)
+        second, b = _holder(prefix)
+        pids += [first, second]
+        _kill(first)  # kill -9: the operating system releases its lease
+        third, c = _holder(prefix)
+        pids.append(third)
+        assert (a, b, c) == (0, 1, 0), "the lowest free slot each; a killed one's is free"
+    finally:
+        for pid in pids:
+            _kill(pid)
+
+
+def test_a_forked_child_leases_its_own_slot_and_the_parent_keeps_its():
+    prefix = f"onceflow.fork-{uuid.uuid4().hex[:8]}"
+    mine = slots.worker_slot(prefix)
+    child, theirs = _holder(prefix)  # inherits the parent's lease, leases its own
+    _kill(child)  # and its copy of the parent's lease file goes with it
+    other, slot = _holder(prefix)
+    _kill(other)
+    assert (mine, theirs, slot) == (0, 1, 1), "the parent's lease outlived the child"
+
+
+# -- a zombie in another slot, through the runtime's delivery code ---------------------------
+
+TS = 1_790_000_000_000
+N = 40
+
+
+class Killed(Exception):
+    """The zombie stops at a crash point (paused, or its process killed)."""
+
+
+class _Partition:
+    """One sink partition of a pipeline with a real Kafka sink and a real Redis guard."""
+
+    def __init__(self, redis_server, bootstrap: str, topic: str, client: str) -> None:
+        self.name = f"slots-{uuid.uuid4().hex[:8]}"
+        redis_server.client().incr(Keyspace(self.name).epoch)
+        redis = RedisSettings(redis_server.url)
+        self.guards = ExactlyOnceGuards(redis, self.name, 1, DedupConfig())
+        p = Pipeline(self.name)
+        source = KafkaSource("in", bootstrap_servers=bootstrap)  # never read here
+        sink = KafkaSink(topic, bootstrap_servers=bootstrap, client=client)
+        p.read("events", source).map("same", lambda e: e).write("out", sink)
+        self.spec = p.job().stages[0]
+        self.index = self.spec.sinks[0][0]
+        self.target = self.spec.targets[self.index]
+        self.target.connector.prepare(self.name, streaming=True)
+
+    def attempt(self, attempt_id: int, crash_at: CrashPoint | None = None) -> SinkDelivery:
+        ref = TaskRef(self.spec.name, 1, 0, 0, self.spec.sinks, attempt_id)
+        params = BatchParams(1, TS, TS, 0, 24 * 3_600_000, 0, 0, (0,), TS * 2)
+        guard = self.guards.for_batch(params)(ref)
+        guard.open()  # claims the partition: an older attempt's fenced calls fail from now
+
+        def crash(point: CrashPoint) -> None:
+            if point is crash_at:
+                raise Killed(point)
+
+        return SinkDelivery(self.spec, guard, None, ref, lambda *_: None, crash)  # type: ignore[arg-type]
+
+    def outputs(self) -> list[Output]:
+        return [
+            Output(self.index, uuid.uuid4().bytes, TS, None, codec.encode({"i": i}))
+            for i in range(N)
+        ]
+
+
+@pytest.mark.kafka
+@pytest.mark.redis
+@CLIENTS
+@pytest.mark.parametrize(
+    "left_at",
+    [CrashPoint.AFTER_SINK_WRITE, CrashPoint.IN_SINK_TRANSACTION],
+    ids=["pending-delivery", "open-transaction"],
+)
+def test_a_new_attempt_in_another_slot_settles_the_zombies_transaction(
+    client, left_at, redis_server, kafka_broker, topic_name, monkeypatch
+):
+    """The zombie (slot 0) stopped with its transaction open, its id recorded in Redis.
+
+    ``pending-delivery``: it had also recorded the delivery as pending (marker sent), and
+    commits when it wakes up; ``open-transaction``: it had only sent records. Either way the
+    new attempt (slot 1) must end that transaction before reading the marker or writing:
+    else the marker read waits for it (up to the outage bound) and readers are held back.
+    """
+    monkeypatch.setenv("ONCEFLOW_KAFKA_OUTAGE_WAIT", "20s")  # a wait that should not happen
+    topic = topic_name("slots")
+    part = _Partition(redis_server, kafka_broker.bootstrap, topic, client)
+    slot = [0]
+    monkeypatch.setattr(transactional_writer, "worker_slot", lambda _prefix: slot[0])
+    outs = part.outputs()
+
+    zombie = part.attempt(attempt_id=10, crash_at=left_at)
+    with pytest.raises(Killed):
+        zombie.deliver(part.target, outs)
+    stuck = zombie.writers[part.index]
+    stuck.producer.flush(30)  # its records are in the log, in its open transaction
+    _TXN_PRODUCERS.clear()  # its producer lives on in the zombie's own process
+
+    slot[0] = 1  # Spark ran the retry in another worker process
+    owner = part.attempt(attempt_id=11)
+    assert owner.deliver(part.target, outs) == []
+    owner.close(ok=True)
+    assert owner.writers[part.index].identity != stuck.identity, "two slots, two ids"
+
+    if left_at is CrashPoint.AFTER_SINK_WRITE:
+        with pytest.raises(Exception):  # noqa: B017 - fenced: each client names it its own way
+            stuck.commit()  # the zombie wakes up: its transaction was ended
+    seen = read_topic(part.target.connector.settings, topic)
+    ids = [r.headers["onceflow-id"] for r in seen]
+    assert sorted(ids) == sorted(o.id for o in outs), "each record once, read_committed"
