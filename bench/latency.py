@@ -570,8 +570,9 @@ def _report_tasks(measured: list[Measured]) -> None:
     redone = [n for m in measured for n in m.redone]
     if moved:
         print(
-            f"  {'':<15} per batch: transactional ids registered anew (a sink partition's task "
-            f"in another Python worker than last time) median {statistics.median(moved):.0f}, "
+            f"  {'':<15} per batch: transactional ids registered (a worker's first task of a "
+            f"sink partition, or its id registered elsewhere since) "
+            f"median {statistics.median(moved):.0f}, "
             f"in {sum(1 for n in moved if n)} of {len(moved)} batches; transactions redone in "
             f"{sum(1 for n in redone if n)} of {len(redone)} batches"
         )
