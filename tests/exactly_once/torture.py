@@ -27,6 +27,15 @@ Seeded and reproducible (the kill moments too, up to how far the run got by then
 runs against ``$REDIS_URL`` / ``$KAFKA_BOOTSTRAP_SERVERS`` or starts its own Redis and Apache
 Kafka; ``--redis-host-crash`` crashes Redis's host too (a Redis 8 it starts). The test suite
 runs short versions (``test_torture.py``).
+
+Options: ``--spread-seen`` runs the pipeline with seen-ID layout 4 (its source stage's
+seen-IDs claimed in ID tags; on a single Redis all the tags live on that server);
+``--process`` adds a process stage with state and timers (``per-user`` in
+``tests/e2e_pipelines/totals.py``) and events it rejects by their content, in its element
+function or in its timer, each after changing state: each must be one dead letter with its
+reason, the stage's outputs those of the other events once each, a user's counts exactly
+1..n; ``--docs 0.04`` gives that share of events a document of 0.5-0.95 MB (through the map,
+the sinks and the process stage's state).
 """
 
 from __future__ import annotations
@@ -435,6 +444,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="crash Redis's host too, twice per attempt (a Redis 8 with everysec it starts)",
     )
+    parser.add_argument("--spread-seen", action="store_true", help="seen-ID layout 4")
+    parser.add_argument(
+        "--process", action="store_true", help="a process stage that rejects some events"
+    )
+    parser.add_argument(
+        "--docs", type=float, default=0.0, help="share of events with a 0.5-0.95 MB document"
+    )
+    parser.add_argument("--cap", type=int, default=None, help="records per micro-batch")
     args = parser.parse_args(argv)
     import redis
 
@@ -464,6 +481,10 @@ def main(argv: list[str] | None = None) -> int:
                 wave=args.wave,
                 ids=args.ids,
                 redis_host=host,
+                spread_seen=args.spread_seen,
+                process=args.process,
+                docs=args.docs,
+                cap=args.cap,
             )
             try:
                 facts = check(t, client)
