@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import redis
 
+from onceflow.kernel.keyspace import LAYOUT_FIELD, Keyspace
 from onceflow.testing.kafka import LocalKafka
 from tests.exactly_once.nexmark_torture import check, nexmark_torture
 
@@ -107,5 +109,7 @@ def test_a_broker_restart_under_stateful_queries_loses_and_duplicates_nothing(
         spread_seen=layout == 4,
     )
     facts = _checked(nt)
+    meta = redis.Redis.from_url(redis_server.url).hget(Keyspace(nt.run.name).meta, LAYOUT_FIELD)
+    assert int(meta or 0) == layout, f"the namespace's seen-ID layout is {meta!r}"
     assert facts["broker_restarts"] >= 2, f"the broker was restarted too rarely: {facts}"
     assert facts["broker_restarts_ridden_out"], f"the last run ended before the restart: {facts}"
