@@ -247,8 +247,8 @@ def _input_frame(
     for inbound in sorted(spec.inbound, key=lambda i: i.producer not in aligned):
         by_producer.setdefault(inbound.producer, []).append(inbound)
     result = None
-    for producer, inbound in by_producer.items():
-        for group in _producer_parts(inbound):
+    for producer, reads in by_producer.items():
+        for group in _producer_parts(reads):
             part = _part(frames[producer], group, row_ports[producer])
             result = part if result is None else result.unionByName(part)
     if result is None:
