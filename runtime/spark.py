@@ -272,6 +272,8 @@ def _part(frame: DataFrame, group: list[InboundSpec], made: set[int]) -> DataFra
     moved = [i for i in group if i.port != i.index]
     if not moved:
         return frame
+    if len(group) == 1:  # the filter left rows of its port only
+        return frame.withColumn("port", F.lit(group[0].index).cast("int"))
     label = F.col("port")
     for i in moved:
         label = F.when(F.col("port") == i.port, F.lit(i.index)).otherwise(label)
