@@ -15,7 +15,8 @@ reading only such stages, have partition counts that are multiples of the parall
 (*aligned*); every union puts them first, so an exchange stage's own index is its task's
 partition id modulo the parallelism wherever it runs. A stage read in two places (by
 several stages, or by one and by the action for its driver-bound rows) is persisted, so it
-runs once per batch.
+runs once per batch; a stage that reads several ports of one producer (two exchanges of one
+stage, fused into one consumer) reads them in one filter, not a union of two reads.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.kernel import codec
 from onceflow.runtime.errors import RuntimeFailure
 from onceflow.runtime.guard import GuardFactory
-from onceflow.runtime.spec import Job, StageSpec
+from onceflow.runtime.spec import InboundSpec, Job, StageSpec
 from onceflow.runtime.task import BATCH_ID_PROPERTY, BATCH_PROPERTY, ROW_SCHEMA, StageFunction
 
 if TYPE_CHECKING:
@@ -191,11 +192,33 @@ def aligned_stages(job: Job) -> set[str]:
 
 
 def _reads(job: Job, spec: StageSpec) -> int:
-    """How many times a batch reads a stage's output: its consumers, and the action."""
-    consumers = len(job.consumers(spec.name))
-    if not consumers:
+    """How many times a batch reads a stage's output.
+
+    Its consumers' parts of it (one per consumer, see :func:`_producer_parts`), and the action.
+    """
+    reads = 0
+    for name in job.consumers(spec.name):
+        inbound = [i for i in job.by_name[name].inbound if i.producer == spec.name]
+        reads += len(_producer_parts(inbound))
+    if not reads:
         return 1
-    return consumers + any(t.to_driver for t in spec.targets)
+    return reads + any(t.to_driver for t in spec.targets)
+
+
+def _producer_parts(inbound: list[InboundSpec]) -> list[list[InboundSpec]]:
+    """A consumer's inbounds from one producer, as the parts it reads that producer in.
+
+    One part for all of them when they read distinct ports: one filter and one relabelling
+    of the producer's rows. A union of one part per inbound would read the producer twice,
+    and Spark runs an unpersisted stage once per read: its second run's records, already
+    committed by the first under other task partitions, were dropped as copies (two keyed
+    branches of one stream fused into one stage lost one branch). Only a port read twice
+    needs a part of its own (the producer is then persisted: :func:`_reads`).
+    """
+    ports = [i.port for i in inbound]
+    if len(set(ports)) == len(ports):
+        return [inbound] if inbound else []
+    return [[i] for i in inbound]
 
 
 def _input_frame(
@@ -211,27 +234,47 @@ def _input_frame(
     Ports of aligned producers come first in the union (see the module docstring). A port
     is only filtered out of a producer that makes rows of other ports too, and relabelled
     only when its number differs from the inbound index: every DataFrame operation is
-    analysed by Spark on the spot, a few milliseconds of each micro-batch's planning.
+    analysed by Spark on the spot, a few milliseconds of each micro-batch's planning. A
+    producer's ports are read in one part (:func:`_producer_parts`): read once, it runs once.
     """
-    from pyspark.sql import functions as F  # noqa: N812
-
     if spec.source is not None:
         try:
             return sources[spec.source]
         except KeyError:
             msg = f"no input frame for source {spec.source!r}; this is a runner bug"
             raise RuntimeFailure(msg) from None
-    result = None
+    by_producer: dict[str, list[InboundSpec]] = {}
     for inbound in sorted(spec.inbound, key=lambda i: i.producer not in aligned):
-        part = frames[inbound.producer]
-        if row_ports[inbound.producer] != {inbound.port}:  # the producer makes other rows too
-            part = part.where(F.col("port") == inbound.port)
-        if inbound.port != inbound.index:
-            part = part.withColumn("port", F.lit(inbound.index).cast("int"))
-        result = part if result is None else result.unionByName(part)
+        by_producer.setdefault(inbound.producer, []).append(inbound)
+    result = None
+    for producer, reads in by_producer.items():
+        for group in _producer_parts(reads):
+            part = _part(frames[producer], group, row_ports[producer])
+            result = part if result is None else result.unionByName(part)
     if result is None:
         msg = f"stage {spec.name!r} reads nothing; this is a runner bug"
         raise RuntimeFailure(msg)
     if spec.exchange:
         result = result.repartition(parallelism, "key")
     return result
+
+
+def _part(frame: DataFrame, group: list[InboundSpec], made: set[int]) -> DataFrame:
+    """The producer's rows of the ``group``'s ports, each relabelled to its inbound index.
+
+    ``made``: the ports the producer makes (no filter when the group reads them all).
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    ports = [i.port for i in group]
+    if made != set(ports):  # the producer makes other rows too
+        frame = frame.where(F.col("port").isin(ports))
+    moved = [i for i in group if i.port != i.index]
+    if not moved:
+        return frame
+    if len(group) == 1:  # the filter left rows of its port only
+        return frame.withColumn("port", F.lit(group[0].index).cast("int"))
+    label = F.col("port")
+    for i in moved:
+        label = F.when(F.col("port") == i.port, F.lit(i.index)).otherwise(label)
+    return frame.withColumn("port", label.cast("int"))

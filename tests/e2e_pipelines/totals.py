@@ -18,12 +18,22 @@ TOTALS_GATE (a path) an event with "gate" waits in enrich until that file exists
 the run's end until an outside fault is over). TOTALS_PARQUET (a folder) also writes the
 enriched events as Parquet files; TOTALS_PG_TABLE as rows (event_id, user, amount) of that
 PostgreSQL table at PG_CONNINFO (the password in PGPASSWORD).
+
+TOTALS_PER_USER (a topic) adds a process stage with user state and timers on the enriched
+events: per-user (keyed by user) counts each user's events and keeps the user's document
+(the "body" of the greatest event_id among the user's events that have one: state values of
+up to a record's size) and writes, for every event, {event_id, user, seen: the user's count
+with it, best, best_len: the kept document's event_id and length}. It rejects by content: an
+event with "reject" raises after changing its state (a dead letter; the state must be as it
+was), one with "timer_reject" sets a processing-time timer (tagged with its event_id) whose
+on_timer changes the state and raises (a dead letter naming per-user/on_timer).
 """
 
 import os
 import time
 
 from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
+from onceflow.state import ValueSpec
 
 slow_s = float(os.environ.get("TOTALS_SLOW_MS", "0")) / 1000
 gate = os.environ.get("TOTALS_GATE")
@@ -102,3 +112,43 @@ if os.environ.get("TOTALS_PG_TABLE"):
     enriched.map(
         "row", lambda e: {"event_id": e["event_id"], "user": e["user"], "amount": e["amount"]}
     ).write("db", PostgresSink(os.environ["TOTALS_PG_TABLE"], conninfo=os.environ["PG_CONNINFO"]))
+
+SEEN = ValueSpec("seen")  # the user's events so far
+BEST = ValueSpec("best")  # [event_id, body] of the greatest event_id with a body
+
+
+def per_user(user, e, ctx):
+    seen = ctx.state(SEEN)
+    seen.write((seen.read() or 0) + 1)
+    if e.get("reject"):  # after a state change: a failing call must leave none
+        raise ValueError(f"event {e['event_id']} rejected by per-user")
+    best = ctx.state(BEST)
+    kept = best.read()
+    if e.get("body") and (kept is None or e["event_id"] > kept[0]):
+        kept = [e["event_id"], e["body"]]
+        best.write(kept)
+    if e.get("timer_reject"):
+        ctx.timers.set_processing_time(ctx.now, tag=f"t-{e['event_id']}")
+    return [
+        {
+            "event_id": e["event_id"],
+            "user": user,
+            "seen": seen.read(),
+            "best": kept[0] if kept else None,
+            "best_len": len(kept[1]) if kept else 0,
+        }
+    ]
+
+
+def per_user_timer(user, timer, ctx):
+    seen = ctx.state(SEEN)
+    seen.write((seen.read() or 0) + 1000)  # must be undone: the call fails
+    raise ValueError(f"timer {timer.tag} of {user} timer-rejected")
+
+
+if os.environ.get("TOTALS_PER_USER"):
+    (
+        enriched.key_by("user-key", lambda e: e["user"])
+        .process("per-user", per_user, states=[SEEN, BEST], on_timer=per_user_timer)
+        .write("per-user-out", KafkaSink(os.environ["TOTALS_PER_USER"], client=client))
+    )

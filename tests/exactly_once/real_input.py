@@ -54,6 +54,7 @@ class Run:
     poison: dict[str, str] = field(default_factory=dict)  # event_id or marker -> reason part
     extra_env: dict[str, str] = field(default_factory=dict)
     cap: int = 1000
+    extra_args: list[str] = field(default_factory=list)  # more options of onceflow run
 
     @property
     def topics(self) -> dict[str, str]:
@@ -85,6 +86,7 @@ class Run:
             "--master",
             "local[2,4]",
             "--no-progress",
+            *self.extra_args,
         ]
 
     def produce(self, sends: list[Send]) -> None:

@@ -15,6 +15,14 @@ runs: it loses what it had not fsynced (``onceflow.testing.hostcrash``), comes b
 same files, and the run must carry on from what it kept; each attempt is also killed -9.
 Its long variant (``--long``) runs five kills over bigger waves; ``python -m
 tests.exactly_once.torture --redis-host-crash --minutes 30`` keeps going for as long as asked.
+
+With ``--long`` too: seen-ID layout 4 (``--spread-seen``: the source stage's seen-IDs claimed
+in ID tags) under random kills on a Redis Cluster, and under kills and Redis host crashes on
+a single Redis (all the ID tags then live on that one server); a process stage with state and
+timers that rejects events by their content, in its element function and in its timer,
+under random kills (its dead letters exactly those events, once each, its outputs and state
+exactly those of the others); and documents of 0.5-0.95 MB through that stage's state with
+layout 4 under random kills.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
 def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
     broker, crashable_redis, postgres_server, tmp_path, seed, kills, wave
 ):
+    """Each attempt: two crashes of Redis's host, then a kill -9 of the run."""
     table = f"torture_{seed}_{os.getpid()}_{time.monotonic_ns()}"
     with postgres_server.connect() as conn:  # a database sink too, read back by psycopg
         conn.execute(f'CREATE TABLE {table} (event_id text, "user" text, amount int)')
@@ -78,13 +87,14 @@ def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
     "setup",
     [
         "redis-cluster+confluent",
+        pytest.param("redis-cluster+confluent+layout4", marks=pytest.mark.long),
         # CI time: position IDs across kills are checked point by point in test_crashes.py
         pytest.param("redis+kafka-python+positions", marks=pytest.mark.long),
         pytest.param("redis+kafka-python", marks=pytest.mark.long),
     ],
 )
 def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, request, tmp_path):
-    if setup == "redis-cluster+confluent":
+    if setup.startswith("redis-cluster+confluent"):
         cluster = request.getfixturevalue("redis_cluster")
         url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in cluster.ports)
         client = "confluent"
@@ -106,9 +116,11 @@ def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, 
         client=client,
         ids=ids,
         sinks_env={"TOTALS_PARQUET": str(tmp_path / "lake")},  # read back by pyarrow
+        spread_seen=setup.endswith("+layout4"),
     )
     settings = RedisSettings(url)
     facts = check(t, redis_client(settings, t.run.name), lambda tag: redis_client(settings, tag))
+    print(f"[torture] {setup}: {facts}")
     assert t.kills >= 2, f"the run ended before it could be killed: {facts}"
     assert t.in_flight >= 2, f"the kills cut no micro-batch short: {facts}"
     assert facts["poison"] > 0
@@ -119,3 +131,64 @@ def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, 
     assert facts["parquet_rows"] > 0
     reasons = set(t.run.poison.values())
     assert "further ahead of the clock" in reasons, "no days-ahead record in this seed's input"
+
+
+@pytest.mark.long
+def test_layout4_under_kills_and_redis_host_crashes_loses_and_duplicates_nothing(
+    broker, crashable_redis, tmp_path
+):
+    """Seen-ID layout 4 on a single Redis (its ID tags all on that server), whose host crashes
+    twice in each attempt (the claims of the last second lost), each attempt then killed -9."""
+    t = torture(
+        broker.bootstrap,
+        crashable_redis.url,
+        str(tmp_path),
+        seed=43,
+        kills=2,
+        wave=1200,
+        cap=400,
+        min_kill_s=0.5,
+        max_kill_s=2.0,
+        redis_host=crashable_redis,
+        spread_seen=True,
+    )
+    facts = check(t, redis_client(RedisSettings(crashable_redis.url), t.run.name))
+    print(f"[torture] layout 4, redis host crashes: {facts}")
+    assert t.redis_crashes >= 3, f"Redis crashed too rarely: {facts}"
+    assert facts["redis_lost_bytes"] > 0, f"the crashes lost no acknowledged write: {facts}"
+    assert facts["poison"] > 0 and facts["duplicates_dropped"] > 0
+    assert facts["id_tags_used"] == facts["id_tags"], f"ID tags left unused: {facts}"
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(
+    ("seed", "layout", "docs"),
+    [pytest.param(47, 3, 0.0, id="layout3"), pytest.param(53, 4, 0.04, id="documents-layout4")],
+)
+def test_a_process_stage_rejecting_events_under_random_kills_is_exact(
+    broker, redis_server, tmp_path, seed, layout, docs
+):
+    """A process stage (state and timers) rejects events by content, in its element function
+    and in its timer, both after changing state; with ``docs``, documents of 0.5-0.95 MB go
+    through it and the largest-ID one per user is kept in its state."""
+    t = torture(
+        broker.bootstrap,
+        redis_server.url,
+        str(tmp_path),
+        seed=seed,
+        kills=3,
+        wave=600 if docs else 1500,
+        cap=100 if docs else 400,
+        max_kill_s=2.0,
+        spread_seen=layout == 4,
+        process=True,
+        docs=docs,
+    )
+    facts = check(t, redis_client(RedisSettings(redis_server.url), t.run.name))
+    print(f"[torture] process stage, layout {layout}, documents {docs}: {facts}")
+    assert t.kills >= 2, f"the run ended before it could be killed: {facts}"
+    assert t.in_flight >= 1, f"the kills cut no micro-batch short: {facts}"
+    reasons = set(t.run.poison.values())
+    assert {"rejected by per-user", "timer-rejected"} <= reasons, f"a kind is missing: {reasons}"
+    if docs:
+        assert facts["documents"] >= 20, f"too few documents: {facts}"

@@ -27,26 +27,42 @@ Seeded and reproducible (the kill moments too, up to how far the run got by then
 runs against ``$REDIS_URL`` / ``$KAFKA_BOOTSTRAP_SERVERS`` or starts its own Redis and Apache
 Kafka; ``--redis-host-crash`` crashes Redis's host too (a Redis 8 it starts). The test suite
 runs short versions (``test_torture.py``).
+
+Options: ``--spread-seen`` runs the pipeline with seen-ID layout 4 (its source stage's
+seen-IDs claimed in ID tags; on a single Redis all the tags live on that server);
+``--process`` adds a process stage with state and timers (``per-user`` in
+``tests/e2e_pipelines/totals.py``) and events it rejects by their content, in its element
+function or in its timer, each after changing state: each must be one dead letter with its
+reason, the stage's outputs those of the other events once each, a user's counts exactly
+1..n; ``--docs 0.04`` gives that share of events a document of 0.5-0.95 MB (through the map,
+the sinks and the process stage's state).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceflow.testing.harness import Outcome, run_pipeline
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.kernel.id_tags import SEEN_TAGS_FIELD, id_tag
+from onceflow.kernel.keyspace import LAYOUT_FIELD, Keyspace
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.testing.harness import Outcome, compare_counts, run_pipeline
 from onceflow.testing.hostcrash import CrashableRedis
 from tests.exactly_once.real_input import PIPELINE, Run, Send, event, stats, verify
 
 HOUR = 3_600_000
+REJECTED = {"reject": "rejected by per-user", "timer_reject": "timer-rejected"}
 PARTITIONS = 4
 CHUNK = 16  # records per atomic commit (the default 2,500 makes a task one commit)
 SLOW_MS = 1  # per record: a task's commits spread over a good part of its batch's time
@@ -70,16 +86,27 @@ class Torture:
     reruns: int = 0  # batches a run ran again after Redis came back
     startup_s: float | None = None  # an attempt's start to its first new micro-batch
     pipeline: str = PIPELINE  # the file run (the Nexmark torture runs its queries' file)
+    rejects: bool = False  # send events the process stage rejects (see the module doc)
+    docs: float = 0.0  # the share of events that carry a document of 0.5-0.95 MB
+    # user -> (event_id, document length) of every event the process stage must count
+    per_user: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
 
     def wave(self, size: int) -> None:
         """Produce ``size`` events, some re-sends of earlier ones, and a few poison records."""
         rng, run = self.rng, self.run
         sends: list[Send] = []
         for _ in range(size):
-            e = event(run, f"u{rng.randrange(50)}", rng.randrange(1, 9))
+            more = {}
+            if self.docs and rng.random() < self.docs:
+                more["body"] = document(rng)
+            e = event(run, f"u{rng.randrange(50)}", rng.randrange(1, 9), **more)
+            self.per_user[e["user"]].append((e["event_id"], len(more.get("body", ""))))
             ts = self.base_ts + len(self.sent) * 10
             self.sent.append({**e, "_ts": ts})
             sends.append(self._send(e, ts, rng.randrange(PARTITIONS)))
+        if self.rejects:
+            for _ in range(max(1, size // 200)):
+                sends.insert(rng.randrange(len(sends) + 1), self._rejected())
         for old in rng.sample(self.sent, min(len(self.sent), size // 15)):
             e = {k: v for k, v in old.items() if k != "_ts"}
             if self.positions:  # a copy without an ID is a record of its own
@@ -104,6 +131,19 @@ class Torture:
         else:  # the ID comes from the body (TOTALS_ID_FIELD=if-present: the others' is None)
             return Send({**e, "id": e["event_id"]}, partition, None, ts)
         return Send(e, partition, headers, ts)
+
+    def _rejected(self) -> Send:
+        """An event the process stage rejects, in its element function or in its timer: it
+        counts everywhere else (copy, totals), and is a dead letter of per-user once."""
+        rng, run = self.rng, self.run
+        kind = rng.choice(("reject", "timer_reject"))
+        e = event(run, f"u{rng.randrange(50)}", rng.randrange(1, 9), **{kind: True})
+        run.poison[e["event_id"]] = REJECTED[kind]
+        if kind == "timer_reject":  # its element ran: counted, an output
+            self.per_user[e["user"]].append((e["event_id"], 0))
+        ts = self.base_ts + len(self.sent) * 10
+        self.sent.append({**e, "_ts": ts})  # re-sent later, maybe: a copy, no second letter
+        return self._send(e, ts, rng.randrange(PARTITIONS))
 
     def _poison(self) -> Send:
         kind = self.rng.randrange(4)
@@ -239,6 +279,11 @@ class KillTimer:
         return due
 
 
+def document(rng: random.Random) -> str:
+    """A document body of 0.5 to 0.95 MB (JSON text), under the 1 MiB record limit."""
+    return f"{rng.randrange(10**8):08d}" * (rng.randrange(500_000, 950_000) // 8)
+
+
 def _highest_batch(run: Run, log: str) -> int:
     """The highest batch number in the checkpoint's ``offsets`` or ``commits`` log (-1: none)."""
     with contextlib.suppress(FileNotFoundError):
@@ -263,6 +308,9 @@ def torture(
     ids: str = "mixed",
     redis_host: CrashableRedis | None = None,
     sinks_env: dict[str, str] | None = None,
+    spread_seen: bool = False,
+    process: bool = False,
+    docs: float = 0.0,
 ) -> Torture:
     """Waves of input and ``kills`` random kills, then a final run to the end; not checked.
 
@@ -273,18 +321,27 @@ def torture(
     ``sinks_env`` adds sinks to the pipeline (``TOTALS_PARQUET``, ``TOTALS_PG_TABLE``: see
     ``tests/e2e_pipelines/totals.py``); :func:`check` reads them back.
 
+    ``spread_seen`` runs it with seen-ID layout 4 (``--spread-seen``: the source stage's
+    seen-IDs claimed in ID tags). ``process`` adds the process stage ``per-user`` (state and
+    timers) and events it rejects; ``docs`` is the share of events carrying a document of
+    0.5-0.95 MB (through the map, the sinks and, with ``process``, the stage's state).
+
     ``cap`` (records per micro-batch, a third of a wave by default): smaller makes each run
     last longer, so a kill lands mid-run more often. A kill lands between ``min_kill_s`` and
     ``max_kill_s`` after the attempt's first new micro-batch began.
     """
     if ids not in ("mixed", "positions"):
         raise ValueError(f"ids must be mixed or positions, got {ids!r}")
+    if process and ids == "positions":  # a re-sent rejected event would be a second letter
+        raise ValueError("process needs ids='mixed'")
     rng = random.Random(seed)
     name = f"torture-{seed}-{uuid.uuid4().hex[:6]}"
     # several commits per task, so that a kill often lands between two of them
     env = {"TOTALS_CHUNK_SIZE": str(CHUNK), "TOTALS_SLOW_MS": str(SLOW_MS)}
     if ids == "mixed":
         env["TOTALS_ID_FIELD"] = "if-present"
+    if process:
+        env["TOTALS_PER_USER"] = f"{name}-per-user"
     run = Run(
         name,
         bootstrap,
@@ -293,9 +350,11 @@ def torture(
         PARTITIONS,
         extra_env={"TOTALS_CLIENT": client, **env, **(sinks_env or {})},
         cap=cap or wave // 3,
+        extra_args=["--spread-seen"] if spread_seen else [],
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
     t = Torture(run, seed, rng, base_ts, positions=ids == "positions", redis_host=redis_host)
+    t.rejects, t.docs = process, docs
     t.wave(wave)
     for _ in range(kills):
         t.attempt(rng.uniform(min_kill_s, max_kill_s), echo)
@@ -317,7 +376,59 @@ def check(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
         redis_lost_bytes=t.redis_host.lost_bytes() if t.redis_host is not None else 0,
         batches_run_again=t.reruns,
     )
+    if "TOTALS_PER_USER" in t.run.extra_env:
+        facts.update(check_per_user(t))
+    if "--spread-seen" in t.run.extra_args:
+        facts.update(check_layout4(t, client, connect))
     return facts
+
+
+def check_per_user(t: Torture) -> dict[str, int]:
+    """The process stage's output against the events it had to count, read independently.
+
+    Each counted event one output (one value per output ID), none for a rejected one; a user's
+    ``seen`` values exactly 1..n (a state change lost, repeated or left by a failing call
+    breaks the run of numbers); the last one's kept document the greatest of the user's.
+    """
+    topic = t.run.extra_env["TOTALS_PER_USER"]
+    by_id: dict[bytes, set[bytes]] = defaultdict(set)
+    raw = 0
+    for rec in read_topic(KafkaSettings(t.run.bootstrap), topic):
+        by_id[rec.headers["onceflow-id"]].add(rec.value or b"")
+        raw += 1
+    assert all(len(v) == 1 for v in by_id.values()), "a per-user ID was written with two values"
+    assert raw == len(by_id), f"per-user topic: {raw - len(by_id)} records read twice"
+    outs = [json.loads(next(iter(v))) for v in by_id.values()]
+    want = Counter(eid for events in t.per_user.values() for eid, _ in events)
+    report = compare_counts(want, Counter(o["event_id"] for o in outs))
+    assert report.ok, f"per-user outputs: {report}"
+    by_user: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for o in outs:
+        by_user[o["user"]].append(o)
+    for user, events in t.per_user.items():
+        seen = sorted(o["seen"] for o in by_user[user])
+        assert seen == list(range(1, len(events) + 1)), f"{user}'s counts: {seen}"
+        last = next(o for o in by_user[user] if o["seen"] == len(events))
+        docs = [(eid, size) for eid, size in events if size]
+        best = max(docs) if docs else (None, 0)
+        assert (last["best"], last["best_len"]) == best, f"{user}'s document: {last}, {best}"
+    documents = sum(1 for events in t.per_user.values() for _, size in events if size)
+    return {"per_user_outputs": raw, "documents": documents}
+
+
+def check_layout4(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
+    """The namespace is layout 4, and its source stage's seen-IDs are in its ID tags (on a
+    single Redis all of them live on that one server)."""
+    ks = Keyspace(t.run.name)
+    layout, tags = client.hmget(ks.meta, [LAYOUT_FIELD, SEEN_TAGS_FIELD])
+    assert int(layout or 0) == 4 and int(tags or 0) > 0, f"layout {layout!r}, tags {tags!r}"
+    used = 0
+    for k in range(int(tags)):
+        tag = id_tag(t.run.name, k, int(tags))
+        node = connect(tag.tag) if connect is not None else client
+        used += any(True for _ in node.scan_iter(match=tag.pattern(), count=1000))
+    assert used > 0, "no ID tag holds a seen-ID"
+    return {"id_tags": int(tags), "id_tags_used": used}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,6 +444,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="crash Redis's host too, twice per attempt (a Redis 8 with everysec it starts)",
     )
+    parser.add_argument("--spread-seen", action="store_true", help="seen-ID layout 4")
+    parser.add_argument(
+        "--process", action="store_true", help="a process stage that rejects some events"
+    )
+    parser.add_argument(
+        "--docs", type=float, default=0.0, help="share of events with a 0.5-0.95 MB document"
+    )
+    parser.add_argument("--cap", type=int, default=None, help="records per micro-batch")
     args = parser.parse_args(argv)
     import redis
 
@@ -362,6 +481,10 @@ def main(argv: list[str] | None = None) -> int:
                 wave=args.wave,
                 ids=args.ids,
                 redis_host=host,
+                spread_seen=args.spread_seen,
+                process=args.process,
+                docs=args.docs,
+                cap=args.cap,
             )
             try:
                 facts = check(t, client)

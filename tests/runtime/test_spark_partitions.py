@@ -77,3 +77,51 @@ def test_exchange_stages_keep_their_own_partitions_and_sources_run_once(spark, s
     assert sorted(sinks_by_name["totals"].results) == [
         (k, sum(x for x in range(40) if x % 5 == k)) for k in range(5)
     ]
+
+
+def two_exchanges_into_one_stage():
+    """Two keyed branches of one stream (a combine and a process, keyed apart): the optimizer
+    fuses them into one stage that reads the source stage through two exchanges."""
+    from onceflow.state import ValueSpec
+
+    seen = ValueSpec("seen")
+
+    def count(key, value, ctx):
+        state = ctx.state(seen)
+        state.write((state.read() or 0) + 1)
+        return [(key, value, state.read())]
+
+    p = Pipeline("fan-in")
+    events = p.read("events", sources.Collection(list(range(40))))
+    events.key_by("by-mod", lambda x: x % 5).combine_per_key("total", "sum").write(
+        "totals", sinks.Collect()
+    )
+    events.key_by("by-odd", lambda x: x % 2).process("count", count, states=[seen]).write(
+        "counted", sinks.Collect()
+    )
+    return p.job()
+
+
+def test_a_stage_reading_two_exchanges_of_one_stage_runs_that_stage_once(spark):
+    """Found by the torture run's process stage (``tests/exactly_once/torture.py``): its
+    branch, fused with the totals' combine, got no record: the source stage ran once per
+    exchange, and its second run dropped every record as a copy of the first's."""
+    job = two_exchanges_into_one_stage()
+    [consumer] = [s for s in job.stages if s.source is None]
+    assert len(consumer.inbound) == 2 and consumer.producers == ("events",), job.layout
+    [source_name] = [name for name, _ in job.sources]
+    source = spark.range(0, 2, 1, 2).selectExpr("id", "2 as splits")
+    metrics = spark.sparkContext.accumulator({}, CounterParam())
+    compile_batch(
+        job, spark, {source_name: source}, recording_guards, batch=0, parallelism=2, metrics=metrics
+    ).run()
+    runs = sum(n for key, n in metrics.value.items() if "/task|events|" in key)
+    assert runs == 2, f"the source stage's tasks ran {runs} times for 2 splits"
+    sinks_by_name = {t.name: t.connector for s in job.stages for t in s.targets}
+    assert sorted(sinks_by_name["totals"].results) == [
+        (k, sum(x for x in range(40) if x % 5 == k)) for k in range(5)
+    ]
+    counted = sinks_by_name["counted"].results
+    assert sorted(x for _, x, _ in counted) == list(range(40))
+    for parity in (0, 1):
+        assert sorted(n for k, _, n in counted if k == parity) == list(range(1, 21))
