@@ -248,12 +248,18 @@ class RedisHostCrashes:
         return bool(self.after is not None and self.done >= self.crashes and self.after())
 
 
+IN_FLIGHT_WAIT_S = 5.0  # how long a kill due between micro-batches waits for the next one
+
+
 @dataclass
 class KillTimer:
     """When to kill one attempt (``run_pipeline(kill_when=...)``), and what the kill cut short.
 
     ``seconds`` after the first micro-batch the checkpoint had not planned before, or, if
-    ``from_start`` is set, that many seconds after the attempt began.
+    ``from_start`` is set, that many seconds after the attempt began. A kill due between two
+    micro-batches waits up to :data:`IN_FLIGHT_WAIT_S` for the next one to be planned, so
+    that it cuts a batch short (the case the torture is about) however fast the machine runs
+    the batches; past that wait it kills anyway.
     """
 
     run: Run
@@ -263,20 +269,25 @@ class KillTimer:
     began: float | None = None
     in_flight: bool = False  # a planned batch was not committed when the kill came
     _planned_before: int | None = None
+    _due_at: float | None = None
 
     def __call__(self) -> bool:
         planned = _highest_batch(self.run, "offsets")
         if self._planned_before is None:
             self._planned_before = planned
+        now = time.monotonic()
         if self.began is None and planned > self._planned_before:
-            self.began = time.monotonic()
+            self.began = now
         if self.from_start is not None:
-            due = time.monotonic() - self.created > self.from_start
+            due = now - self.created > self.from_start
         else:
-            due = self.began is not None and time.monotonic() - self.began > self.seconds
-        if due:
-            self.in_flight = planned > _highest_batch(self.run, "commits")
-        return due
+            due = self.began is not None and now - self.began > self.seconds
+        if not due:
+            return False
+        self.in_flight = planned > _highest_batch(self.run, "commits")
+        if self._due_at is None:
+            self._due_at = now
+        return self.in_flight or now - self._due_at > IN_FLIGHT_WAIT_S
 
 
 def document(rng: random.Random) -> str:
