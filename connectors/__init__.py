@@ -36,14 +36,16 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """An exported name, imported on first use (then kept in the package's namespace)."""
-    if name not in _EXPORTS:
-        msg = f"module {__name__!r} has no attribute {name!r}"
-        raise AttributeError(msg)
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # mypy sees the names above, and flags a misspelt one
+
+    def __getattr__(name: str) -> Any:
+        """An exported name, imported on first use (then kept in the package's namespace)."""
+        if name not in _EXPORTS:
+            msg = f"module {__name__!r} has no attribute {name!r}"
+            raise AttributeError(msg)
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

@@ -1,7 +1,8 @@
 """Layout 4's claims: a chunk's source IDs claimed per ID tag before its commit.
 
 Designed in docs/concepts/dedup.md ("Spreading a source stage's seen-IDs over a Redis
-Cluster"); not used by the runtime yet (every namespace keeps layout 3). A chunk's IDs are
+Cluster"); used by namespaces made with layout 4 (``onceflow run --spread-seen``; every other
+namespace keeps layout 3). A chunk's IDs are
 split by the ID tag of their seen shard (:func:`onceflow.kernel.id_tags.tag_of_shard`); one
 call of ``kernel/lua/claim_ids.lua`` per tag checks each ID in every live generation of the
 tag and claims the new ones in the batch's generation, the claim's value the record's origin

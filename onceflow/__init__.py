@@ -75,17 +75,19 @@ _EXPORTS = {
 _ALIASES = ("codecs", "combiners", "sinks", "sources", "state", "windows")
 
 
-def __getattr__(name: str) -> Any:
-    """An exported name, imported on first use (then kept in the package's namespace)."""
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name in _ALIASES:
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
-        msg = f"module {__name__!r} has no attribute {name!r}"
-        raise AttributeError(msg)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # mypy sees the names above, and flags a misspelt one
+
+    def __getattr__(name: str) -> Any:
+        """An exported name, imported on first use (then kept in the package's namespace)."""
+        if name in _EXPORTS:
+            value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        elif name in _ALIASES:
+            value = importlib.import_module(f"{__name__}.{name}")
+        else:
+            msg = f"module {__name__!r} has no attribute {name!r}"
+            raise AttributeError(msg)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

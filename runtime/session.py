@@ -140,9 +140,12 @@ def spark_session(
     defaults = {**REQUIRED_SQL_CONF, **local_socket_conf(master), **executor_conf()}
     for key, value in {**defaults, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
-    import_beside_the_jvm()
-    with filtered_stderr(path):
-        session = builder.getOrCreate()
+    importing = import_beside_the_jvm()
+    try:
+        with filtered_stderr(path):
+            session = builder.getOrCreate()
+    finally:
+        importing.join()  # done by then when the session started; else not cut off mid-import
     _log_file = path
     logging.getLogger("py4j").setLevel(logging.ERROR)
     python_logging(path, log_level)

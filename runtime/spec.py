@@ -190,10 +190,6 @@ class Job:
         """Names of the stages reading ``stage``."""
         return tuple(s.name for s in self.stages if stage in s.producers)
 
-    def readers(self, stage: str) -> int:
-        """How many times a stage's output is read: by consumer stages, else by the action."""
-        return len(self.consumers(stage)) or 1
-
     def with_dead_letters(self, connector: Any) -> Job:
         """This job with every stage's dead letters going to ``connector``."""
         return replace(self, stages=tuple(s.with_dead_letters(connector) for s in self.stages))

@@ -38,9 +38,9 @@ def private_folder() -> str | None:
     """
     if _FOLDER:
         return _FOLDER[0]
-    path = os.path.join(tempfile.gettempdir(), f"onceflow-txn-{os.getuid()}")
     found: str | None = None
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # no usable temporary folder at all: no notes either
+        path = os.path.join(tempfile.gettempdir(), f"onceflow-txn-{os.getuid()}")
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
         st = os.lstat(path)

@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import os
 import threading
+from collections import OrderedDict
 
 from onceflow.connectors.kafka.registrations import private_folder
 
@@ -41,9 +42,14 @@ except ImportError:  # pragma: no cover - not a POSIX system: every process shar
 
 MAX_SLOTS = 64  # beyond that many live workers of one prefix on a machine, slot 0 is shared
 SHARED_SLOT = 0
+# Leases one process keeps open (one file each); the least recently used beyond that is let
+# go: a process that then writes for its prefix again leases anew (maybe another slot, so
+# one more registration), and a process given the freed slot fences the old producer through
+# Kafka, as two writers of one id always did.
+MAX_LEASES = 16
 
 # prefix -> (the leasing process's id, its slot, the open lease file or None)
-_LEASES: dict[str, tuple[int, int, int | None]] = {}
+_LEASES: OrderedDict[str, tuple[int, int, int | None]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -52,13 +58,23 @@ def worker_slot(prefix: str) -> int:
     with _LOCK:
         held = _LEASES.get(prefix)
         if held is not None and held[0] == os.getpid():
+            _LEASES.move_to_end(prefix)
             return held[1]
-        if held is not None and held[2] is not None:  # the parent's, inherited by a fork
-            with contextlib.suppress(OSError):
-                os.close(held[2])  # the parent (if alive) keeps its lease through its own
+        if held is not None:  # the parent's, inherited by a fork
+            _release(held)  # the parent (if alive) keeps its lease through its own file
         slot, fd = _lease(prefix)
         _LEASES[prefix] = (os.getpid(), slot, fd)
+        _LEASES.move_to_end(prefix)
+        while len(_LEASES) > MAX_LEASES:
+            _release(_LEASES.popitem(last=False)[1])
         return slot
+
+
+def _release(held: tuple[int, int, int | None]) -> None:
+    """Close a lease's file (for a lease of this process, that frees its slot)."""
+    if held[2] is not None:
+        with contextlib.suppress(OSError):
+            os.close(held[2])
 
 
 def _slots_folder(prefix: str) -> str | None:

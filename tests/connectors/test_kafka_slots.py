@@ -84,6 +84,21 @@ def test_a_forked_child_leases_its_own_slot_and_the_parent_keeps_its():
     assert (mine, theirs, slot) == (0, 1, 1), "the parent's lease outlived the child"
 
 
+def test_a_process_keeps_a_bounded_number_of_leases_and_frees_the_oldest():
+    run = uuid.uuid4().hex[:8]
+    prefixes = [f"onceflow.many-{run}-{i}" for i in range(slots.MAX_LEASES + 1)]
+    for prefix in prefixes:
+        assert slots.worker_slot(prefix) == 0
+    mine = [p for p in slots._LEASES if p.startswith(f"onceflow.many-{run}-")]
+    assert mine == prefixes[1:], "the least recently used lease was let go"
+    assert len(slots._LEASES) <= slots.MAX_LEASES
+    first, slot = _holder(prefixes[0])  # its slot 0 is free again
+    second, kept = _holder(prefixes[-1])  # still held here
+    _kill(first)
+    _kill(second)
+    assert (slot, kept) == (0, 1)
+
+
 # -- a zombie in another slot, through the runtime's delivery code ---------------------------
 
 TS = 1_790_000_000_000

@@ -248,7 +248,7 @@ class RedisHostCrashes:
         return bool(self.after is not None and self.done >= self.crashes and self.after())
 
 
-IN_FLIGHT_WAIT_S = 5.0  # how long a kill due between micro-batches waits for the next one
+IN_FLIGHT_WAIT_S = 30.0  # how long a kill due between micro-batches waits for the next one
 
 
 @dataclass
