@@ -7,8 +7,9 @@ one module of a subpackage (Spark's planner processes unpickling the Kafka data 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onceflow.kernel.lazy import exports
 
 if TYPE_CHECKING:
     from onceflow.connectors.base import SinkConnector, SinkWriter, SourceConnector, TaskInfo
@@ -37,21 +38,7 @@ _EXPORTS = {
 
 
 if not TYPE_CHECKING:  # mypy sees the names above, and flags a misspelt one
-
-    def __getattr__(name: str) -> Any:
-        """An exported name, imported on first use (then kept in the package's namespace)."""
-        if name not in _EXPORTS:
-            msg = f"module {__name__!r} has no attribute {name!r}"
-            raise AttributeError(msg)
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-
-
-def __dir__() -> list[str]:
-    """The package's names, the ones not imported yet among them."""
-    return sorted(set(globals()) | set(__all__))
-
+    __getattr__, __dir__ = exports(globals(), _EXPORTS)
 
 __all__ = [
     "Collect",

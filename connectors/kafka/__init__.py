@@ -19,8 +19,9 @@ The names below are imported when first used (PEP 562): Spark's planner processe
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onceflow.kernel.lazy import exports
 
 if TYPE_CHECKING:
     from onceflow.connectors.kafka.dead_letters import KafkaDeadLetterSink
@@ -36,20 +37,6 @@ _EXPORTS = {
 
 
 if not TYPE_CHECKING:  # mypy sees the names above, and flags a misspelt one
-
-    def __getattr__(name: str) -> Any:
-        """An exported name, imported on first use (then kept in the package's namespace)."""
-        if name not in _EXPORTS:
-            msg = f"module {__name__!r} has no attribute {name!r}"
-            raise AttributeError(msg)
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-
-
-def __dir__() -> list[str]:
-    """The package's names, the ones not imported yet among them."""
-    return sorted(set(globals()) | set(__all__))
-
+    __getattr__, __dir__ = exports(globals(), _EXPORTS)
 
 __all__ = ["KafkaDeadLetterSink", "KafkaSink", "KafkaSource"]
