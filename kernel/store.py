@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from onceflow.kernel.errors import ServerChangedError
 from onceflow.kernel.scripts import Scripts, scripts_for
 
 if TYPE_CHECKING:
@@ -34,6 +35,11 @@ Field = bytes | str
 Fields = Mapping[bytes, Value] | Mapping[str, Value]
 Scores = Mapping[bytes, float] | Mapping[str, float]
 _MS_PER_S = 1000
+SCRIPTS_LOST = (
+    "the Redis server no longer knows a script loaded a moment before (NoScriptError): it "
+    "restarted, failed over or crashed in between, so the micro-batch is not committed and is "
+    "run again from what Redis kept"
+)
 _US_PER_MS = 1000
 
 
@@ -122,8 +128,19 @@ class Batch:
         getattr(self._scripts, name)(keys=list(keys), args=list(args), client=self._pipe)
 
     def execute(self) -> list[Any]:
-        """Send the queued commands; their replies, in order."""
-        return list(self._pipe.execute())
+        """Send the queued commands; their replies, in order.
+
+        redis-py loads the batch's scripts just before it sends them; a server that
+        restarted, failed over or crashed in between (a retried send reaches the new one)
+        answers ``NoScriptError``: a server change, raised as :class:`ServerChangedError` so
+        that the batch is run again like after any other server change.
+        """
+        import redis
+
+        try:
+            return list(self._pipe.execute())
+        except redis.exceptions.NoScriptError as exc:
+            raise ServerChangedError(SCRIPTS_LOST) from exc
 
 
 class Store:
@@ -138,8 +155,18 @@ class Store:
         return Batch(self.client.pipeline(transaction=False), self.scripts)
 
     def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run a registered script (EVALSHA; loaded again after a Redis restart)."""
-        return getattr(self.scripts, name)(keys=list(keys), args=list(args))
+        """Run a registered script (EVALSHA; loaded again after a Redis restart).
+
+        redis-py loads a script the server does not know and calls it again; should the
+        server change between that load and the call, it is a server change
+        (:class:`ServerChangedError`), as in :meth:`Batch.execute`.
+        """
+        import redis
+
+        try:
+            return getattr(self.scripts, name)(keys=list(keys), args=list(args))
+        except redis.exceptions.NoScriptError as exc:
+            raise ServerChangedError(SCRIPTS_LOST) from exc
 
     def get(self, key: str) -> bytes | None:
         """``GET``."""

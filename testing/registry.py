@@ -142,9 +142,46 @@ def _download(mvn: str, version: str, home: Path) -> None:
                 f"Maven reaches Central, or set {HOME_ENV}. Maven said:\n{tail}"
             )
             raise ServiceError(msg)
-        with tarfile.open(archives[0]) as archive:
-            archive.extractall(partial, filter="data")
+        extract_tar(archives[0], partial)
     partial.rename(home)
+
+
+def extract_tar(archive_path: Path | str, destination: Path) -> None:
+    """Unpack a ``.tar.gz`` into ``destination``, refusing members that would escape it.
+
+    Python 3.11.4+ has ``extractall(filter="data")``; Debian 12's own 3.11.2 does not, so there
+    the same rules are checked member by member first (:func:`unsafe_members`).
+    """
+    with tarfile.open(archive_path) as archive:
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(destination, filter="data")
+            return
+        bad = unsafe_members(archive.getmembers(), destination)
+        if bad:
+            msg = f"refusing to unpack {archive_path}: unsafe members {bad[:3]}"
+            raise ServiceError(msg)
+        archive.extractall(destination)  # noqa: S202 - every member checked above
+
+
+def unsafe_members(members: list[tarfile.TarInfo], destination: Path) -> list[str]:
+    """Names of members ``filter="data"`` would refuse: outside ``destination``, devices, links."""
+    root = os.path.realpath(destination)
+    bad = []
+    for member in members:
+        target = os.path.realpath(os.path.join(root, member.name))
+        outside = os.path.isabs(member.name) or os.path.commonpath([root, target]) != root
+        if member.issym():
+            link = os.path.realpath(os.path.join(os.path.dirname(target), member.linkname))
+            outside = outside or os.path.isabs(member.linkname)
+            outside = outside or os.path.commonpath([root, link]) != root
+        elif member.islnk():
+            link = os.path.realpath(os.path.join(root, member.linkname))
+            outside = outside or os.path.commonpath([root, link]) != root
+        elif not (member.isfile() or member.isdir()):
+            outside = True  # devices, fifos: data never needs them
+        if outside:
+            bad.append(member.name)
+    return bad
 
 
 @contextlib.contextmanager

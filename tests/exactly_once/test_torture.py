@@ -77,6 +77,7 @@ def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
     facts = check(t, redis_client(settings, t.run.name))
     print(f"[torture] redis host crashes: {facts}")
     assert t.redis_crashes >= 3, f"Redis crashed too rarely: {facts}"
+    assert not t.stops, f"a run stopped by itself instead of riding a crash out: {t.stops}"
     assert facts["redis_lost_bytes"] > 0, f"the crashes lost no acknowledged write: {facts}"
     assert t.reruns >= 1, f"no batch was run again after a crash: {facts}"
     assert facts["poison"] > 0 and facts["duplicates_dropped"] > 0
@@ -154,6 +155,7 @@ def test_layout4_under_kills_and_redis_host_crashes_loses_and_duplicates_nothing
     )
     facts = check(t, redis_client(RedisSettings(crashable_redis.url), t.run.name))
     print(f"[torture] layout 4, redis host crashes: {facts}")
+    assert not t.stops, f"a run stopped by itself instead of riding a crash out: {t.stops}"
     assert t.redis_crashes >= 3, f"Redis crashed too rarely: {facts}"
     assert facts["redis_lost_bytes"] > 0, f"the crashes lost no acknowledged write: {facts}"
     assert facts["poison"] > 0 and facts["duplicates_dropped"] > 0

@@ -84,6 +84,7 @@ class Torture:
     redis_host: CrashableRedis | None = None  # crashed at random moments (see the module doc)
     redis_crashes: int = 0  # host crashes of Redis during runs
     reruns: int = 0  # batches a run ran again after Redis came back
+    stops: list[str] = field(default_factory=list)  # a run's own error lines, before any kill
     startup_s: float | None = None  # an attempt's start to its first new micro-batch
     pipeline: str = PIPELINE  # the file run (the Nexmark torture runs its queries' file)
     rejects: bool = False  # send events the process stage rejects (see the module doc)
@@ -195,6 +196,7 @@ class Torture:
         if crashes is not None:
             self.redis_crashes += crashes.done
         self.reruns += outcome.output.count("running it again")
+        self.stops += own_stops(outcome.output)
         self.outcomes.append(outcome)
         if timer is not None and timer.began is not None and self.startup_s is None:
             self.startup_s = timer.began - timer.created  # the first attempt: nothing to replay
@@ -288,6 +290,12 @@ class KillTimer:
         if self._due_at is None:
             self._due_at = now
         return self.in_flight or now - self._due_at > IN_FLIGHT_WAIT_S
+
+
+def own_stops(output: str) -> list[str]:
+    """The run's own error lines (``error: pipeline ... stopped/failed``): a run that stopped
+    by itself, before the torture's kill, instead of riding the fault out."""
+    return [line for line in output.splitlines() if line.startswith("error: pipeline")]
 
 
 def document(rng: random.Random) -> str:
