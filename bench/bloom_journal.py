@@ -11,7 +11,7 @@ No Spark: the driver fixes each micro-batch's parameters as a run does
 partition) to a pool of long-lived worker processes, the way Spark hands tasks to its reused
 Python workers: whichever worker is free takes the next task, so a partition moves between
 workers and each worker's filters (cached per process, ``trust._FILTERS``) fall behind the
-other workers' commits. A task is the real task code (:class:`onceflow.runtime.task.TaskRun`
+other workers' commits. A task is the real task code (:class:`onceflow.runtime.task.loop.TaskRun`
 over the raw rows the Kafka reader hands Spark: decode, admit, commit, finish, close) against a
 real Redis. Batches follow each other without waiting for a trigger's second: the batch times
 and event times are an hour's worth, the wall time is what the work takes.
@@ -59,9 +59,9 @@ from onceflow.kernel.scopes import pin_scopes, raise_epochs
 from onceflow.kernel.scripts import CATCH_UP
 from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.pipeline import Pipeline
-from onceflow.runtime.pinning import pin_settings
+from onceflow.runtime.driver.pinning import pin_settings
 from onceflow.runtime.spec import StageSpec
-from onceflow.runtime.task import TaskRun
+from onceflow.runtime.task.loop import TaskRun
 from onceflow.testing.services import LocalRedis
 
 TOPIC = "events"

@@ -54,7 +54,7 @@ from onceflow.kernel.scopes import Scopes, read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.operations.gc import collect
-from onceflow.runtime.session import DEFAULT_MASTER, spark_session
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.cluster import HASH_SLOTS, LocalRedisCluster
 from onceflow.testing.kafka import LocalKafka
 

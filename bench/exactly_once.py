@@ -71,7 +71,7 @@ from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
-from onceflow.runtime.session import DEFAULT_MASTER, spark_session
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis

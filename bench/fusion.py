@@ -14,7 +14,7 @@ import statistics
 import time
 
 from onceflow import Pipeline, sinks, sources
-from onceflow.runtime.session import DEFAULT_MASTER, spark_session
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 
 
 def build(records: int, sink: sinks.Collect) -> Pipeline:

@@ -34,7 +34,7 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import collect
-from onceflow.runtime.session import DEFAULT_MASTER, spark_session
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 

@@ -50,7 +50,7 @@ from onceflow.connectors.kafka.clients import (
 )
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.settings import KafkaSettings
-from onceflow.runtime.session import DEFAULT_MASTER, spark_session
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 
 PARTITIONS = 2
 SINK_PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024}

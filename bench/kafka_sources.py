@@ -40,7 +40,7 @@ from onceflow import KafkaSink, KafkaSource, Pipeline
 from onceflow.connectors.kafka.spark_source import session_conf
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel.settings import KafkaSettings
-from onceflow.runtime.session import DEFAULT_MASTER, spark_session
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 
@@ -100,7 +100,9 @@ def events(first: int, count: int, header_every: int, seed: int) -> Iterator[Any
 def session_for(client: str, master: str, app: str) -> tuple[Any, float]:
     """A session with the connector's jars when the client needs them; seconds to start it."""
     started = time.perf_counter()
-    conf = session_conf([source(client, "-", 1)])  # what runtime/session.py should do itself
+    conf = session_conf(
+        [source(client, "-", 1)]
+    )  # what runtime/spark_env/session.py should do itself
     spark = spark_session(master, app_name=app, extra_conf=conf)
     return spark, time.perf_counter() - started
 

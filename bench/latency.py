@@ -18,7 +18,7 @@ the restart to its first committed micro-batch, with the start-up steps the run 
 first batch's planning) and the restarted run's latency while it catches up.
 
 ``--phases`` adds where the time goes inside a micro-batch and a restart: each task's
-steps (``onceflow.runtime.task_times``: reading input, the Redis admit and commit, the Kafka
+steps (``onceflow.runtime.task.times``: reading input, the Redis admit and commit, the Kafka
 transaction's write, prepare and commit, the stage's code, ...; ms per task, median over
 batches), Spark's stages of the batch (from its log) and, with ``--recovery``, the restarted
 run's steps to its first batch and that batch's own phases and task steps.
@@ -102,7 +102,7 @@ _FIRST = re.compile(r"first micro-batch starts ([\d.]+) s after the run began \(
 _COUNTERS = re.compile(r"batch (\d+): (\d+) records in ([\d.]+) s; counters (\{.*\})$")
 _STAGE = re.compile(r"DAGScheduler: (ShuffleMapStage|ResultStage) \d+ \(.*\) finished in (\d+) ms")
 _BOOT = re.compile(r"Times: total = (-?\d+), boot = (-?\d+), init = (-?\d+), finish = (-?\d+)")
-TIMES_ENV = "ONCEFLOW_TASK_TIMES"  # onceflow.runtime.task_times.ENV
+TIMES_ENV = "ONCEFLOW_TASK_TIMES"  # onceflow.runtime.task.times.ENV
 SECTION = "## Latency and recovery"
 
 

@@ -143,7 +143,7 @@ def run_spark(args: argparse.Namespace) -> None:
     from pyspark.sql import functions as F
 
     from onceflow.connectors.kafka.spark_jars import JARS_CONF, connector_jars
-    from onceflow.runtime.session import DEFAULT_MASTER, spark_session
+    from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 
     jars = {JARS_CONF: ",".join(connector_jars())}
     spark = spark_session(DEFAULT_MASTER, app_name="peer-spark", extra_conf=jars)

@@ -34,7 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from onceflow.kernel.settings import KafkaSettings
-from onceflow.runtime.session import DEFAULT_MASTER
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER
 
 BENCH = Path(__file__).with_name("exactly_once.py")
 MODES = ("at-least-once", "exactly-once")
@@ -84,7 +84,7 @@ def classify(frames: list[str]) -> str:
 
 def process_kind(frames: list[str]) -> str:
     """``worker`` for Spark's Python workers (forked by ``pyspark.daemon`` or Onceflow's warm
-    daemon, :mod:`onceflow.runtime.worker_daemon`), else ``driver``."""
+    daemon, :mod:`onceflow.runtime.spark_env.worker_daemon`), else ``driver``."""
     processes = [f for f in frames if f.startswith("process ")]
     last = processes[-1] if processes else ""
     daemons = ("pyspark.daemon", "pyspark/daemon", "worker_daemon")

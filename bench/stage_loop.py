@@ -2,7 +2,7 @@
 
 ``bench/exactly_once.py`` measures whole queries: Spark, the JVM, the Kafka reader, Python
 workers and the broker share two cores, and runs vary by 5-10%. This runs only what Onceflow
-adds: the task loop of each stage of a workload (:class:`onceflow.runtime.task.StageFunction`,
+adds: the task loop of each stage of a workload (:class:`onceflow.runtime.task.loop.StageFunction`,
 the function ``mapInArrow`` calls) over the raw rows the Kafka reader hands Spark, in this
 process, with a real Redis and a real broker, for each mode one after the other. It prints the
 CPU microseconds per input record of this process (task loop, Redis client, Kafka producer),
@@ -56,11 +56,11 @@ from onceflow.kernel.eventtime import EventTime  # noqa: E402
 from onceflow.kernel.keyspace import Keyspace  # noqa: E402
 from onceflow.kernel.scopes import pin_scopes, raise_epochs  # noqa: E402
 from onceflow.kernel.settings import RedisSettings, redis_client  # noqa: E402
+from onceflow.runtime.driver.pinning import pin_settings  # noqa: E402
+from onceflow.runtime.driver.startup import streaming_dead_letters  # noqa: E402
 from onceflow.runtime.guard import AtLeastOnceGuards  # noqa: E402
-from onceflow.runtime.pinning import pin_settings  # noqa: E402
 from onceflow.runtime.spec import Job  # noqa: E402
-from onceflow.runtime.startup import streaming_dead_letters  # noqa: E402
-from onceflow.runtime.task import StageFunction  # noqa: E402
+from onceflow.runtime.task.loop import StageFunction  # noqa: E402
 
 WORKLOADS = ("stateless", "keyed-count", "keyed-count-ids", "sliding-window", "fan-out")
 READ_BATCH = 10_000  # rows per Arrow batch, as the Kafka reader hands them over

@@ -40,7 +40,7 @@ from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.operations.gc import GcError, collect
-from onceflow.runtime.session import DEFAULT_MASTER
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 

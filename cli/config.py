@@ -16,8 +16,9 @@ file (``--config PATH`` or ``$ONCEFLOW_CONFIG``), the built-in default.
   (``executor.memory = "2g"``). A key no command knows, or a value of the wrong type, is an
   error naming the key and the file (and the closest option, when one is close).
 
-The options of ``onceflow run`` are generated from :class:`~onceflow.runtime.run_config.RunConfig`,
-so this module checks the file and the environment against that one list.
+The options of ``onceflow run`` are generated from
+:class:`~onceflow.runtime.driver.run_config.RunConfig`, so this module checks the file and the
+environment against that one list.
 
 ``--yes`` and ``--force`` (the confirmations of ``onceflow reset``) are never read from a
 file or the environment.
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onceflow.cli.errors import ConfigFileError
-from onceflow.runtime.run_config import ENV_PREFIX, closest
+from onceflow.runtime.driver.run_config import ENV_PREFIX, closest
 
 CONFIG_ENV = "ONCEFLOW_CONFIG"
 # Variables of Onceflow that are not options: never mistaken for a misspelt one.

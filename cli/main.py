@@ -22,7 +22,7 @@ from onceflow.cli.config import (
 )
 from onceflow.cli.ops import add_commands
 from onceflow.kernel.errors import ConfigError, OnceflowError
-from onceflow.runtime.run_config import (
+from onceflow.runtime.driver.run_config import (
     SPARK_GROUP,
     STREAMING_GROUP,
     RunConfig,
@@ -192,8 +192,8 @@ def spark_conf(args: argparse.Namespace) -> dict[str, str]:
 
 
 def cmd_jvm_cache(args: argparse.Namespace) -> int:
-    """Make the driver JVM's class-data archive (see onceflow.runtime.jvm_archive)."""
-    from onceflow.runtime.jvm_archive import build
+    """Make the driver JVM's class-data archive (see onceflow.runtime.spark_env.jvm_archive)."""
+    from onceflow.runtime.spark_env.jvm_archive import build
 
     path = build(args.force)
     print(path or "no archive: Java or PySpark not found, or ONCEFLOW_JVM_ARCHIVE=0")

@@ -73,14 +73,14 @@ class SourceCapabilities:
     """What a streaming run may ask of a source: declared by the source, never probed.
 
     ``ticks``: a tick file (:attr:`SourceRun.tick_file`) makes it plan a micro-batch with no
-    new input, so windows close on time (see ``onceflow.runtime.ticks``). ``reads_in_task``:
+    new input, so windows close on time (see ``onceflow.runtime.driver.ticks``). ``reads_in_task``:
     its source stage reads its own offset ranges, so the query carries ranges, not raw rows.
     ``stable_partitions``: its input partitions are planned from the offsets in Spark's log
     alone, so a replay gives each record the same task (False for a source whose partitions
     Spark plans itself). ``readable_ends``: :meth:`SourceConnector.readable_ends` answers
     (consumer lag). ``batch_cap``: it honours :attr:`SourceRun.max_records_per_batch`.
     ``python_data_source``: its stream is a Spark Python data source (the run has Spark look
-    those up early, see ``onceflow.runtime.session.prime_data_sources``).
+    those up early, see ``onceflow.runtime.spark_env.session.prime_data_sources``).
     """
 
     ticks: bool = False

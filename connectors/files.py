@@ -17,7 +17,7 @@ Files are read and written with plain file I/O by the workers, so on a cluster e
 must see the same path: give ``shared=True`` for a path on storage every machine mounts at
 the same place (NFS ...), or list such folders in ``$ONCEFLOW_SHARED_DIRS`` (``:``
 separated, read on the driver). A run on a cluster master refuses any other path (see
-:func:`onceflow.runtime.placement.check_paths`): its files would be scattered over, or
+:func:`onceflow.runtime.driver.placement.check_paths`): its files would be scattered over, or
 missing from, the workers' own disks.
 """
 

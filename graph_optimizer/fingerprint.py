@@ -7,7 +7,7 @@ declared states). If any of that changes between two runs of one namespace (othe
 ``--no-optimize``, a stage added or renamed), the new run would silently start part of its
 dedup history over.
 So the layout is stored with the state and compared on every start
-(:func:`onceflow.runtime.pinning.pin_plan`).
+(:func:`onceflow.runtime.driver.pinning.pin_plan`).
 
 What is *not* in it: labels and the user's functions (changing a function's body is allowed, and
 so is changing a combiner's code or arguments: only its class counts), connector settings

@@ -6,7 +6,7 @@ it drops a client whose query buffer passes 1 GB), and every rerun formed the sa
 again: a permanent stall. So every unit is cut when either bound is reached:
 
 * a **chunk** (one atomic commit: its inputs, and the outputs, backup and state it writes,
-  see :mod:`onceflow.runtime.chunking`): ``DedupConfig.chunk_size`` / ``chunk_bytes``;
+  see :mod:`onceflow.runtime.task.chunking`): ``DedupConfig.chunk_size`` / ``chunk_bytes``;
 * a **delivery** (the sink records a task holds and delivers together: one Kafka transaction,
   one pending delivery, one delivery log in Redis): ``DedupConfig.delivery_records`` /
   ``delivery_bytes``;

@@ -38,7 +38,7 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scripts import scripts_for
 
 SCOPED_FIELD = "scoped_stages"  # meta: JSON list of the stages kept per partition scope
-PLAN_FIELD = "plan"  # meta: the physical plan's layout (see onceflow.runtime.pinning)
+PLAN_FIELD = "plan"  # meta: the physical plan's layout (see onceflow.runtime.driver.pinning)
 
 # A client for a hash tag (on one Redis, the same client for every tag).
 Connect = Callable[[str], Any]

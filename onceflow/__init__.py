@@ -42,9 +42,9 @@ if TYPE_CHECKING:
     from onceflow.pipeline.joins import CoGroup
     from onceflow.pipeline.windows import Fixed, Global, Pane, Sessions, Sliding, Trigger
     from onceflow.runtime.combine_fn import CombineFn
+    from onceflow.runtime.driver.result import RunResult
+    from onceflow.runtime.driver.run_config import RunConfig
     from onceflow.runtime.errors import RunError
-    from onceflow.runtime.result import RunResult
-    from onceflow.runtime.run_config import RunConfig
 
 __version__ = "0.1.0"
 
@@ -68,8 +68,8 @@ _EXPORTS = {
     "Trigger": "onceflow.pipeline.windows",
     "CombineFn": "onceflow.runtime.combine_fn",
     "RunError": "onceflow.runtime.errors",
-    "RunResult": "onceflow.runtime.result",
-    "RunConfig": "onceflow.runtime.run_config",
+    "RunResult": "onceflow.runtime.driver.result",
+    "RunConfig": "onceflow.runtime.driver.run_config",
 }
 # ``onceflow.<alias>`` is ``onceflow.pipeline.<alias>``
 _ALIASES = ("codecs", "combiners", "sinks", "sources", "state", "windows")

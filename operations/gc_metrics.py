@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.operations.gc import REMOVED_KINDS, GcPass, Removed
-from onceflow.runtime.exporter import MetricsEndpoint
+from onceflow.runtime.driver.exporter import MetricsEndpoint
 
 _MS = 1000.0
 _TOTALS = (

@@ -3,7 +3,7 @@
 A pipeline's progress has two halves, the namespace (what it did) and the checkpoint (which
 input it read); one without the other is refused at start. ``onceflow reset`` deletes both,
 after saying what it will delete; it refuses while a driver of the namespace is running (its
-heartbeat, :mod:`onceflow.runtime.heartbeat`, is in Redis) unless forced.
+heartbeat, :mod:`onceflow.runtime.driver.heartbeat`, is in Redis) unless forced.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_DELETE_BATCH, DEFAULT_SCAN_COUNT, scan_steps
-from onceflow.runtime.heartbeat import running_driver
+from onceflow.runtime.driver.heartbeat import running_driver
 
 
 @dataclass

@@ -21,7 +21,7 @@ from onceflow.dedup.batch import lanes_of
 from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
-from onceflow.runtime.heartbeat import running_driver
+from onceflow.runtime.driver.heartbeat import running_driver
 
 # Counters shown per receiver, in this order (others follow, sorted).
 _FIELDS = (

@@ -41,7 +41,7 @@ from onceflow.pipeline.continuous_joins import interval_join, join_table
 from onceflow.pipeline.errors import PipelineError
 from onceflow.pipeline.joins import co_group, join
 from onceflow.runtime.combine_fn import CombineFn
-from onceflow.runtime.run_config import RunConfig
+from onceflow.runtime.driver.run_config import RunConfig
 from onceflow.runtime.user_state import ProcessFn, ProcessSpec, StateSpec, TimerFn
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from onceflow.connectors.base import SinkConnector, SourceConnector
     from onceflow.graph_optimizer.plan import Plan
-    from onceflow.runtime.result import RunResult
+    from onceflow.runtime.driver.result import RunResult
     from onceflow.runtime.spec import Job
 
 _PIPELINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -203,11 +203,11 @@ class Pipeline:
 
         ``rules`` picks optimizer rules (default: all; ``()`` runs the unoptimized plan);
         ``session`` is a SparkSession to run on instead of starting one. The settings are those
-        of :class:`~onceflow.runtime.run_config.RunConfig` (``master``, ``redis_url``,
+        of :class:`~onceflow.runtime.driver.run_config.RunConfig` (``master``, ``redis_url``,
         ``guarantee`` ...): given as ``config``, as keywords, or both (keywords win). A name it
         does not know is an error naming the closest one it knows, before anything starts.
         """
-        from onceflow.runtime.runner import run
+        from onceflow.runtime.driver.runner import run
 
         if config is None:
             config = RunConfig.from_settings(settings)

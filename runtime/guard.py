@@ -1,6 +1,6 @@
 """The guard contract: what a task asks of the exactly-once machinery, and two cheap guards.
 
-A task's loop (:mod:`onceflow.runtime.task`) is the same for every guarantee; a *guard*
+A task's loop (:mod:`onceflow.runtime.task.loop`) is the same for every guarantee; a *guard*
 decides what it costs. :class:`NoGuard` makes everything free for bounded runs;
 :class:`AtLeastOnceGuard` keeps keyed state in Redis and nothing else (the benchmark's
 baseline); the exactly-once guard lives in :mod:`onceflow.dedup.guard`. Guards are built on
@@ -151,7 +151,7 @@ class BatchGuards(GuardFactory, Protocol):
     """A factory that must be told each micro-batch's parameters (streaming runs).
 
     The parameters travel to the tasks as JSON in a Spark local property (see
-    :class:`onceflow.runtime.spark.StreamCompiler`), so that a stage's function, pickled
+    :class:`onceflow.runtime.driver.compile.StreamCompiler`), so that a stage's function, pickled
     once per run, serves every micro-batch.
     """
 

@@ -3,7 +3,7 @@
 This is the runtime's instruction set. The optimizer lowers a physical plan into a ``Job``
 (:mod:`onceflow.graph_optimizer.lower`); the runtime never sees the logical graph or the plan.
 A stage is plain, picklable data plus the user's functions; the executor-side
-:mod:`onceflow.runtime.body` builds its ops from it. Outputs of a stage are *targets*,
+:mod:`onceflow.runtime.ops.body` builds its ops from it. Outputs of a stage are *targets*,
 numbered: first the ports read by other stages, then the sinks inside the stage, and last the
 stage's dead-letter output. A stage's inputs name the producing stage and port; a stage whose
 inputs arrive through an exchange has them repartitioned by key first.
@@ -78,9 +78,10 @@ class OpSpec:
 
     ``to_ops`` names in-stage consumer ops; ``to_targets`` indexes stage outputs. A
     ``timestamped`` flat-map is called as ``fn(element, event_time_ms)``. A combine with
-    ``windowing`` folds per key and window (:mod:`onceflow.runtime.windowing`); one with a
+    ``windowing`` folds per key and window (:mod:`onceflow.runtime.ops.windowed_combine`); one
+    with a
     ``ttl_ms`` forgets a key's state that long (of batch time) after its last update. A
-    process op runs ``process`` (:mod:`onceflow.runtime.process_op`).
+    process op runs ``process`` (:mod:`onceflow.runtime.ops.process`).
     """
 
     name: str

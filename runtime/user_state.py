@@ -9,7 +9,7 @@ timer fires once the stage's watermark reaches its time, a processing-time one o
 micro-batch's time does; ``on_timer(key, timer, ctx)`` then runs with the same state.
 
 How a key's state is stored (one Redis hash field per key, MessagePack, never pickle) and
-when functions run is :mod:`onceflow.runtime.process_op`'s; this module is what the user's
+when functions run is :mod:`onceflow.runtime.ops.process`'s; this module is what the user's
 functions touch. Values kept in state must be encodable: None, bool, int, float, str, bytes,
 list, tuple and dict (as records must).
 """

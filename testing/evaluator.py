@@ -1,9 +1,10 @@
 """Run a streaming job in this process, as Spark would run it, without Spark, Redis or Kafka.
 
-The evaluator executes the code Spark's tasks execute — :class:`~onceflow.runtime.task.TaskRun`
-with the stage bodies, combines and windowed combines of :mod:`onceflow.runtime` (windows,
-triggers, lateness and panes are :class:`~onceflow.runtime.windowing.WindowedCombine`'s own)
-— and replaces only what surrounds it:
+The evaluator executes the code Spark's tasks execute —
+:class:`~onceflow.runtime.task.loop.TaskRun` with the stage bodies, combines and windowed
+combines of :mod:`onceflow.runtime.ops` (windows, triggers, lateness and panes are
+:class:`~onceflow.runtime.ops.windowed_combine.WindowedCombine`'s own) — and
+replaces only what surrounds it:
 
 * Spark: each stage runs as one task (one partition) per micro-batch, in the job's order;
   rows between stages are the same Arrow batches, and with one partition an exchange needs
@@ -17,7 +18,7 @@ triggers, lateness and panes are :class:`~onceflow.runtime.windowing.WindowedCom
   :func:`~onceflow.dedup.batch.fix_batch_params` computes them (from the lanes earlier
   batches committed, with :func:`~onceflow.kernel.eventtime.watermark`), and after each batch
   a micro-batch without records is run when a window's event-time timer is due by the next
-  watermark, as :class:`~onceflow.runtime.ticks.Ticker` asks Spark for one.
+  watermark, as :class:`~onceflow.runtime.driver.ticks.Ticker` asks Spark for one.
 
 Steps and ticks are scheduled as the Spark data source of test streams schedules them
 (:mod:`onceflow.testing.spark_stream`): each batch takes the next step of every stream, except
@@ -40,11 +41,11 @@ from onceflow.dedup.state import EVENT, PROCESSING
 from onceflow.kernel import codec
 from onceflow.kernel.eventtime import EventTime, watermark
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
+from onceflow.runtime.driver.result import RunResult, explain_failure
 from onceflow.runtime.errors import RunError
 from onceflow.runtime.guard import NoGuard
-from onceflow.runtime.result import RunResult, explain_failure
-from onceflow.runtime.task import TaskRun, to_arrow
-from onceflow.runtime.task_input import ROW_COLUMNS
+from onceflow.runtime.task.inputs import ROW_COLUMNS
+from onceflow.runtime.task.loop import TaskRun, to_arrow
 from onceflow.testing.errors import TestingError
 from onceflow.testing.steps import CLOCK
 from onceflow.testing.teststream import TestStream

@@ -36,7 +36,7 @@ from onceflow.graph_optimizer.ir import Graph, Node, Sink, Source
 from onceflow.graph_optimizer.lower import lower
 from onceflow.graph_optimizer.optimizer import RULES, optimize
 from onceflow.kernel import codec
-from onceflow.runtime.session import DEFAULT_MASTER
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER
 from onceflow.testing.errors import TestInputError
 from onceflow.testing.evaluator import Evaluator
 from onceflow.testing.teststream import TestStream
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from onceflow.graph_optimizer.plan import Plan
     from onceflow.pipeline.api import Pipeline
-    from onceflow.runtime.result import RunResult
+    from onceflow.runtime.driver.result import RunResult
     from onceflow.runtime.spec import Job
 
 MODES = ("memory", "spark")
@@ -199,8 +199,8 @@ def _run_on_spark(
     workdir: str | None,
 ) -> RunResult:
     """A real exactly-once streaming run of ``job`` (available-now), on local Spark."""
-    from onceflow.runtime.run_config import RunConfig
-    from onceflow.runtime.streaming import run_streaming
+    from onceflow.runtime.driver.run_config import RunConfig
+    from onceflow.runtime.driver.streaming import run_streaming
 
     own_dir = workdir is None
     folder = workdir or tempfile.mkdtemp(prefix="onceflow-test-")

@@ -2,7 +2,7 @@
 
 Offsets are ``{"step": s, "tick": t}``: each micro-batch reads one step of the stream. When
 the streaming run asks for a tick (windows whose panes are due, see
-:mod:`onceflow.runtime.ticks`), the next micro-batch reads no step and only raises the tick;
+:mod:`onceflow.runtime.driver.ticks`), the next micro-batch reads no step and only raises the tick;
 ticks come before the next step. The elements themselves never travel through the data
 source: a step's rows are ``(step, position)`` and the stream's decoder, shipped with the
 stage, turns them into records. Before the batch of a clock step the reader moves the run's

@@ -29,7 +29,7 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import node_state
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.operations.audit import audit
-from onceflow.runtime.session import DEFAULT_MASTER
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER
 from onceflow.testing.harness import Crash, compare_counts, crash_and_resume
 from onceflow.testing.kafka import KAFKA_VERSION, LocalKafka
 from onceflow.testing.services import LocalRedis

@@ -16,7 +16,7 @@ anew before anything is sent (:meth:`~.transactional_producers.TransactionalProd
 Only a shortcut: Kafka's fencing alone keeps the writes exactly-once. A note missing,
 unreadable or from another machine's process leaves the producer to find out from Kafka as
 before; a wrong one costs one registration more. The folder must be this user's own and
-closed to others (as :func:`onceflow.runtime.session.private_socket_dir` checks its own),
+closed to others (as :func:`onceflow.runtime.spark_env.session.private_socket_dir` checks its own),
 else no notes are kept.
 """
 

@@ -47,7 +47,7 @@ JVM; the runtime could make it unnecessary by keying source tasks by what they r
 * No consumer group: Spark keeps offsets only in its checkpoint, so ``group_id`` (and with it
   ``starting_offsets="committed"``) is refused for this client.
 * No ticks: windows that need micro-batches without new records get them through the
-  Python source's offsets (:mod:`onceflow.runtime.ticks`); a source of this client asked to
+  Python source's offsets (:mod:`onceflow.runtime.driver.ticks`); a source of this client asked to
   tick refuses to start rather than leave panes unfired.
 * Connection options are translated from kafka-python's names to the Java client's
   (:data:`JAVA_OPTION_NAMES`, SASL PLAIN/SCRAM logins, a PEM CA file); options without a

@@ -39,6 +39,27 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("onceflow.backup",),
     ("onceflow.kernel",),
 )
+# Rooms inside a package, and what each may never import (see runtime/__init__.py): the driver
+# may import the task room, the task room the operators; a Spark task never reaches the
+# driver's code, the operators reach neither the task loop nor the exactly-once machinery.
+_RT = "onceflow.runtime"
+ROOMS: dict[str, tuple[str, ...]] = {
+    f"{_RT}.task": (f"{_RT}.driver",),
+    f"{_RT}.ops": (
+        f"{_RT}.driver",
+        f"{_RT}.task",
+        f"{_RT}.spark_env",
+        "onceflow.dedup",
+        "onceflow.backup",
+        "onceflow.connectors",
+    ),
+    f"{_RT}.spark_env": (f"{_RT}.driver", f"{_RT}.task", f"{_RT}.ops"),
+    # what every room shares imports no room
+    **{
+        f"{_RT}.{shared}": (f"{_RT}.driver", f"{_RT}.task", f"{_RT}.ops", f"{_RT}.spark_env")
+        for shared in ("spec", "guard", "errors", "faults", "metrics", "combine_fn", "user_state")
+    },
+}
 SURFACE = ("onceflow", "onceflow.__main__")  # the root package: may import anything
 SURFACE_USERS = ("onceflow.cli",)  # may import the root package, as users do
 
@@ -135,9 +156,28 @@ def violations(graph: list[Edge]) -> list[str]:
             found.append(f"{e.where}: {e.importer} (lower) imports {target} (higher layer)")
         elif theirs == mine and package_of(e.importer) != package_of(target):
             found.append(f"{e.where}: {e.importer} imports its sibling layer {target}")
+        found += room_violations(e, target)
         private = [n for n in e.names if n.startswith("_") and n != "__version__"]
         if private and package_of(e.importer) is not None:
             found.append(f"{e.where}: {e.importer} imports private {private} from {target}")
+    return found
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def room_violations(e: Edge, target: str) -> list[str]:
+    """The edge's breaks of :data:`ROOMS` (a room importing what it may never import)."""
+    found = []
+    for room, never in ROOMS.items():
+        if not _within(e.importer, room):
+            continue
+        for banned in never:
+            hits = [target] if _within(target, banned) else []
+            if target == banned.rpartition(".")[0]:  # from onceflow.runtime import task
+                hits = [f"{target}.{n}" for n in e.names if _within(f"{target}.{n}", banned)]
+            found += [f"{e.where}: {e.importer} (room {room}) imports {h}" for h in hits]
     return found
 
 

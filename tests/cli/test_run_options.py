@@ -14,7 +14,7 @@ from onceflow.cli.main import build_parser, commands_of, main, parse_args, run_c
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.records import Guarantee
 from onceflow.pipeline import Pipeline, sinks, sources
-from onceflow.runtime.run_config import RunConfig, dest, flagged, options, value_type
+from onceflow.runtime.driver.run_config import RunConfig, dest, flagged, options, value_type
 
 ROOT = Path(__file__).resolve().parents[2]
 # Flags of `onceflow run` that are no setting of the run itself: the pipeline to load and its

@@ -354,7 +354,7 @@ def test_settling_ends_a_transaction_a_killed_process_left_open(client, kafka_br
 
 
 def _deliver(writer, records: list[Record]) -> list[tuple[Record, str]]:
-    """What the runtime does with a transactional writer (runtime/task.py), Redis aside."""
+    """What the runtime does with a transactional writer (runtime/task/loop.py), Redis aside."""
     rejected: list[tuple[Record, str]] = []
     while True:
         try:

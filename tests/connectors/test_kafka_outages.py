@@ -89,7 +89,7 @@ def _task(pipeline: str, attempt_id: int = 1) -> TaskInfo:
 
 
 def _deliver(writer, records: list[Record], write: bool = True) -> None:
-    """What the runtime does (runtime/task.py), Redis aside."""
+    """What the runtime does (runtime/task/loop.py), Redis aside."""
     while True:
         try:
             if write:

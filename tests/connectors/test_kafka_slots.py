@@ -29,8 +29,8 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Output, TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.pipeline import Pipeline
-from onceflow.runtime.delivery import SinkDelivery
 from onceflow.runtime.faults import CrashPoint
+from onceflow.runtime.task.sink_delivery import SinkDelivery
 
 CLIENTS = pytest.mark.parametrize("client", WORKER_CLIENTS)
 

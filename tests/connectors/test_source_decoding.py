@@ -179,7 +179,7 @@ def test_a_query_with_a_source_spark_plans_takes_no_position_id_as_settled():
     """A union numbers its tasks on from one source's partitions to the next; Spark's own
     connector plans its partitions, so a replay may give the Python source's ranges other
     task numbers. Sources alone, or unions of sources planned from the offset log, keep them."""
-    from onceflow.runtime.startup import one_query
+    from onceflow.runtime.driver.startup import one_query
 
     alone = KafkaSource("a", bootstrap_servers="127.0.0.1:1")
     run = alone.for_run(one_query([alone]))

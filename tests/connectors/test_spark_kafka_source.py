@@ -59,7 +59,7 @@ def child(spec: dict[str, Any]) -> None:
     """One run (in a fresh process): read the topics, copy every record to ``spec["out"]``."""
     from onceflow import KafkaSink, KafkaSource, Pipeline
     from onceflow.connectors.kafka.spark_source import session_conf
-    from onceflow.runtime.session import spark_session
+    from onceflow.runtime.spark_env.session import spark_session
 
     sources = [
         KafkaSource(topic, client=client, envelope=True, max_records_per_batch=CAP)
@@ -172,7 +172,7 @@ CRASH_PIPELINE = """
 import os
 from onceflow import KafkaSink, KafkaSource, Pipeline
 from onceflow.connectors.kafka.spark_source import session_conf
-from onceflow.runtime.session import spark_session
+from onceflow.runtime.spark_env.session import spark_session
 
 source = KafkaSource(os.environ["CRASH_IN"], client="spark", max_records_per_batch=300)
 spark_session("local[2]", app_name=os.environ["CRASH_NAME"], extra_conf=session_conf([source]))

@@ -23,7 +23,7 @@ from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, SEEN_MARK, Keyspace, seen_id
 from onceflow.kernel.records import Output, TaskRef
-from onceflow.runtime.pinning import pin_layout, pin_settings
+from onceflow.runtime.driver.pinning import pin_layout, pin_settings
 from tests.dedup.test_guard import TS, Harness, _rows
 
 pytestmark = pytest.mark.redis

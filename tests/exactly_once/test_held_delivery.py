@@ -14,7 +14,7 @@ import pytest
 
 from onceflow.kernel import codec
 from onceflow.kernel.records import Output, TaskRef
-from onceflow.runtime.task import TaskRun
+from onceflow.runtime.task.loop import TaskRun
 from tests.dedup.test_guard import _rows
 from tests.exactly_once.test_refused_records import Recorder, Transactional, _stage
 

@@ -34,7 +34,7 @@ from onceflow.kernel.limits import DELIVERY_RECORDS
 from onceflow.kernel.records import Output, TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.pipeline import Pipeline
-from onceflow.runtime.task import TaskRun
+from onceflow.runtime.task.loop import TaskRun
 from tests.dedup.test_guard import TS, _rows
 
 pytestmark = pytest.mark.redis

@@ -16,7 +16,7 @@ from redis.client import Pipeline
 from onceflow.kernel.errors import ServerChangedError
 from onceflow.kernel.settings import retry_options
 from onceflow.kernel.store import Store
-from onceflow.runtime.batch_run import server_changed
+from onceflow.runtime.driver.batch_run import server_changed
 
 pytestmark = pytest.mark.redis
 

@@ -11,7 +11,7 @@ from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.operations.reset import reset
 from onceflow.operations.status import status
-from onceflow.runtime.heartbeat import DriverHeartbeat, driver_info, running_driver
+from onceflow.runtime.driver.heartbeat import DriverHeartbeat, driver_info, running_driver
 
 pytestmark = pytest.mark.redis
 

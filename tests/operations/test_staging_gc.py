@@ -19,7 +19,7 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Record
 from onceflow.operations.gc import collect
 from onceflow.operations.staging import clear_staging
-from onceflow.runtime.pinning import note_staging
+from onceflow.runtime.driver.pinning import note_staging
 
 HOUR = 3600
 

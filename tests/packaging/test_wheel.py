@@ -72,7 +72,8 @@ def test_the_wheel_holds_one_top_level_package(wheel):
     assert {t for t in tops if not t.endswith(".dist-info")} == {"onceflow"}
     assert top_level.decode().split() == ["onceflow"]
     assert any(
-        n.startswith("onceflow/runtime/log4j2.properties") for n in tops | set(zf.namelist())
+        n.startswith("onceflow/runtime/spark_env/log4j2.properties")
+        for n in tops | set(zf.namelist())
     )
     page = {f"onceflow/operations/ui.{ext}" for ext in ("html", "css", "js")}
     assert page <= set(zf.namelist()), "the live page's files are not in the wheel"

@@ -26,7 +26,7 @@ from onceflow.kernel.records import Output, TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.runtime.guard import no_guard
 from onceflow.runtime.spec import StageSpec
-from onceflow.runtime.task import TaskRun
+from onceflow.runtime.task.loop import TaskRun
 from tests.dedup.test_guard import TS
 from tests.exactly_once.test_held_delivery import Counted
 from tests.exactly_once.test_refused_records import Recorder, _raw_rows

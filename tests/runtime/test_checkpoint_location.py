@@ -16,9 +16,9 @@ import pytest
 from onceflow.backup.store import acknowledge
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.runtime.checkpoint import IDENTITY_FILE, Checkpoint
-from onceflow.runtime.pinning import check_not_behind, pin_checkpoint
-from onceflow.runtime.startup import checkpoint_location
+from onceflow.runtime.driver.checkpoint import IDENTITY_FILE, Checkpoint
+from onceflow.runtime.driver.pinning import check_not_behind, pin_checkpoint
+from onceflow.runtime.driver.startup import checkpoint_location
 
 
 def test_a_relative_location_is_made_absolute_against_the_current_folder(tmp_path, monkeypatch):
@@ -76,7 +76,7 @@ def test_a_run_from_another_folder_is_refused_with_the_reason(
 @pytest.mark.spark
 def test_a_local_checkpoint_is_written_without_forking_chmod(spark, tmp_path):
     """FileContext forks `chmod` per file without Hadoop's native library; FileSystem less."""
-    from onceflow.runtime.checkpoint import LOCAL_MANAGER, MANAGER_CONF, choose_manager
+    from onceflow.runtime.driver.checkpoint import LOCAL_MANAGER, MANAGER_CONF, choose_manager
 
     try:
         choose_manager(spark, Checkpoint(spark, str(tmp_path / "ckpt")), {})

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceflow.kernel.limits import Budget
-from onceflow.runtime.chunking import Chunker, Part
+from onceflow.runtime.task.chunking import Chunker, Part
 
 
 def _part(sizes: list[int], start: int = 0) -> Part:

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from onceflow.runtime import jvm, jvm_archive
+from onceflow.runtime.spark_env import jvm, jvm_archive
 
 CHILD = """
-from onceflow.runtime.session import spark_session
+from onceflow.runtime.spark_env.session import spark_session
 spark = spark_session("local[1]", app_name="cds-check")
 spark.range(3).collect()
 spark.stop()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from onceflow.runtime.jvm_stderr import StderrFilter
+from onceflow.runtime.spark_env.jvm_stderr import StderrFilter
 
 HUNG_UP = [
     "PySpark daemon failed to flush the output to the worker process:",
@@ -92,7 +92,7 @@ def test_a_child_started_inside_the_block_writes_through_the_filter(tmp_path):
         textwrap.dedent(
             f"""
             import subprocess, sys, threading
-            from onceflow.runtime.jvm_stderr import filtered_stderr
+            from onceflow.runtime.spark_env.jvm_stderr import filtered_stderr
             with filtered_stderr({str(log)!r}):
                 proc = subprocess.Popen([sys.executable, {str(child)!r}])
             print("parent after the block", file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ import pytest
 
 from onceflow.connectors.files import JsonLinesSink, JsonLinesSource
 from onceflow.kernel.errors import ConfigError
-from onceflow.runtime.placement import check_paths, runs_on_one_machine
+from onceflow.runtime.driver.placement import check_paths, runs_on_one_machine
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ from onceflow.connectors.kafka import KafkaSink, KafkaSource
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.pipeline import Pipeline
 from onceflow.pipeline.combiners import CombineFn, Sum
+from onceflow.runtime.driver.pinning import PLAN_FIELD, in_flight, pin_plan
 from onceflow.runtime.errors import PlanChangedError
-from onceflow.runtime.pinning import PLAN_FIELD, in_flight, pin_plan
 
 pytestmark = pytest.mark.redis
 

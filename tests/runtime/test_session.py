@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from onceflow.runtime import session
-from onceflow.runtime.session import (
+from onceflow.runtime.spark_env import session
+from onceflow.runtime.spark_env.session import (
     UDS_CONF,
     UDS_DIR_CONF,
     local_socket_conf,

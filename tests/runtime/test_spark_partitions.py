@@ -13,9 +13,9 @@ from collections import Counter
 import pytest
 
 from onceflow.pipeline import Pipeline, sinks, sources
+from onceflow.runtime.driver.compile import compile_batch
 from onceflow.runtime.guard import NoGuard
 from onceflow.runtime.metrics import CounterParam
-from onceflow.runtime.spark import compile_batch
 
 pytestmark = pytest.mark.spark
 

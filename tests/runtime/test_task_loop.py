@@ -8,9 +8,9 @@ from onceflow import Pipeline, sinks, sources
 from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel.limits import SOURCE_SLICE_RECORDS as SOURCE_SLICE
 from onceflow.kernel.records import TaskRef
-from onceflow.runtime import task_times
 from onceflow.runtime.guard import no_guard
-from onceflow.runtime.task import StageFunction, TaskRun
+from onceflow.runtime.task import times as task_times
+from onceflow.runtime.task.loop import StageFunction, TaskRun
 
 
 def test_a_batch_standing_for_many_records_is_handed_on_in_slices():

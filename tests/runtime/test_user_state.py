@@ -17,8 +17,8 @@ from onceflow.combiners import Count, Sum
 from onceflow.kernel import codec
 from onceflow.kernel.records import Guarantee
 from onceflow.pipeline.errors import PipelineError
-from onceflow.runtime.process_op import ProcessOp
-from onceflow.runtime.record_text import Cursor
+from onceflow.runtime.ops.process import ProcessOp
+from onceflow.runtime.ops.record_text import Cursor
 from onceflow.runtime.spec import OpKind, OpSpec
 from onceflow.runtime.user_state import ProcessSpec
 from onceflow.state import BagSpec, CombiningSpec, MapSpec, ValueSpec
@@ -155,7 +155,7 @@ def test_a_keys_records_that_all_succeed_encode_its_state_once_per_chunk(monkeyp
     """Encoding the state after every call costs the whole state per record: quadratic for
     a key that buffers (a join's waiting records). A chunk's calls of one key that all
     succeed encode it once; outputs still leave in order, each with its record's cursor."""
-    from onceflow.runtime import process_op
+    from onceflow.runtime.ops import process as process_op
 
     encoded = []
     real = process_op.KeyState.snapshot

@@ -32,8 +32,8 @@ from onceflow.kernel.windows import (
     windowing,
 )
 from onceflow.pipeline.combiners import Sum
+from onceflow.runtime.ops.windowed_combine import WindowClosedError, WindowedCombine
 from onceflow.runtime.spec import OpKind, OpSpec, Phase
-from onceflow.runtime.windowing import WindowClosedError, WindowedCombine
 
 NODE = "total"
 
@@ -358,7 +358,7 @@ def test_window_state_keeps_its_stored_layout():
     """Named records inside, the old positional lists in Redis and backups: a stored value
     reads back and writes out byte for byte, and a lifted partial keeps its wire form."""
     from onceflow.kernel import codec
-    from onceflow.runtime.window_records import (
+    from onceflow.runtime.ops.window_records import (
         Delta,
         decode_entries,
         encode_entries,

@@ -9,8 +9,8 @@ import zipfile
 
 import pytest
 
-from onceflow.runtime import worker_daemon
-from onceflow.runtime.worker_daemon import drop_from_path, prefer_installed
+from onceflow.runtime.spark_env import worker_daemon
+from onceflow.runtime.spark_env.worker_daemon import drop_from_path, prefer_installed
 
 
 def _package(folder, name: str, version: str) -> None:
@@ -81,7 +81,7 @@ def test_preloading_starts_no_thread_in_a_fresh_interpreter():
         "import os\n"
         "for k, v in {'JE_ARROW_MALLOC_CONF': 'background_thread:false',"
         " 'OPENBLAS_NUM_THREADS': '1'}.items(): os.environ.setdefault(k, v)\n"
-        "from onceflow.runtime import worker_daemon as w\n"
+        "from onceflow.runtime.spark_env import worker_daemon as w\n"
         "done = w.preload()\n"
         "print(w.threads(), len(done))\n"
     )

@@ -1,0 +1,226 @@
+"""One micro-batch of a streaming run: the body of Spark's ``foreachBatch``.
+
+Spark calls it for batch *n* only after batch *n - 1* is in its commit log, so at the start of
+batch *n* every backup of batches before *n* is acknowledged. A batch fixes its parameters
+(watermark, time) in Redis, compiles the job over its rows, runs it as one Spark job and
+waits until its writes are durable; a Redis server that restarted or failed over under it
+makes it run again (see :mod:`onceflow.dedup.durability`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from onceflow.backup.store import acknowledge
+from onceflow.dedup.batch import fix_batch_params
+from onceflow.dedup.claims import remark
+from onceflow.dedup.durability import BatchDurability, check_markers, wait_durable
+from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
+from onceflow.kernel.eventtime import EventTime
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.records import Guarantee
+from onceflow.kernel.scopes import merge_generations
+from onceflow.kernel.store import store_for
+from onceflow.runtime.driver.compile import StreamCompiler
+from onceflow.runtime.driver.observe import BatchDone, batch_done, delta, first_batch, say
+from onceflow.runtime.driver.phases import Phases
+from onceflow.runtime.driver.stopping import StopRequested
+from onceflow.runtime.faults import CrashPoint, driver_crashpoint
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from onceflow.runtime.driver.run_context import RunContext
+
+log = logging.getLogger(__name__)
+
+
+class MicroBatches:
+    """Runs a streaming run's micro-batches; keeps what changes from one to the next."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.watermark = 0
+        self.batches = 0
+        self.last_batch = -1
+        self.history: list[tuple[int, int, float]] = []  # batch, records, seconds
+        self.servers: dict[str, str] = {}  # tag -> run id at the last batch
+        self.compiler: StreamCompiler | None = None  # made at the first micro-batch
+        # layout 4: claim the batch's committed inputs again before it runs (see _remark)
+        self.remark_next = True
+
+    def run_batch(self, df: DataFrame, batch_id: int) -> None:
+        """One micro-batch: acknowledge the previous ones, then run the job.
+
+        After a stop request it refuses to start (see :mod:`~.stopping`), doing nothing. A
+        Redis server that restarted or failed over during the batch makes it run again, up to
+        ``redis_restarts`` times (see :mod:`onceflow.dedup.durability`).
+        """
+        ctx = self.ctx
+        if ctx.stop.requested:
+            log.info("batch %d not started (%s): the next run plans it", batch_id, ctx.stop.reason)
+            raise StopRequested
+        phases = Phases()
+        if self.batches == 0:
+            first_batch(ctx)
+        self._check_epoch()
+        if batch_id > 0 and ctx.mode is Guarantee.EXACTLY_ONCE:
+            acknowledge(ctx.client, ctx.keyspace, batch_id - 1)
+        before = dict(ctx.metrics.value)
+        t0 = time.monotonic()
+        again = 0
+        while True:
+            try:
+                params = self._attempt(df, batch_id, phases)
+                break
+            except Exception as exc:
+                if not server_changed(exc) or again >= ctx.redis_restarts:
+                    raise
+                again += 1
+                self._run_again(batch_id, exc, again)
+                self.remark_next = True
+        driver_crashpoint(CrashPoint.BATCH_END, batch_id)
+        if ctx.ticker is not None:
+            ctx.ticker.after_batch(ctx.trigger_ms)
+        phases.mark("ticks")
+        self._done(batch_id, time.monotonic() - t0, before, params, phases)
+
+    def _attempt(self, df: DataFrame, batch_id: int, phases: Phases) -> Any:
+        """Fix the batch's parameters, run its job, wait until its writes are durable."""
+        ctx = self.ctx
+        targets = ctx.targets()
+        this_batch = self._servers_now(targets, batch_id)
+        server = this_batch.servers.get(ctx.keyspace.tag, "") if this_batch else ""
+        params = fix_batch_params(
+            ctx.client,
+            ctx.keyspace,
+            ctx.epoch,
+            batch_id,
+            ctx.config,
+            ctx.job.event_time or EventTime(),
+            server,
+            ctx.clock,
+        )
+        self.watermark = params.watermark
+        self._remark(batch_id, params.generation)
+        guards = ctx.guards.for_batch(params, this_batch)
+        phases.mark("params")
+        self._run_job(df, batch_id, guards, phases)
+        if ctx.mode is Guarantee.EXACTLY_ONCE:
+            if merge_generations(ctx.client, ctx.scopes, ctx.connect, server) < 0:
+                raise ServerChangedError(server_changed_message("the namespace", batch_id))
+        if ctx.durability is not None and this_batch is not None:
+            wait_durable(targets, batch_id, ctx.durability, this_batch)
+        phases.mark("durable")
+        return params
+
+    def _remark(self, batch_id: int, generation: int) -> None:
+        """Layout 4: before a batch runs again, claim its committed inputs on their ID tags.
+
+        After a Redis server change, and before a driver's first batch (nobody watched the
+        masters while no driver ran); see :func:`onceflow.dedup.claims.remark`.
+        """
+        ctx = self.ctx
+        if not self.remark_next or not ctx.scopes.id_tags:
+            return
+        self.remark_next = False
+        n = remark(
+            ctx.client,
+            ctx.keyspace.namespace,
+            ctx.scopes.id_tags,
+            ctx.config.shards,
+            list(ctx.job.source_stages),
+            batch_id,
+            generation,
+            ctx.connect,
+        )
+        if n:
+            log.info("batch %d: %d committed inputs claimed again on ID tags", batch_id, n)
+
+    def _servers_now(
+        self, targets: list[tuple[Keyspace, Any]], batch_id: int
+    ) -> BatchDurability | None:
+        """Each master's server now; if one changed since the last batch, it kept its writes.
+
+        A server that restarted between two batches may have lost writes after the last
+        batch's durable marker, which matter to nobody, or before it, which no rerun can redo
+        (:func:`~onceflow.dedup.durability.check_markers` stops the run then).
+        """
+        durability = self.ctx.durability
+        if durability is None:
+            return None
+        this_batch = durability.for_batch([(ks.tag, c) for ks, c in targets])
+        servers = dict(this_batch.servers)
+        if self.servers and servers != self.servers:
+            committed = batch_id - 1 if batch_id > 0 else None
+            check_markers(targets, committed, self.ctx.keyspace.namespace)
+        self.servers = servers
+        return this_batch
+
+    def _run_job(self, df: DataFrame, batch_id: int, guards: Any, phases: Phases) -> None:
+        """Compile the batch's job over its rows and run it as one Spark job."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        ctx = self.ctx
+        if len(ctx.job.sources) == 1:  # no "src" column to tell sources apart
+            frames = {ctx.job.sources[0][0]: df}
+        else:
+            frames = {
+                name: df.where(F.col("src") == i).drop("src")
+                for i, (name, _) in enumerate(ctx.job.sources)
+            }
+        if self.compiler is None:
+            self.compiler = StreamCompiler(
+                ctx.job, ctx.spark, ctx.guards, ctx.parallelism, ctx.metrics
+            )
+        compiled = self.compiler.compile(frames, guards, batch_id)
+        phases.mark("plan")
+        group = f"onceflow-batch-{batch_id}"
+        ctx.spark.sparkContext.setJobGroup(group, f"{ctx.job.pipeline} micro-batch {batch_id}")
+        compiled.run()
+        phases.mark("spark")
+        phases.count_jobs(ctx.spark, group)
+
+    def _run_again(self, batch_id: int, exc: Exception, again: int) -> None:
+        """Say that a batch runs again after its Redis server changed; log why."""
+        ctx = self.ctx
+        log.warning("batch %d: the Redis server changed: %s", batch_id, exc)
+        line = (
+            f"Redis restarted or failed over during micro-batch {batch_id}: running it again "
+            f"from what Redis kept ({again} of {ctx.redis_restarts})"
+        )
+        say(ctx.job.pipeline, line)  # an incident, not progress: said even without it
+        self.servers = {}  # the next attempt checks the markers against what Spark committed
+        committed = batch_id - 1 if batch_id > 0 else None
+        check_markers(ctx.targets(), committed, ctx.keyspace.namespace)
+
+    def _done(
+        self, batch_id: int, seconds: float, before: dict[str, int], params: Any, phases: Phases
+    ) -> None:
+        """A batch committed: history, observation, and a stop after N batches."""
+        ctx = self.ctx
+        self.batches += 1
+        self.last_batch = batch_id
+        added = delta(before, ctx.metrics.value)
+        records = sum(added.get(f"{s}/in", 0) for s in ctx.job.source_stages)
+        self.history.append((batch_id, records, seconds))
+        batch_done(ctx, BatchDone(batch_id, records, seconds, added, params), phases)
+        if ctx.stop_after is not None and self.batches >= ctx.stop_after:
+            ctx.stop.request(f"stop after {ctx.stop_after} micro-batch(es)")
+
+    def _check_epoch(self) -> None:
+        ctx = self.ctx
+        current = int(store_for(ctx.client).get(ctx.keyspace.epoch) or 0)
+        if current != ctx.epoch:
+            msg = (
+                f"another driver of pipeline {ctx.job.pipeline!r} started (epoch {current}, "
+                f"this one is {ctx.epoch}); this driver stops"
+            )
+            raise FencedError(msg)
+
+
+def server_changed(exc: BaseException) -> bool:
+    """Whether a batch failed because a Redis server changed (in the driver or a task)."""
+    return isinstance(exc, ServerChangedError) or ServerChangedError.__name__ in str(exc)

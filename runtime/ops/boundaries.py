@@ -1,0 +1,160 @@
+"""A stage's boundaries: what reaches a port, a sink or the dead-letter output, encoded.
+
+Elements are buffered with their parent's ID and timestamp; :meth:`Boundaries.take` encodes
+them and, with IDs on, derives each output's ID from its parent, the boundary's name and its
+index among that parent's outputs on that boundary. An output that cannot be encoded, or is
+too large, becomes a dead letter of its input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from onceflow.kernel import codec
+from onceflow.kernel.errors import CodecError
+from onceflow.kernel.ids import Deriver
+from onceflow.kernel.records import DeadLetter, Output, Redrive
+from onceflow.runtime.errors import RuntimeFailure
+from onceflow.runtime.ops.record_text import Cursor, StageFailure, describe, portable, too_large
+from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
+
+Push = Callable[[Any], None]
+
+
+class Boundaries:
+    """The buffers of a stage's targets, and the dead letters counted (see the module doc)."""
+
+    def __init__(
+        self, spec: StageSpec, ids: bool, cursor: Cursor, origin: Callable[[], str]
+    ) -> None:
+        self.spec = spec
+        self.cursor = cursor
+        self.origin = origin  # where the current record comes from, for dead letters
+        self.buffers: list[list[tuple[bytes, int, Any]]] = [[] for _ in spec.targets]
+        self.derivers = [Deriver(t.name) if ids else None for t in spec.targets]
+        self.dead_count = 0
+        self.dead_codes: dict[str, int] = {}  # dead letters by reason (DeadLetter.code)
+
+    def letter(
+        self, node: str, reason: str, value: str, code: str, json_value: bool = False
+    ) -> None:
+        """A dead letter of the current record (``value``: its JSON or printable form)."""
+        cursor = self.cursor
+        origin = self.origin()
+        self.dead(
+            DeadLetter(
+                cursor.parent,
+                cursor.ts,
+                node,
+                reason,
+                origin,
+                None,
+                value,
+                code,
+                json_value=json_value,
+            )
+        )
+
+    def unroutable(self, stage: str, replayed: Redrive) -> None:
+        """A replayed dead letter naming a node this stage does not run: a letter again."""
+        reason = (
+            f"a replayed dead letter names node {replayed.node!r}, which stage {stage!r} does "
+            "not run (the pipeline changed, or the letter came from a stage after a shuffle): "
+            "send its value to the pipeline's input yourself"
+        )
+        self.letter(stage, reason, portable(replayed.value), "not_replayable")
+
+    def appender(self, target: int) -> Push:
+        """Buffer an element for ``target`` under the current record."""
+        buf = self.buffers[target]
+        cursor = self.cursor
+
+        def append(elem: Any) -> None:
+            buf.append((cursor.parent, cursor.ts, elem))
+
+        return append
+
+    def dead(self, letter: DeadLetter) -> None:
+        """Send a dead letter to the stage's dead-letter output."""
+        self.dead_count += 1
+        self.dead_codes[letter.code] = self.dead_codes.get(letter.code, 0) + 1
+        self.buffers[self.spec.dead_target].append((letter.id, letter.ts, letter))
+
+    def take(self) -> list[Output]:
+        """Encode everything buffered at the boundaries, deriving IDs when they are on."""
+        outputs: list[Output] = []
+        for target in self.spec.targets:  # the dead-letter target is last: it collects
+            buf = self.buffers[target.index]  # encoding failures of the others
+            if buf:
+                self._encode_target(target, buf, outputs)
+                buf.clear()
+        return outputs
+
+    def _encode_target(
+        self, target: TargetSpec, buf: list[tuple[bytes, int, Any]], outputs: list[Output]
+    ) -> None:
+        deriver = self.derivers[target.index]
+        dead = target.kind is TargetKind.DEAD
+        keyed = target.keyed and not dead
+        limit = self.spec.max_record_bytes
+        index = target.index
+        prev = None
+        n = 0
+        for parent, ts, elem in buf:
+            if deriver is None:
+                rid = b""
+            else:
+                n = n + 1 if parent == prev else 0
+                prev = parent
+                rid = deriver.child(parent, n)
+            try:
+                if dead:
+                    key, value = None, codec.encode(elem.to_element(limit))
+                elif keyed:
+                    k, v = elem
+                    key, value = codec.encode(k), codec.encode(v)
+                else:
+                    key, value = None, codec.encode(elem)
+            except (CodecError, TypeError, ValueError) as exc:
+                self._boundary_dead(target, parent, ts, elem, exc, dead)
+                continue
+            size = len(value) + (len(key) if key is not None else 0)
+            if size > limit and not dead:  # a dead letter is never dropped (its payload is cut)
+                self._too_large(target, parent, ts, elem, size, limit)
+                continue
+            outputs.append(Output(index, rid, ts, key, value))
+
+    def _too_large(
+        self, target: TargetSpec, parent: bytes, ts: int, elem: Any, size: int, limit: int
+    ) -> None:
+        """An output over ``max_record_bytes``: a dead letter of its input (or a stop)."""
+        reason = f"an output for {target.name!r} is {size} bytes encoded; {too_large(limit)}"
+        if self.spec.on_error == "fail":
+            raise StageFailure(reason)
+        letter = DeadLetter(
+            parent, ts, target.name, reason, self.origin(), None, describe(elem), "too_large"
+        )
+        self.dead(letter)
+
+    def _boundary_dead(
+        self, target: TargetSpec, parent: bytes, ts: int, elem: Any, exc: Exception, dead: bool
+    ) -> None:
+        if dead:  # a dead letter that cannot be encoded: keep its text only
+            msg = f"cannot encode a dead letter of {target.name}: {exc}"
+            raise RuntimeFailure(msg) from exc
+        if self.spec.on_error == "fail":
+            msg = f"output of {target.name!r} cannot be written: {exc}"
+            raise StageFailure(msg) from exc
+        reason = f"cannot send to {target.name!r}: {exc}"
+        if target.keyed and not (isinstance(elem, tuple) and len(elem) == 2):
+            reason = f"{target.name!r} expects (key, value) pairs, got {describe(elem, 80)}"
+        letter = DeadLetter(
+            parent, ts, target.name, reason, self.origin(), None, describe(elem), "unwritable"
+        )
+        self.dead(letter)
+
+    def clear(self) -> None:
+        """Drop everything buffered (the chunk's commit was refused; it will be redone)."""
+        for buf in self.buffers:
+            buf.clear()

@@ -1,0 +1,1 @@
+"""The executor's loop: one task of one stage, its input, chunk commits and sink deliveries."""

@@ -1,0 +1,203 @@
+"""Reading a task's input: decoding a source's raw rows or another stage's rows into chunks.
+
+A source's records are decoded a slice at a time (a source's Arrow batch may stand for a
+whole offset range its task reads itself); undecodable and oversized records become dead
+letters on the way. Rows are then cut into chunks (:mod:`~.chunking`), each with the newest
+event time per source lane among its rows and the lane heartbeats decoded so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from onceflow.connectors.base import LaneProgress
+from onceflow.kernel import codec
+from onceflow.kernel.id_tags import origin_of
+from onceflow.kernel.limits import SOURCE_SLICE_RECORDS, Budget
+from onceflow.kernel.records import DeadLetter, InRow, Record
+from onceflow.runtime.guard import Guard
+from onceflow.runtime.ops.body import StageBody
+from onceflow.runtime.ops.record_text import describe, too_large
+from onceflow.runtime.spec import StageSpec
+from onceflow.runtime.task.chunking import Chunker, Part
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+MAX_ORIGINS = 50_000  # source records whose origin a task remembers for error messages
+ROW_COLUMNS = ("id", "ts", "key", "value", "port")
+
+Count = Callable[[str, int], None]
+Chunk = tuple[list[InRow], dict[str, int], list[bool], list[int]]
+
+
+class TaskInput:
+    """A task's input, decoded and cut into chunks of the guard's records and bytes.
+
+    ``origins`` remembers where the current input's source records were read (for error
+    messages and dead letters); ``letter_bytes`` what the dead letters made while decoding
+    weigh, not yet committed (the task zeroes it with each chunk).
+    """
+
+    def __init__(self, spec: StageSpec, guard: Guard, body: StageBody, count: Count) -> None:
+        self.spec = spec
+        self.guard = guard
+        self.body = body
+        self.count = count
+        self.origins: dict[bytes, str] = {}  # source records of the current input batch
+        # id() of a source row waiting in a chunk -> where it was read (layout 4's claims)
+        self.row_origins: dict[int, bytes] = {}
+        # only a guard that claims IDs on ID tags needs them (layout 4; none otherwise)
+        self.claims = getattr(guard, "claimer", None) is not None
+        self.progress: dict[str, int] = {}  # lane heartbeats not yet sent with a chunk
+        self.letter_bytes = 0  # payload of dead letters made while decoding, not committed
+
+    def chunks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Chunk]:
+        """Input rows in chunks of the guard's records and bytes (:mod:`~.chunking`).
+
+        Each chunk comes with the newest event time per source lane among its rows that are
+        not too far ahead of the clock (nothing for stages that read other stages), with the
+        lane heartbeats (:class:`LaneProgress`) decoded so far, with which rows have
+        positional IDs and with their content fingerprints (empty lists for stages that read
+        other stages); heartbeats after
+        the last row leave in a chunk of no rows, and so do dead letters made while decoding
+        once they weigh a chunk's bytes. Bounded runs (``chunk_size`` 0) cut chunks within
+        each Arrow batch, by bytes only.
+        """
+        parts = self.source_rows(batches) if self.spec.source else self.internal_rows(batches)
+        whole_batches = self.guard.chunk_size <= 0
+        chunker = Chunker(Budget(max(self.guard.chunk_size, 0), self.guard.chunk_bytes))
+        for part in parts:
+            chunks = [*chunker.add(part), *chunker.flush()] if whole_batches else chunker.add(part)
+            for chunk in chunks:
+                marks = self._lane_marks(chunk.rows, chunk.lanes)
+                yield chunk.rows, marks, chunk.positional, chunk.prints
+            if self.letter_bytes >= self.guard.chunk_bytes or (whole_batches and not part.rows):
+                yield [], self._lane_marks([], []), [], []
+        for chunk in chunker.flush():
+            marks = self._lane_marks(chunk.rows, chunk.lanes)
+            yield chunk.rows, marks, chunk.positional, chunk.prints
+        if self.progress:
+            yield [], self._lane_marks([], []), [], []
+
+    def _lane_marks(self, rows: list[InRow], lanes: list[str | None]) -> dict[str, int]:
+        """Newest admissible event time per lane (rows too far ahead do not count).
+
+        Heartbeats decoded so far join the marks (and are then forgotten).
+        """
+        marks = dict(self.progress)
+        self.progress.clear()
+        if not lanes:
+            return marks
+        limit = self.guard.limit_ms
+        for row, lane in zip(rows, lanes, strict=True):
+            ts = row[2]
+            if lane is None or (limit is not None and ts > limit):
+                continue
+            if ts > marks.get(lane, ts - 1):
+                marks[lane] = ts
+        return marks
+
+    def _heartbeat(self, beat: LaneProgress) -> None:
+        """Remember a lane heartbeat, capped at the batch's time (bounded runs ignore it)."""
+        now = self.guard.batch_time_ms
+        if now is None:
+            return
+        ts = min(beat.ts, now)
+        if ts > self.progress.get(beat.lane, ts - 1):
+            self.progress[beat.lane] = ts
+
+    def source_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Part]:
+        """Decode a source's raw rows, in slices of at most a chunk's records and bytes.
+
+        A source's Arrow batch may stand for a whole offset range its task reads itself (see
+        :mod:`onceflow.connectors.kafka.datasource`): its records are handed on a slice at a
+        time, not all decoded first. Undecodable records, and records over
+        ``max_record_bytes`` (:meth:`_too_large_input`), become dead letters.
+        """
+        decoder = self.spec.source_connector.decoder(self.spec.source, self.guard.mode.ids)
+        origins = self.origins
+        limit = self.spec.max_record_bytes
+        max_rows, max_bytes = SOURCE_SLICE_RECORDS, self.guard.chunk_bytes
+        part = Part([], [], [], [], [])
+        rows, lanes, positional, sizes, prints = part
+        size = 0
+        for batch in batches:
+            for item in decoder(batch):
+                if len(rows) >= max_rows or size >= max_bytes:
+                    yield part
+                    part = Part([], [], [], [], [])
+                    rows, lanes, positional, sizes, prints = part
+                    size = 0
+                    if len(origins) > MAX_ORIGINS:
+                        origins.clear()
+                if isinstance(item, Record):
+                    if item.size > limit:
+                        self._too_large_input(item, limit)
+                        continue
+                    row = (0, item.id, item.ts, None, item.elem)
+                    rows.append(row)
+                    lanes.append(item.lane)
+                    positional.append(item.positional)
+                    sizes.append(item.size)
+                    prints.append(item.fingerprint)
+                    size += item.size
+                    if item.lane is not None:
+                        origins[item.id] = f"{item.lane}@{item.offset}"
+                        if self.claims and item.offset is not None:
+                            self.row_origins[id(row)] = origin_of(item.lane, item.offset)
+                elif isinstance(item, LaneProgress):
+                    self._heartbeat(item)
+                else:
+                    assert isinstance(item, DeadLetter)
+                    self.count(item.code, item.lost)
+                    self.guard.note(item.code, item.lost)
+                    self.body.dead(item)
+                    weight = min(item.payload_size(), limit)
+                    self.letter_bytes += weight
+                    size += weight
+            yield part
+            part = Part([], [], [], [], [])
+            rows, lanes, positional, sizes, prints = part
+            size = 0
+            if len(origins) > MAX_ORIGINS:
+                origins.clear()
+
+    def _too_large_input(self, rec: Record, limit: int) -> None:
+        """A source record over ``max_record_bytes`` is a dead letter, never processed.
+
+        The letter carries the start of the value only; its origin says where the record is.
+        """
+        origin = f"{rec.lane}@{rec.offset}" if rec.lane is not None else self.spec.name
+        reason = f"the record is {rec.size} bytes; {too_large(limit)}"
+        stage = self.spec.source or self.spec.name
+        letter = DeadLetter(
+            rec.id, rec.ts, stage, reason, origin, None, describe(rec.elem), "too_large"
+        )
+        self.count("too_large", 1)
+        self.guard.note("too_large", 1)
+        self.body.dead(letter)
+
+    def internal_rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Part]:
+        """Decode rows written by another stage (port = this stage's inbound index)."""
+        keyed = [i.keyed for i in self.spec.inbound]
+        decode = codec.decode
+        for batch in batches:
+            ids, tss, keys, values, ports = (batch.column(c).to_pylist() for c in ROW_COLUMNS)
+            rows: list[InRow] = []
+            for rid, ts, kb, value, port in zip(ids, tss, keys, values, ports, strict=True):
+                if keyed[port]:
+                    rows.append((port, rid, ts, kb, (decode(kb), decode(value))))
+                else:
+                    rows.append((port, rid, ts, None, decode(value)))
+            yield Part(rows, [], [], _row_sizes(batch), [])
+
+
+def _row_sizes(batch: pa.RecordBatch) -> list[int]:
+    """What each row another stage wrote weighs: its key and value bytes."""
+    import pyarrow.compute as pc
+
+    values = pc.fill_null(pc.binary_length(batch.column("value")), 0)
+    keys = pc.fill_null(pc.binary_length(batch.column("key")), 0)
+    return pc.add(values, keys).to_pylist()  # type: ignore[no-any-return]
