@@ -73,6 +73,7 @@ def test_the_window_is_the_other_peers_window(flink_peer, tmp_path):
     step, size = flink_peer.interval(flink_peer.STEP_MS), flink_peer.interval(flink_peer.WINDOW_MS)
     assert f"HOP(TABLE events, DESCRIPTOR(event_time), {step}, {size})" in job.insert
     assert f"event_time - {flink_peer.interval(flink_peer.LATENESS_MS)}" in job.tables[0]
+    assert "'scan.parallelism' = '1'" in job.tables[0], "one source task: no early watermark"
 
 
 def test_the_checkpoint_interval_can_be_chosen(flink_peer, tmp_path):
