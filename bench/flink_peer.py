@@ -17,12 +17,14 @@ becomes visible: a record is seen after the checkpoint that follows it completes
 half an interval plus the checkpoint's own time (0.05-1 s here, more under load).
 :data:`CHECKPOINT_MS` is 500 ms: what a Flink user who needs the end-to-end latency of the
 other rows (Onceflow exactly-once p50 ~0.3 s, p99 ~0.5 s at 1,000 events/s on a quiet
-machine; Spark's back-to-back micro-batches about the same) would set. Measured here side
-by side on a loaded machine, 1 s gave Flink a p50 of ~0.7 s and a p99 of ~1.3 s, 500 ms
-~0.45 s and ~1-2 s. Intervals of 1 s are the short end of what production Flink jobs with
-exactly-once Kafka sinks run (10 s to minutes are common where latency matters less); below
-~0.5 s the fixed costs of each checkpoint (a barrier through the whole job, one Kafka
-transaction per sink task, a checkpoint written to durable storage) take a growing share.
+machine; Spark's back-to-back micro-batches about the same) would set. Measured here on a
+machine loaded by other work (load average 7-15 on 2 cores), 1 s gave Flink a p50 of 0.68 s
+and a p99 of 1.3 s, 500 ms 0.44 s and 1.9 s, beside Onceflow's 0.6-1.1 s and 1.6-1.9 s in the
+same runs; the time to a correct 1M-event sum did not move measurably between the two.
+Intervals of 1 s are the short end of what production Flink jobs with exactly-once Kafka
+sinks run (10 s to minutes are common where latency matters less); below ~0.5 s the fixed
+costs of each checkpoint (a barrier through the whole job, one Kafka transaction per sink
+task, a checkpoint written to durable storage) take a growing share.
 ``--flink-checkpoint-ms`` of ``bench/peers.py`` changes it, and the tables say which was
 measured.
 
