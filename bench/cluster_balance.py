@@ -25,11 +25,12 @@ were spread over ``N`` hash tags chosen one per ``16384 / N`` slots (the layout 
 put on the master of its tag's slot (shard ``s`` -> tag ``s % N``), with and without the
 source stage's Bloom snapshot and journal, and the per-ID commands (``HSETNX``, ``HGET`` ...)
 of the namespace's master are shared out the same way. That is a projection, not a run of
-that protocol; Redis CPU is not projected. ``--spread-seen`` runs the pipelines with that
-protocol instead (seen-ID layout 4, opt-in): the measured spread is then the layout's own.
+that protocol; Redis CPU is not projected. ``--layouts 3,4`` runs each pipeline with that
+protocol too (seen-ID layout 4, opt-in), one after the other: the measured spread is then the
+layout's own.
 
     python bench/cluster_balance.py [--records 100000] [--batch 25000] [--partitions 4]
-        [--parallelism 6] [--workloads stateless,keyed] [--project-tags 96] [--spread-seen]
+        [--parallelism 6] [--workloads stateless,keyed] [--project-tags 96] [--layouts 3,4]
 """
 
 from __future__ import annotations
@@ -456,7 +457,9 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--project-tags", type=int, default=0, metavar="N")
     parser.add_argument(
-        "--spread-seen", action="store_true", help="run the pipelines with layout 4 (opt-in)"
+        "--layouts",
+        default="3",
+        help="seen-ID layouts to run each pipeline with, one after the other (3, 4 or 3,4)",
     )
     args = parser.parse_args()
     unknown = set(args.workloads.split(",")) - set(WORKLOADS)
@@ -475,8 +478,10 @@ def main() -> None:
         )
         spark = spark_session(args.master, app_name="bench-cluster-balance")
         for workload in args.workloads.split(","):
-            args.workload = workload
-            run_workload(args, spark, cluster, redis_url, topic)
+            for layout in args.layouts.split(","):
+                args.workload, args.spread_seen = workload, layout == "4"
+                print(f"\n=== layout {layout}")
+                run_workload(args, spark, cluster, redis_url, topic)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ block, so the *next* start of the server applies the torn half of a script — s
 without the backup they were committed with, say: a loss no replay repairs. So before
 anything writes a script on a server that has not rewritten its AOF since it started,
 :func:`settle_aof` has Redis rewrite it (``BGREWRITEAOF``: the files are made again from
-memory, the torn block is gone) and waits for it; every batch starts on settled servers
+memory, the torn block is gone) and waits for it (a rewrite that fails stops the run: the torn
+file would stay); every batch starts on settled servers
 (:meth:`Durability.for_batch`), and the driver's own multi-write script between batches
 checks the server as tasks' scripts do.
 
@@ -225,11 +226,26 @@ def settled_info(client: Connection) -> Any:
 
 
 def _needs_rewrite(info: Mapping[str, Any]) -> bool:
-    """An AOF this server has not rewritten since it started (it may end in a torn block)."""
+    """An AOF this server has not rewritten since it started (it may end in a torn block).
+
+    Rewritten means: a rewrite ran since the start (``aof_rewrites``; Redis before 7 does not
+    count them, its ``aof_last_rewrite_time_sec`` is -1 until one ran) and the last one
+    succeeded (``aof_last_bgrewrite_status``): a failed rewrite leaves the old file in place.
+    """
     if not info.get("aof_enabled"):
         return False
     rewrites = info.get("aof_rewrites")
-    return rewrites is None or int(rewrites) == 0
+    if rewrites is None:
+        ran = int(info.get("aof_last_rewrite_time_sec", -1)) >= 0
+    else:
+        ran = int(rewrites) > 0
+    return not ran or str(info.get("aof_last_bgrewrite_status", "ok")) != "ok"
+
+
+# What Redis says to a BGREWRITEAOF it cannot run now but will (one is already running).
+_REWRITE_BUSY = ("progress", "scheduled", "already")
+# What it says when the command is not allowed here (renamed away, an ACL, a managed service).
+_REWRITE_FORBIDDEN = ("unknown command", "noperm", "no permission", "not allowed", "disabled")
 
 
 def settle_aof(client: Connection, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
@@ -237,7 +253,9 @@ def settle_aof(client: Connection, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
 
     See the module docstring (a torn transaction in the AOF). Idempotent, and cheap after
     the first call per server start. A Redis that forbids ``BGREWRITEAOF`` (some managed
-    services) is used as it is, with one warning: its files are the provider's to keep.
+    services) is used as it is, with one warning: its files are the provider's to keep. A
+    rewrite that fails (a folder the server cannot write, a full disk) is a
+    :class:`ServiceError`: the torn file would stay.
     """
     info = store_for(client).info("server", "persistence")
     run_id = str(info.get("run_id", ""))
@@ -246,9 +264,9 @@ def settle_aof(client: Connection, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
         return run_id
     try:
         store_for(client).rewrite_aof()
-    except Exception as exc:  # noqa: BLE001 - one in progress, scheduled, or forbidden
+    except Exception as exc:  # noqa: BLE001 - one in progress, scheduled, forbidden or failed
         text = str(exc).lower()
-        if "progress" not in text and "scheduled" not in text and "already" not in text:
+        if any(word in text for word in _REWRITE_FORBIDDEN):
             log.warning(
                 "Redis at %s refused BGREWRITEAOF (%s): a torn transaction its AOF may end "
                 "in after a host crash cannot be removed from here",
@@ -257,7 +275,13 @@ def settle_aof(client: Connection, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
             )
             _SETTLED.add(run_id)
             return run_id
-    deadline = time.monotonic() + timeout_s
+        if not any(word in text for word in _REWRITE_BUSY):
+            raise ServiceError(_rewrite_failed(client, str(exc))) from exc
+    return _await_rewrite(client, run_id, time.monotonic() + timeout_s, timeout_s)
+
+
+def _await_rewrite(client: Connection, run_id: str, deadline: float, timeout_s: float) -> str:
+    """Wait until the rewrite of ``run_id``'s AOF succeeded; raise if it failed or took long."""
     said = time.monotonic()
     while True:
         now = store_for(client).info("server", "persistence")
@@ -270,12 +294,8 @@ def settle_aof(client: Connection, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
             _SETTLED.add(run_id)
             return run_id
         if not busy and str(now.get("aof_last_bgrewrite_status", "ok")) != "ok":
-            msg = (
-                f"Redis at {_where(client)} failed to rewrite its AOF after a restart "
-                f"(aof_last_bgrewrite_status {now.get('aof_last_bgrewrite_status')}); see "
-                "its log (disk full?)"
-            )
-            raise ServiceError(msg)
+            status = f"aof_last_bgrewrite_status {now.get('aof_last_bgrewrite_status')}"
+            raise ServiceError(_rewrite_failed(client, status))
         if time.monotonic() > deadline:
             msg = (
                 f"Redis at {_where(client)} did not finish rewriting its AOF within "
@@ -286,6 +306,16 @@ def settle_aof(client: Connection, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
             log.warning("waiting for Redis at %s to rewrite its AOF", _where(client))
             said = time.monotonic()
         time.sleep(0.02)
+
+
+def _rewrite_failed(client: Connection, found: str) -> str:
+    """Why a server whose AOF rewrite failed is not written to, and what to do."""
+    return (
+        f"Redis at {_where(client)} could not rewrite its AOF after a restart ({found}): "
+        "until it does, a transaction a host crash tore at the file's end would come back "
+        "half applied at its next start, so nothing is written to it. See its log (a folder "
+        "it cannot write? a full disk?), fix that, and start the run again"
+    )
 
 
 def server_id(client: Connection) -> str:
