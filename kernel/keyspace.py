@@ -81,7 +81,7 @@ class Kind(enum.Enum):
     EXPIRY = "exp"  # sorted set per node with a ttl and partition: key -> when its state ends
     PENDING = "pend"  # hash per sink receiver and partition: a delivery not yet marked
     DRIVER = "driver"  # string with a time-to-live: the running driver (host, pid, epoch)
-    REDRIVE = "redrive"  # hash: dead letters replayed so far (partition or file -> position)
+    REDRIVE = "redrive"  # hash: dead letters replayed so far (code:partition -> next offset)
 
 
 # Kinds whose key is just the kind word (one per namespace).
@@ -230,7 +230,7 @@ class Keyspace:
 
     @property
     def redrive(self) -> str:
-        """Hash: how far ``onceflow dead-letters replay`` has replayed each dead-letter place."""
+        """Hash: how far ``onceflow dead-letters replay`` has replayed each code, per partition."""
         return self._key(Kind.REDRIVE)
 
     @property
