@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.dedup.errors import RedisBehindError, ServerChangedError, server_changed_message
 from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import check_durable
 from onceflow.kernel.store import store_for
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class Durability:
     replicas: int  # replicas that must acknowledge (0: none)
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     auto: bool = False  # replicas: one if the master has any when a batch starts, else none
+    allow_unconfirmed: bool = False  # --allow-unconfirmed-fsync (see plan_durability)
+    allow_non_durable: bool = False  # --allow-non-durable-redis (see replan)
 
     def for_batch(self, targets: Sequence[tuple[str, Any]]) -> BatchDurability:
         """What a starting batch waits for, per hash tag, and the server of each tag now.
@@ -161,13 +164,14 @@ def plan_durability(
     replicas: int | None,
     timeout_ms: int,
     allow_unconfirmed: bool = False,
+    allow_non_durable: bool = False,
 ) -> Durability:
     """What to wait for: the local fsync where a master can confirm it, and replicas.
 
     ``clients`` reach every master the pipeline writes to. ``replicas`` None means: one, on
     each master that has a replica connected when a batch starts. A master that can confirm
     neither fsync nor replicas is refused (:func:`unconfirmed_message`) unless
-    ``allow_unconfirmed``.
+    ``allow_unconfirmed``. ``allow_non_durable`` is kept for :func:`replan`.
     """
     facts = [server_facts(c) for c in clients]
     waitaof = any(_needs_waitaof(f) for f in facts)
@@ -175,9 +179,29 @@ def plan_durability(
         covered = (replicas or 0) > 0 or (replicas is None and f.replicas > 0)
         if not allow_unconfirmed and not covered and _unconfirmable(f):
             raise ServiceError(unconfirmed_message(client, f))
+    allowed = {"allow_unconfirmed": allow_unconfirmed, "allow_non_durable": allow_non_durable}
     if replicas is None:
-        return Durability(waitaof, 0, timeout_ms, auto=True)
-    return Durability(waitaof, replicas, timeout_ms)
+        return Durability(waitaof, 0, timeout_ms, auto=True, **allowed)
+    return Durability(waitaof, replicas, timeout_ms, **allowed)
+
+
+def replan(durability: Durability, clients: Sequence[Any]) -> Durability:
+    """The run's start-up checks again, on ``clients`` (every master now; one of them changed).
+
+    A master that failed over or restarted is another server, maybe with other settings: a
+    promoted replica with the AOF off, ``appendfsync no``, an evicting policy (refused as at
+    start, :func:`onceflow.kernel.settings.check_durable`), or one that now needs ``WAITAOF``
+    (:func:`plan_durability`). Raises :class:`ServiceError` with what was found.
+    """
+    for client in clients:
+        check_durable(client, durability.allow_non_durable)
+    return plan_durability(
+        clients,
+        None if durability.auto else durability.replicas,
+        durability.timeout_ms,
+        durability.allow_unconfirmed,
+        durability.allow_non_durable,
+    )
 
 
 def _needs_waitaof(f: ServerFacts) -> bool:
@@ -406,16 +430,28 @@ def markers(targets: Sequence[tuple[Keyspace, Any]]) -> dict[str, int | None]:
 
 
 def check_markers(
-    targets: Sequence[tuple[Keyspace, Any]], committed: int | None, namespace: str
+    targets: Sequence[tuple[Keyspace, Any]],
+    committed: int | None,
+    namespace: str,
+    marked: bool = False,
 ) -> None:
     """Refuse a Redis whose markers are behind ``committed``, the last batch Spark committed.
 
-    A tag without a marker (a namespace made before markers, or a scope its first batch has
-    not reached) says nothing. See the module docstring.
+    Every batch's end marks every hash tag of the pipeline, and a tag new to a namespace gets
+    the namespace's marker when it is added (:func:`inherit_markers`); so once any tag has a
+    marker (or ``marked``: this driver made a batch durable), a tag without one lost its keys:
+    a Redis Cluster master that came back empty (a replaced node, an old backup, a promoted
+    replica without persistence that restarted). Only a namespace no batch has marked yet
+    (its first exactly-once batch) has none. See the module docstring.
     """
     if committed is None:
         return
-    behind = {tag: m for tag, m in markers(targets).items() if m is not None and m < committed}
+    found = markers(targets)
+    if marked or any(m is not None for m in found.values()):
+        empty = [tag for tag, m in found.items() if m is None]
+        if empty:
+            raise RedisBehindError(_emptied_message(namespace, empty, committed))
+    behind = {tag: m for tag, m in found.items() if m is not None and m < committed}
     if not behind:
         return
     tag, marker = min(behind.items(), key=lambda item: item[1])
@@ -429,3 +465,32 @@ def check_markers(
         "reset)"
     )
     raise RedisBehindError(msg)
+
+
+def _emptied_message(namespace: str, tags: Sequence[str], committed: int) -> str:
+    """Why a hash tag without a durable marker stops a namespace that had them, what to do."""
+    more = f" (and {len(tags) - 1} more)" if len(tags) > 1 else ""
+    return (
+        f"Redis lost writes of namespace {namespace!r}: hash tag {tags[0]}{more} has no "
+        "durable marker, where every tag of the namespace had one since its first "
+        f"micro-batch, and Spark committed micro-batch {committed}: its keys are gone (a Redis "
+        "Cluster master replaced by an empty node or restored from an old backup, or a "
+        "replica without persistence promoted and restarted). Its keyed state, timers and "
+        "dedup history cannot be made exact from here: put back the Redis data that goes "
+        "with the checkpoint, or start the pipeline over (onceflow reset)"
+    )
+
+
+def inherit_markers(home: tuple[Keyspace, Any], added: Sequence[tuple[Keyspace, Any]]) -> None:
+    """Give hash tags new to a namespace (a plan change's new stage) the namespace's marker.
+
+    Called before the namespace lists them: from then on a tag without a marker is one that
+    lost its keys (:func:`check_markers`). A new tag has nothing to lose yet, so it is as
+    durable as the namespace's own.
+    """
+    ks, client = home
+    raw = store_for(client).hget(ks.clock, MARK_FIELD)
+    if raw is None:
+        return
+    for tag, tag_client in added:
+        store_for(tag_client).hsetnx(tag.clock, MARK_FIELD, raw)

@@ -106,6 +106,7 @@ def pin_scopes(
     parallelism: int,
     new: bool,
     id_tags: int = 0,
+    on_added: Callable[[list[Keyspace]], None] | None = None,
 ) -> Scopes:
     """Fix the scoped stages of a new namespace; keep an existing namespace's.
 
@@ -116,6 +117,8 @@ def pin_scopes(
     longer all reach one partition. A namespace made before scopes existed keeps every key in
     its own tag. ``id_tags``: the ID tags a new namespace spreads its source stages' seen-IDs
     over (layout 4, opt-in); an existing namespace keeps what it was made with.
+    ``on_added`` is called with the partition scopes an existing namespace gains (stages new
+    to its plan), before the namespace lists them.
     """
     wanted, present = set(exchange_stages), set(stages)
     if new:
@@ -137,6 +140,9 @@ def pin_scopes(
         )
         raise ConfigError(msg)
     if not wanted <= stored:  # exchange stages new to the plan
+        if on_added is not None:
+            added = Scopes(ks.namespace, frozenset(wanted - stored), parallelism)
+            on_added(added.partition_keyspaces())
         stored = stored | wanted
         client.hset(ks.meta, SCOPED_FIELD, json.dumps(sorted(stored)))
     return Scopes(ks.namespace, stored, parallelism, int(tags or 0))

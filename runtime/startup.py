@@ -25,6 +25,7 @@ from onceflow.dedup.durability import (
     DEFAULT_TIMEOUT_MS,
     Durability,
     check_markers,
+    inherit_markers,
     plan_durability,
     settle_aof,
 )
@@ -140,8 +141,20 @@ def pin_namespace(
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
     exchanges = [s.name for s in job.stages if s.exchange]
     stages = [s.name for s in job.stages]
+    def marked_alike(added: list[Keyspace]) -> None:  # new scopes: as durable as the home
+        pairs = [(ks, redis_client(redis, ks.tag)) for ks in added]
+        inherit_markers((keyspace, client), pairs)
+
     scopes = pin_scopes(
-        client, keyspace, exchanges, stages, previous, opts.parallelism, new, id_tags=tags
+        client,
+        keyspace,
+        exchanges,
+        stages,
+        previous,
+        opts.parallelism,
+        new,
+        id_tags=tags,
+        on_added=marked_alike,
     )
     masters = _masters(scopes, redis)
     for master in masters[1:]:  # the partition scopes' masters, before anything goes there
@@ -154,7 +167,13 @@ def pin_namespace(
 def _durability(opts: RunConfig, masters: list[Any]) -> Durability:
     """What each batch waits for on ``masters``; a Redis that cannot confirm it is refused."""
     allow = opts.allow_unconfirmed_fsync or opts.allow_non_durable_redis
-    return plan_durability(masters, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS, allow)
+    return plan_durability(
+        masters,
+        opts.redis_wait_replicas,
+        DEFAULT_TIMEOUT_MS,
+        allow,
+        allow_non_durable=opts.allow_non_durable_redis,
+    )
 
 
 def _masters(scopes: Scopes, redis: RedisSettings) -> list[Any]:
