@@ -141,6 +141,7 @@ def pin_namespace(
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
     exchanges = [s.name for s in job.stages if s.exchange]
     stages = [s.name for s in job.stages]
+
     def marked_alike(added: list[Keyspace]) -> None:  # new scopes: as durable as the home
         pairs = [(ks, redis_client(redis, ks.tag)) for ks in added]
         inherit_markers((keyspace, client), pairs)
