@@ -134,6 +134,13 @@ class Guard(Protocol):
         """Count something that happened (shown by ``onceflow status``), e.g. a source gap."""
         ...
 
+    def confirm_outputs(self) -> None:
+        """Return once what this task committed is durable, if another stage reads it.
+
+        Called at the end of a task that ran to its end, before Spark hands its outputs on.
+        """
+        ...
+
     def close(self) -> dict[str, int]:
         """End the task; return counters for the run's metrics."""
         ...
@@ -250,6 +257,9 @@ class NoGuard:
 
     def note(self, name: str, n: int) -> None:
         """Nothing is counted outside the run."""
+
+    def confirm_outputs(self) -> None:
+        """Nothing was committed."""
 
     def close(self) -> dict[str, Any]:
         """No counters of its own."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.connectors.base import SourceRun
 from onceflow.connectors.files import JsonLinesSink
 from onceflow.connectors.kafka.spark_source import session_conf
+from onceflow.dedup.aof import settle_aof
 from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.durability import (
@@ -27,7 +28,6 @@ from onceflow.dedup.durability import (
     check_markers,
     inherit_markers,
     plan_durability,
-    settle_aof,
 )
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
@@ -268,7 +268,9 @@ def run_sources(job: Job, opts: RunConfig, tick_file: str | None) -> Job:
     return job.with_sources(copies)
 
 
-def _guards(mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect) -> tuple[int, Any]:
+def _guards(
+    job: Job, mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect
+) -> tuple[int, Any]:
     """A new driver epoch (fencing older drivers) and the run's guards."""
     epoch = store_for(ns.client).incr(ns.keyspace.epoch)
     if mode is Guarantee.EXACTLY_ONCE and ns.durability is not None:
@@ -282,6 +284,7 @@ def _guards(mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect) -
             scoped=ns.scopes.stages,
             parallelism=opts.parallelism,
             id_tags=ns.scopes.id_tags,
+            feeds=frozenset(p for s in job.stages for p in s.producers),
         )
     # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
     guards = AtLeastOnceGuards(ns.redis, ns.keyspace.namespace, ns.config, scoped=ns.scopes.stages)
@@ -325,7 +328,7 @@ def start(
         connector.prepare(job.pipeline, True)
     sinks = prepare_sinks(job, dead, True, opts.progress)
     check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
-    epoch, guards = _guards(opts.guarantee, ns, opts, connect)
+    epoch, guards = _guards(job, opts.guarantee, ns, opts, connect)
     if opts.guarantee is Guarantee.EXACTLY_ONCE:  # a Redis that went back behind the checkpoint
         targets = [(ks, connect(ks.tag)) for ks in ns.scopes.keyspaces()]
         check_markers(targets, cp.last_committed(), ns.keyspace.namespace)

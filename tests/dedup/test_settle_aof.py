@@ -1,6 +1,6 @@
 """Settling a restarted server's AOF on every Redis Onceflow runs on, and a rewrite that fails.
 
-:func:`~onceflow.dedup.durability.settle_aof` has a server that has not rewritten its AOF
+:func:`~onceflow.dedup.aof.settle_aof` has a server that has not rewritten its AOF
 since it started rewrite it, so that a transaction a host crash tore at the file's end is gone
 before the next script writes (see ``test_torn_aof.py``). Redis 6 says less in ``INFO`` (no
 ``aof_rewrites``): it must be settled by one rewrite, not waited on until the deadline. A
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis as redis_py
 
-from onceflow.dedup.durability import settle_aof, settled_info
+from onceflow.dedup.aof import settle_aof, settled_info
 from onceflow.kernel.errors import ServiceError
 from onceflow.testing.services import LocalRedis, older_redis_binary
 

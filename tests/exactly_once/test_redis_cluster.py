@@ -16,23 +16,40 @@ copy topic: nothing lost, nothing doubled.
 from __future__ import annotations
 
 import json
+import os
+import random
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis as redis_py
 
+from onceflow.backup.store import replay
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.kernel import codec
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.id_tags import id_tag
-from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.scopes import node_state, read_scopes
-from onceflow.kernel.settings import RedisSettings, redis_client
+from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scopes import node_state, read_scopes, scope_name
+from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.testing import LocalRedisCluster
-from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
-from tests.exactly_once.scenario import EVENTS, PIPELINE, make_scenario, verify
+from onceflow.testing.harness import Crash, compare_counts, crash_and_resume, run_pipeline
+from tests.exactly_once.scenario import (
+    BASE_TS,
+    EVENTS,
+    PIPELINE,
+    Scenario,
+    make_scenario,
+    produce_sends,
+    verify,
+)
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis, pytest.mark.cluster]
 
@@ -268,3 +285,110 @@ def operator_commands_find_the_pipeline(url: str, scn) -> None:
     assert gc.returncode == 1
     connect = tag_clients(url)
     verify(scn, connect(scn.name), connect=connect)  # GC took nothing that matters
+
+
+SAMPLED = os.path.join(os.path.dirname(PIPELINE), "sampled.py")
+
+
+def _sampled_scenario(broker, url, tmp_path, cluster):
+    """Events for ``sampled.py`` under a namespace whose master serves none of some of the
+    count's scopes; returns the scenario, that master's port and those scopes' partitions."""
+    for _ in range(100):
+        name = f"sampled-{uuid.uuid4().hex[:8]}"
+        home = cluster.slot_owner(namespace_slot(name)).port
+        elsewhere = [
+            p
+            for p in range(2)
+            if cluster.slot_owner(namespace_slot(_scope(name, p).tag)).port != home
+        ]
+        if elsewhere:
+            break
+    scn = Scenario(name, broker.bootstrap, url, str(tmp_path), Counter(), set())
+    rng = random.Random(11)
+    events = [
+        {"event_id": str(uuid.uuid4()), "user": f"u{rng.randrange(17)}", "ts": BASE_TS + 50 * i}
+        for i in range(2000)
+    ]
+    produce_sends(scn, [(e, i % 2) for i, e in enumerate(events)])
+    return scn, home, elsewhere
+
+
+def _scope(namespace: str, partition: int) -> Keyspace:
+    return Keyspace(namespace, scope_name("count", partition))
+
+
+def _sampled_counts(cluster: LocalRedisCluster, namespace: str) -> Counter:
+    """Per user, the events the source stage's backups say it kept (its surviving decisions):
+    the sums of the partial counts its tasks committed (``count/partial`` runs in it)."""
+    home = Keyspace(namespace)
+    owner = cluster.slot_owner(namespace_slot(namespace)).port
+    client = redis_py.Redis(port=owner)  # bytes, on the master of the namespace's slot
+    kept: Counter = Counter()
+    for key in client.scan_iter(match=home.pattern(Kind.BACKUP), count=1000):
+        parsed = home.parse(key)
+        if parsed is not None and parsed.name == "events":
+            for out in replay(client.hgetall(key)).outputs:
+                if out.target >= 0:  # a task's partial counts (not its chunks' deltas)
+                    kept[codec.decode(out.key)] += codec.decode(out.value)
+    return kept
+
+
+@pytest.mark.long  # ~2 minutes: the producer's wait holds the batch until the failover
+def test_a_reader_on_another_master_never_keeps_outputs_their_producer_lost(
+    broker, redis_cluster, tmp_path
+):
+    """The run-id fence orders writes per master only. The source stage (a random sample)
+    commits on master A while A's replica lags; the count, on master B, commits what it read
+    of them; then A fails over to that replica. The batch runs again and the sample is drawn
+    anew where A lost it: the count must hold exactly what the source stage's surviving
+    backups kept, not the first draw's records as well. A producer's task now waits for its
+    commits to reach A's replica before its outputs are read, so the count never sees writes
+    A can lose (it waits in vain here until A fails over, and the batch runs again)."""
+    url = cluster_url(redis_cluster)
+    scn, home, elsewhere = _sampled_scenario(broker, url, tmp_path, redis_cluster)
+    connect = tag_clients(url)
+    index = [m.port for m in redis_cluster.masters()].index(home)
+    events: list[Any] = []
+
+    def committed_elsewhere() -> bool:
+        for p in elsewhere:
+            ks = _scope(scn.name, p)
+            owner = redis_cluster.slot_owner(namespace_slot(ks.tag)).port
+            if redis_cluster.node_client(owner).exists(ks.backup("count", 1, p)):
+                return True
+        return False
+
+    def fail_over_later(frozen: list[int]) -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not committed_elsewhere():
+            time.sleep(0.05)
+        events.append(("count committed on another master", committed_elsewhere()))
+        events.append(redis_cluster.kill_master(index))
+        redis_cluster.resume_nodes(frozen)
+
+    def cut_off_a() -> None:
+        frozen = redis_cluster.cut_off_replicas(index)
+        threading.Thread(target=fail_over_later, args=(frozen,), daemon=True).start()
+
+    where = Crash("before_commit", stage="events", batch=1, partition=0, mode="pause")
+    outcome = run_pipeline(SAMPLED, scn.args, env=scn.env, crash=where, fault=cut_off_a)
+    deadline = time.monotonic() + 60
+    while len(events) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(events) == 2, "the pause point was never reached:\n" + outcome.output[-3000:]
+    killed = events[1]
+    redis_cluster.wait_failover()
+    print(f"[redis-cluster] {events[0]}; run: {outcome.output.splitlines()[:2]}")
+    assert outcome.returncode == 0, outcome.output[-3000:]
+    assert "running it again" in outcome.output, outcome.output[-3000:]
+    kept = _sampled_counts(redis_cluster, scn.name)
+    assert sum(kept.values()) > 0
+    stored = node_state(connect(scn.name), scn.name, "count", connect)
+    state = {codec.decode(k): codec.decode(v) for k, v in stored.items()}
+    report = compare_counts(kept, state)
+    assert report.ok, f"the count against what the sample kept: {report}"
+    last: dict[str, int] = {}
+    for rec in read_topic(KafkaSettings(scn.bootstrap), scn.topics["counts"]):
+        last[rec.key.decode()] = json.loads(rec.value)
+    assert last == dict(kept), "the counts topic against what the sample kept"
+    redis_cluster.restart_node(killed.port)  # back as a replica, for the next test
