@@ -71,20 +71,17 @@ from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
-from onceflow.runtime.session import DEFAULT_MASTER, spark_session
+from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis
 
-# mode -> (guarantee, transactional Kafka sink, seen-ID layout 4)
+# mode -> (guarantee, transactional Kafka sink)
 MODES = {
-    "at-least-once": ("at-least-once", False, False),
-    "exactly-once/plain-sink": ("exactly-once", False, False),
-    "exactly-once": ("exactly-once", True, False),
-    # not in the default set (--modes): the source stage's seen-IDs spread over ID tags
-    "exactly-once/layout4": ("exactly-once", True, True),
+    "at-least-once": ("at-least-once", False),
+    "exactly-once/plain-sink": ("exactly-once", False),
+    "exactly-once": ("exactly-once", True),
 }
-DEFAULT_MODES = ("at-least-once", "exactly-once/plain-sink", "exactly-once")
 
 
 READ_IN_TASK_ENV = "ONCEFLOW_BENCH_READ_IN_TASK"  # "0": KafkaSource(read_in_task=False)
@@ -157,7 +154,7 @@ def run_once(
     workdir: str,
     config: DedupConfig,
 ) -> dict[str, Any]:
-    guarantee, transactional, spread = MODES[mode]
+    guarantee, transactional = MODES[mode]
     records, batch = args.records, args.batch
     name = f"bench-{guarantee[:2]}-{uuid.uuid4().hex[:6]}"
     pipeline = build(args.workload, name, args.topic, f"{name}-out", transactional, args.client)
@@ -172,7 +169,6 @@ def run_once(
         output_dir=os.path.join(workdir, name),
         dedup=config,
         progress=False,
-        spread_seen=spread,
     )
     seconds = time.perf_counter() - started
     assert result.records_in == records, (result.records_in, records)
@@ -471,11 +467,6 @@ def main() -> None:
         default="python",
         help="Kafka client of sources and sinks (confluent: pip install 'onceflow[fast]')",
     )
-    parser.add_argument(
-        "--modes",
-        default=",".join(DEFAULT_MODES),
-        help=f"comma-separated, of {', '.join(MODES)} (default: {', '.join(DEFAULT_MODES)})",
-    )
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--workload", choices=(*WORKLOADS, LARGE_DOCS), help=argparse.SUPPRESS)
     parser.add_argument("--docs", type=int, default=400, help="large-docs: documents")
@@ -570,10 +561,9 @@ def bench_on(
         run_args = args
         if workload == LARGE_DOCS:
             run_args = large_docs_args(args, kafka)
-        modes = args.modes.split(",")
-        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
         for i in range(args.repeat):
-            for mode in modes:
+            for mode in MODES:
                 r = spawn(mode, run_args, env)
                 runs[mode].append(r)
                 names.add(r["name"])

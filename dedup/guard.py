@@ -34,7 +34,6 @@ from onceflow.dedup import delivery, trust
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import Admission, admit
 from onceflow.dedup.batch import BatchParams
-from onceflow.dedup.claims import Claimer
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import (
@@ -48,7 +47,6 @@ from onceflow.dedup.durability import BatchDurability, check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel import script_args
-from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.settings import RedisSettings, redis_client
@@ -75,7 +73,6 @@ class ExactlyOnceGuards:
     waitaof: bool = False  # a pending delivery is visible only once WAITAOF confirmed it
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
     parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
-    id_tags: int = 0  # layout 4: ID tags source stages claim their IDs on (kernel.id_tags)
     feeds: frozenset[str] = frozenset()  # stages other stages read (see confirm_outputs)
 
     def for_batch(
@@ -175,8 +172,6 @@ class ExactlyOnceGuard:
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
-        self.claimed: set[bytes] = set()  # the last admission's IDs claimed on ID tags
-        self.claimer = _claimer(factory, task, ks, config)  # layout 4: claims on ID tags
 
     @property
     def receivers(self) -> list[trust.Receiver]:
@@ -218,7 +213,6 @@ class ExactlyOnceGuard:
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
 
@@ -235,11 +229,8 @@ class ExactlyOnceGuard:
             self.earlier,
             positional,
             prints,
-            self.claimer,
-            origins,
         )
         self.prints = adm.prints
-        self.claimed = adm.claimed
         return adm
 
     def raise_floor(self, floor_ms: int) -> None:
@@ -290,7 +281,6 @@ class ExactlyOnceGuard:
             self.params.time_ms,
             unmarked,
             self.prints,
-            self.claimed,
         )
         self.unconfirmed = True
         if conflicts:
@@ -429,21 +419,3 @@ def _confirms_outputs(factory: ExactlyOnceGuards, stage: str, replicas: int) -> 
     """
     masters = set((factory.servers or {}).values())
     return stage in factory.feeds and len(masters) > 1 and bool(replicas or factory.waitaof)
-
-
-def _claimer(
-    factory: ExactlyOnceGuards, task: TaskRef, ks: Keyspace, config: DedupConfig
-) -> Claimer | None:
-    """Layout 4: a stage in the namespace's own tag claims its source IDs on the ID tags."""
-    if not factory.id_tags or ks.scope is not None:
-        return None
-    redis = factory.redis
-    return Claimer(
-        factory.namespace,
-        factory.id_tags,
-        config.shards,
-        task.stage,
-        task.batch,
-        lambda tag: redis_client(redis, tag),
-        factory.servers or {},
-    )

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.backup.store import acknowledge
 from onceflow.dedup.batch import fix_batch_params
-from onceflow.dedup.claims import remark
 from onceflow.dedup.durability import BatchDurability, check_markers, replan, wait_durable
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.kernel.eventtime import EventTime
@@ -49,8 +48,6 @@ class MicroBatches:
         self.servers: dict[str, str] = {}  # tag -> run id when the last attempt started
         self.durability = ctx.durability  # planned again when a master changes (replan)
         self.compiler: StreamCompiler | None = None  # made at the first micro-batch
-        # layout 4: claim the batch's committed inputs again before it runs (see _remark)
-        self.remark_next = True
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         """One micro-batch: acknowledge the previous ones, then run the job.
@@ -81,7 +78,6 @@ class MicroBatches:
                     raise
                 again += 1
                 self._run_again(batch_id, exc, again)  # the next attempt checks the servers
-                self.remark_next = True
         driver_crashpoint(CrashPoint.BATCH_END, batch_id)
         if ctx.ticker is not None:
             ctx.ticker.after_batch(ctx.trigger_ms)
@@ -105,7 +101,6 @@ class MicroBatches:
             ctx.clock,
         )
         self.watermark = params.watermark
-        self._remark(batch_id, params.generation)
         guards = ctx.guards.for_batch(params, this_batch)
         phases.mark("params")
         self._run_job(df, batch_id, guards, phases)
@@ -116,29 +111,6 @@ class MicroBatches:
             wait_durable(targets, batch_id, self.durability, this_batch)
         phases.mark("durable")
         return params
-
-    def _remark(self, batch_id: int, generation: int) -> None:
-        """Layout 4: before a batch runs again, claim its committed inputs on their ID tags.
-
-        After a Redis server change, and before a driver's first batch (nobody watched the
-        masters while no driver ran); see :func:`onceflow.dedup.claims.remark`.
-        """
-        ctx = self.ctx
-        if not self.remark_next or not ctx.scopes.id_tags:
-            return
-        self.remark_next = False
-        n = remark(
-            ctx.client,
-            ctx.keyspace.namespace,
-            ctx.scopes.id_tags,
-            ctx.config.shards,
-            list(ctx.job.source_stages),
-            batch_id,
-            generation,
-            ctx.connect,
-        )
-        if n:
-            log.info("batch %d: %d committed inputs claimed again on ID tags", batch_id, n)
 
     def _servers_now(
         self, targets: list[tuple[Keyspace, Any]], batch_id: int

@@ -52,14 +52,12 @@ class Guard(Protocol):
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Split a chunk into fresh rows and rows to skip.
 
         ``positional``: per row, whether its ID is positional (empty: none is); ``prints``:
         per row, its content fingerprint (empty: none known; see
-        :class:`~onceflow.kernel.records.Record`); ``origins``: per row, where it was read
-        (:func:`onceflow.kernel.id_tags.origin_of`; empty: not known).
+        :class:`~onceflow.kernel.records.Record`).
         """
         ...
 
@@ -196,7 +194,6 @@ class NoGuard:
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Everything is fresh."""
         return Admission(rows)

@@ -32,8 +32,7 @@ from onceflow.dedup.durability import (
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
-from onceflow.kernel.id_tags import id_tags_for
-from onceflow.kernel.keyspace import LAYOUT, SPREAD_LAYOUT, Keyspace
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee
 from onceflow.kernel.scopes import (
     Connect,
@@ -109,12 +108,21 @@ def check_sources(job: Job) -> None:
 
 def open_namespace(job: Job, opts: RunConfig) -> Namespace:
     """Connect to the pipeline's namespace; check and pin it (see :func:`pin_namespace`)."""
+    if opts.spread_seen:
+        raise ConfigError(SPREAD_SEEN_GONE)
     config = opts.dedup or job.dedup or DedupConfig()
     redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
     keyspace = Keyspace(opts.namespace or job.pipeline)
     client = redis_client(redis, keyspace.namespace)
     scopes, durability = pin_namespace(job, opts, config, redis, client, keyspace)
     return Namespace(redis, client, keyspace, config, scopes, durability)
+
+
+SPREAD_SEEN_GONE = (
+    "--spread-seen is gone: seen-ID layout 4 was removed (layout 3, now the only one, "
+    "measured faster per core on one Redis and on a Redis Cluster; see "
+    "docs/concepts/dedup.md); drop the flag"
+)
 
 
 def pin_namespace(
@@ -136,8 +144,7 @@ def pin_namespace(
         _durability(opts, [client])
     new = not store_for(client).hexists(keyspace.meta, "parallelism")
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
-    tags = id_tags_for(client) if opts.spread_seen and exactly_once and new else 0
-    pin_settings(client, keyspace, opts.parallelism, config, SPREAD_LAYOUT if tags else LAYOUT)
+    pin_settings(client, keyspace, opts.parallelism, config)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
     exchanges = [s.name for s in job.stages if s.exchange]
     stages = [s.name for s in job.stages]
@@ -154,7 +161,6 @@ def pin_namespace(
         previous,
         opts.parallelism,
         new,
-        id_tags=tags,
         on_added=marked_alike,
     )
     masters = _masters(scopes, redis)
@@ -283,7 +289,6 @@ def _guards(
             wait_timeout_ms=ns.durability.timeout_ms,
             scoped=ns.scopes.stages,
             parallelism=opts.parallelism,
-            id_tags=ns.scopes.id_tags,
             feeds=frozenset(p for s in job.stages for p in s.producers),
         )
     # an epoch too: batch parameters (the watermark windows fire by) are fenced by it

@@ -165,7 +165,6 @@ class TaskRun:
         self.commits = ChunkCommits(
             spec, self.guard, self.body, self.origins, self.count, self.crash
         )
-        self.commits.row_origins = self.input.row_origins
         self.sinks = SinkDelivery(spec, self.guard, self.body, task, self.count, self.crash)
 
     def failure_line(self, exc: BaseException) -> str:

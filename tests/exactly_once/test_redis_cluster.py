@@ -34,7 +34,6 @@ from onceflow.backup.store import replay
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.id_tags import id_tag
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import node_state, read_scopes, scope_name
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
@@ -121,39 +120,23 @@ def show_spread(cluster: LocalRedisCluster, url: str, namespace: str) -> set[int
 
 
 @pytest.mark.parametrize(
-    ("where", "layout"),
+    "where",
     [
         # a task of the keyed stage, in its partition scope, paused after a commit: the
         # master of that scope's slot dies
-        (Crash("after_commit", stage="count", batch=2, partition=1, mode="pause"), 3),
+        Crash("after_commit", stage="count", batch=2, partition=1, mode="pause"),
         pytest.param(  # a source-stage task: the namespace's own master dies
             Crash("after_commit", stage="events", batch=1, partition=0, mode="pause"),
-            3,
             marks=pytest.mark.long,
         ),
         pytest.param(  # the delivery's replica wait is what keeps this one exact
             Crash("after_sink_commit", stage="count", batch=2, partition=1, mode="pause"),
-            3,
-            marks=pytest.mark.long,
-        ),
-        pytest.param(  # layout 4: a master of ID tags (not the namespace's) dies after a
-            # source-stage commit: claims it had not passed on are gone, the commit is kept;
-            # the driver claims the batch's committed inputs again before it runs it again
-            Crash("after_commit", stage="events", batch=1, partition=0, mode="pause"),
-            4,
             marks=pytest.mark.long,
         ),
     ],
-    ids=[
-        "scope-after-a-commit",
-        "namespace-after-a-commit",
-        "scope-after-a-kafka-commit",
-        "id-tags-after-a-commit",
-    ],
+    ids=["scope-after-a-commit", "namespace-after-a-commit", "scope-after-a-kafka-commit"],
 )
-def test_a_failover_mid_batch_loses_and_doubles_nothing(
-    where, layout, broker, redis_cluster, tmp_path
-):
+def test_a_failover_mid_batch_loses_and_doubles_nothing(where, broker, redis_cluster, tmp_path):
     """The master of the paused task's hash tag dies: the run runs the batch again, ends."""
     url = cluster_url(redis_cluster)
     scn = make_scenario(broker, url, tmp_path)
@@ -165,9 +148,6 @@ def test_a_failover_mid_batch_loses_and_doubles_nothing(
         tag = scopes.keyspace(where.stage, where.partition).tag
         assert (tag != scn.name) == (where.stage == "count"), "the keyed stage is scoped"
         index = master_index(redis_cluster, tag)
-        if layout == 4:  # another master: it holds ID tags, not the commits
-            assert scopes.id_tags
-            index = (index + 1) % len(redis_cluster.masters())
         killed.append(redis_cluster.kill_master(index))
         killed.append(time.monotonic())
 
@@ -177,7 +157,7 @@ def test_a_failover_mid_batch_loses_and_doubles_nothing(
         if "running it again" in line and not again:
             again.append(time.monotonic())
 
-    args = [*scn.args, "--spread-seen"] if layout == 4 else scn.args
+    args = scn.args
     first = run_pipeline(
         PIPELINE, args, env=scn.env, crash=where, fault=kill_the_tasks_master, echo=note_again
     )
@@ -209,7 +189,6 @@ def copies_on_other_partitions(scn) -> int:
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("layout", [3, 4])
 @pytest.mark.parametrize(
     "crash",
     [
@@ -219,21 +198,19 @@ def copies_on_other_partitions(scn) -> int:
     ids=lambda c: c.env(),
 )
 def test_kill_9_on_a_cluster_drops_copies_from_other_partitions_once(
-    crash, layout, broker, redis_cluster, tmp_path
+    crash, broker, redis_cluster, tmp_path
 ):
     """kill -9 of every process mid-run on a Redis Cluster, then a rerun: exact.
 
     Copies of events re-sent upstream land on the other input partition (another task of the
     source stage), in the same micro-batch or a later one; each must be dropped exactly once
-    whatever the kill interrupted. Layout 3 keeps the source stage's seen-IDs as one set in
-    the namespace's slot; layout 4 (``--spread-seen``) spreads them over the masters as claims
-    on ID tags (docs/concepts/dedup.md).
+    whatever the kill interrupted. The source stage's seen-IDs are one set in the
+    namespace's slot.
     """
     url = cluster_url(redis_cluster)
     scn = make_scenario(broker, url, tmp_path)
     assert copies_on_other_partitions(scn) >= 5, "the scenario must re-send across partitions"
-    args = [*scn.args, "--spread-seen"] if layout == 4 else scn.args
-    first, second = crash_and_resume(PIPELINE, crash, args, env=scn.env)
+    first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
     assert first.crashed and second.returncode == 0, second.output[-3000:]
     connect = tag_clients(url)
     verify(scn, connect(scn.name), connect=connect)
@@ -242,18 +219,7 @@ def test_kill_9_on_a_cluster_drops_copies_from_other_partitions_once(
     # copies dropped in a chunk the killed attempt committed are not in its backup: the
     # rerun finds them seen and counts them again (the counter, not the output, is over)
     assert int(stats[b"duplicates"]) >= EVENTS * 6 // 100
-    scopes = read_scopes(connect(scn.name), home)
-    at_home = list(connect(scn.name).scan_iter(home.seen_pattern("events"), count=1000))
-    if layout == 3:
-        assert scopes.id_tags == 0 and at_home
-        return
-    assert scopes.id_tags == 32 * len(redis_cluster.masters()) and not at_home
-    shards = dict.fromkeys((m.port for m in redis_cluster.masters()), 0)
-    for k in range(scopes.id_tags):
-        tag = id_tag(scn.name, k, scopes.id_tags)
-        owner = redis_cluster.slot_owner(namespace_slot(tag.tag)).port
-        shards[owner] += sum(1 for _ in connect(tag.tag).scan_iter(tag.seen_pattern("events")))
-    assert all(n > 0 for n in shards.values()), f"seen shards per master: {shards}"
+    assert list(connect(scn.name).scan_iter(home.seen_pattern("events"), count=1000))
 
 
 def onceflow(*args: str) -> subprocess.CompletedProcess[str]:
