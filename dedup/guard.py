@@ -34,7 +34,6 @@ from onceflow.dedup import delivery, trust
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import Admission, admit
 from onceflow.dedup.batch import BatchParams
-from onceflow.dedup.claims import Claimer
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import (
@@ -44,11 +43,10 @@ from onceflow.dedup.delivery import (
     receiver_name,
     resolve_logged,
 )
-from onceflow.dedup.durability import BatchDurability
+from onceflow.dedup.durability import BatchDurability, check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel import script_args
-from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.settings import RedisSettings, redis_client
@@ -75,7 +73,7 @@ class ExactlyOnceGuards:
     waitaof: bool = False  # a pending delivery is visible only once WAITAOF confirmed it
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
     parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
-    id_tags: int = 0  # layout 4: ID tags source stages claim their IDs on (kernel.id_tags)
+    feeds: frozenset[str] = frozenset()  # stages other stages read (see confirm_outputs)
 
     def for_batch(
         self, params: BatchParams, durability: BatchDurability | None = None
@@ -140,6 +138,8 @@ class ExactlyOnceGuard:
         self.replicas = (factory.wait_replicas or {}).get(ks.tag, 0)
         self.wait_timeout_ms = factory.wait_timeout_ms
         self.waitaof = factory.waitaof
+        self.confirms = _confirms_outputs(factory, task.stage, self.replicas)
+        self.unconfirmed = True  # writes (this attempt's, or the backup's) no wait covered
         self.chunk_size = factory.config.chunk_size
         self.chunk_bytes = factory.config.chunk_bytes
         self.delivery = factory.config.delivery
@@ -172,8 +172,6 @@ class ExactlyOnceGuard:
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
-        self.claimed: set[bytes] = set()  # the last admission's IDs claimed on ID tags
-        self.claimer = _claimer(factory, task, ks, config)  # layout 4: claims on ID tags
 
     @property
     def receivers(self) -> list[trust.Receiver]:
@@ -215,7 +213,6 @@ class ExactlyOnceGuard:
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
 
@@ -232,11 +229,8 @@ class ExactlyOnceGuard:
             self.earlier,
             positional,
             prints,
-            self.claimer,
-            origins,
         )
         self.prints = adm.prints
-        self.claimed = adm.claimed
         return adm
 
     def raise_floor(self, floor_ms: int) -> None:
@@ -287,8 +281,8 @@ class ExactlyOnceGuard:
             self.params.time_ms,
             unmarked,
             self.prints,
-            self.claimed,
         )
+        self.unconfirmed = True
         if conflicts:
             return conflicts
         if seq > 0:
@@ -323,9 +317,16 @@ class ExactlyOnceGuard:
         )
         writes = state_args(s.ks, s.partition, changes, keys)
         reply = backup.finish(s.store, fence, keys.keys, outputs, writes, s.pending)
+        self.unconfirmed = True
         s.check(reply)
         s.round_trip()
         s.pending.clear()
+
+    def confirm_outputs(self) -> None:
+        """Wait until the task's commits are durable, if a reader needs it (confirm_writes)."""
+        if self.confirms and self.unconfirmed:
+            confirm_writes(self.session, self.replicas, self.waitaof, self.wait_timeout_ms)
+            self.unconfirmed = False
 
     def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
         """Sink records no attempt has delivered yet (the backup's delivery log says)."""
@@ -360,6 +361,8 @@ class ExactlyOnceGuard:
             self.wait_timeout_ms,
             self.waitaof,
         )
+        if self.replicas or self.waitaof:  # its wait covered every write before it
+            self.unconfirmed = False
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
         """End a pending delivery: log its IDs if it happened, else drop it."""
@@ -379,19 +382,40 @@ class ExactlyOnceGuard:
         return counters
 
 
-def _claimer(
-    factory: ExactlyOnceGuards, task: TaskRef, ks: Keyspace, config: DedupConfig
-) -> Claimer | None:
-    """Layout 4: a stage in the namespace's own tag claims its source IDs on the ID tags."""
-    if not factory.id_tags or ks.scope is not None:
-        return None
-    redis = factory.redis
-    return Claimer(
-        factory.namespace,
-        factory.id_tags,
-        config.shards,
-        task.stage,
-        task.batch,
-        lambda tag: redis_client(redis, tag),
-        factory.servers or {},
-    )
+def confirm_writes(s: TaskSession, replicas: int, waitaof: bool, timeout_ms: int) -> None:
+    """Return once a task's writes are as durable as the end-of-batch wait makes them.
+
+    Stages commit on the masters of their own hash tags. A stage that reads this one (after
+    an exchange) may commit on another master, which the run-id fence does not order with
+    this one's: if this master then lost the commits the outputs came from (a failover before
+    replication, a host crash before the fsync), the task would run again and a
+    non-deterministic function give other outputs, while the reader kept what it committed of
+    the first ones. So Spark must not hand the outputs on before ``WAIT``/``WAITAOF``, on the
+    task's connection after a fenced write (its own claim again), say they are durable.
+    """
+    cmds = s.store.batch()  # one connection: a write, then waits that cover every one before
+    keys, args = script_args.claim(s.fence)
+    cmds.script("claim", keys, args)
+    if waitaof:
+        cmds.waitaof(timeout_ms)
+    if replicas:
+        cmds.wait(replicas, timeout_ms)
+    replies = cmds.execute()
+    s.round_trip()
+    s.check(replies[0])
+    what = f"stage {s.stage!r}'s commits of micro-batch {s.batch}, partition {s.partition}"
+    if waitaof:
+        check_waitaof(replies[1], what, timeout_ms)
+    if replicas:
+        check_wait(replies[-1], replicas, what, timeout_ms)
+
+
+def _confirms_outputs(factory: ExactlyOnceGuards, stage: str, replicas: int) -> bool:
+    """Whether a task of ``stage`` waits for its commits before its readers read them.
+
+    When another stage reads it, the batch waits for anything (replicas, fsync) and the
+    pipeline's hash tags are on more than one master (see :func:`confirm_writes`): one server
+    orders every write, and a sink's delivery that waited after the last commit covers it.
+    """
+    masters = set((factory.servers or {}).values())
+    return stage in factory.feeds and len(masters) > 1 and bool(replicas or factory.waitaof)
