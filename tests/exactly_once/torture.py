@@ -10,8 +10,8 @@ payloads, an empty ID header, records the user's function rejects, an event stam
 ahead by a producer with a wrong clock). An independent checker
 (``tests.exactly_once.real_input.verify``) then reads keyed state, each user's last total,
 the copy topic, every other sink (Parquet, JSON lines, PostgreSQL, Iceberg, each read back by
-a reader of its own) and the dead letters: every
-event exactly once, every poison record a dead letter with its reason.
+a reader of its own) and the dead letters: every event exactly once, every poison record a
+dead letter with its reason.
 
 With ``ids="positions"`` no record carries an ID: each one's ID is its place in the input
 (topic, partition, offset), so a re-sent copy is a new record and counts again, and what is
@@ -117,7 +117,7 @@ class Torture:
     startup_s: float | None = None  # an attempt's start to its first new micro-batch
     pipeline: str = PIPELINE  # the file run (the Nexmark torture runs its queries' file)
     rejects: bool = False  # send events the process stage rejects (see the module doc)
-    docs: float = 0.0  # the share of events that carry a document of 0.5-0.95 MB
+    docs: float = 0.0  # the share of events that carry a document of 0.5-1 MB
     # user -> (event_id, document length) of every event the process stage must count
     per_user: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
     broker: LocalKafka | None = None  # killed -9 and started again in every attempt
@@ -126,9 +126,8 @@ class Torture:
     extra_faults: Any = None  # attempt -> more background faults (the dead-letter replay)
     replays: Replays | None = None  # the dead-letter replay's, if it ran
     on_attempt: Any = None  # called with the torture after each attempt (progress lines)
-    crash_always: bool = (
-        False  # Redis's host crashes in the runs to the end too, not only in killed ones
-    )
+    # Redis's host crashes in the runs to the end too, not only in the killed ones
+    crash_always: bool = False
 
     def wave(self, size: int, poison: bool = True) -> None:
         """Produce ``size`` events, some re-sends of earlier ones, and (``poison``) a few
