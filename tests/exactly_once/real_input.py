@@ -120,10 +120,12 @@ def new_run(broker, redis_url, tmp_path, partitions: int = 2, **env: str) -> Run
 
 
 def event(run: Run, user: str, amount: int, **more: Any) -> dict[str, Any]:
-    """A new event, counted in the expectation."""
+    """A new event, counted in the expectation (its ``body``'s length too, if it has one)."""
     e = {"event_id": str(uuid.uuid4()), "user": user, "amount": amount, **more}
     run.expected[user] += amount
     run.events[e["event_id"]] += 1
+    if "body" in more:  # a document: every sink must hold it whole
+        run.sizes[e["event_id"]] = len(more["body"])
     return e
 
 

@@ -146,8 +146,6 @@ class Torture:
                 more["body"] = document(rng)
             e = event(run, f"u{rng.randrange(50)}", rng.randrange(1, 9), **more)
             self.per_user[e["user"]].append((e["event_id"], len(more.get("body", ""))))
-            if "body" in more:
-                run.sizes[e["event_id"]] = len(more["body"])
             ts = self.base_ts + len(self.sent) * 10
             self.sent.append({**e, "_ts": ts})
             sends.append(self._send(e, ts, rng.randrange(PARTITIONS)))
