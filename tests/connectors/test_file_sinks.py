@@ -119,6 +119,20 @@ def test_rows_that_cannot_be_written_are_refused_alone(sink):
     assert [r["n"] for r in _visible(sink.path)] == [0, 1, 2, 3]
 
 
+def test_a_field_the_first_row_lacks_is_written_not_dropped(sink):
+    """Rows of one write that differ in their fields: each keeps all of its own (a later
+    row's document was dropped silently: pyarrow takes the columns from the first row)."""
+    rows = [
+        Record(b"a" * 16, 1, {"n": 0, "user": "u0"}),
+        Record(b"b" * 16, 1, {"n": 1, "user": "u0", "body": "a document"}),
+    ]
+    w = _writer(sink)
+    assert w.write(rows) == []
+    w.prepare()
+    w.commit()
+    assert [r.get("body") for r in _visible(sink.path)] == [None, "a document"]
+
+
 def test_object_store_paths_are_refused_with_the_reason():
     from onceflow.connectors.errors import ConnectorError
 
