@@ -16,6 +16,7 @@ as one task (one Kafka partition), then each exchange stage as one task over all
 
     python bench/stage_loop.py [--records 200000] [--batch 50000] [--repeat 3]
         [--workloads stateless,keyed-count,keyed-count-ids] [--profile 25]
+        [--client auto|python|confluent]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 """
@@ -102,12 +103,12 @@ def raw_batches(topic: str, first: int, count: int) -> list[pa.RecordBatch]:
     return out
 
 
-def prepared_job(workload: str, mode: str, bootstrap: str) -> Job:
+def prepared_job(workload: str, mode: str, bootstrap: str, client: str = "auto") -> Job:
     """The workload's job with its dead-letter sink, every sink prepared for streaming."""
     _guarantee, transactional = MODES[mode]
     name = f"loop-{mode[:2]}-{uuid.uuid4().hex[:6]}"
     os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
-    pipeline = build(workload, name, f"{name}-in", f"{name}-out", transactional)
+    pipeline = build(workload, name, f"{name}-in", f"{name}-out", transactional, client)
     job = pipeline.job()
     job = job.with_dead_letters(streaming_dead_letters(job, "/tmp"))
     for stage in job.stages:
@@ -182,7 +183,7 @@ def measure(
     workload: str, mode: str, args: argparse.Namespace, redis_url: str, bootstrap: str
 ) -> dict[str, Any]:
     """One run of ``args.records`` records in batches; CPU per record by process."""
-    job = prepared_job(workload, mode, bootstrap)
+    job = prepared_job(workload, mode, bootstrap, args.client)
     ns = Namespace(redis_url, job, mode)
     topic = job.sources[0][1].topics[0]
     warm = 2000  # a first batch warms clients and filters (its events come first in time)
@@ -238,6 +239,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workloads", default="stateless,keyed-count,keyed-count-ids")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--client",
+        default="auto",
+        help="Kafka client of the sinks: auto (confluent-kafka when installed), python, confluent",
+    )
     args = parser.parse_args()
     with services(False) as (redis_url, bootstrap, _cluster):
         for workload in args.workloads.split(","):
