@@ -158,14 +158,10 @@ def plain_columns(
         plain, hdrs = _plain_headers(headers, unpack)
         if not plain:
             return None
-        decode = codec.decode
-        elems = [decode(v) if v is not None else None for v in values]
+        elems = codec.decode_all(values)
         if with_ids:
             found = _found_ids(hdrs, id_fn, elems)
-            rids = [
-                f if f is not None else ids.from_position(source, topic, part, o)
-                for f, o in zip(found, offsets, strict=True)
-            ]
+            rids = _with_positions(found, (source, topic, part), offsets)
             positional = [f is None and by_position for f in found]
             prints = [
                 (crc32c(v or b"", crc32c(k or b"")) or 1) if f is not None else 0
@@ -185,6 +181,18 @@ def plain_columns(
         for k, v in zip(keys, values, strict=True)
     ]
     return RecordColumns(lane, rids, times, elems, list(offsets), positional, sizes, prints)
+
+
+def _with_positions(
+    found: list[bytes | None], lane: tuple[str, str, int], offsets: list[int]
+) -> list[bytes]:
+    """The IDs found, each missing one the record's position ID."""
+    if None not in found:
+        return found  # type: ignore[return-value]
+    positions = ids.from_positions(*lane, offsets)
+    if all(f is None for f in found):
+        return positions
+    return [f if f is not None else p for f, p in zip(found, positions, strict=True)]
 
 
 def _plain_headers(headers: list[Any], unpack: bool) -> tuple[bool, list[dict[str, bytes]] | None]:
