@@ -97,7 +97,7 @@ def build(
     topic: str,
     out: str,
     transactional: bool = True,
-    client: str = "python",
+    client: str = "auto",
 ) -> Pipeline:
     """The pipeline of one workload (see the module's doc)."""
     p = Pipeline(name, event_time=EventTime.of(out_of_orderness="1s"))

@@ -16,6 +16,11 @@ as one task (one Kafka partition), then each exchange stage as one task over all
 
     python bench/stage_loop.py [--records 200000] [--batch 50000] [--repeat 3]
         [--workloads stateless,keyed-count,keyed-count-ids] [--profile 25]
+        [--client auto|python|confluent] [--calls]
+
+``--calls`` adds a column: Python function calls (and calls into C) per record of the thread
+running the tasks, counted with ``sys.setprofile`` in a run of its own: unlike CPU times it
+does not move with the machine's load, so it shows a change of the hot path on a busy machine.
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
 """
@@ -102,12 +107,12 @@ def raw_batches(topic: str, first: int, count: int) -> list[pa.RecordBatch]:
     return out
 
 
-def prepared_job(workload: str, mode: str, bootstrap: str) -> Job:
+def prepared_job(workload: str, mode: str, bootstrap: str, client: str = "auto") -> Job:
     """The workload's job with its dead-letter sink, every sink prepared for streaming."""
     _guarantee, transactional = MODES[mode]
     name = f"loop-{mode[:2]}-{uuid.uuid4().hex[:6]}"
     os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
-    pipeline = build(workload, name, f"{name}-in", f"{name}-out", transactional)
+    pipeline = build(workload, name, f"{name}-in", f"{name}-out", transactional, client)
     job = pipeline.job()
     job = job.with_dead_letters(streaming_dead_letters(job, "/tmp"))
     for stage in job.stages:
@@ -178,11 +183,35 @@ def _inbound_rows(spec: Any, outputs: dict[str, list[pa.RecordBatch]]) -> list[p
     return rows
 
 
+class CallCounter:
+    """Python function calls and calls into C (``sys.setprofile`` events) of this thread.
+
+    What a record costs in calls does not depend on how loaded the machine is: a change that
+    makes the hot path shorter shows here even when CPU times are noisy. Threads other than
+    the one running the tasks (kafka-python's sender, librdkafka's own) are not counted.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, _frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            self.calls += 1
+
+
 def measure(
-    workload: str, mode: str, args: argparse.Namespace, redis_url: str, bootstrap: str
+    workload: str,
+    mode: str,
+    args: argparse.Namespace,
+    redis_url: str,
+    bootstrap: str,
+    count_calls: bool = False,
 ) -> dict[str, Any]:
-    """One run of ``args.records`` records in batches; CPU per record by process."""
-    job = prepared_job(workload, mode, bootstrap)
+    """One run of ``args.records`` records in batches; CPU per record by process.
+
+    ``count_calls``: count Python calls per record instead (slower, so a run of its own).
+    """
+    job = prepared_job(workload, mode, bootstrap, args.client)
     ns = Namespace(redis_url, job, mode)
     topic = job.sources[0][1].topics[0]
     warm = 2000  # a first batch warms clients and filters (its events come first in time)
@@ -194,12 +223,16 @@ def measure(
     broker_pid = int(os.environ.get(BROKER_PID_ENV, "0"))
     redis_before = _redis_cpu(ns.client)
     broker_before = _cpu_seconds(broker_pid) if broker_pid else None
-    profile = cProfile.Profile() if args.profile else None
+    profile = cProfile.Profile() if args.profile and not count_calls else None
+    counter = CallCounter() if count_calls else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profile is not None:
         profile.enable()
+    if counter is not None:
+        sys.setprofile(counter)
     for n, raw in enumerate(batches, start=1):
         run_batch(job, ns, n, raw)
+    sys.setprofile(None)
     if profile is not None:
         profile.disable()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
@@ -213,6 +246,7 @@ def measure(
         if broker_before is not None and broker_after is not None
         else float("nan"),
         "profile": profile,
+        "calls": counter.calls / args.records if counter is not None else float("nan"),
     }
 
 
@@ -238,6 +272,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workloads", default="stateless,keyed-count,keyed-count-ids")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="also count Python calls per record (one more run per mode; independent of load)",
+    )
+    parser.add_argument(
+        "--client",
+        default="auto",
+        help="Kafka client of the sinks: auto (confluent-kafka when installed), python, confluent",
+    )
     args = parser.parse_args()
     with services(False) as (redis_url, bootstrap, _cluster):
         for workload in args.workloads.split(","):
@@ -251,10 +295,15 @@ def report(workload: str, args: argparse.Namespace, redis_url: str, bootstrap: s
     for _ in range(args.repeat):
         for mode in MODES:
             runs[mode].append(measure(workload, mode, args, redis_url, bootstrap))
+    calls = {
+        mode: measure(workload, mode, args, redis_url, bootstrap, count_calls=True)["calls"]
+        for mode in (MODES if args.calls else ())
+    }
     print(
         f"\n--- {workload}: {args.records:,} records, {args.batch:,} per batch, CPU µs per record"
     )
-    print(f"{'mode':<26}{'task loops':>22}{'Redis':>8}{'broker':>8}{'total':>8}{'wall':>8}")
+    head = f"{'mode':<26}{'task loops':>22}{'Redis':>8}{'broker':>8}{'total':>8}{'wall':>8}"
+    print(head + (f"{'calls':>8}" if calls else ""))
     totals = {}
     for mode, rs in runs.items():
         loop = [r["loop_us"] for r in rs]
@@ -263,7 +312,7 @@ def report(workload: str, args: argparse.Namespace, redis_url: str, bootstrap: s
         print(
             f"{mode:<26}{statistics.median(loop):>8.2f} ({min(loop):.2f}..{max(loop):.2f})"
             f"{med['redis_us']:>8.2f}{med['broker_us']:>8.2f}{totals[mode]:>8.2f}"
-            f"{med['wall_us']:>8.2f}"
+            f"{med['wall_us']:>8.2f}" + (f"{calls[mode]:>8.1f}" if calls else "")
         )
     base = totals["at-least-once"]
     for mode in ("exactly-once/plain-sink", "exactly-once"):
@@ -284,6 +333,19 @@ def print_growth(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace
     print(f"\n  own µs per record in at-least-once (top {args.profile})")
     for func, us in top:
         print(f"  {us:8.3f}  {func[:90]}")
+    calls = call_counts(runs["exactly-once"][-1]["profile"], args.records)
+    print(f"\n  calls per record in exactly-once (top {args.profile})")
+    for func, n in sorted(calls.items(), key=lambda kv: -kv[1])[: args.profile]:
+        print(f"  {n:8.2f}  {func[:90]}")
+
+
+def call_counts(profile: cProfile.Profile, records: int) -> dict[str, float]:
+    """Calls per record of every function of a profile (where the hot path's calls go)."""
+    stats = pstats.Stats(profile)
+    out = {}
+    for (path, line, func), (_cc, nc, _tt, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        out[f"{func} ({'/'.join(path.split('/')[-2:])}:{line})"] = nc / records
+    return out
 
 
 if __name__ == "__main__":

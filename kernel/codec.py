@@ -156,6 +156,16 @@ class ValueCodec:
     decode: Callable[[bytes], Any]
     encode: Callable[[Any], bytes]
     prepare: Callable[[], None] | None = None
+    # Many values at once, as ``decode`` would give each (the source's hot path); may raise
+    # where ``decode`` would raise for one of them.
+    decode_many: Callable[[list[bytes]], list[Any]] | None = None
+
+    def decode_all(self, values: list[bytes | None]) -> list[Any]:
+        """Every value decoded (None stays None); raises if one cannot be."""
+        if self.decode_many is not None and None not in values:
+            return self.decode_many(values)  # type: ignore[arg-type]
+        decode = self.decode
+        return [decode(v) if v is not None else None for v in values]
 
 
 _orjson: Any
@@ -185,6 +195,21 @@ def _json_decode(data: bytes) -> Any:
     return json.loads(data)
 
 
+def _json_decode_many(values: list[bytes]) -> list[Any]:
+    """JSON values decoded as :func:`_json_decode` decodes each, in one orjson call apiece.
+
+    The check for long numbers runs once over all the values (a run of 19 digits across two
+    values only sends them to the slower path, never to a wrong value).
+    """
+    loads = _orjson.loads if _orjson is not None else None
+    if loads is None or _LONG_NUMBER.search(b"".join(values)):
+        return [_json_decode(v) for v in values]
+    try:
+        return [loads(v) for v in values]
+    except (_orjson.JSONDecodeError, TypeError):
+        return [_json_decode(v) for v in values]
+
+
 def _json_record(value: Any) -> dict[str, Any]:
     """A dataclass or pydantic model as a JSON object (a named tuple is an array, as in json)."""
     found = record_types.fields_of(value)
@@ -194,7 +219,40 @@ def _json_record(value: Any) -> dict[str, Any]:
     return found[1]
 
 
+def _orjson_default(value: Any) -> Any:
+    """What orjson cannot write itself, as :func:`json.dumps` writes it.
+
+    A named tuple (a tuple subclass) as an array, a dataclass or model by :func:`_json_record`.
+    """
+    if isinstance(value, tuple):
+        return list(value)
+    return _json_record(value)
+
+
+# Dataclasses and datetimes go through the default (json writes no datetime; dataclasses by
+# their fields as record_types says), not through orjson's own rules.
+_ORJSON_OPTIONS = 0
+if _orjson is not None:
+    _ORJSON_OPTIONS = _orjson.OPT_PASSTHROUGH_DATACLASS | _orjson.OPT_PASSTHROUGH_DATETIME
+
+
 def _json_encode(value: Any) -> bytes:
+    """A value as compact JSON text, UTF-8, as ``json.dumps`` writes it.
+
+    orjson writes the same JSON ~15x faster (measured: 13.9 -> 0.9 µs for a small object on a
+    loaded machine). What it refuses (keys that are not text, integers past 64 bits, lone
+    surrogates) or writes otherwise (NaN and infinities as ``null``: any output holding
+    ``null`` is written again) goes to ``json``, which writes it, or raises, as it always did.
+    Floats may be spelt differently (``1.5e-7`` for ``1.5e-07``): the same numbers.
+    """
+    if _orjson is not None:
+        try:
+            out: bytes = _orjson.dumps(value, default=_orjson_default, option=_ORJSON_OPTIONS)
+        except (TypeError, _orjson.JSONEncodeError):
+            pass
+        else:
+            if b"null" not in out:
+                return out
     try:
         return json.dumps(
             value, separators=(",", ":"), ensure_ascii=False, default=_json_record
@@ -227,7 +285,7 @@ def _raw_encode(value: Any) -> bytes:
 
 
 CODECS: dict[str, ValueCodec] = {
-    "json": ValueCodec("json", _json_decode, _json_encode),
+    "json": ValueCodec("json", _json_decode, _json_encode, decode_many=_json_decode_many),
     "utf-8": ValueCodec("utf-8", _utf8_decode, _utf8_encode),
     "raw": ValueCodec("raw", _raw_decode, _raw_encode),
     "msgpack": ValueCodec("msgpack", decode, encode),

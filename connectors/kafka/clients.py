@@ -30,6 +30,7 @@ from typing import Any
 
 from onceflow.connectors.kafka.admin import await_kafka, ensure_topics
 from onceflow.connectors.kafka.interface import (
+    AUTO_CLIENT,
     CONFLUENT_CLIENT,
     FAST_EXTRA,
     NOTHING,
@@ -48,11 +49,13 @@ from onceflow.connectors.kafka.interface import (
     RecordRefused,
     check_client,
     require_confluent,
+    resolve_client,
 )
 from onceflow.connectors.kafka.kafka_python import PythonProducer, PythonReader
 from onceflow.kernel.settings import KafkaSettings
 
 __all__ = [
+    "AUTO_CLIENT",
     "CONFLUENT_CLIENT",
     "FAST_EXTRA",
     "NOTHING",
@@ -77,6 +80,7 @@ __all__ = [
     "renew_shared_producer",
     "renew_shared_reader",
     "require_confluent",
+    "resolve_client",
     "shared_producer",
     "shared_reader",
 ]

@@ -16,8 +16,9 @@ from onceflow.kernel.errors import ConfigError
 
 PYTHON_CLIENT = "python"
 CONFLUENT_CLIENT = "confluent"
+AUTO_CLIENT = "auto"  # confluent-kafka where it can be imported, else kafka-python
 WORKER_CLIENTS = (PYTHON_CLIENT, CONFLUENT_CLIENT)
-FAST_EXTRA = "pip install 'onceflow[fast]'"
+FAST_EXTRA = "pip install confluent-kafka"
 READ_BATCH = 5000  # at most this many records come back from one poll of either reader
 
 Headers = list[tuple[str, bytes]]
@@ -52,7 +53,7 @@ def check_client(client: str, who: str, others: Sequence[str] = ()) -> None:
 
     ``others`` are further clients ``who`` accepts (the source's ``"spark"``).
     """
-    known = (*WORKER_CLIENTS, *others)
+    known = (AUTO_CLIENT, *WORKER_CLIENTS, *others)
     if client not in known:
         names = ", ".join(repr(c) for c in known)
         msg = f"{who} client must be one of {names}, got {client!r}"
@@ -61,13 +62,31 @@ def check_client(client: str, who: str, others: Sequence[str] = ()) -> None:
         require_confluent(who)
 
 
+def resolve_client(client: str) -> str:
+    """The client ``client`` names; ``"auto"`` (the default) is resolved here.
+
+    ``"auto"`` is confluent-kafka (librdkafka, a dependency of Onceflow) when it can be
+    imported here, else kafka-python.
+
+    Resolved once, on the driver, when the source or sink is made: the workers get the
+    resolved name with the pickled connector.
+    """
+    if client != AUTO_CLIENT:
+        return client
+    return CONFLUENT_CLIENT if confluent_installed() else PYTHON_CLIENT
+
+
+def confluent_installed() -> bool:
+    """Whether confluent-kafka can be imported in this interpreter."""
+    try:
+        return importlib.util.find_spec("confluent_kafka") is not None
+    except (ImportError, ValueError):  # a broken install, or the module set to None
+        return False
+
+
 def require_confluent(who: str) -> None:
     """Raise a one-line :class:`ConfigError` when confluent-kafka cannot be imported."""
-    try:
-        found = importlib.util.find_spec("confluent_kafka") is not None
-    except (ImportError, ValueError):  # a broken install, or the module set to None
-        found = False
-    if not found:
+    if not confluent_installed():
         msg = (
             f"{who}(client='confluent') needs the confluent-kafka package, which is not "
             f"installed here: {FAST_EXTRA} (on the driver and every worker), or use "

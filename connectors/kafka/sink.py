@@ -45,7 +45,12 @@ from typing import Any, Literal
 from onceflow.connectors.base import SinkConnector, SinkWriter, TaskInfo, renamed
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.admin import TopicRequest, TopicTimes, prepare_topics
-from onceflow.connectors.kafka.clients import PYTHON_CLIENT, await_kafka, check_client
+from onceflow.connectors.kafka.clients import (
+    AUTO_CLIENT,
+    await_kafka,
+    check_client,
+    resolve_client,
+)
 from onceflow.connectors.kafka.delivery_log import DELIVERY_LOG_CONFIG, DELIVERY_LOG_SUFFIX
 from onceflow.connectors.kafka.outage import ATTEMPT_S
 from onceflow.connectors.kafka.serialization import (
@@ -130,7 +135,7 @@ class KafkaSink(SinkConnector):
         transaction_prefix: str | None = None,
         connection: dict[str, Any] | None = None,
         producer_options: dict[str, Any] | None = None,
-        client: str = PYTHON_CLIENT,
+        client: str = AUTO_CLIENT,
         timestamp: TimestampMode = "event",
         replication_factor: int | None = None,
         options: dict[str, Any] | None = None,
@@ -144,7 +149,7 @@ class KafkaSink(SinkConnector):
         # the topic's timestamp bounds, read by prepare(); none known before
         self.times = TopicTimes()
         self._notes: list[str] = []
-        self.client = client
+        self.client = resolve_client(client)
         self.transactional = transactional
         self.transaction_prefix = transaction_prefix
         self.log_topic: str | None = None

@@ -36,7 +36,7 @@ from onceflow.connectors.base import (
     renamed,
 )
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka.clients import await_kafka
+from onceflow.connectors.kafka.clients import await_kafka, resolve_client
 from onceflow.connectors.kafka.decode import kafka_decoder
 from onceflow.connectors.kafka.kafka_python import BOOTSTRAP
 from onceflow.connectors.kafka.offsets import partitions_of, split_tp
@@ -81,7 +81,7 @@ class KafkaSource(SourceConnector):
         key_codec: str = "raw",
         on_data_loss: str = "fail",
         connection: dict[str, Any] | None = None,
-        client: str = "python",
+        client: str = "auto",
         read_in_task: bool = True,
         options: dict[str, Any] | None = None,
     ) -> None:
@@ -105,7 +105,7 @@ class KafkaSource(SourceConnector):
         # the same data source reading with confluent-kafka; "spark": Spark's own Kafka
         # connector, whose jars the session must load at start (see .spark_source).
         check_client(client, group_id)
-        self.client = client
+        self.client = resolve_client(client)
         self._bootstrap = bootstrap_servers
         hint = "connection settings have the same name on KafkaSink"
         connection = renamed(

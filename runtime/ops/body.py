@@ -39,6 +39,7 @@ from onceflow.runtime.ops.combine_flush import (
 from onceflow.runtime.ops.process import Processes, ProcessOp
 from onceflow.runtime.ops.record_text import (
     Cursor,
+    Origins,
     StageFailure,
     as_json,
     describe,
@@ -108,7 +109,7 @@ class StageBody:
         self.combines: dict[str, CombineOp | WindowedCombine] = {}
         self.processes = Processes()
         self.op_derivers: dict[str, Deriver] = {}
-        self.origins: dict[bytes, str] = {}  # source records: where they were read
+        self.origins = Origins()  # source records: where they were read
         self.push: dict[str, Push] = {}
         for op in reversed(spec.ops):  # consumers first, so producers can bind them
             self.push[op.name] = self._build(op)

@@ -1,4 +1,4 @@
-"""What the executor's parts share about records: the cursor, and text for dead letters."""
+"""What the executor's parts share about records: the cursor, their origins, dead-letter text."""
 
 from __future__ import annotations
 
@@ -21,6 +21,51 @@ class Cursor:
     def __init__(self) -> None:
         self.parent = b""
         self.ts = 0
+
+
+class Origins:
+    """Where the current input's source records were read (``lane@offset``), by record ID.
+
+    Only errors and dead letters ask, so recording costs nothing per record: a lane's slice is
+    kept as the lists it came in (:meth:`add_columns`), and the first lookup after new slices
+    indexes them. Like a dict, a later record under the same ID wins.
+    """
+
+    __slots__ = ("_index", "_indexed", "_records", "_slices")
+
+    def __init__(self) -> None:
+        self._slices: list[tuple[list[bytes], str, list[int]]] = []
+        self._index: dict[bytes, str] = {}
+        self._indexed = 0  # slices already in the index
+        self._records = 0
+
+    def add(self, rid: bytes, lane: str, offset: int | None) -> None:
+        """One record read at ``lane@offset``."""
+        self._slices.append(([rid], lane, [offset if offset is not None else -1]))
+        self._records += 1
+
+    def add_columns(self, ids: list[bytes], lane: str, offsets: list[int]) -> None:
+        """Records ``ids`` read at ``offsets`` of ``lane`` (kept as they are, not copied)."""
+        self._slices.append((ids, lane, offsets))
+        self._records += len(ids)
+
+    def get(self, rid: bytes, default: str | None = None) -> str | None:
+        """Where record ``rid`` was read, or ``default``."""
+        slices, index = self._slices, self._index
+        while self._indexed < len(slices):
+            ids, lane, offsets = slices[self._indexed]
+            index.update(zip(ids, (f"{lane}@{o}" for o in offsets), strict=True))
+            self._indexed += 1
+        return index.get(rid, default)
+
+    def __len__(self) -> int:
+        return self._records
+
+    def clear(self) -> None:
+        """Forget every record (a task bounds what it remembers, see ``MAX_ORIGINS``)."""
+        self._slices.clear()
+        self._index.clear()
+        self._indexed = self._records = 0
 
 
 def describe(value: Any, limit: int = 500) -> str:

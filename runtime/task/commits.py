@@ -19,7 +19,7 @@ from onceflow.kernel.records import DeadLetter, InRow, Output, StateWrite
 from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
 from onceflow.runtime.ops.body import StageBody
-from onceflow.runtime.ops.record_text import StageFailure, ahead_reason, portable
+from onceflow.runtime.ops.record_text import Origins, StageFailure, ahead_reason, portable
 from onceflow.runtime.spec import StageSpec
 from onceflow.runtime.task.times import timed
 
@@ -39,7 +39,7 @@ class ChunkCommits:
         spec: StageSpec,
         guard: Guard,
         body: StageBody,
-        origins: dict[bytes, str],
+        origins: Origins,
         count: Callable[[str, int], None],
         crash: Callable[[CrashPoint], None],
     ) -> None:

@@ -9,15 +9,16 @@ event time per source lane among its rows and the lane heartbeats decoded so far
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import repeat
 from typing import TYPE_CHECKING
 
-from onceflow.connectors.base import LaneProgress
+from onceflow.connectors.base import LaneProgress, RecordColumns
 from onceflow.kernel import codec
 from onceflow.kernel.limits import SOURCE_SLICE_RECORDS, Budget
 from onceflow.kernel.records import DeadLetter, InRow, Record
 from onceflow.runtime.guard import Guard
 from onceflow.runtime.ops.body import StageBody
-from onceflow.runtime.ops.record_text import describe, too_large
+from onceflow.runtime.ops.record_text import Origins, describe, too_large
 from onceflow.runtime.spec import StageSpec
 from onceflow.runtime.task.chunking import Chunker, Part
 
@@ -44,7 +45,7 @@ class TaskInput:
         self.guard = guard
         self.body = body
         self.count = count
-        self.origins: dict[bytes, str] = {}  # source records of the current input batch
+        self.origins = Origins()  # source records of the current input batch
         self.progress: dict[str, int] = {}  # lane heartbeats not yet sent with a chunk
         self.letter_bytes = 0  # payload of dead letters made while decoding, not committed
 
@@ -109,53 +110,88 @@ class TaskInput:
         A source's Arrow batch may stand for a whole offset range its task reads itself (see
         :mod:`onceflow.connectors.kafka.datasource`): its records are handed on a slice at a
         time, not all decoded first. Undecodable records, and records over
-        ``max_record_bytes`` (:meth:`_too_large_input`), become dead letters.
+        ``max_record_bytes`` (:meth:`_too_large_input`), become dead letters. Records a
+        decoder hands over as columns (:class:`~onceflow.connectors.base.RecordColumns`) are
+        taken a list at a time; the rest one by one.
         """
         decoder = self.spec.source_connector.decoder(self.spec.source, self.guard.mode.ids)
-        origins = self.origins
-        limit = self.spec.max_record_bytes
-        max_rows, max_bytes = SOURCE_SLICE_RECORDS, self.guard.chunk_bytes
-        part = Part([], [], [], [], [])
-        rows, lanes, positional, sizes, prints = part
-        size = 0
+        slicer = _Slicer(SOURCE_SLICE_RECORDS, self.guard.chunk_bytes)
         for batch in batches:
             for item in decoder(batch):
-                if len(rows) >= max_rows or size >= max_bytes:
-                    yield part
-                    part = Part([], [], [], [], [])
-                    rows, lanes, positional, sizes, prints = part
-                    size = 0
-                    if len(origins) > MAX_ORIGINS:
-                        origins.clear()
+                if isinstance(item, RecordColumns):
+                    yield from self._columns(item, slicer)
+                    continue
+                yield from self._hand_on(slicer)
                 if isinstance(item, Record):
-                    if item.size > limit:
-                        self._too_large_input(item, limit)
-                        continue
-                    row = (0, item.id, item.ts, None, item.elem)
-                    rows.append(row)
-                    lanes.append(item.lane)
-                    positional.append(item.positional)
-                    sizes.append(item.size)
-                    prints.append(item.fingerprint)
-                    size += item.size
-                    if item.lane is not None:
-                        origins[item.id] = f"{item.lane}@{item.offset}"
+                    self._record(item, slicer)
                 elif isinstance(item, LaneProgress):
                     self._heartbeat(item)
                 else:
                     assert isinstance(item, DeadLetter)
-                    self.count(item.code, item.lost)
-                    self.guard.note(item.code, item.lost)
-                    self.body.dead(item)
-                    weight = min(item.payload_size(), limit)
-                    self.letter_bytes += weight
-                    size += weight
-            yield part
-            part = Part([], [], [], [], [])
-            rows, lanes, positional, sizes, prints = part
-            size = 0
-            if len(origins) > MAX_ORIGINS:
-                origins.clear()
+                    slicer.size += self._letter(item)
+            yield from self._hand_on(slicer, end=True)
+
+    def _hand_on(self, slicer: _Slicer, end: bool = False) -> Iterator[Part]:
+        """The slice, if full (or at the ``end`` of an input batch); bounds the origins kept."""
+        yield from slicer.cut() if end else slicer.full()
+        if len(self.origins) > MAX_ORIGINS:
+            self.origins.clear()
+
+    def _columns(self, cols: RecordColumns, slicer: _Slicer) -> Iterator[Part]:
+        """A lane's records as columns, into slices (a record over the limit: one by one)."""
+        limit = self.spec.max_record_bytes
+        if cols.sizes and max(cols.sizes) > limit:
+            for rec in cols.records():
+                yield from self._hand_on(slicer)
+                self._record(rec, slicer)
+            return
+        start, n = 0, len(cols)
+        while start < n:
+            yield from self._hand_on(slicer)
+            end = slicer.take(cols.sizes, start)
+            part = slicer.part
+            part.rows.extend(
+                zip(
+                    repeat(0, end - start),
+                    cols.ids[start:end],
+                    cols.ts[start:end],
+                    repeat(None, end - start),
+                    cols.elems[start:end],
+                    strict=True,
+                )
+            )
+            part.lanes.extend(repeat(cols.lane, end - start))
+            part.positional.extend(cols.positional[start:end])
+            part.sizes.extend(cols.sizes[start:end])
+            part.prints.extend(cols.fingerprints[start:end])
+            self.origins.add_columns(cols.ids[start:end], cols.lane, cols.offsets[start:end])
+            start = end
+
+    def _record(self, item: Record, slicer: _Slicer) -> None:
+        """One decoded record into the current slice (or a dead letter if too large)."""
+        limit = self.spec.max_record_bytes
+        if item.size > limit:
+            self._too_large_input(item, limit)
+            return
+        part = slicer.part
+        row = (0, item.id, item.ts, None, item.elem)
+        part.rows.append(row)
+        part.lanes.append(item.lane)
+        part.positional.append(item.positional)
+        part.sizes.append(item.size)
+        part.prints.append(item.fingerprint)
+        slicer.size += item.size
+        if item.lane is not None:
+            self.origins.add(item.id, item.lane, item.offset)
+
+    def _letter(self, item: DeadLetter) -> int:
+        """A dead letter made while decoding; what it weighs in the slice."""
+        self.count(item.code, item.lost)
+        self.guard.note(item.code, item.lost)
+        self.body.dead(item)
+        weight = min(item.payload_size(), self.spec.max_record_bytes)
+        self.letter_bytes += weight
+        return weight
 
     def _too_large_input(self, rec: Record, limit: int) -> None:
         """A source record over ``max_record_bytes`` is a dead letter, never processed.
@@ -185,6 +221,41 @@ class TaskInput:
                 else:
                     rows.append((port, rid, ts, None, decode(value)))
             yield Part(rows, [], [], _row_sizes(batch), [])
+
+
+class _Slicer:
+    """The slice of decoded source records being filled, and when it is full."""
+
+    def __init__(self, max_rows: int, max_bytes: int) -> None:
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.part = Part([], [], [], [], [])
+        self.size = 0
+
+    def full(self) -> Iterator[Part]:
+        """The slice, handed on if it holds a slice's worth (records or bytes)."""
+        if len(self.part.rows) >= self.max_rows or self.size >= self.max_bytes:
+            yield from self.cut()
+
+    def cut(self) -> Iterator[Part]:
+        """Hand the slice on (even empty: the end of an input batch) and start a new one."""
+        yield self.part
+        self.part = Part([], [], [], [], [])
+        self.size = 0
+
+    def take(self, sizes: list[int], start: int) -> int:
+        """How far from ``start`` the records of ``sizes`` fill this slice (at least one)."""
+        room = self.max_rows - len(self.part.rows)
+        end = min(len(sizes), start + max(room, 1))
+        budget = self.max_bytes - self.size
+        total = 0
+        for i in range(start, end):
+            total += sizes[i]
+            if total >= budget:
+                end = i + 1
+                break
+        self.size += total
+        return end
 
 
 def _row_sizes(batch: pa.RecordBatch) -> list[int]:

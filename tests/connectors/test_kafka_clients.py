@@ -96,7 +96,14 @@ def test_a_missing_confluent_kafka_is_one_line_saying_what_to_install(make, monk
     with pytest.raises(ConfigError) as missing:
         make()
     message = str(missing.value)
-    assert "pip install 'onceflow[fast]'" in message and "\n" not in message
+    assert "pip install confluent-kafka" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("make", [lambda: KafkaSource("t"), lambda: KafkaSink("t")])
+def test_the_default_client_is_confluent_kafka_and_kafka_python_without_it(make, monkeypatch):
+    assert make().client == "confluent"
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # as if not installed
+    assert make().client == "python"
 
 
 def test_an_unknown_client_is_refused_naming_the_choices():

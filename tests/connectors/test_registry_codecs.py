@@ -275,7 +275,9 @@ def _source_decode(source, values):
         ],
         names=list(RAW_COLUMNS),
     )
-    return list(source.decoder("src", True)(batch))
+    from tests.connectors.test_source_decoding import flat
+
+    return flat(source.decoder("src", True)(batch))
 
 
 def test_a_source_dead_letters_bad_values_but_fails_when_the_registry_is_away(

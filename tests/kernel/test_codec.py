@@ -150,3 +150,48 @@ def test_a_kafka_key_json_cannot_write_is_a_codec_error():
     assert key_bytes(("a", 1)) == b'["a",1]'
     with pytest.raises(CodecError, match="record key"):
         key_bytes(object())
+
+
+_writable = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # past 64 bits too: orjson refuses them, json writes them whole
+    | st.floats()  # NaN and infinities: orjson would write null, json writes NaN
+    | st.text(),  # lone surrogates: orjson refuses them, and so does UTF-8
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text() | st.integers(), inner, max_size=4)
+    ),  # int keys: json's "1"
+    max_leaves=12,
+)
+
+
+@given(_writable)
+def test_the_json_codec_writes_what_json_writes(value):
+    """orjson speeds the writing up; what it writes reads back as json's own text does, and
+    what json refuses is refused (a dead letter), never written otherwise."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except (TypeError, ValueError):
+        with pytest.raises(CodecError):
+            value_codec("json").encode(value)
+        return
+    out = value_codec("json").encode(value)
+    assert repr(json.loads(out)) == repr(json.loads(text))
+
+
+def test_named_tuples_and_dataclasses_are_written_as_json_writes_them():
+    import collections
+    import dataclasses
+
+    pair = collections.namedtuple("pair", "a b")
+
+    @dataclasses.dataclass
+    class Order:
+        id: str
+        items: tuple[int, ...]
+
+    assert value_codec("json").encode(pair(1, "x")) == b'[1,"x"]'
+    written = value_codec("json").encode({"o": Order("a", (1, 2))})
+    assert written == b'{"o":{"id":"a","items":[1,2]}}'

@@ -95,3 +95,22 @@ def test_timestamp_header_round_trip(ts):
 def test_derivation_from_parts_is_length_prefixed():
     d = ids.Deriver("x")
     assert d.of("ab", "c") != d.of("a", "bc")
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**63 - 1), max_size=50))
+def test_a_slice_of_position_ids_is_each_offsets_own(offsets):
+    made = ids.from_positions("src", "t", 3, offsets)
+    assert made == [ids.from_position("src", "t", 3, o) for o in offsets]
+    assert len(set(made)) == len(set(offsets))  # two offsets of a lane never share an ID
+
+
+def test_position_ids_spread_over_seen_shards_and_differ_between_lanes():
+    from collections import Counter
+
+    from onceflow.kernel.keyspace import shard_of
+
+    made = ids.from_positions("src", "t", 0, list(range(64_000)))
+    per_shard = Counter(shard_of(rid, 64) for rid in made)
+    assert len(per_shard) == 64 and max(per_shard.values()) < 1.1 * 1000
+    assert not set(made) & set(ids.from_positions("src", "t", 1, list(range(64_000))))
+    assert not set(made) & set(ids.from_positions("other", "t", 0, list(range(64_000))))

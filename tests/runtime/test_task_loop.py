@@ -35,7 +35,7 @@ def test_a_failure_names_the_record_only_when_it_is_not_a_connectors_failure():
     p.read("gen", sources.Generate(6, splits=1)).write("out", sinks.Collect())
     spec = p.job().stages[0]
     task = TaskRun(spec, no_guard, TaskRef(spec.name, 0, 0))
-    task.origins[b"p" * 16] = "t:0@41"
+    task.origins.add(b"p" * 16, "t:0", 41)
     task.body.cursor.parent = b"p" * 16
     line = task.failure_line(ValueError("bad value"))
     assert "ValueError: bad value" in line and line.endswith("[input record t:0@41]")
