@@ -19,6 +19,8 @@ import shutil
 import pytest
 import redis as redis_py
 
+from onceflow.dedup.delivery import receiver_name
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.testing.harness import Crash, run_pipeline
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.preload import lying_clock
@@ -111,3 +113,53 @@ def test_a_host_crash_right_after_a_kafka_commit_delivers_once(broker, tmp_path)
         verify(run, redis_py.Redis.from_url(server.url))
     finally:
         server.stop()
+
+
+def test_a_host_crash_after_a_kafka_commit_never_copies_silently_with_unconfirmed_fsync(
+    broker, tmp_path
+):
+    """Debian's Redis 7.0 with ``everysec`` cannot confirm an fsync (no ``WAITAOF``), and
+    ``--allow-unconfirmed-fsync`` runs on it. Its host crashes just after a sink's Kafka
+    transaction committed: the crash takes the pending delivery written a moment before (and
+    whatever else the last fsync did not cover). Kafka's delivery log still holds the
+    transaction's marker, so the batch run again on what Redis kept must find that delivery:
+    either the records it would write are exactly those (it counts them delivered) or it
+    stops with one line saying what happened. Never a silent copy: before that check the run
+    exited 0 and read_committed readers saw the transaction's records twice."""
+    server = CrashableRedis().start()  # Debian's redis-server: 7.0, everysec
+    try:
+        run = new_run(broker, server.url, tmp_path)
+        run.cap = 300
+        run.extra_args = ["--allow-unconfirmed-fsync"]
+        _wave(run, 600, 6)
+        pending = Keyspace(run.name).pending(receiver_name("copy"), 0)
+        kept: list[bool] = []
+
+        def crash() -> None:
+            server.crash_host()
+            kept.append(redis_py.Redis.from_url(server.url).hexists(pending, "marker"))
+
+        point = Crash("after_sink_commit", stage="events", batch=1, partition=0, mode="pause")
+        outcome = run_pipeline(PIPELINE, run.args(), env=run.env, crash=point, fault=crash)
+        assert kept, "the pause point was never reached:\n" + outcome.output[-3000:]
+        assert "running it again" in outcome.output, outcome.output[-3000:]
+        if outcome.returncode == 0:  # the records were found to be the delivered ones
+            verify(run, redis_py.Redis.from_url(server.url))
+            return
+        assert not kept[0], "Redis kept the pending delivery, yet the run stopped"
+        errors = [line for line in outcome.output.splitlines() if line.startswith("error")]
+        assert len(errors) == 1, outcome.output[-3000:]
+        assert "Redis lost the record of" in errors[0], errors[0]
+        copies = _copies(run)
+        assert not copies, f"{copies} records of the copy topic were written twice"
+    finally:
+        server.stop()
+
+
+def _copies(run) -> int:
+    """Records of the copy topic (read_committed) beyond one per ID."""
+    from onceflow.connectors.kafka.topics import read_topic
+    from onceflow.kernel.settings import KafkaSettings
+
+    records = read_topic(KafkaSettings(run.bootstrap), run.topics["copy"])
+    return len(records) - len({r.headers["onceflow-id"] for r in records})
