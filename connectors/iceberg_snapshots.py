@@ -106,6 +106,17 @@ def outcome(metadata: Any, delivery: str) -> str | None:
     return None
 
 
+def appended(metadata: Any, prefix: str) -> list[str]:
+    """The deliveries beginning with ``prefix`` that a snapshot appended, oldest first."""
+    found = []
+    for snapshot in metadata.snapshots:
+        summary = snapshot.summary
+        delivery = None if summary is None else summary.additional_properties.get(DELIVERY)
+        if delivery is not None and delivery.startswith(prefix):
+            found.append(delivery)
+    return found
+
+
 def head(table: Any) -> int | None:
     """The id of the snapshot the table's main branch is at (None: it has none)."""
     snapshot = table.current_snapshot()

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from onceflow.connectors.base import Rejected, TaskInfo, TransactionalWriter
+from onceflow.connectors.base import DeliveryMark, Rejected, TaskInfo, TransactionalWriter
 from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel.records import Record
 
@@ -103,8 +103,12 @@ class StagedFilesWriter(TransactionalWriter):
                 rejected.append((rec, f"{self.refusal}: {exc}"))
         return rejected
 
-    def prepare(self) -> str:
-        """Write and fsync the staged files; the marker names where they will be."""
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
+        """Write and fsync the staged files; the marker names where they will be.
+
+        ``mark`` is not kept (:meth:`delivered_in` cannot tell): a delivery of the same
+        records is written under the same names again, replacing its files.
+        """
         self.staged = self._stage()
         self.prepared = True
         return json.dumps([os.path.relpath(final, self.root) for _staging, final in self.staged])

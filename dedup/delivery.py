@@ -69,11 +69,13 @@ class PendingDelivery:
 class SinkState:
     """What an earlier attempt left for a sink partition: its pending delivery, and writers.
 
-    ``writers``: identities of transactional writers that may hold a transaction open for it.
+    ``writers``: identities of transactional writers that may hold a transaction open for it;
+    ``last``: the marker of the partition's last transactional delivery logged (None: none).
     """
 
     pending: PendingDelivery | None = None
     writers: tuple[str, ...] = ()
+    last: str | None = None
 
 
 def receiver_name(sink: str) -> str:
@@ -92,11 +94,12 @@ def sink_state(session: TaskSession, name: str) -> SinkState:
         f.decode()[len(WRITER_FIELD) :] for f in fields if f.startswith(WRITER_FIELD.encode())
     )
     marker, blob, batch = fields.get(b"marker"), fields.get(b"ids"), fields.get(b"batch")
+    last = fields[b"last"].decode() if b"last" in fields else None
     if marker is None:
-        return SinkState(None, writers)
+        return SinkState(None, writers, last)
     ids = split_ids(blob or b"", "a pending delivery's IDs")
     made_by = int(batch) if batch is not None else None
-    return SinkState(PendingDelivery(marker.decode(), ids, made_by), writers)
+    return SinkState(PendingDelivery(marker.decode(), ids, made_by), writers, last)
 
 
 def note_writer(session: TaskSession, name: str, identity: str, begins: bool = True) -> None:
@@ -161,12 +164,14 @@ def log_delivered(
     end_pending: bool = True,
     copies: int = 0,
     batch: int | None = None,
+    marker: str = "",
 ) -> None:
     """Log a delivery that became visible in the backup of the task that made it.
 
     The delivering task is this one unless ``batch`` names another micro-batch (a pending
     delivery an earlier batch's attempt left: its backup, if GC left it, gets the log).
-    Ends the pending delivery (``end_pending``) and counts ``copies`` possible copies.
+    Ends the pending delivery (``end_pending``) and counts ``copies`` possible copies; a
+    transactional delivery's ``marker`` stays as the partition's last (:class:`SinkState`).
     """
     name = receiver_name(sink)
     made_by = session.batch if batch is None else batch
@@ -182,6 +187,7 @@ def log_delivered(
         n=len(ids),
         end_pending=end_pending,
         copies=copies,
+        marker=marker,
     )
     session.check(session.store.script("log_delivery", keys, args))
     session.round_trip()
@@ -202,6 +208,7 @@ def resolve_logged(
     """
     copies = 0 if left.transactional else len(left.ids)
     ids = left.ids if committed else []
-    log_delivered(session, sink, ids, True, copies, left.batch)
+    marker = left.marker if committed and left.transactional else ""
+    log_delivered(session, sink, ids, True, copies, left.batch, marker)
     session.count_local("deliveries_recovered", 1)
     return ids

@@ -81,6 +81,7 @@ class Durability:
     replicas: int  # replicas that must acknowledge (0: none)
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     auto: bool = False  # replicas: one if the master has any when a batch starts, else none
+    unconfirmed: bool = False  # a master can confirm neither: allowed (unconfirmed_warning)
 
     def for_batch(self, targets: Sequence[tuple[str, Any]]) -> BatchDurability:
         """What a starting batch waits for, per hash tag, and the server of each tag now.
@@ -170,13 +171,16 @@ def plan_durability(
     """
     facts = [server_facts(c) for c in clients]
     waitaof = any(_needs_waitaof(f) for f in facts)
+    unconfirmed = False
     for client, f in zip(clients, facts, strict=True):
         covered = (replicas or 0) > 0 or (replicas is None and f.replicas > 0)
-        if not allow_unconfirmed and not covered and _unconfirmable(f):
-            raise ServiceError(unconfirmed_message(client, f))
+        if not covered and _unconfirmable(f):
+            if not allow_unconfirmed:
+                raise ServiceError(unconfirmed_message(client, f))
+            unconfirmed = True
     if replicas is None:
-        return Durability(waitaof, 0, timeout_ms, auto=True)
-    return Durability(waitaof, replicas, timeout_ms)
+        return Durability(waitaof, 0, timeout_ms, auto=True, unconfirmed=unconfirmed)
+    return Durability(waitaof, replicas, timeout_ms, unconfirmed=unconfirmed)
 
 
 def _needs_waitaof(f: ServerFacts) -> bool:
@@ -201,6 +205,19 @@ def unconfirmed_message(client: Connection, f: ServerFacts) -> str:
         "appendfsync always), use Redis 7.2 or later, or wait for a replica "
         "(--redis-wait-replicas 1); or accept that risk with --allow-unconfirmed-fsync"
     )
+
+
+UNCONFIRMED_WARNING = (
+    "--allow-unconfirmed-fsync: Redis cannot confirm that writes reached its disk. A crash "
+    "of its host loses up to a second of acknowledged writes: the micro-batch in flight is "
+    "run again from what Redis kept; a delivery to a Kafka, PostgreSQL or Iceberg sink whose "
+    "record Redis lost is found in the sink and counted delivered if the records run again "
+    "are those byte for byte, else the run stops and says so (a copy is never written); a "
+    "delivery to a file sink whose record Redis lost is written again, under the same file "
+    "names when it holds the same records; and writes of a micro-batch Spark had already "
+    "committed stop the next start (Redis lost writes). Use appendfsync always, Redis 7.2+, "
+    "or a replica to lose nothing"
+)
 
 
 def _where(client: Connection) -> str:

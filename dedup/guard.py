@@ -76,19 +76,32 @@ class ExactlyOnceGuards:
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
     parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
     id_tags: int = 0  # layout 4: ID tags source stages claim their IDs on (kernel.id_tags)
+    incarnation: str = ""  # the namespace's (new at each reset), in sinks' delivery marks
+    # Redis may lose a pending delivery a sink committed: marks carry their records' digest
+    lossy: bool = False
+    deferred: bool = False  # group commit: sinks deliver after the batch's one durable wait
+    recheck: bool = False  # this attempt may run on a Redis that went back: ask the sinks
 
     def for_batch(
-        self, params: BatchParams, durability: BatchDurability | None = None
+        self,
+        params: BatchParams,
+        durability: BatchDurability | None = None,
+        recheck: bool = False,
     ) -> ExactlyOnceGuards:
-        """The factory for the tasks of one micro-batch (and what it waits for)."""
+        """The factory for the tasks of one micro-batch (and what it waits for).
+
+        ``recheck``: the batch may run on a Redis that lost writes of an earlier attempt of
+        it (see :mod:`onceflow.runtime.delivery`).
+        """
         if durability is None:
-            return replace(self, params=params)
+            return replace(self, params=params, recheck=recheck)
         return replace(
             self,
             params=params,
             wait_replicas=durability.replicas,
             servers=durability.servers,
             waitaof=durability.waitaof,
+            recheck=recheck,
         )
 
     def batch_json(self) -> str:
@@ -102,6 +115,7 @@ class ExactlyOnceGuards:
                 "replicas": dict(self.wait_replicas or {}),
                 "servers": dict(self.servers or {}),
                 "waitaof": self.waitaof,
+                "recheck": self.recheck,
             }
         )
 
@@ -114,6 +128,7 @@ class ExactlyOnceGuards:
             wait_replicas=data["replicas"],
             servers=data["servers"],
             waitaof=data["waitaof"],
+            recheck=data["recheck"],
         )
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:
@@ -140,6 +155,11 @@ class ExactlyOnceGuard:
         self.replicas = (factory.wait_replicas or {}).get(ks.tag, 0)
         self.wait_timeout_ms = factory.wait_timeout_ms
         self.waitaof = factory.waitaof
+        self.incarnation = factory.incarnation
+        self.lossy = factory.lossy
+        self.deferred = factory.deferred
+        self.recheck = factory.recheck
+        self.batch = task.batch
         self.chunk_size = factory.config.chunk_size
         self.chunk_bytes = factory.config.chunk_bytes
         self.delivery = factory.config.delivery
@@ -167,6 +187,7 @@ class ExactlyOnceGuard:
         self.stage = trust.Receiver(ks.tag, task.stage, self.config)
         self.sink_names = dict(task.sinks)  # output index -> sink name
         self.delivered_ids: dict[int, set[bytes]] = {}  # what earlier attempts delivered
+        self.logged: dict[int, int] = {}  # deliveries logged in this task's backup, per sink
         self.admitted: dict[bytes, int] = {}  # inputs this attempt committed -> fingerprint
         self.prints: dict[bytes, int] = {}  # fresh inputs admitted -> content fingerprint
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
@@ -208,6 +229,7 @@ class ExactlyOnceGuard:
         self.delivered_ids = {
             by_name[sink]: ids for sink, ids in replay.delivered.items() if sink in by_name
         }
+        self.logged = {by_name[s]: n for s, n in replay.deliveries.items() if s in by_name}
         return replay
 
     def admit(
@@ -332,11 +354,20 @@ class ExactlyOnceGuard:
         done = self.delivered_ids.get(target)
         return [o for o in outputs if o.id not in done] if done else outputs
 
-    def delivered(self, target: int, outputs: list[Output]) -> None:
-        """Log sink records delivered (their write is visible) and end the pending delivery."""
+    def delivered(self, target: int, outputs: list[Output], marker: str = "") -> None:
+        """Log sink records delivered (their write is visible) and end the pending delivery.
+
+        ``marker``: a transactional delivery's, kept as the sink partition's last.
+        """
         ids = [o.id for o in outputs]
-        log_delivered(self.session, self.sink_names[target], ids)
+        log_delivered(self.session, self.sink_names[target], ids, marker=marker)
         self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
+        if ids:
+            self.logged[target] = self.logged.get(target, 0) + 1
+
+    def logged_deliveries(self, target: int) -> int:
+        """Deliveries of sink output ``target`` logged in this task's backup so far."""
+        return self.logged.get(target, 0)
 
     def _receiver_name(self, target: int) -> str:
         return receiver_name(self.sink_names[target])
@@ -349,22 +380,31 @@ class ExactlyOnceGuard:
         """Record a transactional writer before it begins (``begins=False``: forget it)."""
         delivery.note_writer(self.session, self._receiver_name(target), identity, begins)
 
-    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
-        """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain)."""
+    def prepare_delivery(
+        self, target: int, marker: str, outputs: list[Output], durable: bool = True
+    ) -> None:
+        """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain).
+
+        ``durable`` False: the sink keeps the delivery's mark itself, so the record need not
+        be durable before it commits (the batch's writes it rests on already are: deferred).
+        """
+        wait = durable or not self.deferred
         delivery.prepare(
             self.session,
             self._receiver_name(target),
             marker,
             [o.id for o in outputs],
-            self.replicas,
+            self.replicas if wait else 0,
             self.wait_timeout_ms,
-            self.waitaof,
+            self.waitaof and wait,
         )
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
         """End a pending delivery: log its IDs if it happened, else drop it."""
         ids = resolve_logged(self.session, self.sink_names[target], left, committed)
         self.delivered_ids.setdefault(target, set()).update(ids)
+        if ids and left.batch in (None, self.batch):
+            self.logged[target] = self.logged.get(target, 0) + 1
 
     def note(self, name: str, n: int) -> None:
         """Count something in the stage's Redis counters (written with the next commit)."""

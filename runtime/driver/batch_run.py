@@ -50,6 +50,9 @@ class MicroBatches:
         self.compiler: StreamCompiler | None = None  # made at the first micro-batch
         # layout 4: claim the batch's committed inputs again before it runs (see _remark)
         self.remark_next = True
+        # the next batch may run on a Redis that lost writes of an earlier attempt of it: the
+        # driver's first, and one run again after a server change (see runtime.delivery)
+        self.recheck_next = True
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         """One micro-batch: acknowledge the previous ones, then run the job.
@@ -81,6 +84,8 @@ class MicroBatches:
                 again += 1
                 self._run_again(batch_id, exc, again)
                 self.remark_next = True
+                self.recheck_next = True
+        self.recheck_next = False
         driver_crashpoint(CrashPoint.BATCH_END, batch_id)
         if ctx.ticker is not None:
             ctx.ticker.after_batch(ctx.trigger_ms)
@@ -105,7 +110,7 @@ class MicroBatches:
         )
         self.watermark = params.watermark
         self._remark(batch_id, params.generation)
-        guards = ctx.guards.for_batch(params, this_batch)
+        guards = ctx.guards.for_batch(params, this_batch, self._recheck())
         phases.mark("params")
         self._run_job(df, batch_id, guards, phases)
         if ctx.mode is Guarantee.EXACTLY_ONCE:
@@ -115,6 +120,16 @@ class MicroBatches:
             wait_durable(targets, batch_id, ctx.durability, this_batch)
         phases.mark("durable")
         return params
+
+    def _recheck(self) -> bool:
+        """Whether this attempt's sinks must look for deliveries Redis lost the record of.
+
+        Only when Redis may lose a delivery's record after its sink committed it (its fsync
+        unconfirmed) and the attempt may run on a Redis that went back (see
+        :mod:`onceflow.runtime.delivery`).
+        """
+        durability = self.ctx.durability
+        return self.recheck_next and durability is not None and durability.unconfirmed
 
     def _remark(self, batch_id: int, generation: int) -> None:
         """Layout 4: before a batch runs again, claim its committed inputs on their ID tags.

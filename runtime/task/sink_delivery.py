@@ -4,6 +4,26 @@ Sink outputs are already backed up when they are held, so holding changes when t
 visible, not whether. A delivery writes only what no attempt delivered yet and marks it once
 visible; a transactional sink's choreography is :mod:`~.sink_transactions`'s. Records a sink
 refuses for good become dead letters.
+
+**A delivery the sink has and Redis lost.** Redis's record of a delivery (pending, then
+logged) is what tells a later attempt not to write it again. When Redis can lose
+acknowledged writes after a sink committed on them (``--allow-unconfirmed-fsync``: a host
+crash takes the AOF's unsynced tail; or deliveries made after the batch's one durable wait,
+``deferred``), the attempt that runs the micro-batch again would write them twice. So every
+transactional delivery carries a :class:`~onceflow.connectors.base.DeliveryMark` into the
+sink (its number among the partition's deliveries of the micro-batch, and a digest of its
+records), and an attempt that may run on a Redis that went back (``recheck``: the batch's
+first attempt in this driver, or one after a Redis server change) asks the sink, before its
+first delivery, which deliveries of the micro-batch it committed (``delivered_in``, read from
+the sink alone). Those Redis has no record of were lost. Each delivery the attempt then makes
+in their place is prepared but not committed, and compared: the same number and the same
+records byte for byte (the digest) mean it *is* that delivery, so it is counted delivered and
+its transaction aborted. That is exact: readers already have exactly those records. Anything
+else (other records, recomputed from what Redis kept; fewer deliveries) cannot be made exact:
+writing would put copies or other values beside what readers read, dropping would lose, so
+the run stops with :class:`~onceflow.runtime.errors.LostDeliveryError`, one line that says so.
+A sink that keeps no marks (``keeps_marks`` False: the staged files) cannot be asked: its
+deliveries' records stay durable in Redis before it commits, as before.
 """
 
 from __future__ import annotations
@@ -12,18 +32,23 @@ import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from onceflow.connectors.base import Rejected, TaskInfo, TransactionalWriter
+from onceflow.connectors.base import DeliveryMark, Rejected, TaskInfo, TransactionalWriter
 from onceflow.connectors.errors import ConnectorError
 from onceflow.dedup.delivery import NO_MARKER
 from onceflow.kernel import codec
 from onceflow.kernel.limits import outputs_bytes, split_outputs
 from onceflow.kernel.records import DeadLetter, Output, Record, TaskRef
+from onceflow.runtime.errors import LostDeliveryError
 from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
 from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.ops.record_text import portable
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
-from onceflow.runtime.task.sink_transactions import SinkTransaction, accepted
+from onceflow.runtime.task.sink_transactions import (
+    SinkTransaction,
+    accepted,
+    lost_delivery_message,
+)
 from onceflow.runtime.task.times import timed
 
 
@@ -49,6 +74,8 @@ class SinkDelivery:
         self.held: dict[int, list[Output]] = {}  # sink target -> outputs not yet delivered
         self.held_bytes: dict[int, int] = {}  # sink target -> what its held outputs weigh
         self.noted: dict[int, str] = {}  # sink target -> writer identity recorded in Redis
+        # sink target -> its committed deliveries of this micro-batch Redis has no record of
+        self.lost: dict[int, list[DeliveryMark]] = {}
 
     def hold(self, new: dict[int, list[Output]]) -> list[Output]:
         """Hold sink outputs; deliver the targets whose held outputs fill a delivery.
@@ -98,8 +125,9 @@ class SinkDelivery:
         if not todo:
             return []
         records = decode_outputs(todo, target)
+        marker = ""
         if isinstance(writer, TransactionalWriter):
-            rejected = self._in_transaction(target, writer, todo, records)
+            rejected, marker = self._in_transaction(target, writer, todo, records)
         else:
             with timed("redis pending"):
                 self.guard.prepare_delivery(target.index, NO_MARKER, todo)
@@ -110,7 +138,7 @@ class SinkDelivery:
         # Refused records are not marked: their dead letters are not durable yet, and a
         # retry that finds them unmarked refuses them again and makes the same letters.
         with timed("redis delivered"):
-            self.guard.delivered(target.index, accepted(todo, records, rejected))
+            self.guard.delivered(target.index, accepted(todo, records, rejected), marker)
         return self.refused_letters(target, rejected)
 
     def _in_transaction(
@@ -119,15 +147,27 @@ class SinkDelivery:
         writer: TransactionalWriter,
         todo: list[Output],
         records: list[Record],
-    ) -> list[Rejected]:
-        """Deliver in a transaction, its writer recorded in Redis before it begins."""
+    ) -> tuple[list[Rejected], str]:
+        """Deliver in a transaction, its writer recorded in Redis before it begins.
+
+        Returns the records refused and the committed transaction's marker (empty when it
+        was one Redis had lost: see the module docstring).
+        """
         with timed("redis note writer"):
             self.guard.note_writer(target.index, writer.identity)  # before it begins
         self.noted[target.index] = writer.identity
-        transaction = SinkTransaction(self.guard, writer, target.index, self.crash, self.count)
+        transaction = SinkTransaction(
+            self.guard,
+            writer,
+            target.index,
+            self.crash,
+            self.count,
+            self.lost.get(target.index),
+            (target.name, self.task.batch),
+        )
         rejected = transaction.deliver(todo, records)
         self.noted.pop(target.index, None)  # guard.delivered() deletes the record
-        return rejected
+        return rejected, transaction.marker
 
     def refused_letters(self, target: TargetSpec, rejected: list[Rejected]) -> list[Output]:
         """Dead letters for records a sink refused."""
@@ -192,7 +232,37 @@ class SinkDelivery:
                 )
                 self.guard.resolve_pending(target.index, left.pending, happened)
                 self.count("deliveries_recovered", 1)
+            if transactional and self.guard.recheck:
+                self._find_lost(target, writer, left.last)
         return writer
+
+    def _find_lost(self, target: TargetSpec, writer: TransactionalWriter, last: str | None) -> None:
+        """The sink's committed deliveries of this micro-batch that Redis has no record of.
+
+        Redis logged the partition's deliveries of the micro-batch in order, numbered from 0;
+        the sink's marks numbered past what Redis logged are deliveries it lost (see the
+        module docstring). ``last``: the partition's last delivery Redis knows.
+        """
+        with timed("sink marks"):
+            marks = writer.delivered_in(self.task.batch, self.guard.incarnation, last)
+        if not marks:
+            return
+        known = self.guard.logged_deliveries(target.index)
+        lost = [m for m in marks if m.seq >= known]
+        if lost:
+            self.lost[target.index] = lost
+            self.count("deliveries_lost_by_redis", len(lost))
+
+    def check_lost(self) -> None:
+        """At the end of the task: a lost delivery no delivery of this attempt matched stops it.
+
+        Its records are in the sink, and this attempt made no such delivery: what Redis now
+        says of the micro-batch is not what readers read.
+        """
+        for index, lost in self.lost.items():
+            if lost:
+                target = self.spec.targets[index]
+                raise LostDeliveryError(lost_delivery_message(target.name, lost[0], len(lost)))
 
     def flush(self) -> list[Output]:
         """Flush every writer (bounded runs deliver at the end of the task).
@@ -206,6 +276,7 @@ class SinkDelivery:
         rows = self.deliver_dead_letters(letters)
         for writer in self.writers.values():
             writer.flush()
+        self.check_lost()
         return rows
 
     def close(self, ok: bool) -> None:
