@@ -210,7 +210,7 @@ class DeliveryMark:
     A sink keeps it with the delivery's marker (Kafka: the record in the delivery log; a
     PostgreSQL row; an Iceberg snapshot's property) and names it back with
     :meth:`TransactionalWriter.delivered_in`: so the runtime can find a delivery that
-    committed after Redis lost its record (see ``onceflow.runtime.delivery``).
+    committed after Redis lost its record (see ``onceflow.runtime.task.sink_delivery``).
     ``incarnation``: the pipeline namespace's (new at each ``onceflow reset``); ``batch``
     the micro-batch; ``seq`` the delivery's number among its sink partition's deliveries of
     that micro-batch, over every attempt; ``digest`` one of its records (IDs and encoded

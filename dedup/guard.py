@@ -91,7 +91,7 @@ class ExactlyOnceGuards:
         """The factory for the tasks of one micro-batch (and what it waits for).
 
         ``recheck``: the batch may run on a Redis that lost writes of an earlier attempt of
-        it (see :mod:`onceflow.runtime.delivery`).
+        it (see :mod:`onceflow.runtime.task.sink_delivery`).
         """
         if durability is None:
             return replace(self, params=params, recheck=recheck)

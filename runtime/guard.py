@@ -42,7 +42,7 @@ class Guard(Protocol):
     watermark: int | None  # the micro-batch's watermark (None: bounded, nothing is late)
     previous_watermark: int | None  # the batch before's: windows it closed are closed
     batch_time_ms: int | None  # the micro-batch's time (processing-time triggers, ttl)
-    # sinks' delivery marks (see onceflow.runtime.delivery): the namespace's incarnation;
+    # sinks' delivery marks (see onceflow.runtime.task.sink_delivery): the namespace's incarnation;
     # whether marks carry their records' digest (Redis may lose a delivery a sink committed);
     # whether sinks deliver after the batch's one durable wait (group commit); whether this
     # attempt may run on a Redis that went back (then the sinks' own marks are read)

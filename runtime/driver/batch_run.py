@@ -51,7 +51,7 @@ class MicroBatches:
         # layout 4: claim the batch's committed inputs again before it runs (see _remark)
         self.remark_next = True
         # the next batch may run on a Redis that lost writes of an earlier attempt of it: the
-        # driver's first, and one run again after a server change (see runtime.delivery)
+        # driver's first, and one run again after a server change (see runtime.task.sink_delivery)
         self.recheck_next = True
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
@@ -126,7 +126,7 @@ class MicroBatches:
 
         Only when Redis may lose a delivery's record after its sink committed it (its fsync
         unconfirmed) and the attempt may run on a Redis that went back (see
-        :mod:`onceflow.runtime.delivery`).
+        :mod:`onceflow.runtime.task.sink_delivery`).
         """
         durability = self.ctx.durability
         return self.recheck_next and durability is not None and durability.unconfirmed

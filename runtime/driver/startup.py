@@ -265,7 +265,7 @@ def _guards(
     """A new driver epoch (fencing older drivers) and the run's guards.
 
     ``identity``: the namespace's run identity (new at each reset), the incarnation in
-    sinks' delivery marks (see :mod:`onceflow.runtime.delivery`).
+    sinks' delivery marks (see :mod:`onceflow.runtime.task.sink_delivery`).
     """
     epoch = store_for(ns.client).incr(ns.keyspace.epoch)
     if mode is Guarantee.EXACTLY_ONCE and ns.durability is not None:

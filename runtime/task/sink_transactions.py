@@ -4,7 +4,7 @@ The records become visible once, together with their delivered-marks in Redis (s
 :class:`~onceflow.connectors.base.TransactionalWriter` and :mod:`onceflow.dedup.delivery`).
 Each transaction carries its :class:`~onceflow.connectors.base.DeliveryMark` into the sink;
 when the sink already holds a committed delivery of that number that Redis lost (see
-:mod:`~.delivery`), the transaction is not committed: it is counted delivered if its
+:mod:`~.sink_delivery`), the transaction is not committed: it is counted delivered if its
 records are those, else the run stops (:class:`LostDeliveryError`).
 """
 
@@ -51,7 +51,7 @@ class SinkTransaction:
     """One delivery to a transactional writer, for one sink target of one task.
 
     ``lost``: committed deliveries of the sink partition in this micro-batch that Redis has
-    no record of (oldest first, see :mod:`~.delivery`); a delivery matched with the first
+    no record of (oldest first, see :mod:`~.sink_delivery`); a delivery matched with the first
     is taken off it. ``where``: the sink's name and the micro-batch.
     """
 
