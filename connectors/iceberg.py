@@ -51,7 +51,7 @@ from onceflow.connectors.iceberg_snapshots import (
     DELIVERY,
     VOID,
     append_once,
-    appended,
+    delivered_marks,
     ensure_base,
     head,
 )
@@ -337,13 +337,7 @@ class IcebergWriter(TransactionalWriter):
         if table is None:
             return []
         table.refresh()
-        head = f"{self._prefix}{batch}/"
-        marks = []
-        for delivery in appended(table.metadata, head):
-            mark = DeliveryMark.parse(delivery.rpartition("@")[2]) if "@" in delivery else None
-            if mark is not None and mark.incarnation == incarnation and mark.batch == batch:
-                marks.append(mark)
-        return sorted(marks, key=lambda m: m.seq)
+        return delivered_marks(table.metadata, f"{self._prefix}{batch}/", batch, incarnation)
 
     def recover(self) -> bool:
         """After a broken commit: whether a snapshot names the delivery (voided if not)."""

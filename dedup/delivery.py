@@ -39,6 +39,7 @@ from onceflow.dedup.durability import check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.kernel import script_args
 from onceflow.kernel.ids import split_ids
+from onceflow.kernel.records import Output
 
 DELIVERED = "/delivered"
 NO_MARKER = "-"  # a plain (not transactional) delivery: it cannot tell whether it happened
@@ -212,3 +213,78 @@ def resolve_logged(
     log_delivered(session, sink, ids, True, copies, left.batch, marker)
     session.count_local("deliveries_recovered", 1)
     return ids
+
+
+class TaskDeliveries:
+    """The sink side of a task's exactly-once guard, over :class:`TaskSession` and the backup.
+
+    What the task's backup says earlier attempts delivered (``delivered_ids``, and how many
+    deliveries they logged, ``logged``), per sink output; the guard fills them when it opens.
+    """
+
+    session: TaskSession
+    sink_names: dict[int, str]  # output index -> sink name
+    delivered_ids: dict[int, set[bytes]]
+    logged: dict[int, int]
+    replicas: int
+    wait_timeout_ms: int
+    waitaof: bool
+    deferred: bool
+    batch: int
+
+    def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
+        """Sink records no attempt has delivered yet (the backup's delivery log says)."""
+        done = self.delivered_ids.get(target)
+        return [o for o in outputs if o.id not in done] if done else outputs
+
+    def delivered(self, target: int, outputs: list[Output], marker: str = "") -> None:
+        """Log sink records delivered (their write is visible) and end the pending delivery.
+
+        ``marker``: a transactional delivery's, kept as the sink partition's last.
+        """
+        ids = [o.id for o in outputs]
+        log_delivered(self.session, self.sink_names[target], ids, marker=marker)
+        self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
+        if ids:
+            self.logged[target] = self.logged.get(target, 0) + 1
+
+    def logged_deliveries(self, target: int) -> int:
+        """Deliveries of sink output ``target`` logged in this task's backup so far."""
+        return self.logged.get(target, 0)
+
+    def _receiver_name(self, target: int) -> str:
+        return receiver_name(self.sink_names[target])
+
+    def sink_state(self, target: int) -> SinkState:
+        """What earlier attempts left for this sink partition: a delivery, writers to settle."""
+        return sink_state(self.session, self._receiver_name(target))
+
+    def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
+        """Record a transactional writer before it begins (``begins=False``: forget it)."""
+        note_writer(self.session, self._receiver_name(target), identity, begins)
+
+    def prepare_delivery(
+        self, target: int, marker: str, outputs: list[Output], durable: bool = True
+    ) -> None:
+        """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain).
+
+        ``durable`` False: the sink keeps the delivery's mark itself, so the record need not
+        be durable before it commits (the batch's writes it rests on already are: deferred).
+        """
+        wait = durable or not self.deferred
+        prepare(
+            self.session,
+            self._receiver_name(target),
+            marker,
+            [o.id for o in outputs],
+            self.replicas if wait else 0,
+            self.wait_timeout_ms,
+            self.waitaof and wait,
+        )
+
+    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
+        """End a pending delivery: log its IDs if it happened, else drop it."""
+        ids = resolve_logged(self.session, self.sink_names[target], left, committed)
+        self.delivered_ids.setdefault(target, set()).update(ids)
+        if ids and left.batch in (None, self.batch):
+            self.logged[target] = self.logged.get(target, 0) + 1

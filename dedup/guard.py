@@ -30,20 +30,14 @@ from typing import Any
 
 from onceflow.backup import store as backup
 from onceflow.backup.format import TaskBackup
-from onceflow.dedup import delivery, trust
+from onceflow.dedup import trust
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import Admission, admit
 from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.claims import Claimer
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.delivery import (
-    PendingDelivery,
-    SinkState,
-    log_delivered,
-    receiver_name,
-    resolve_logged,
-)
+from onceflow.dedup.delivery import TaskDeliveries
 from onceflow.dedup.durability import BatchDurability
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
@@ -139,7 +133,7 @@ class ExactlyOnceGuards:
         return ExactlyOnceGuard(self, task, self.params)
 
 
-class ExactlyOnceGuard:
+class ExactlyOnceGuard(TaskDeliveries):
     """Exactly-once hooks of one task (see the module docstring)."""
 
     mode = Guarantee.EXACTLY_ONCE
@@ -348,63 +342,6 @@ class ExactlyOnceGuard:
         s.check(reply)
         s.round_trip()
         s.pending.clear()
-
-    def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
-        """Sink records no attempt has delivered yet (the backup's delivery log says)."""
-        done = self.delivered_ids.get(target)
-        return [o for o in outputs if o.id not in done] if done else outputs
-
-    def delivered(self, target: int, outputs: list[Output], marker: str = "") -> None:
-        """Log sink records delivered (their write is visible) and end the pending delivery.
-
-        ``marker``: a transactional delivery's, kept as the sink partition's last.
-        """
-        ids = [o.id for o in outputs]
-        log_delivered(self.session, self.sink_names[target], ids, marker=marker)
-        self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
-        if ids:
-            self.logged[target] = self.logged.get(target, 0) + 1
-
-    def logged_deliveries(self, target: int) -> int:
-        """Deliveries of sink output ``target`` logged in this task's backup so far."""
-        return self.logged.get(target, 0)
-
-    def _receiver_name(self, target: int) -> str:
-        return receiver_name(self.sink_names[target])
-
-    def sink_state(self, target: int) -> SinkState:
-        """What earlier attempts left for this sink partition: a delivery, writers to settle."""
-        return delivery.sink_state(self.session, self._receiver_name(target))
-
-    def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
-        """Record a transactional writer before it begins (``begins=False``: forget it)."""
-        delivery.note_writer(self.session, self._receiver_name(target), identity, begins)
-
-    def prepare_delivery(
-        self, target: int, marker: str, outputs: list[Output], durable: bool = True
-    ) -> None:
-        """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain).
-
-        ``durable`` False: the sink keeps the delivery's mark itself, so the record need not
-        be durable before it commits (the batch's writes it rests on already are: deferred).
-        """
-        wait = durable or not self.deferred
-        delivery.prepare(
-            self.session,
-            self._receiver_name(target),
-            marker,
-            [o.id for o in outputs],
-            self.replicas if wait else 0,
-            self.wait_timeout_ms,
-            self.waitaof and wait,
-        )
-
-    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
-        """End a pending delivery: log its IDs if it happened, else drop it."""
-        ids = resolve_logged(self.session, self.sink_names[target], left, committed)
-        self.delivered_ids.setdefault(target, set()).update(ids)
-        if ids and left.batch in (None, self.batch):
-            self.logged[target] = self.logged.get(target, 0) + 1
 
     def note(self, name: str, n: int) -> None:
         """Count something in the stage's Redis counters (written with the next commit)."""
