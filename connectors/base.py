@@ -273,6 +273,18 @@ class TransactionalWriter(SinkWriter):
         committed or never will be.
         """
 
+    def ready(self) -> None:  # noqa: B027 - optional hook
+        """Before a transaction begins: get what it needs that may end another's.
+
+        For Kafka: register the transactional id if this process holds no producer of it fit
+        for a transaction (registering fences every other producer of the id). The runtime
+        calls it, then records the writer in Redis (a call fenced by the attempt's ownership
+        of the sink partition), then begins: nothing between that record and the transaction
+        may register, so an attempt that took the partition over and settled this writer's
+        identity is never undone by it (a zombie's transaction would stay open, and hold
+        ``read_committed`` readers back until Kafka times it out).
+        """
+
     def aborted_cleanly(self) -> bool:
         """After :meth:`abort`: whether nothing of the transaction can still become visible.
 

@@ -117,8 +117,18 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
         """
         self.txn.settle(identities)
 
+    def ready(self) -> None:
+        """Register the id if this process has no producer of it fit for a transaction."""
+        self.txn.ready()
+
     def _begin(self) -> None:
-        if self.txn.begin():
+        """Begin a transaction unless one is open; a producer that cannot begin breaks it."""
+        try:
+            began = self.txn.begin()
+        except (ProducerBroken, KafkaUnavailable) as exc:
+            msg = f"the transaction could not begin: {describe(exc)}"
+            raise self._broken(msg) from exc
+        if began:
             self.marker = None
 
     # -- the commit protocol -----------------------------------------------------------------

@@ -153,9 +153,7 @@ class SinkDelivery:
         Returns the records refused and the committed transaction's marker (empty when it
         was one Redis had lost: see the module docstring).
         """
-        with timed("redis note writer"):
-            self.guard.note_writer(target.index, writer.identity)  # before it begins
-        self.noted[target.index] = writer.identity
+        self.noted[target.index] = writer.identity  # recorded before the transaction begins
         transaction = SinkTransaction(
             self.guard,
             writer,

@@ -110,11 +110,12 @@ class SinkTransaction:
         """One transaction of ``sending``: refused records join ``rejected``; what was sent.
 
         The pending delivery names what becomes visible: a recovery marks exactly that.
-        Every transaction begins after a fenced ``note_writer`` of this attempt: the first
-        (see :mod:`~.sink_delivery`), one after a poison abort (here) or a recovery (``deliver``).
+        Every transaction begins after :meth:`_begins`: the first, one after a poison abort
+        or after a recovery (``deliver``).
         """
         writer = self.writer
         while True:
+            self._begins()
             with timed("kafka write"):
                 refused = writer.write(sending)
             rejected += refused
@@ -129,9 +130,6 @@ class SinkTransaction:
             except PoisonInTransaction as poison:  # the transaction was aborted: again without
                 rejected += poison.rejected
                 sending = _without(sending, poison.rejected)
-                # the next transaction begins only once Redis confirms this attempt still
-                # owns the partition, with its writer recorded (as before the first one)
-                self.guard.note_writer(self.index, writer.identity)
         if self.lost:
             self._instead_of_lost(mark)
             return sending
@@ -144,6 +142,22 @@ class SinkTransaction:
             writer.commit()
         self.marker = marker
         return sending
+
+    def _begins(self) -> None:
+        """Before a transaction begins: the writer ready, then recorded in Redis (fenced).
+
+        The writer registers what it needs first (:meth:`TransactionalWriter.ready`), then
+        Redis confirms that this attempt still owns the sink partition and records the
+        writer's identity; nothing registers after that until the transaction is over. So a
+        retry that took the partition over after the record settles this identity for good:
+        this attempt's transaction then fails (its producer fenced) instead of staying open
+        under a registration nobody settles (``read_committed`` readers would wait for it
+        until Kafka's transaction timeout, were the attempt to die).
+        """
+        with timed("sink ready"):
+            self.writer.ready()
+        with timed("redis note writer"):
+            self.guard.note_writer(self.index, self.writer.identity)
 
     def _mark(self, outputs: list[Output]) -> DeliveryMark | None:
         """This delivery's mark: its number in the micro-batch, and its records' digest.
