@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onceflow.backup.format import DELIVERIES, delivered_field_parts
+from onceflow.backup.format import DELIVERIES, TaskBackup, delivered_field_parts
 from onceflow.dedup.durability import check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.kernel import script_args
@@ -231,6 +231,14 @@ class TaskDeliveries:
     waitaof: bool
     deferred: bool
     batch: int
+
+    def note_deliveries(self, replay: TaskBackup) -> None:
+        """What the task's backup says earlier attempts delivered, per sink output."""
+        by_name = {name: index for index, name in self.sink_names.items()}
+        self.delivered_ids = {
+            by_name[sink]: ids for sink, ids in replay.delivered.items() if sink in by_name
+        }
+        self.logged = {by_name[s]: n for s, n in replay.deliveries.items() if s in by_name}
 
     def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
         """Sink records no attempt has delivered yet (the backup's delivery log says)."""

@@ -189,6 +189,7 @@ class ExactlyOnceGuard(TaskDeliveries):
         self._admitted_counts: dict[str, int] = {}
         self.claimed: set[bytes] = set()  # the last admission's IDs claimed on ID tags
         self.claimer = _claimer(factory, task, ks, config)  # layout 4: claims on ID tags
+        self.sinks_only = False  # opened to deliver what the backup holds (open_sinks)
 
     @property
     def receivers(self) -> list[trust.Receiver]:
@@ -219,11 +220,27 @@ class ExactlyOnceGuard(TaskDeliveries):
         trust.catch_up(s, self.receivers, str(replies[-1].get("run_id", "")))
         replay = backup.replay(replies[1])
         self.earlier = replay.inputs
-        by_name = {name: index for index, name in self.sink_names.items()}
-        self.delivered_ids = {
-            by_name[sink]: ids for sink, ids in replay.delivered.items() if sink in by_name
-        }
-        self.logged = {by_name[s]: n for s, n in replay.deliveries.items() if s in by_name}
+        self.note_deliveries(replay)
+        return replay
+
+    def open_sinks(self) -> TaskBackup:
+        """Claim the partition and read the backup, to deliver what it holds for the sinks.
+
+        For a micro-batch's delivery job (``onceflow.runtime.task.deferred``): nothing is
+        admitted, so the stage's Bloom filters are neither loaded nor snapshotted.
+        """
+        s = self.session
+        s.token = f"{s.epoch}:{self.attempt_id}"
+        self.sinks_only = True
+        cmds = s.store.batch()
+        keys, args = script_args.claim(s.fence)
+        cmds.script("claim", keys, args)
+        cmds.hgetall(s.ks.backup(s.stage, s.batch, s.partition))
+        replies = cmds.execute()
+        s.round_trip()
+        s.check(replies[0])
+        replay = backup.replay(replies[1])
+        self.note_deliveries(replay)
         return replay
 
     def admit(
@@ -349,7 +366,7 @@ class ExactlyOnceGuard(TaskDeliveries):
 
     def close(self) -> dict[str, Any]:
         """Snapshot filters whose journal grew long; return counters for the run."""
-        for r in self.receivers:
+        for r in self.receivers if not self.sinks_only else ():
             trust.snapshot(self.session, r)
         counters = {k: v for k, v in self.session.counters.items() if k not in _REDIS_ONLY}
         counters["bloom_bytes"] = sum(r.filters.memory_bytes() for r in self.receivers)

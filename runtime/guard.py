@@ -55,6 +55,10 @@ class Guard(Protocol):
         """Start the task; return what earlier attempts committed (replayed, not recomputed)."""
         ...
 
+    def open_sinks(self) -> TaskBackup:
+        """Start the task only to deliver what earlier attempts backed up for the sinks."""
+        ...
+
     def admit(
         self,
         rows: list[InRow],
@@ -211,6 +215,10 @@ class NoGuard:
 
     def open(self) -> TaskBackup:
         """Nothing was committed before."""
+        return TaskBackup()
+
+    def open_sinks(self) -> TaskBackup:
+        """Nothing was backed up."""
         return TaskBackup()
 
     def admit(

@@ -24,6 +24,7 @@ from onceflow.kernel.records import Guarantee
 from onceflow.kernel.scopes import merge_generations
 from onceflow.kernel.store import store_for
 from onceflow.runtime.driver.compile import StreamCompiler
+from onceflow.runtime.driver.deferred import run_delivery_job
 from onceflow.runtime.driver.observe import BatchDone, batch_done, delta, first_batch, say
 from onceflow.runtime.driver.phases import Phases
 from onceflow.runtime.driver.stopping import StopRequested
@@ -119,17 +120,23 @@ class MicroBatches:
         if ctx.durability is not None and this_batch is not None:
             wait_durable(targets, batch_id, ctx.durability, this_batch)
         phases.mark("durable")
+        if ctx.durability is not None and ctx.durability.waitaof:  # sinks deliver after it
+            run_delivery_job(ctx, guards, batch_id)
+            phases.mark("deliveries")
         return params
 
     def _recheck(self) -> bool:
         """Whether this attempt's sinks must look for deliveries Redis lost the record of.
 
         Only when Redis may lose a delivery's record after its sink committed it (its fsync
-        unconfirmed) and the attempt may run on a Redis that went back (see
+        unconfirmed, or the sinks deliver after the batch's one wait for it: ``WAITAOF``,
+        see :mod:`onceflow.runtime.task.deferred`) and the attempt may run on a Redis that
+        went back (see
         :mod:`onceflow.runtime.task.sink_delivery`).
         """
         durability = self.ctx.durability
-        return self.recheck_next and durability is not None and durability.unconfirmed
+        lossy = durability is not None and (durability.unconfirmed or durability.waitaof)
+        return self.recheck_next and lossy
 
     def _remark(self, batch_id: int, generation: int) -> None:
         """Layout 4: before a batch runs again, claim its committed inputs on their ID tags.

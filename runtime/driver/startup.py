@@ -280,7 +280,8 @@ def _guards(
             parallelism=opts.parallelism,
             id_tags=ns.scopes.id_tags,
             incarnation=identity[:INCARNATION_CHARS],
-            lossy=ns.durability.unconfirmed,
+            lossy=ns.durability.unconfirmed or ns.durability.waitaof,
+            deferred=ns.durability.waitaof,  # one WAITAOF per batch (runtime.task.deferred)
         )
     # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
     guards = AtLeastOnceGuards(ns.redis, ns.keyspace.namespace, ns.config, scoped=ns.scopes.stages)

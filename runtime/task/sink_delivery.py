@@ -41,6 +41,7 @@ from onceflow.kernel.records import DeadLetter, Output, Record, TaskRef
 from onceflow.runtime.errors import LostDeliveryError
 from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
+from onceflow.runtime.metrics import deferred_counter
 from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.ops.record_text import portable
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
@@ -63,9 +64,14 @@ class SinkDelivery:
         task: TaskRef,
         count: Callable[[str, int], None],
         crash: Callable[[CrashPoint], None],
+        defer: bool | None = None,
     ) -> None:
         self.spec = spec
         self.guard = guard
+        # leave the outputs (already backed up) to the batch's delivery job (runtime.task.
+        # deferred); by default when the guard says the batch delivers so
+        self.defer = guard.deferred if defer is None else defer
+        self.deferred = False  # this task left sink outputs to the delivery job
         self.body = body
         self.task = task
         self.count = count
@@ -80,14 +86,24 @@ class SinkDelivery:
     def hold(self, new: dict[int, list[Output]]) -> list[Output]:
         """Hold sink outputs; deliver the targets whose held outputs fill a delivery.
 
-        Returns dead letters that leave as rows.
+        Returns dead letters that leave as rows. Deferred (see :mod:`~.deferred`), the
+        outputs are left to the batch's delivery job: their backup has them.
         """
+        if self.defer:
+            self._leave(new)
+            return []
         for index, outs in new.items():
             self.held.setdefault(index, []).extend(outs)
             self.held_bytes[index] = self.held_bytes.get(index, 0) + outputs_bytes(outs)
         budget = self.guard.delivery
         full = [i for i, outs in self.held.items() if budget.full(len(outs), self.held_bytes[i])]
         return self.deliver_held(full)
+
+    def _leave(self, new: dict[int, list[Output]]) -> None:
+        """Say once that this task left sink outputs to the delivery job (its partition)."""
+        if not self.deferred and any(new.values()):
+            self.deferred = True
+            self.count(deferred_counter(self.task.partition), 1)
 
     def deliver_held(self, indexes: list[int]) -> list[Output]:
         """Deliver the held outputs of these sink targets; return dead letters as rows."""
