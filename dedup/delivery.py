@@ -28,6 +28,13 @@ the hash, and with it the record. An attempt that opens the partition reads both
 whether a pending delivery happened: then no transaction of a crashed or zombie attempt is
 left open (blocking ``read_committed`` readers until it times out), and none can still commit
 after the answer.
+
+Logging a transactional delivery keeps its marker in the hash as the partition's ``last``:
+when Redis lost the records of later deliveries (a host crash with its fsync unconfirmed, or
+a delivery made without waiting for its pending record, see ``onceflow.runtime.task.
+deferred``), the sink's own marks tell which deliveries it committed, read from there on
+(``onceflow.runtime.task.sink_delivery``). :class:`TaskDeliveries` is the guard's side of all
+this: what the task's backup says was delivered, and how many deliveries it logged.
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ Redis says every write before is durable (on a Redis Cluster, on every master ho
 the pipeline's hash tags, see :mod:`onceflow.kernel.scopes`):
 
 * ``WAITAOF 1 0`` (Redis 7.2 and later): fsynced to the local AOF. With ``appendfsync
-  always`` every acknowledged write already is. Redis before 7.2 with ``everysec`` cannot be
+  always`` every acknowledged write already is. It answers at the next periodic fsync (up to
+  a second), so it is asked once per micro-batch: the sinks deliver after the driver's wait
+  (``onceflow.runtime.task.deferred``). Redis before 7.2 with ``everysec`` cannot be
   asked: such a Redis is refused (:func:`plan_durability`) unless replicas are waited for or
-  the user accepts the risk (``--allow-unconfirmed-fsync``);
+  the user accepts the risk (``--allow-unconfirmed-fsync``, :data:`UNCONFIRMED_WARNING`);
 * ``WAIT n`` when replicas are required: acknowledged by ``n`` replicas.
 
 **A torn transaction in the AOF.** A host crash can cut the AOF in the middle of a command.
