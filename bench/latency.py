@@ -66,6 +66,7 @@ from exactly_once import services
 from onceflow.connectors.kafka.clients import ensure_topics
 from onceflow.kernel import ids
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.runtime.task.deferred import DELIVERY_TIMES
 from onceflow.testing.harness import kill_session
 from onceflow.testing.services import LocalRedis, modern_redis_binary
 
@@ -514,10 +515,14 @@ def _task_steps(counters_text: str) -> dict[str, dict[str, float]]:
     steps: dict[str, dict[str, float]] = {}
     for key, value in counters.items():
         stage, _, rest = key.partition("/")
+        job = ""
+        if rest.startswith(DELIVERY_TIMES):  # a delivery job's task (group commit)
+            job, rest = DELIVERY_TIMES, rest.removeprefix(DELIVERY_TIMES)
         if not rest.startswith("time_us/"):
             continue
-        tasks = max(1, int(counters.get(f"{stage}/tasks", 1)))
-        steps.setdefault(stage, {})[rest.removeprefix("time_us/")] = value / tasks / 1000
+        tasks = max(1, int(counters.get(f"{stage}/{job}tasks", 1)))
+        name = f"{stage} (delivery job)" if job else stage
+        steps.setdefault(name, {})[rest.removeprefix("time_us/")] = value / tasks / 1000
     for named in steps.values():
         named["other"] = named.get("task", 0.0) - sum(v for k, v in named.items() if k != "task")
     return steps

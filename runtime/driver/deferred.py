@@ -27,7 +27,8 @@ def run_delivery_job(ctx: RunContext, guards: Any, batch_id: int) -> int:
     if not work:
         return 0
     ctx.metrics.value = rest
-    specs = {spec.name: spec for spec in ctx.job.stages}
+    stages = {stage for stage, _ in work}
+    specs = {spec.name: spec for spec in ctx.job.stages if spec.name in stages}
     deliver = DeferredDeliveries(specs, guards, batch_id, ctx.metrics)
     context = ctx.spark.sparkContext
     group = f"onceflow-deliveries-{batch_id}"
