@@ -212,13 +212,12 @@ def unconfirmed_message(client: Connection, f: ServerFacts) -> str:
 UNCONFIRMED_WARNING = (
     "--allow-unconfirmed-fsync: Redis cannot confirm that writes reached its disk. A crash "
     "of its host loses up to a second of acknowledged writes: the micro-batch in flight is "
-    "run again from what Redis kept; a delivery to a Kafka, PostgreSQL or Iceberg sink whose "
-    "record Redis lost is found in the sink and counted delivered if the records run again "
-    "are those byte for byte, else the run stops and says so (a copy is never written); a "
-    "delivery to a file sink whose record Redis lost is written again, under the same file "
-    "names when it holds the same records; and writes of a micro-batch Spark had already "
-    "committed stop the next start (Redis lost writes). Use appendfsync always, Redis 7.2+, "
-    "or a replica to lose nothing"
+    "run again from what Redis kept; a delivery to a transactional sink (Kafka, PostgreSQL, "
+    "Iceberg, files) whose record Redis lost is found in the sink and counted delivered if "
+    "the records run again are those byte for byte, else the run stops and says so (a copy "
+    "is never written); a plain sink's may be written again; and writes of a micro-batch "
+    "Spark had already committed stop the next start (Redis lost writes). Use appendfsync "
+    "always, Redis 7.2+, or a replica to lose nothing"
 )
 
 

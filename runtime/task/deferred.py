@@ -19,8 +19,8 @@ delivery's mark (``TransactionalWriter.keeps_marks``): a host crash that loses i
 batch run again, and its delivery task finds the delivery in the sink. The records it would
 deliver in its place are read from the same durable backup and split into deliveries the
 same way, so they are the same records byte for byte: the delivery is counted delivered, never
-written twice (see :mod:`~.sink_delivery`). A sink that keeps no marks (the staged files, a
-plain sink) still waits for its record's durability before each delivery.
+written twice (see :mod:`~.sink_delivery`). A sink that keeps no marks (a plain sink) still
+waits for its record's durability before each delivery.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ its transaction aborted. That is exact: readers already have exactly those recor
 else (other records, recomputed from what Redis kept; fewer deliveries) cannot be made exact:
 writing would put copies or other values beside what readers read, dropping would lose, so
 the run stops with :class:`~onceflow.runtime.errors.LostDeliveryError`, one line that says so.
-A sink that keeps no marks (``keeps_marks`` False: the staged files) cannot be asked: its
-deliveries' records stay durable in Redis before it commits, as before.
+A sink that keeps no marks (``keeps_marks`` False) cannot be asked: its deliveries' records
+stay durable in Redis before it commits, as before.
 """
 
 from __future__ import annotations
