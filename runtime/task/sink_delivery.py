@@ -48,6 +48,7 @@ from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
 from onceflow.runtime.task.sink_transactions import (
     SinkTransaction,
     accepted,
+    lost_deliveries,
     lost_delivery_message,
 )
 from onceflow.runtime.task.times import timed
@@ -247,25 +248,11 @@ class SinkDelivery:
                 self.guard.resolve_pending(target.index, left.pending, happened)
                 self.count("deliveries_recovered", 1)
             if transactional and self.guard.recheck:
-                self._find_lost(target, writer, left.last)
+                lost = lost_deliveries(writer, self.guard, target.index, task.batch, left.last)
+                if lost:
+                    self.lost[target.index] = lost
+                    self.count("deliveries_lost_by_redis", len(lost))
         return writer
-
-    def _find_lost(self, target: TargetSpec, writer: TransactionalWriter, last: str | None) -> None:
-        """The sink's committed deliveries of this micro-batch that Redis has no record of.
-
-        Redis logged the partition's deliveries of the micro-batch in order, numbered from 0;
-        the sink's marks numbered past what Redis logged are deliveries it lost (see the
-        module docstring). ``last``: the partition's last delivery Redis knows.
-        """
-        with timed("sink marks"):
-            marks = writer.delivered_in(self.task.batch, self.guard.incarnation, last)
-        if not marks:
-            return
-        known = self.guard.logged_deliveries(target.index)
-        lost = [m for m in marks if m.seq >= known]
-        if lost:
-            self.lost[target.index] = lost
-            self.count("deliveries_lost_by_redis", len(lost))
 
     def check_lost(self) -> None:
         """At the end of the task: a lost delivery no delivery of this attempt matched stops it.

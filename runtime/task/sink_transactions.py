@@ -187,6 +187,21 @@ class SinkTransaction:
         self.count("deliveries_found_in_sink", 1)
 
 
+def lost_deliveries(
+    writer: TransactionalWriter, guard: Guard, index: int, batch: int, last: str | None
+) -> list[DeliveryMark]:
+    """The sink's committed deliveries of micro-batch ``batch`` that Redis has no record of.
+
+    Redis logged the sink partition's deliveries of the micro-batch in order, numbered from
+    0; the sink's marks numbered past what Redis logged are deliveries it lost (see
+    :mod:`~.sink_delivery`). ``last``: the partition's last delivery Redis knows.
+    """
+    with timed("sink marks"):
+        marks = writer.delivered_in(batch, guard.incarnation, last)
+    known = guard.logged_deliveries(index)
+    return [m for m in marks or () if m.seq >= known]
+
+
 def lost_delivery_message(sink: str, lost: DeliveryMark, n: int) -> str:
     """Why a run stops on a delivery the sink committed and Redis lost, and what to do."""
     more = f" (and {n - 1} after it)" if n > 1 else ""
