@@ -83,7 +83,7 @@ class Durability:
     replicas: int  # replicas that must acknowledge (0: none)
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     auto: bool = False  # replicas: one if the master has any when a batch starts, else none
-    unconfirmed: bool = False  # a master can confirm neither: allowed (unconfirmed_warning)
+    unconfirmed: bool = False  # a master can confirm neither: allowed (UNCONFIRMED_WARNING)
 
     def for_batch(self, targets: Sequence[tuple[str, Any]]) -> BatchDurability:
         """What a starting batch waits for, per hash tag, and the server of each tag now.
