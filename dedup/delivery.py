@@ -238,6 +238,7 @@ class TaskDeliveries:
     waitaof: bool
     deferred: bool
     batch: int
+    unconfirmed: bool  # writes of this attempt no wait covered (see the guard's confirm_outputs)
 
     def note_deliveries(self, replay: TaskBackup) -> None:
         """What the task's backup says earlier attempts delivered, per sink output."""
@@ -296,6 +297,8 @@ class TaskDeliveries:
             self.wait_timeout_ms,
             self.waitaof and wait,
         )
+        if wait and (self.replicas or self.waitaof):  # its wait covered every write before it
+            self.unconfirmed = False
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
         """End a pending delivery: log its IDs if it happened, else drop it."""

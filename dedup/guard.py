@@ -34,15 +34,13 @@ from onceflow.dedup import trust
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import Admission, admit
 from onceflow.dedup.batch import BatchParams
-from onceflow.dedup.claims import Claimer
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.delivery import TaskDeliveries
-from onceflow.dedup.durability import BatchDurability
+from onceflow.dedup.durability import BatchDurability, check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel import script_args
-from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.settings import RedisSettings, redis_client
@@ -69,12 +67,13 @@ class ExactlyOnceGuards:
     waitaof: bool = False  # a pending delivery is visible only once WAITAOF confirmed it
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
     parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
-    id_tags: int = 0  # layout 4: ID tags source stages claim their IDs on (kernel.id_tags)
+    feeds: frozenset[str] = frozenset()  # stages other stages read (see confirm_outputs)
     incarnation: str = ""  # the namespace's (new at each reset), in sinks' delivery marks
     # Redis may lose a pending delivery a sink committed: marks carry their records' digest
     lossy: bool = False
     deferred: bool = False  # group commit: sinks deliver after the batch's one durable wait
     recheck: bool = False  # this attempt may run on a Redis that went back: ask the sinks
+    # (the three are the batch's: see for_batch)
 
     def for_batch(
         self,
@@ -96,6 +95,8 @@ class ExactlyOnceGuards:
             servers=durability.servers,
             waitaof=durability.waitaof,
             recheck=recheck,
+            deferred=durability.waitaof,  # one WAITAOF per batch, then the sinks deliver
+            lossy=durability.unconfirmed or durability.waitaof,
         )
 
     def batch_json(self) -> str:
@@ -110,6 +111,8 @@ class ExactlyOnceGuards:
                 "servers": dict(self.servers or {}),
                 "waitaof": self.waitaof,
                 "recheck": self.recheck,
+                "deferred": self.deferred,
+                "lossy": self.lossy,
             }
         )
 
@@ -123,6 +126,8 @@ class ExactlyOnceGuards:
             servers=data["servers"],
             waitaof=data["waitaof"],
             recheck=data["recheck"],
+            deferred=data["deferred"],
+            lossy=data["lossy"],
         )
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:
@@ -154,6 +159,8 @@ class ExactlyOnceGuard(TaskDeliveries):
         self.deferred = factory.deferred
         self.recheck = factory.recheck
         self.batch = task.batch
+        self.confirms = _confirms_outputs(factory, task.stage, self.replicas)
+        self.unconfirmed = True  # writes (this attempt's, or the backup's) no wait covered
         self.chunk_size = factory.config.chunk_size
         self.chunk_bytes = factory.config.chunk_bytes
         self.delivery = factory.config.delivery
@@ -187,8 +194,6 @@ class ExactlyOnceGuard(TaskDeliveries):
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
-        self.claimed: set[bytes] = set()  # the last admission's IDs claimed on ID tags
-        self.claimer = _claimer(factory, task, ks, config)  # layout 4: claims on ID tags
         self.sinks_only = False  # opened to deliver what the backup holds (open_sinks)
 
     @property
@@ -248,7 +253,6 @@ class ExactlyOnceGuard(TaskDeliveries):
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
 
@@ -265,11 +269,8 @@ class ExactlyOnceGuard(TaskDeliveries):
             self.earlier,
             positional,
             prints,
-            self.claimer,
-            origins,
         )
         self.prints = adm.prints
-        self.claimed = adm.claimed
         return adm
 
     def raise_floor(self, floor_ms: int) -> None:
@@ -320,8 +321,8 @@ class ExactlyOnceGuard(TaskDeliveries):
             self.params.time_ms,
             unmarked,
             self.prints,
-            self.claimed,
         )
+        self.unconfirmed = True
         if conflicts:
             return conflicts
         if seq > 0:
@@ -356,9 +357,16 @@ class ExactlyOnceGuard(TaskDeliveries):
         )
         writes = state_args(s.ks, s.partition, changes, keys)
         reply = backup.finish(s.store, fence, keys.keys, outputs, writes, s.pending)
+        self.unconfirmed = True
         s.check(reply)
         s.round_trip()
         s.pending.clear()
+
+    def confirm_outputs(self) -> None:
+        """Wait until the task's commits are durable, if a reader needs it (confirm_writes)."""
+        if self.confirms and self.unconfirmed:
+            confirm_writes(self.session, self.replicas, self.waitaof, self.wait_timeout_ms)
+            self.unconfirmed = False
 
     def note(self, name: str, n: int) -> None:
         """Count something in the stage's Redis counters (written with the next commit)."""
@@ -373,19 +381,40 @@ class ExactlyOnceGuard(TaskDeliveries):
         return counters
 
 
-def _claimer(
-    factory: ExactlyOnceGuards, task: TaskRef, ks: Keyspace, config: DedupConfig
-) -> Claimer | None:
-    """Layout 4: a stage in the namespace's own tag claims its source IDs on the ID tags."""
-    if not factory.id_tags or ks.scope is not None:
-        return None
-    redis = factory.redis
-    return Claimer(
-        factory.namespace,
-        factory.id_tags,
-        config.shards,
-        task.stage,
-        task.batch,
-        lambda tag: redis_client(redis, tag),
-        factory.servers or {},
-    )
+def confirm_writes(s: TaskSession, replicas: int, waitaof: bool, timeout_ms: int) -> None:
+    """Return once a task's writes are as durable as the end-of-batch wait makes them.
+
+    Stages commit on the masters of their own hash tags. A stage that reads this one (after
+    an exchange) may commit on another master, which the run-id fence does not order with
+    this one's: if this master then lost the commits the outputs came from (a failover before
+    replication, a host crash before the fsync), the task would run again and a
+    non-deterministic function give other outputs, while the reader kept what it committed of
+    the first ones. So Spark must not hand the outputs on before ``WAIT``/``WAITAOF``, on the
+    task's connection after a fenced write (its own claim again), say they are durable.
+    """
+    cmds = s.store.batch()  # one connection: a write, then waits that cover every one before
+    keys, args = script_args.claim(s.fence)
+    cmds.script("claim", keys, args)
+    if waitaof:
+        cmds.waitaof(timeout_ms)
+    if replicas:
+        cmds.wait(replicas, timeout_ms)
+    replies = cmds.execute()
+    s.round_trip()
+    s.check(replies[0])
+    what = f"stage {s.stage!r}'s commits of micro-batch {s.batch}, partition {s.partition}"
+    if waitaof:
+        check_waitaof(replies[1], what, timeout_ms)
+    if replicas:
+        check_wait(replies[-1], replicas, what, timeout_ms)
+
+
+def _confirms_outputs(factory: ExactlyOnceGuards, stage: str, replicas: int) -> bool:
+    """Whether a task of ``stage`` waits for its commits before its readers read them.
+
+    When another stage reads it, the batch waits for anything (replicas, fsync) and the
+    pipeline's hash tags are on more than one master (see :func:`confirm_writes`): one server
+    orders every write, and a sink's delivery that waited after the last commit covers it.
+    """
+    masters = set((factory.servers or {}).values())
+    return stage in factory.feeds and len(masters) > 1 and bool(replicas or factory.waitaof)

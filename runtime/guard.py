@@ -64,14 +64,12 @@ class Guard(Protocol):
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Split a chunk into fresh rows and rows to skip.
 
         ``positional``: per row, whether its ID is positional (empty: none is); ``prints``:
         per row, its content fingerprint (empty: none known; see
-        :class:`~onceflow.kernel.records.Record`); ``origins``: per row, where it was read
-        (:func:`onceflow.kernel.id_tags.origin_of`; empty: not known).
+        :class:`~onceflow.kernel.records.Record`).
         """
         ...
 
@@ -160,6 +158,13 @@ class Guard(Protocol):
         """Count something that happened (shown by ``onceflow status``), e.g. a source gap."""
         ...
 
+    def confirm_outputs(self) -> None:
+        """Return once what this task committed is durable, if another stage reads it.
+
+        Called at the end of a task that ran to its end, before Spark hands its outputs on.
+        """
+        ...
+
     def close(self) -> dict[str, int]:
         """End the task; return counters for the run's metrics."""
         ...
@@ -226,7 +231,6 @@ class NoGuard:
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Everything is fresh."""
         return Admission(rows)
@@ -293,6 +297,9 @@ class NoGuard:
 
     def note(self, name: str, n: int) -> None:
         """Nothing is counted outside the run."""
+
+    def confirm_outputs(self) -> None:
+        """Nothing was committed."""
 
     def close(self) -> dict[str, Any]:
         """No counters of its own."""

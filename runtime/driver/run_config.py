@@ -182,9 +182,7 @@ class RunConfig:
     )
     spread_seen: bool = _option(
         False,
-        "when a new namespace is created, spread its source stages' seen-IDs over the "
-        "Redis Cluster's masters (seen-ID layout 4, docs/concepts/dedup.md; Kafka sources "
-        "only); an existing namespace keeps its layout",
+        "removed, refused with the reason: seen-ID layout 4 is gone (docs/concepts/dedup.md)",
         flag="--spread-seen",
         switch=True,
     )

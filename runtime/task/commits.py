@@ -50,8 +50,6 @@ class ChunkCommits:
         self.count = count
         self.crash = crash
         self.prints: dict[int, int] = {}  # id() of a row of the chunk -> its fingerprint
-        self.row_origins: dict[int, bytes] = {}  # shared with the input: see TaskInput
-        self.claimed: set[bytes] = set()  # the chunk's IDs claimed on ID tags (layout 4)
 
     def attempt(
         self,
@@ -69,11 +67,8 @@ class ChunkCommits:
         redone. Returns the admission, the outputs committed and the next chunk's number.
         """
         self.prints = {id(row): fp for row, fp in zip(rows, prints, strict=True)} if prints else {}
-        found = self.row_origins
-        origins = [found.pop(id(row), None) for row in rows] if found else []
         with timed("redis admit"):
-            admission = self.guard.admit(rows, positional, prints, origins)
-        self.claimed = admission.claimed
+            admission = self.guard.admit(rows, positional, prints)
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
@@ -179,12 +174,7 @@ class ChunkCommits:
         ones' dead letters.
         """
         self.guard.raise_floor(floor_ms)
-        claimed = self.claimed  # claimed IDs take no seen-mark but are checked as marked ones
-        late = [
-            r
-            for r in fresh
-            if (r[1] not in unmarked or r[1] in claimed) and self.guard.is_late(r[2])
-        ]
+        late = [r for r in fresh if r[1] not in unmarked and self.guard.is_late(r[2])]
         for row in late:
             self._refuse(row, late_reason(row[2]), "late")
         self.count("gc_floor_redos", 1)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from onceflow.connectors.base import LaneProgress
 from onceflow.kernel import codec
-from onceflow.kernel.id_tags import origin_of
 from onceflow.kernel.limits import SOURCE_SLICE_RECORDS, Budget
 from onceflow.kernel.records import DeadLetter, InRow, Record
 from onceflow.runtime.guard import Guard
@@ -46,10 +45,6 @@ class TaskInput:
         self.body = body
         self.count = count
         self.origins: dict[bytes, str] = {}  # source records of the current input batch
-        # id() of a source row waiting in a chunk -> where it was read (layout 4's claims)
-        self.row_origins: dict[int, bytes] = {}
-        # only a guard that claims IDs on ID tags needs them (layout 4; none otherwise)
-        self.claims = getattr(guard, "claimer", None) is not None
         self.progress: dict[str, int] = {}  # lane heartbeats not yet sent with a chunk
         self.letter_bytes = 0  # payload of dead letters made while decoding, not committed
 
@@ -145,8 +140,6 @@ class TaskInput:
                     size += item.size
                     if item.lane is not None:
                         origins[item.id] = f"{item.lane}@{item.offset}"
-                        if self.claims and item.offset is not None:
-                            self.row_origins[id(row)] = origin_of(item.lane, item.offset)
                 elif isinstance(item, LaneProgress):
                     self._heartbeat(item)
                 else:

@@ -166,7 +166,6 @@ class TaskRun:
         self.commits = ChunkCommits(
             spec, self.guard, self.body, self.origins, self.count, self.crash
         )
-        self.commits.row_origins = self.input.row_origins
         self.sinks = SinkDelivery(spec, self.guard, self.body, task, self.count, self.crash)
 
     def failure_line(self, exc: BaseException) -> str:
@@ -211,6 +210,7 @@ class TaskRun:
                 pass
             yield from self.release()
             yield from self.flush_sinks()
+            self.guard.confirm_outputs()  # what an earlier attempt committed, it handed on
             return
         chunk_no = replay.next_chunk
         chunks = task_times.timed_iter("input", self.input.chunks(batches))
@@ -224,6 +224,7 @@ class TaskRun:
         yield from self.emit(outputs)
         yield from self.release()
         yield from self.flush_sinks()
+        self.guard.confirm_outputs()  # durable before a stage on another master reads them
         self.crash(CrashPoint.TASK_END)
 
     def process_chunk(

@@ -152,8 +152,12 @@ def _older_namespace(client, layout=None):
     return ks
 
 
-@pytest.mark.parametrize("layout", [None, 1, 2])
-def test_a_namespace_an_older_onceflow_made_is_refused_with_the_way_out(redis_server, layout):
+@pytest.mark.parametrize(
+    ("layout", "commit"), [(None, "7c48c6f"), (1, "7c48c6f"), (2, "7c48c6f"), (4, "5e4ab38")]
+)
+def test_a_namespace_an_older_onceflow_made_is_refused_with_the_way_out(
+    redis_server, layout, commit
+):
     client = redis_server.client()
     ks = _older_namespace(client, layout)
     with pytest.raises(ConfigError) as refused:
@@ -163,7 +167,7 @@ def test_a_namespace_an_older_onceflow_made_is_refused_with_the_way_out(redis_se
     assert f"namespace {ks.namespace!r} was made by an older version of onceflow" in said
     assert f"(seen-ID layout {layout or 1})" in said
     assert f"onceflow reset --namespace {ks.namespace} --checkpoint" in said
-    assert "at commit 7c48c6f" in said
+    assert f"at commit {commit}" in said
     assert client.hget(ks.meta, LAYOUT_FIELD) == (None if layout is None else str(layout).encode())
 
 
@@ -229,3 +233,20 @@ def test_a_pending_delivery_of_an_older_batch_is_logged_in_its_own_backup(redis_
         "out": {o.id for o in outs}
     }
     assert later.sink_state(sink).pending is None
+
+
+def test_the_removed_spread_seen_flag_is_refused_with_one_line(redis_server):
+    """Seen-ID layout 4 (``--spread-seen``) is gone: a run asking for it stops at once."""
+    from onceflow.connectors import JsonLinesSink, JsonLinesSource
+    from onceflow.pipeline import Pipeline
+    from onceflow.runtime.run_config import RunConfig
+    from onceflow.runtime.startup import open_namespace
+
+    p = Pipeline(f"spread-{uuid.uuid4().hex[:8]}")
+    p.read("in", JsonLinesSource("in.jsonl")).write("out", JsonLinesSink("out"))
+    opts = RunConfig.from_settings({"spread_seen": True, "redis_url": redis_server.url})
+    with pytest.raises(ConfigError) as refused:
+        open_namespace(p.job(), opts)
+    said = str(refused.value)
+    assert "\n" not in said and "--spread-seen is gone" in said and "drop the flag" in said
+    assert not redis_server.client().exists(Keyspace(p.name).meta), "it wrote before refusing"

@@ -200,11 +200,9 @@ def nexmark_torture(
     redis_host: CrashableRedis | None = None,
     broker: LocalKafka | None = None,
     echo: Any = None,
-    spread_seen: bool = False,
 ) -> NexmarkTorture:
     """A first wave of ``wave`` events, ``kills`` killed attempts each followed by half a
     wave more, then the closers and a final run to the end; not checked (see :func:`check`).
-    ``spread_seen``: seen-ID layout 4 (``--spread-seen``).
     """
     if query not in QUERIES:
         raise ValueError(f"query must be one of {QUERIES}, got {query!r}")
@@ -220,7 +218,6 @@ def nexmark_torture(
         "NEXMARK_CHUNK_SIZE": str(CHUNK),
         "PYTHONPATH": ROOT,
     }
-    extra_args = ["--spread-seen"] if spread_seen else []
     run = Run(
         name,
         bootstrap,
@@ -229,7 +226,6 @@ def nexmark_torture(
         PARTITIONS,
         extra_env=env,
         cap=cap,
-        extra_args=extra_args,
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
     total = wave + kills * (wave // 2)
@@ -305,7 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wave", type=int, default=1500)
     parser.add_argument("--redis-host-crash", action="store_true")
     parser.add_argument("--broker-restart", action="store_true")
-    parser.add_argument("--spread-seen", action="store_true", help="seen-ID layout 4")
     args = parser.parse_args(argv)
     from onceflow.testing.services import LocalRedis, modern_redis_binary
 
@@ -329,7 +324,6 @@ def main(argv: list[str] | None = None) -> int:
                 wave=args.wave,
                 redis_host=host,
                 broker=kafka if args.broker_restart else None,
-                spread_seen=args.spread_seen,
             )
             try:
                 facts = check(nt)

@@ -23,7 +23,8 @@ import pytest
 import redis as redis_py
 
 from onceflow.dedup.delivery import receiver_name
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scopes import read_scopes
 from onceflow.testing.harness import Crash, run_pipeline
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.preload import lying_clock
@@ -67,6 +68,57 @@ def test_a_redis_restored_from_an_older_backup_is_refused(broker, redis_factory,
     assert refused.returncode != 0, refused.output[-3000:]
     assert len(errors) == 1 and "Redis lost writes" in errors[0], refused.output[-3000:]
     assert "cannot be made exact" in errors[0] and "onceflow reset" in errors[0]
+
+
+def test_a_partition_scope_that_came_back_empty_is_refused(broker, redis_factory, tmp_path):
+    """One partition scope's keys are gone (a Redis Cluster master replaced by an empty node,
+    or restored from an old backup, while the namespace's master kept its keys): its keyed
+    state, timers and tokens would start from zero with no error. The scope has no durable
+    marker, where every tag of the namespace had one since its first batch."""
+    server = redis_factory()
+    run = new_run(broker, server.url, tmp_path)
+    run.cap = 200
+    _wave(run, 400, 6)
+    done = run_pipeline(PIPELINE, run.args(), env=run.env)
+    done.check()
+    client = redis_py.Redis.from_url(server.url)
+    scopes = read_scopes(client, Keyspace(run.name)).partition_keyspaces()
+    assert scopes, "the keyed stage keeps no partition scope"
+    lost = scopes[0]
+    keys = list(client.scan_iter(lost.pattern(), 1000))
+    assert any(lost.parse(k).kind is Kind.STATE for k in keys), "the scope held no state"
+    client.delete(*keys)  # the master of that scope came back empty
+    _wave(run, 100, 7)
+    refused = run_pipeline(PIPELINE, run.args(), env=run.env)
+    errors = [line for line in refused.output.splitlines() if line.startswith("error")]
+    assert refused.returncode != 0, refused.output[-3000:]
+    assert len(errors) == 1 and "Redis lost writes" in errors[0], refused.output[-3000:]
+    assert lost.tag in errors[0] and "no durable marker" in errors[0], errors[0]
+
+
+def test_a_server_that_came_back_with_weaker_persistence_mid_run_is_refused(
+    broker, redis_factory, tmp_path
+):
+    """Redis restarts during a run with ``appendfsync no`` (a failover to a replica set up
+    otherwise looks the same): its data is all there, but it is no longer the durable server
+    the run was started on, so the run stops as a start on it would."""
+    server = redis_factory()
+    run = new_run(broker, server.url, tmp_path)
+    run.cap = 200
+    _wave(run, 600, 8)
+
+    def weaker() -> None:
+        server.stop()
+        server.appendfsync = "no"
+        server.start()
+
+    point = Crash("after_sink_commit", stage="events", batch=1, partition=0, mode="pause")
+    refused = run_pipeline(PIPELINE, run.args(), env=run.env, crash=point, fault=weaker)
+    assert server.appendfsync == "no", "the pause point was never reached"
+    errors = [line for line in refused.output.splitlines() if line.startswith("error")]
+    assert refused.returncode != 0, refused.output[-3000:]
+    assert len(errors) == 1 and "not durable enough" in errors[0], refused.output[-3000:]
+    assert "appendfsync=no" in errors[0], errors[0]
 
 
 def test_a_redis_clock_hours_behind_stops_the_run_instead_of_refusing_every_record(
@@ -123,9 +175,7 @@ def test_a_host_crash_right_after_a_kafka_commit_delivers_once(broker, tmp_path)
     ["7.0-unconfirmed", "8-waitaof"],
     ids=["redis-7.0-allow-unconfirmed-fsync", "redis-8-waitaof-once-per-batch"],
 )
-def test_a_host_crash_that_takes_a_committed_deliverys_record_never_copies(
-    redis, broker, tmp_path
-):
+def test_a_host_crash_that_takes_a_committed_deliverys_record_never_copies(redis, broker, tmp_path):
     """Redis's host crashes just after a sink's Kafka transaction committed, and the crash
     takes the pending delivery written a moment before (the AOF is cut where it begins; an
     fsync may have passed it in this run, no rule says it must have). Kafka's delivery log

@@ -16,13 +16,10 @@ same files, and the run must carry on from what it kept; each attempt is also ki
 Its long variant (``--long``) runs five kills over bigger waves; ``python -m
 tests.exactly_once.torture --redis-host-crash --minutes 30`` keeps going for as long as asked.
 
-With ``--long`` too: seen-ID layout 4 (``--spread-seen``: the source stage's seen-IDs claimed
-in ID tags) under random kills on a Redis Cluster, and under kills and Redis host crashes on
-a single Redis (all the ID tags then live on that one server); a process stage with state and
-timers that rejects events by their content, in its element function and in its timer,
-under random kills (its dead letters exactly those events, once each, its outputs and state
-exactly those of the others); and documents of 0.5-0.95 MB through that stage's state with
-layout 4 under random kills.
+With ``--long`` too: a process stage with state and timers that rejects events by their
+content, in its element function and in its timer, under random kills (its dead letters
+exactly those events, once each, its outputs and state exactly those of the others); and
+documents of 0.5-0.95 MB through that stage's state under random kills.
 """
 
 from __future__ import annotations
@@ -88,7 +85,6 @@ def test_redis_host_crashes_while_the_pipeline_runs_lose_and_duplicate_nothing(
     "setup",
     [
         "redis-cluster+confluent",
-        pytest.param("redis-cluster+confluent+layout4", marks=pytest.mark.long),
         # CI time: position IDs across kills are checked point by point in test_crashes.py
         pytest.param("redis+kafka-python+positions", marks=pytest.mark.long),
         pytest.param("redis+kafka-python", marks=pytest.mark.long),
@@ -117,7 +113,6 @@ def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, 
         client=client,
         ids=ids,
         sinks_env={"TOTALS_PARQUET": str(tmp_path / "lake")},  # read back by pyarrow
-        spread_seen=setup.endswith("+layout4"),
     )
     settings = RedisSettings(url)
     facts = check(t, redis_client(settings, t.run.name), lambda tag: redis_client(settings, tag))
@@ -135,40 +130,11 @@ def test_random_kills_and_messy_input_lose_and_duplicate_nothing(setup, broker, 
 
 
 @pytest.mark.long
-def test_layout4_under_kills_and_redis_host_crashes_loses_and_duplicates_nothing(
-    broker, crashable_redis, tmp_path
-):
-    """Seen-ID layout 4 on a single Redis (its ID tags all on that server), whose host crashes
-    twice in each attempt (the claims of the last second lost), each attempt then killed -9."""
-    t = torture(
-        broker.bootstrap,
-        crashable_redis.url,
-        str(tmp_path),
-        seed=43,
-        kills=2,
-        wave=1200,
-        cap=400,
-        min_kill_s=0.5,
-        max_kill_s=2.0,
-        redis_host=crashable_redis,
-        spread_seen=True,
-    )
-    facts = check(t, redis_client(RedisSettings(crashable_redis.url), t.run.name))
-    print(f"[torture] layout 4, redis host crashes: {facts}")
-    assert not t.stops, f"a run stopped by itself instead of riding a crash out: {t.stops}"
-    assert t.redis_crashes >= 3, f"Redis crashed too rarely: {facts}"
-    assert facts["redis_lost_bytes"] > 0, f"the crashes lost no acknowledged write: {facts}"
-    assert facts["poison"] > 0 and facts["duplicates_dropped"] > 0
-    assert facts["id_tags_used"] == facts["id_tags"], f"ID tags left unused: {facts}"
-
-
-@pytest.mark.long
 @pytest.mark.parametrize(
-    ("seed", "layout", "docs"),
-    [pytest.param(47, 3, 0.0, id="layout3"), pytest.param(53, 4, 0.04, id="documents-layout4")],
+    ("seed", "docs"), [pytest.param(47, 0.0, id="rejects"), pytest.param(53, 0.04, id="documents")]
 )
 def test_a_process_stage_rejecting_events_under_random_kills_is_exact(
-    broker, redis_server, tmp_path, seed, layout, docs
+    broker, redis_server, tmp_path, seed, docs
 ):
     """A process stage (state and timers) rejects events by content, in its element function
     and in its timer, both after changing state; with ``docs``, documents of 0.5-0.95 MB go
@@ -182,12 +148,11 @@ def test_a_process_stage_rejecting_events_under_random_kills_is_exact(
         wave=600 if docs else 1500,
         cap=100 if docs else 400,
         max_kill_s=2.0,
-        spread_seen=layout == 4,
         process=True,
         docs=docs,
     )
     facts = check(t, redis_client(RedisSettings(redis_server.url), t.run.name))
-    print(f"[torture] process stage, layout {layout}, documents {docs}: {facts}")
+    print(f"[torture] process stage, documents {docs}: {facts}")
     assert t.kills >= 2, f"the run ended before it could be killed: {facts}"
     assert t.in_flight >= 1, f"the kills cut no micro-batch short: {facts}"
     reasons = set(t.run.poison.values())

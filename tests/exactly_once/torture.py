@@ -28,9 +28,7 @@ runs against ``$REDIS_URL`` / ``$KAFKA_BOOTSTRAP_SERVERS`` or starts its own Red
 Kafka; ``--redis-host-crash`` crashes Redis's host too (a Redis 8 it starts). The test suite
 runs short versions (``test_torture.py``).
 
-Options: ``--spread-seen`` runs the pipeline with seen-ID layout 4 (its source stage's
-seen-IDs claimed in ID tags; on a single Redis all the tags live on that server);
-``--process`` adds a process stage with state and timers (``per-user`` in
+Options: ``--process`` adds a process stage with state and timers (``per-user`` in
 ``tests/e2e_pipelines/totals.py``) and events it rejects by their content, in its element
 function or in its timer, each after changing state: each must be one dead letter with its
 reason, the stage's outputs those of the other events once each, a user's counts exactly
@@ -54,8 +52,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.connectors.kafka.topics import read_topic
-from onceflow.kernel.id_tags import SEEN_TAGS_FIELD, id_tag
-from onceflow.kernel.keyspace import LAYOUT_FIELD, Keyspace
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Outcome, compare_counts, run_pipeline
 from onceflow.testing.hostcrash import CrashableRedis
@@ -327,7 +323,6 @@ def torture(
     ids: str = "mixed",
     redis_host: CrashableRedis | None = None,
     sinks_env: dict[str, str] | None = None,
-    spread_seen: bool = False,
     process: bool = False,
     docs: float = 0.0,
 ) -> Torture:
@@ -340,8 +335,7 @@ def torture(
     ``sinks_env`` adds sinks to the pipeline (``TOTALS_PARQUET``, ``TOTALS_PG_TABLE``: see
     ``tests/e2e_pipelines/totals.py``); :func:`check` reads them back.
 
-    ``spread_seen`` runs it with seen-ID layout 4 (``--spread-seen``: the source stage's
-    seen-IDs claimed in ID tags). ``process`` adds the process stage ``per-user`` (state and
+    ``process`` adds the process stage ``per-user`` (state and
     timers) and events it rejects; ``docs`` is the share of events carrying a document of
     0.5-0.95 MB (through the map, the sinks and, with ``process``, the stage's state).
 
@@ -369,7 +363,6 @@ def torture(
         PARTITIONS,
         extra_env={"TOTALS_CLIENT": client, **env, **(sinks_env or {})},
         cap=cap or wave // 3,
-        extra_args=["--spread-seen"] if spread_seen else [],
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
     t = Torture(run, seed, rng, base_ts, positions=ids == "positions", redis_host=redis_host)
@@ -397,8 +390,6 @@ def check(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
     )
     if "TOTALS_PER_USER" in t.run.extra_env:
         facts.update(check_per_user(t))
-    if "--spread-seen" in t.run.extra_args:
-        facts.update(check_layout4(t, client, connect))
     return facts
 
 
@@ -435,21 +426,6 @@ def check_per_user(t: Torture) -> dict[str, int]:
     return {"per_user_outputs": raw, "documents": documents}
 
 
-def check_layout4(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
-    """The namespace is layout 4, and its source stage's seen-IDs are in its ID tags (on a
-    single Redis all of them live on that one server)."""
-    ks = Keyspace(t.run.name)
-    layout, tags = client.hmget(ks.meta, [LAYOUT_FIELD, SEEN_TAGS_FIELD])
-    assert int(layout or 0) == 4 and int(tags or 0) > 0, f"layout {layout!r}, tags {tags!r}"
-    used = 0
-    for k in range(int(tags)):
-        tag = id_tag(t.run.name, k, int(tags))
-        node = connect(tag.tag) if connect is not None else client
-        used += any(True for _ in node.scan_iter(match=tag.pattern(), count=1000))
-    assert used > 0, "no ID tag holds a seen-ID"
-    return {"id_tags": int(tags), "id_tags_used": used}
-
-
 def main(argv: list[str] | None = None) -> int:
     """``--minutes``: keep doing seeded torture rounds for that long, each checked."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -463,7 +439,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="crash Redis's host too, twice per attempt (a Redis 8 with everysec it starts)",
     )
-    parser.add_argument("--spread-seen", action="store_true", help="seen-ID layout 4")
     parser.add_argument(
         "--process", action="store_true", help="a process stage that rejects some events"
     )
@@ -500,7 +475,6 @@ def main(argv: list[str] | None = None) -> int:
                 wave=args.wave,
                 ids=args.ids,
                 redis_host=host,
-                spread_seen=args.spread_seen,
                 process=args.process,
                 docs=args.docs,
                 cap=args.cap,
