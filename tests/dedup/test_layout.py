@@ -239,8 +239,8 @@ def test_the_removed_spread_seen_flag_is_refused_with_one_line(redis_server):
     """Seen-ID layout 4 (``--spread-seen``) is gone: a run asking for it stops at once."""
     from onceflow.connectors import JsonLinesSink, JsonLinesSource
     from onceflow.pipeline import Pipeline
-    from onceflow.runtime.run_config import RunConfig
-    from onceflow.runtime.startup import open_namespace
+    from onceflow.runtime.driver.run_config import RunConfig
+    from onceflow.runtime.driver.startup import open_namespace
 
     p = Pipeline(f"spread-{uuid.uuid4().hex[:8]}")
     p.read("in", JsonLinesSource("in.jsonl")).write("out", JsonLinesSink("out"))
