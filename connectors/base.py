@@ -245,6 +245,39 @@ class SinkWriter(abc.ABC):
         return {}
 
 
+@dataclass(frozen=True)
+class DeliveryMark:
+    """What a transactional delivery's marker says of it, so that the sink alone can tell.
+
+    A sink keeps it with the delivery's marker (Kafka: the record in the delivery log; a
+    PostgreSQL row; an Iceberg snapshot's property) and names it back with
+    :meth:`TransactionalWriter.delivered_in`: so the runtime can find a delivery that
+    committed after Redis lost its record (see ``onceflow.runtime.task.sink_delivery``).
+    ``incarnation``: the pipeline namespace's (new at each ``onceflow reset``); ``batch``
+    the micro-batch; ``seq`` the delivery's number among its sink partition's deliveries of
+    that micro-batch, over every attempt; ``digest`` one of its records (IDs and encoded
+    values, as the runtime encodes them), empty when not computed.
+    """
+
+    incarnation: str
+    batch: int
+    seq: int
+    digest: str = ""
+
+    def text(self) -> str:
+        """``incarnation:batch:seq:digest`` (``-`` for no digest); :meth:`parse` reads it."""
+        return f"{self.incarnation}:{self.batch}:{self.seq}:{self.digest or '-'}"
+
+    @classmethod
+    def parse(cls, text: str) -> DeliveryMark | None:
+        """The mark :meth:`text` made, or None for text that is not one (an older marker)."""
+        parts = text.split(":")
+        if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():  # noqa: PLR2004
+            return None
+        digest = "" if parts[3] == "-" else parts[3]
+        return cls(parts[0], int(parts[1]), int(parts[2]), digest)
+
+
 class TransactionalWriter(SinkWriter):
     """A writer whose records become visible only when its transaction commits.
 
@@ -265,6 +298,10 @@ class TransactionalWriter(SinkWriter):
     ``committed(marker)`` answer for good.
     """
 
+    #: Whether :meth:`delivered_in` answers: the sink keeps each delivery's mark, so the
+    #: runtime can tell a delivery happened without Redis.
+    keeps_marks: bool = False
+
     @property
     @abc.abstractmethod
     def identity(self) -> str:
@@ -278,6 +315,18 @@ class TransactionalWriter(SinkWriter):
         committed or never will be.
         """
 
+    def ready(self) -> None:  # noqa: B027 - optional hook
+        """Before a transaction begins: get what it needs that may end another's.
+
+        For Kafka: register the transactional id if this process holds no producer of it fit
+        for a transaction (registering fences every other producer of the id). The runtime
+        calls it, then records the writer in Redis (a call fenced by the attempt's ownership
+        of the sink partition), then begins: nothing between that record and the transaction
+        may register, so an attempt that took the partition over and settled this writer's
+        identity is never undone by it (a zombie's transaction would stay open, and hold
+        ``read_committed`` readers back until Kafka times it out).
+        """
+
     def aborted_cleanly(self) -> bool:
         """After :meth:`abort`: whether nothing of the transaction can still become visible.
 
@@ -287,8 +336,12 @@ class TransactionalWriter(SinkWriter):
         return False
 
     @abc.abstractmethod
-    def prepare(self) -> str:
-        """Flush the open transaction; return its marker (raises if records were refused)."""
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
+        """Flush the open transaction; return its marker (raises if records were refused).
+
+        ``mark``: kept with the marker, for :meth:`delivered_in` (None outside exactly-once
+        streaming runs).
+        """
 
     @abc.abstractmethod
     def commit(self) -> None:
@@ -297,6 +350,19 @@ class TransactionalWriter(SinkWriter):
     @abc.abstractmethod
     def committed(self, marker: str) -> bool:
         """Whether an earlier writer's transaction, named by its marker, committed."""
+
+    def delivered_in(
+        self, batch: int, incarnation: str, since: str | None
+    ) -> list[DeliveryMark] | None:
+        """The marks of this sink partition's committed deliveries of micro-batch ``batch``.
+
+        Oldest first, those of namespace ``incarnation`` only, read from the sink itself
+        (never from Redis); call once every identity recorded for the partition is settled.
+        ``since``: the marker of the partition's last delivery Redis still knows (None: none),
+        before which none of them can lie (a sink that scans a log starts there). None: the
+        sink cannot tell (the default); the runtime then never relies on it.
+        """
+        return None
 
     def recover(self) -> bool:
         """After :class:`TransactionBroken`: end the transaction; whether it committed.

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from onceflow.connectors.base import (
+    DeliveryMark,
     Rejected,
     SinkConnector,
     SinkWriter,
@@ -46,7 +47,14 @@ from onceflow.connectors.base import (
     element_row,
 )
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.iceberg_snapshots import DELIVERY, VOID, append_once, ensure_base, head
+from onceflow.connectors.iceberg_snapshots import (
+    DELIVERY,
+    VOID,
+    append_once,
+    delivered_marks,
+    ensure_base,
+    head,
+)
 from onceflow.kernel.records import Record
 
 ID_COLUMN = "_onceflow_id"
@@ -164,6 +172,8 @@ class IcebergSink(SinkConnector):
 class IcebergWriter(TransactionalWriter):
     """One task's deliveries, each one snapshot naming it (see the module docstring)."""
 
+    keeps_marks = True
+
     def __init__(self, sink: IcebergSink, task: TaskInfo) -> None:
         self.sink = sink
         self.task = task
@@ -243,17 +253,19 @@ class IcebergWriter(TransactionalWriter):
 
     # -- the transaction -----------------------------------------------------------------
 
-    def prepare(self) -> str:
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
         """Write the data files (referenced by no snapshot yet); the marker names the delivery.
 
-        It also names a snapshot the table was at (when the writer last looked: an ancestor
-        of the delivery's): a retry that no longer finds that one knows snapshots were expired
-        since, and that the delivery's may be among them.
+        The delivery is ``<sink>/<partition>/<batch>/<writer>/<n>``, then ``@`` and ``mark``
+        if there is one. The marker also names a snapshot the table was at (when the writer
+        last looked: an ancestor of the delivery's): a retry that no longer finds that one
+        knows snapshots were expired since, and that the delivery's may be among them.
         """
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
-        delivery = f"{self.task.sink}/{self.task.partition}/{self.task.batch}/{self.token}"
-        delivery += f"/{self.deliveries}"
+        delivery = f"{self._prefix}{self.task.batch}/{self.token}/{self.deliveries}"
+        if mark is not None:
+            delivery += f"@{mark.text()}"
         self.deliveries += 1
         self.prepared = True
         if not self.batches:  # every record refused: nothing to commit, nothing to look for
@@ -311,6 +323,21 @@ class IcebergWriter(TransactionalWriter):
             )
             raise ConnectorError(msg)
         return self._append(found["delivery"], [], void=True) == DELIVERY
+
+    @property
+    def _prefix(self) -> str:
+        """What every delivery of this sink partition begins with."""
+        return f"{self.task.sink}/{self.task.partition}/"
+
+    def delivered_in(
+        self, batch: int, incarnation: str, since: str | None
+    ) -> list[DeliveryMark] | None:
+        """The marks of the partition's deliveries of ``batch`` that a snapshot appended."""
+        table = self.table()
+        if table is None:
+            return []
+        table.refresh()
+        return delivered_marks(table.metadata, f"{self._prefix}{batch}/", batch, incarnation)
 
     def recover(self) -> bool:
         """After a broken commit: whether a snapshot names the delivery (voided if not)."""

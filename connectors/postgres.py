@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from onceflow.connectors.base import (
+    DeliveryMark,
     PoisonInTransaction,
     Rejected,
     SinkConnector,
@@ -120,6 +121,8 @@ class PostgresSink(SinkConnector):
 class PostgresWriter(TransactionalWriter):
     """One task's deliveries, each one database transaction (see the module docstring)."""
 
+    keeps_marks = True
+
     def __init__(self, sink: PostgresSink, task: TaskInfo) -> None:
         self.sink = sink
         self.task = task
@@ -176,16 +179,19 @@ class PostgresWriter(TransactionalWriter):
 
     # -- the transaction -----------------------------------------------------------------
 
-    def prepare(self) -> str:
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
         """Send the rows and the delivery's marker in the open transaction (not committed).
 
-        Rows the table refuses are found one by one (savepoints) and raised as
-        :class:`PoisonInTransaction` after a rollback: the runtime sends the rest again.
+        The marker is ``<pipeline>/<sink>/<partition>/<writer>/<n>``, then ``@`` and
+        ``mark`` if there is one. Rows the table refuses are found one by one (savepoints)
+        and raised as :class:`PoisonInTransaction` after a rollback: the runtime sends the
+        rest again.
         """
         import psycopg
 
-        marker = f"{self.task.pipeline}/{self.task.sink}/{self.task.partition}/{self.token}/"
-        marker += str(self.deliveries)
+        marker = f"{self._prefix}{self.token}/{self.deliveries}"
+        if mark is not None:
+            marker += f"@{mark.text()}"
         rows, self.rows = self._last_per_key(self.rows), []
         self.in_transaction = True
         try:
@@ -199,23 +205,31 @@ class PostgresWriter(TransactionalWriter):
                 raise ConnectorError(msg) from None
             raise PoisonInTransaction(refused) from None
         self.conn.execute(f"INSERT INTO {DELIVERIES} (marker) VALUES (%s)", (marker,))
-        self._forget_older(marker)
+        self._forget_older(marker, mark)
         self.deliveries += 1
         return marker
 
-    def _forget_older(self, marker: str) -> None:
-        """Delete the partition's other markers, in the delivery's own transaction.
+    @property
+    def _prefix(self) -> str:
+        """What every marker of this sink partition begins with."""
+        return f"{self.task.pipeline}/{self.task.sink}/{self.task.partition}/"
 
-        None of them is asked about again: this writer resolved what earlier attempts left
-        pending before its first delivery (see :meth:`settle`), and each of its own earlier
-        deliveries was marked delivered before this one began. So the table keeps one row
-        per sink partition, not one per delivery; a transaction that never commits deletes
-        nothing.
+    def _forget_older(self, marker: str, mark: DeliveryMark | None) -> None:
+        """Delete the partition's other markers but its micro-batch's, in the same transaction.
+
+        None of them is asked about again by its marker: this writer resolved what earlier
+        attempts left pending before its first delivery (see :meth:`settle`), and each of its
+        own earlier deliveries was marked delivered before this one began. Those of the same
+        micro-batch are kept for :meth:`delivered_in`. So the table keeps a sink partition's
+        markers of one micro-batch, not one per delivery ever; a transaction that never
+        commits deletes nothing.
         """
-        prefix = marker[: marker.rindex("/", 0, marker.rindex("/")) + 1]
+        prefix = self._prefix
+        keep = f"%@{mark.incarnation}:{mark.batch}:%" if mark is not None else ""
         self.conn.execute(
-            f"DELETE FROM {DELIVERIES} WHERE left(marker, %s) = %s AND marker <> %s",
-            (len(prefix), prefix, marker),
+            f"DELETE FROM {DELIVERIES} WHERE left(marker, %s) = %s AND marker <> %s "
+            "AND marker NOT LIKE %s",
+            (len(prefix), prefix, marker, keep),
         )
 
     def commit(self) -> None:
@@ -246,6 +260,19 @@ class PostgresWriter(TransactionalWriter):
         with self.sink.connect_db(autocommit=True) as conn:
             found = conn.execute(f"SELECT 1 FROM {DELIVERIES} WHERE marker = %s", (marker,))
             return found.fetchone() is not None
+
+    def delivered_in(
+        self, batch: int, incarnation: str, since: str | None
+    ) -> list[DeliveryMark] | None:
+        """The marks of the partition's markers of ``batch`` in the delivery table."""
+        prefix = self._prefix
+        with self.sink.connect_db(autocommit=True) as conn:
+            rows = conn.execute(
+                f"SELECT marker FROM {DELIVERIES} WHERE left(marker, %s) = %s AND marker LIKE %s",
+                (len(prefix), prefix, f"%@{incarnation}:{batch}:%"),
+            ).fetchall()
+        marks = [DeliveryMark.parse(str(row[0]).rpartition("@")[2]) for row in rows]
+        return sorted((m for m in marks if m is not None), key=lambda m: m.seq)
 
     def abort(self) -> None:
         """Roll the transaction back (the server does it too if the session died)."""

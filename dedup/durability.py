@@ -11,9 +11,11 @@ Redis says every write before is durable (on a Redis Cluster, on every master ho
 the pipeline's hash tags, see :mod:`onceflow.kernel.scopes`):
 
 * ``WAITAOF 1 0`` (Redis 7.2 and later): fsynced to the local AOF. With ``appendfsync
-  always`` every acknowledged write already is. Redis before 7.2 with ``everysec`` cannot be
+  always`` every acknowledged write already is. It answers at the next periodic fsync (up to
+  a second), so it is asked once per micro-batch: the sinks deliver after the driver's wait
+  (``onceflow.runtime.task.deferred``). Redis before 7.2 with ``everysec`` cannot be
   asked: such a Redis is refused (:func:`plan_durability`) unless replicas are waited for or
-  the user accepts the risk (``--allow-unconfirmed-fsync``);
+  the user accepts the risk (``--allow-unconfirmed-fsync``, :data:`UNCONFIRMED_WARNING`);
 * ``WAIT n`` when replicas are required: acknowledged by ``n`` replicas.
 
 **A torn transaction in the AOF** (a host crash cutting a script's block): before anything
@@ -74,6 +76,7 @@ class Durability:
     auto: bool = False  # replicas: one if the master has any when a batch starts, else none
     allow_unconfirmed: bool = False  # --allow-unconfirmed-fsync (see plan_durability)
     allow_non_durable: bool = False  # --allow-non-durable-redis (see replan)
+    unconfirmed: bool = False  # a master can confirm neither: allowed (UNCONFIRMED_WARNING)
 
     def for_batch(self, targets: Sequence[tuple[str, Any]]) -> BatchDurability:
         """What a starting batch waits for, per hash tag, and the server of each tag now.
@@ -97,7 +100,7 @@ class Durability:
                 wanted = 1 if int(info.get("connected_slaves", 0)) > 0 else 0
             replicas[tag] = wanted
             servers[tag] = str(info.get("run_id", ""))
-        return BatchDurability(replicas, servers, self.waitaof)
+        return BatchDurability(replicas, servers, self.waitaof, self.unconfirmed)
 
     def describe(self) -> str:
         """One line for the run's start."""
@@ -118,6 +121,7 @@ class BatchDurability:
     replicas: Mapping[str, int]  # hash tag -> replicas its master's writes must reach
     servers: Mapping[str, str]  # hash tag -> its master's run id when the batch started
     waitaof: bool = False  # whether a write is durable only once WAITAOF said so
+    unconfirmed: bool = False  # whether a master's fsync cannot be confirmed (allowed)
 
     def replicas_of(self, tag: str) -> int:
         """Replicas to wait for on the master of ``tag``."""
@@ -164,14 +168,17 @@ def plan_durability(
     """
     facts = [server_facts(c) for c in clients]
     waitaof = any(_needs_waitaof(f) for f in facts)
+    unconfirmed = False
     for client, f in zip(clients, facts, strict=True):
         covered = (replicas or 0) > 0 or (replicas is None and f.replicas > 0)
-        if not allow_unconfirmed and not covered and _unconfirmable(f):
-            raise ServiceError(unconfirmed_message(client, f))
+        if not covered and _unconfirmable(f):
+            if not allow_unconfirmed:
+                raise ServiceError(unconfirmed_message(client, f))
+            unconfirmed = True
     allowed = {"allow_unconfirmed": allow_unconfirmed, "allow_non_durable": allow_non_durable}
     if replicas is None:
-        return Durability(waitaof, 0, timeout_ms, auto=True, **allowed)
-    return Durability(waitaof, replicas, timeout_ms, **allowed)
+        return Durability(waitaof, 0, timeout_ms, auto=True, unconfirmed=unconfirmed, **allowed)
+    return Durability(waitaof, replicas, timeout_ms, unconfirmed=unconfirmed, **allowed)
 
 
 def replan(durability: Durability, clients: Sequence[Any]) -> Durability:
@@ -214,6 +221,18 @@ def unconfirmed_message(client: Connection, f: ServerFacts) -> str:
         "appendfsync always), use Redis 7.2 or later, or wait for a replica "
         "(--redis-wait-replicas 1); or accept that risk with --allow-unconfirmed-fsync"
     )
+
+
+UNCONFIRMED_WARNING = (
+    "--allow-unconfirmed-fsync: Redis cannot confirm that writes reached its disk. A crash "
+    "of its host loses up to a second of acknowledged writes: the micro-batch in flight is "
+    "run again from what Redis kept; a delivery to a transactional sink (Kafka, PostgreSQL, "
+    "Iceberg, files) whose record Redis lost is found in the sink and counted delivered if "
+    "the records run again are those byte for byte, else the run stops and says so (a copy "
+    "is never written); a plain sink's may be written again; and writes of a micro-batch "
+    "Spark had already committed stop the next start (Redis lost writes). Use appendfsync "
+    "always, Redis 7.2+, or a replica to lose nothing"
+)
 
 
 def server_id(client: Connection) -> str:

@@ -30,19 +30,13 @@ from typing import Any
 
 from onceflow.backup import store as backup
 from onceflow.backup.format import TaskBackup
-from onceflow.dedup import delivery, trust
+from onceflow.dedup import trust
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import Admission, admit
 from onceflow.dedup.batch import BatchParams
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.delivery import (
-    PendingDelivery,
-    SinkState,
-    log_delivered,
-    receiver_name,
-    resolve_logged,
-)
+from onceflow.dedup.delivery import TaskDeliveries
 from onceflow.dedup.durability import BatchDurability, check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
@@ -74,19 +68,35 @@ class ExactlyOnceGuards:
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
     parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
     feeds: frozenset[str] = frozenset()  # stages other stages read (see confirm_outputs)
+    incarnation: str = ""  # the namespace's (new at each reset), in sinks' delivery marks
+    # Redis may lose a pending delivery a sink committed: marks carry their records' digest
+    lossy: bool = False
+    deferred: bool = False  # group commit: sinks deliver after the batch's one durable wait
+    recheck: bool = False  # this attempt may run on a Redis that went back: ask the sinks
+    # (the three are the batch's: see for_batch)
 
     def for_batch(
-        self, params: BatchParams, durability: BatchDurability | None = None
+        self,
+        params: BatchParams,
+        durability: BatchDurability | None = None,
+        recheck: bool = False,
     ) -> ExactlyOnceGuards:
-        """The factory for the tasks of one micro-batch (and what it waits for)."""
+        """The factory for the tasks of one micro-batch (and what it waits for).
+
+        ``recheck``: the batch may run on a Redis that lost writes of an earlier attempt of
+        it (see :mod:`onceflow.runtime.task.sink_delivery`).
+        """
         if durability is None:
-            return replace(self, params=params)
+            return replace(self, params=params, recheck=recheck)
         return replace(
             self,
             params=params,
             wait_replicas=durability.replicas,
             servers=durability.servers,
             waitaof=durability.waitaof,
+            recheck=recheck,
+            deferred=durability.waitaof,  # one WAITAOF per batch, then the sinks deliver
+            lossy=durability.unconfirmed or durability.waitaof,
         )
 
     def batch_json(self) -> str:
@@ -100,6 +110,9 @@ class ExactlyOnceGuards:
                 "replicas": dict(self.wait_replicas or {}),
                 "servers": dict(self.servers or {}),
                 "waitaof": self.waitaof,
+                "recheck": self.recheck,
+                "deferred": self.deferred,
+                "lossy": self.lossy,
             }
         )
 
@@ -112,6 +125,9 @@ class ExactlyOnceGuards:
             wait_replicas=data["replicas"],
             servers=data["servers"],
             waitaof=data["waitaof"],
+            recheck=data["recheck"],
+            deferred=data["deferred"],
+            lossy=data["lossy"],
         )
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:
@@ -122,7 +138,7 @@ class ExactlyOnceGuards:
         return ExactlyOnceGuard(self, task, self.params)
 
 
-class ExactlyOnceGuard:
+class ExactlyOnceGuard(TaskDeliveries):
     """Exactly-once hooks of one task (see the module docstring)."""
 
     mode = Guarantee.EXACTLY_ONCE
@@ -138,6 +154,11 @@ class ExactlyOnceGuard:
         self.replicas = (factory.wait_replicas or {}).get(ks.tag, 0)
         self.wait_timeout_ms = factory.wait_timeout_ms
         self.waitaof = factory.waitaof
+        self.incarnation = factory.incarnation
+        self.lossy = factory.lossy
+        self.deferred = factory.deferred
+        self.recheck = factory.recheck
+        self.batch = task.batch
         self.confirms = _confirms_outputs(factory, task.stage, self.replicas)
         self.unconfirmed = True  # writes (this attempt's, or the backup's) no wait covered
         self.chunk_size = factory.config.chunk_size
@@ -167,11 +188,13 @@ class ExactlyOnceGuard:
         self.stage = trust.Receiver(ks.tag, task.stage, self.config)
         self.sink_names = dict(task.sinks)  # output index -> sink name
         self.delivered_ids: dict[int, set[bytes]] = {}  # what earlier attempts delivered
+        self.logged: dict[int, int] = {}  # deliveries logged in this task's backup, per sink
         self.admitted: dict[bytes, int] = {}  # inputs this attempt committed -> fingerprint
         self.prints: dict[bytes, int] = {}  # fresh inputs admitted -> content fingerprint
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
+        self.sinks_only = False  # opened to deliver what the backup holds (open_sinks)
 
     @property
     def receivers(self) -> list[trust.Receiver]:
@@ -202,10 +225,27 @@ class ExactlyOnceGuard:
         trust.catch_up(s, self.receivers, str(replies[-1].get("run_id", "")))
         replay = backup.replay(replies[1])
         self.earlier = replay.inputs
-        by_name = {name: index for index, name in self.sink_names.items()}
-        self.delivered_ids = {
-            by_name[sink]: ids for sink, ids in replay.delivered.items() if sink in by_name
-        }
+        self.note_deliveries(replay)
+        return replay
+
+    def open_sinks(self) -> TaskBackup:
+        """Claim the partition and read the backup, to deliver what it holds for the sinks.
+
+        For a micro-batch's delivery job (``onceflow.runtime.task.deferred``): nothing is
+        admitted, so the stage's Bloom filters are neither loaded nor snapshotted.
+        """
+        s = self.session
+        s.token = f"{s.epoch}:{self.attempt_id}"
+        self.sinks_only = True
+        cmds = s.store.batch()
+        keys, args = script_args.claim(s.fence)
+        cmds.script("claim", keys, args)
+        cmds.hgetall(s.ks.backup(s.stage, s.batch, s.partition))
+        replies = cmds.execute()
+        s.round_trip()
+        s.check(replies[0])
+        replay = backup.replay(replies[1])
+        self.note_deliveries(replay)
         return replay
 
     def admit(
@@ -328,54 +368,13 @@ class ExactlyOnceGuard:
             confirm_writes(self.session, self.replicas, self.waitaof, self.wait_timeout_ms)
             self.unconfirmed = False
 
-    def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
-        """Sink records no attempt has delivered yet (the backup's delivery log says)."""
-        done = self.delivered_ids.get(target)
-        return [o for o in outputs if o.id not in done] if done else outputs
-
-    def delivered(self, target: int, outputs: list[Output]) -> None:
-        """Log sink records delivered (their write is visible) and end the pending delivery."""
-        ids = [o.id for o in outputs]
-        log_delivered(self.session, self.sink_names[target], ids)
-        self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
-
-    def _receiver_name(self, target: int) -> str:
-        return receiver_name(self.sink_names[target])
-
-    def sink_state(self, target: int) -> SinkState:
-        """What earlier attempts left for this sink partition: a delivery, writers to settle."""
-        return delivery.sink_state(self.session, self._receiver_name(target))
-
-    def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
-        """Record a transactional writer before it begins (``begins=False``: forget it)."""
-        delivery.note_writer(self.session, self._receiver_name(target), identity, begins)
-
-    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
-        """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain)."""
-        delivery.prepare(
-            self.session,
-            self._receiver_name(target),
-            marker,
-            [o.id for o in outputs],
-            self.replicas,
-            self.wait_timeout_ms,
-            self.waitaof,
-        )
-        if self.replicas or self.waitaof:  # its wait covered every write before it
-            self.unconfirmed = False
-
-    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
-        """End a pending delivery: log its IDs if it happened, else drop it."""
-        ids = resolve_logged(self.session, self.sink_names[target], left, committed)
-        self.delivered_ids.setdefault(target, set()).update(ids)
-
     def note(self, name: str, n: int) -> None:
         """Count something in the stage's Redis counters (written with the next commit)."""
         self.session.count_redis(name, n)
 
     def close(self) -> dict[str, Any]:
         """Snapshot filters whose journal grew long; return counters for the run."""
-        for r in self.receivers:
+        for r in self.receivers if not self.sinks_only else ():
             trust.snapshot(self.session, r)
         counters = {k: v for k, v in self.session.counters.items() if k not in _REDIS_ONLY}
         counters["bloom_bytes"] = sum(r.filters.memory_bytes() for r in self.receivers)

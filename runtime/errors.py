@@ -17,6 +17,10 @@ class PlanChangedError(ConfigError):
     """The pipeline's physical plan differs from the one its stored state was built with."""
 
 
+class LostDeliveryError(RunError):
+    """A sink committed a delivery Redis lost the record of, and this run cannot match it."""
+
+
 TASK_FAILURE_MARK = "Onceflow task failure:"
 
 

@@ -23,6 +23,7 @@ from onceflow.kernel.records import Guarantee
 from onceflow.kernel.scopes import distinct, merge_generations
 from onceflow.kernel.store import store_for
 from onceflow.runtime.driver.compile import StreamCompiler
+from onceflow.runtime.driver.deferred import run_delivery_job
 from onceflow.runtime.driver.observe import BatchDone, batch_done, delta, first_batch, say
 from onceflow.runtime.driver.phases import Phases
 from onceflow.runtime.driver.stopping import StopRequested
@@ -48,6 +49,9 @@ class MicroBatches:
         self.servers: dict[str, str] = {}  # tag -> run id when the last attempt started
         self.durability = ctx.durability  # planned again when a master changes (replan)
         self.compiler: StreamCompiler | None = None  # made at the first micro-batch
+        # the next batch may run on a Redis that lost writes of an earlier attempt of it: the
+        # driver's first, and one run again after a server change (see runtime.task.sink_delivery)
+        self.recheck_next = True
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         """One micro-batch: acknowledge the previous ones, then run the job.
@@ -78,6 +82,8 @@ class MicroBatches:
                     raise
                 again += 1
                 self._run_again(batch_id, exc, again)  # the next attempt checks the servers
+                self.recheck_next = True
+        self.recheck_next = False
         driver_crashpoint(CrashPoint.BATCH_END, batch_id)
         if ctx.ticker is not None:
             ctx.ticker.after_batch(ctx.trigger_ms)
@@ -101,7 +107,7 @@ class MicroBatches:
             ctx.clock,
         )
         self.watermark = params.watermark
-        guards = ctx.guards.for_batch(params, this_batch)
+        guards = ctx.guards.for_batch(params, this_batch, self._recheck(this_batch))
         phases.mark("params")
         self._run_job(df, batch_id, guards, phases)
         if ctx.mode is Guarantee.EXACTLY_ONCE:
@@ -110,7 +116,21 @@ class MicroBatches:
         if self.durability is not None and this_batch is not None:
             wait_durable(targets, batch_id, self.durability, this_batch)
         phases.mark("durable")
+        if this_batch is not None and this_batch.waitaof:  # the sinks deliver after the wait
+            run_delivery_job(ctx, guards, batch_id)
+            phases.mark("deliveries")
         return params
+
+    def _recheck(self, this_batch: BatchDurability | None) -> bool:
+        """Whether this attempt's sinks must look for deliveries Redis lost the record of.
+
+        Only when Redis may lose a delivery's record after its sink committed it (its fsync
+        unconfirmed, or the sinks deliver after the batch's one wait for it: ``WAITAOF``, see
+        :mod:`onceflow.runtime.task.deferred`) and the attempt may run on a Redis that went
+        back (see :mod:`onceflow.runtime.task.sink_delivery`).
+        """
+        lossy = this_batch is not None and (this_batch.unconfirmed or this_batch.waitaof)
+        return self.recheck_next and lossy
 
     def _servers_now(
         self, targets: list[tuple[Keyspace, Any]], batch_id: int

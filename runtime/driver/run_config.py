@@ -226,8 +226,10 @@ class RunConfig:
     allow_unconfirmed_fsync: bool = _option(
         False,
         "run on a Redis before 7.2 with appendfsync everysec and no replica, which cannot "
-        "confirm that a batch reached its disk: a crash of its host may then lose committed "
-        "results (a later run stops and says so)",
+        "confirm that a batch reached its disk: after a crash of its host the batch in flight "
+        "runs again, a delivery whose record Redis lost is found in its sink (counted once, "
+        "or the run stops and says so), and lost results of a committed batch stop the next "
+        "start",
         flag="--allow-unconfirmed-fsync",
         switch=True,
     )

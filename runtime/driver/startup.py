@@ -11,7 +11,9 @@ objects are never changed: the run reads copies (see
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.durability import (
     DEFAULT_TIMEOUT_MS,
+    UNCONFIRMED_WARNING,
     Durability,
     check_markers,
     inherit_markers,
@@ -64,6 +67,8 @@ from onceflow.runtime.driver.ticks import Ticker
 from onceflow.runtime.guard import AtLeastOnceGuards
 from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.spec import Job
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -115,6 +120,9 @@ def open_namespace(job: Job, opts: RunConfig) -> Namespace:
     keyspace = Keyspace(opts.namespace or job.pipeline)
     client = redis_client(redis, keyspace.namespace)
     scopes, durability = pin_namespace(job, opts, config, redis, client, keyspace)
+    if durability is not None and durability.unconfirmed:  # allowed: say what it costs
+        log.warning("%s", UNCONFIRMED_WARNING)
+        print(f"warning: {UNCONFIRMED_WARNING}", file=sys.stderr, flush=True)
     return Namespace(redis, client, keyspace, config, scopes, durability)
 
 
@@ -274,10 +282,17 @@ def run_sources(job: Job, opts: RunConfig, tick_file: str | None) -> Job:
     return job.with_sources(copies)
 
 
+INCARNATION_CHARS = 12  # of the namespace's run identity, in sinks' delivery marks
+
+
 def _guards(
-    job: Job, mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect
+    job: Job, mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect, identity: str
 ) -> tuple[int, Any]:
-    """A new driver epoch (fencing older drivers) and the run's guards."""
+    """A new driver epoch (fencing older drivers) and the run's guards.
+
+    ``identity``: the namespace's run identity (new at each reset), the incarnation in
+    sinks' delivery marks (see :mod:`onceflow.runtime.task.sink_delivery`).
+    """
     epoch = store_for(ns.client).incr(ns.keyspace.epoch)
     if mode is Guarantee.EXACTLY_ONCE and ns.durability is not None:
         raise_epochs(ns.scopes, epoch, connect)  # fences older drivers' tasks in every scope
@@ -290,6 +305,7 @@ def _guards(
             scoped=ns.scopes.stages,
             parallelism=opts.parallelism,
             feeds=frozenset(p for s in job.stages for p in s.producers),
+            incarnation=identity[:INCARNATION_CHARS],
         )
     # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
     guards = AtLeastOnceGuards(ns.redis, ns.keyspace.namespace, ns.config, scoped=ns.scopes.stages)
@@ -333,7 +349,7 @@ def start(
         connector.prepare(job.pipeline, True)
     sinks = prepare_sinks(job, dead, True, opts.progress)
     check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
-    epoch, guards = _guards(job, opts.guarantee, ns, opts, connect)
+    epoch, guards = _guards(job, opts.guarantee, ns, opts, connect, cp.identity() or "")
     if opts.guarantee is Guarantee.EXACTLY_ONCE:  # a Redis that went back behind the checkpoint
         targets = [(ks, connect(ks.tag)) for ks in ns.scopes.keyspaces()]
         check_markers(targets, cp.last_committed(), ns.keyspace.namespace)

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("pyiceberg")
 
-from onceflow.connectors.base import TaskInfo, TransactionBroken
+from onceflow.connectors.base import DeliveryMark, TaskInfo, TransactionBroken
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.iceberg import IcebergSink
 from onceflow.connectors.iceberg_snapshots import DELIVERY, VOID
@@ -303,3 +303,21 @@ def test_catalog_errors_are_one_line_without_the_credentials(tmp_path):
         bad.prepare("p", streaming=True)
     assert "s3cr3t" not in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_committed_deliveries_of_a_batch_are_read_back_by_their_marks(sink):
+    """A delivery's mark lies in its snapshot's ``onceflow.delivery``: the table alone says
+    which deliveries of a micro-batch committed. A voided one is not among them."""
+    w = _writer(sink)
+    for seq, start in enumerate([0, 3]):
+        w.write(_rows(3, start))
+        w.prepare(DeliveryMark("inc1", 1, seq, f"d{seq}"))
+        w.commit()
+    zombie = _writer(sink, 1)
+    zombie.write(_rows(3, 6))
+    marker = zombie.prepare(DeliveryMark("inc1", 1, 2, "d2"))
+    assert not _writer(sink, 2).committed(marker), "voided: it never commits"
+    marks = _writer(sink, 3).delivered_in(1, "inc1", None)
+    assert [(m.seq, m.digest) for m in marks] == [(0, "d0"), (1, "d1")]
+    assert _writer(sink, 3).delivered_in(2, "inc1", None) == []
+    assert _writer(sink, 3).delivered_in(1, "another", None) == []

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from onceflow.connectors.base import PoisonInTransaction, TaskInfo
+from onceflow.connectors.base import DeliveryMark, PoisonInTransaction, TaskInfo
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.postgres import PostgresSink
 from onceflow.kernel.records import Record
@@ -167,3 +167,29 @@ def test_the_delivery_table_keeps_one_marker_per_partition(postgres_server, tabl
     assert sorted(left) == sorted([markers[-1], f"p/{sink_name}/11/{other.token}/0"])
     assert retry.committed(markers[-1]), "the last delivery is still answered"
     assert len(_read(postgres_server, table)) == 10
+
+
+def test_committed_deliveries_of_a_batch_are_read_back_by_their_marks(postgres_server, table):
+    """A delivery's mark lies in its marker row: the sink alone says which deliveries of a
+    micro-batch committed (what the runtime asks when Redis lost their records). An aborted
+    one is not there; another batch's are deleted by the next batch's first delivery."""
+    sink = _sink(postgres_server, table)
+    w = _writer(sink)
+    for seq, rows in enumerate([_rows(2), _rows(2, 2)]):
+        w.write(rows)
+        w.prepare(DeliveryMark("inc1", 1, seq, f"d{seq}"))
+        w.commit()
+    w.write(_rows(2, 4))
+    w.prepare(DeliveryMark("inc1", 1, 2, "d2"))
+    w.abort()  # never committed
+    marks = _writer(sink, 1).delivered_in(1, "inc1", None)
+    assert [(m.seq, m.digest) for m in marks] == [(0, "d0"), (1, "d1")]
+    assert _writer(sink, 1).delivered_in(1, "another", None) == [], "another reset's"
+    later = sink.open(TaskInfo("p", "db", 2, 0, 2, exactly_once=True))
+    later.write(_rows(2, 6))
+    later.prepare(DeliveryMark("inc1", 2, 0, "e0"))
+    later.commit()
+    assert _writer(sink, 3).delivered_in(1, "inc1", None) == [], "batch 1's rows are gone"
+    assert [m.digest for m in _writer(sink, 3).delivered_in(2, "inc1", None)] == ["e0"]
+    w.close()
+    later.close()

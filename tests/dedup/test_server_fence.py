@@ -215,10 +215,12 @@ def test_a_redis_that_cannot_confirm_fsync_is_refused_unless_allowed(redis_facto
     server = redis_factory()
     client = redis_py.Redis.from_url(server.url)
     assert plan_durability([client], None, 1000).waitaof is False  # always: nothing to ask
+    assert plan_durability([client], None, 1000).unconfirmed is False
     client.config_set("appendfsync", "everysec")
     version = tuple(int(p) for p in client.info("server")["redis_version"].split(".")[:2])
     if version >= (7, 2):
         pytest.skip("this Redis can confirm fsyncs")
     with pytest.raises(ServiceError, match="allow-unconfirmed-fsync"):
         plan_durability([client], None, 1000)
-    assert plan_durability([client], None, 1000, allow_unconfirmed=True).waitaof is False
+    allowed = plan_durability([client], None, 1000, allow_unconfirmed=True)
+    assert allowed.waitaof is False and allowed.unconfirmed is True  # said at the start

