@@ -1,12 +1,9 @@
 """What a source or sink must provide to the compiler.
 
 Driver side, a source gives Spark a DataFrame of its raw rows (a bounded read, or a streaming
-read for unbounded sources). Executor side, its :class:`Decoder` turns Arrow batches of those
-rows into records: ``(id, ts, element)`` triples, or :class:`DeadLetter` for rows that cannot
-be decoded, or :class:`LaneProgress` for a lane whose event time moved on without a record.
-A decoder that can hands over many records of one lane at once as :class:`RecordColumns`
-(the hot path: no object per record).
-Sinks open a :class:`SinkWriter` per task; ``flush`` returns only once everything written is
+read for unbounded sources). Executor side, its decoder turns Arrow batches of those rows
+into records, dead letters and lane heartbeats (:mod:`onceflow.connectors.decoded`: one by one,
+or a lane's records at once as columns, the hot path). Sinks open a :class:`SinkWriter` per task; ``flush`` returns only once everything written is
 durably delivered (for Kafka: acknowledged by the broker).
 
 Connectors must pickle (Spark ships them to workers): never open clients in ``__init__``.
@@ -17,73 +14,18 @@ from __future__ import annotations
 import abc
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from onceflow.connectors.decoded import Decoder
 from onceflow.connectors.errors import ConnectorError
-from onceflow.kernel.records import DeadLetter, Record
+from onceflow.kernel.records import Record
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 
-@dataclass(frozen=True)
-class LaneProgress:
-    """A source lane's event time has reached ``ts`` though no record says so (a heartbeat).
-
-    A decoder yields it to move the watermark without a record (the testing module's
-    ``TestStream.advance_watermark`` does). The lane is raised as a record of that event time
-    would raise it, but never past the micro-batch's own time; bounded runs ignore it.
-    """
-
-    lane: str
-    ts: int
-
-
-@dataclass(frozen=True)
-class RecordColumns:
-    """Records of one source lane decoded together, as columns.
-
-    What ``n`` :class:`Record` objects of that lane would say, field by field, in the same
-    order (index ``i`` of every list is record ``i``).
-
-    The source's hot path: a slice of a partition becomes a handful of lists built by list
-    comprehensions, never an object (or a generator step) per record. ``positional``,
-    ``sizes`` and ``fingerprints`` mean what :class:`Record`'s fields of the same names mean.
-    """
-
-    lane: str
-    ids: list[bytes]
-    ts: list[int]
-    elems: list[Any]
-    offsets: list[int]
-    positional: list[bool]
-    sizes: list[int]
-    fingerprints: list[int]
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def records(self) -> Iterator[Record]:
-        """The same records one by one (what a slow path, or a test, reads)."""
-        lane = self.lane
-        for rid, ts, elem, offset, positional, size, printed in zip(
-            self.ids,
-            self.ts,
-            self.elems,
-            self.offsets,
-            self.positional,
-            self.sizes,
-            self.fingerprints,
-            strict=True,
-        ):
-            yield Record(rid, ts, elem, lane, offset, positional, size, printed)
-
-
-Decoded = Record | DeadLetter | LaneProgress | RecordColumns
-Decoder = Callable[["pa.RecordBatch"], Iterator[Decoded]]
 # A record a sink refused for good (too big, not encodable), with the reason: it becomes a
 # dead letter instead of failing the task on every retry.
 Rejected = tuple[Record, str]

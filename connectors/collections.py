@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from onceflow.connectors.base import Decoded, Decoder, SourceConnector
+from onceflow.connectors.base import SourceConnector
+from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel import codec, ids
 from onceflow.kernel.errors import CodecError

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from onceflow.connectors.base import LaneProgress, RecordColumns
+from onceflow.connectors.decoded import LaneProgress, RecordColumns
 from onceflow.kernel import codec
 from onceflow.kernel.limits import SOURCE_SLICE_RECORDS, Budget
 from onceflow.kernel.records import DeadLetter, InRow, Record
