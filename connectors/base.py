@@ -3,8 +3,9 @@
 Driver side, a source gives Spark a DataFrame of its raw rows (a bounded read, or a streaming
 read for unbounded sources). Executor side, its decoder turns Arrow batches of those rows
 into records, dead letters and lane heartbeats (:mod:`onceflow.connectors.decoded`: one by one,
-or a lane's records at once as columns, the hot path). Sinks open a :class:`SinkWriter` per task; ``flush`` returns only once everything written is
-durably delivered (for Kafka: acknowledged by the broker).
+or a lane's records at once as columns, the hot path). Sinks open a :class:`SinkWriter` per
+task; ``flush`` returns only once everything written is durably delivered (for Kafka:
+acknowledged by the broker).
 
 Connectors must pickle (Spark ships them to workers): never open clients in ``__init__``.
 """

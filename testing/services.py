@@ -185,12 +185,19 @@ class LocalRedis:
         self._wait_loaded()
         return self
 
-    def _wait_loaded(self) -> None:
+    def _wait_loaded(self, seconds: float = 120) -> None:
+        """Wait for ``loading:0``; a server that exits instead is said with its log's tail.
+
+        A large AOF on a loaded 2-core machine took over 30 s to load in CI.
+        """
         import redis
 
         client = redis.Redis(port=self.port, socket_timeout=2)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                msg = f"redis-server on port {self.port} exited loading its AOF: {self._log_tail()}"
+                raise ServiceError(msg)
             try:
                 # PING (and INFO, DBSIZE) answer while the AOF is still loading: wait for
                 # loading:0, or a reader sees part of the data (a flaky smoke test showed it)
@@ -201,8 +208,20 @@ class LocalRedis:
             except redis.exceptions.ConnectionError:
                 pass
             time.sleep(0.05)
-        msg = f"redis-server on port {self.port} did not finish loading its AOF in 30 s"
+        msg = (
+            f"redis-server on port {self.port} did not finish loading its AOF in {seconds:.0f} s: "
+            f"{self._log_tail()}"
+        )
         raise ServiceError(msg)
+
+    def _log_tail(self) -> str:
+        """The server log's last lines, joined (what it said about the AOF)."""
+        try:
+            with open(os.path.join(self.directory, "redis.log"), "rb") as f:
+                lines = f.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(lines[-3:]) or "(empty log)"
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""

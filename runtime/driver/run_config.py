@@ -180,12 +180,6 @@ class RunConfig:
     dedup: DedupConfig | None = _option(
         None, "how long duplicates are recognised (default: the pipeline's own)"
     )
-    spread_seen: bool = _option(
-        False,
-        "removed, refused with the reason: seen-ID layout 4 is gone (docs/concepts/dedup.md)",
-        flag="--spread-seen",
-        switch=True,
-    )
     ui_port: int | None = _option(
         None,
         "serve a live page of the run on this port (loopback)",

@@ -113,8 +113,6 @@ def check_sources(job: Job) -> None:
 
 def open_namespace(job: Job, opts: RunConfig) -> Namespace:
     """Connect to the pipeline's namespace; check and pin it (see :func:`pin_namespace`)."""
-    if opts.spread_seen:
-        raise ConfigError(SPREAD_SEEN_GONE)
     config = opts.dedup or job.dedup or DedupConfig()
     redis = RedisSettings.from_env(opts.redis_url, **(opts.redis_options or {}))
     keyspace = Keyspace(opts.namespace or job.pipeline)
@@ -124,13 +122,6 @@ def open_namespace(job: Job, opts: RunConfig) -> Namespace:
         log.warning("%s", UNCONFIRMED_WARNING)
         print(f"warning: {UNCONFIRMED_WARNING}", file=sys.stderr, flush=True)
     return Namespace(redis, client, keyspace, config, scopes, durability)
-
-
-SPREAD_SEEN_GONE = (
-    "--spread-seen is gone: seen-ID layout 4 was removed (layout 3, now the only one, "
-    "measured faster per core on one Redis and on a Redis Cluster; see "
-    "docs/concepts/dedup.md); drop the flag"
-)
 
 
 def pin_namespace(

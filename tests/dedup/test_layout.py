@@ -233,20 +233,3 @@ def test_a_pending_delivery_of_an_older_batch_is_logged_in_its_own_backup(redis_
         "out": {o.id for o in outs}
     }
     assert later.sink_state(sink).pending is None
-
-
-def test_the_removed_spread_seen_flag_is_refused_with_one_line(redis_server):
-    """Seen-ID layout 4 (``--spread-seen``) is gone: a run asking for it stops at once."""
-    from onceflow.connectors import JsonLinesSink, JsonLinesSource
-    from onceflow.pipeline import Pipeline
-    from onceflow.runtime.driver.run_config import RunConfig
-    from onceflow.runtime.driver.startup import open_namespace
-
-    p = Pipeline(f"spread-{uuid.uuid4().hex[:8]}")
-    p.read("in", JsonLinesSource("in.jsonl")).write("out", JsonLinesSink("out"))
-    opts = RunConfig.from_settings({"spread_seen": True, "redis_url": redis_server.url})
-    with pytest.raises(ConfigError) as refused:
-        open_namespace(p.job(), opts)
-    said = str(refused.value)
-    assert "\n" not in said and "--spread-seen is gone" in said and "drop the flag" in said
-    assert not redis_server.client().exists(Keyspace(p.name).meta), "it wrote before refusing"
