@@ -268,8 +268,8 @@ class Timer(NamedTuple):
 
     ``domain`` is ``"event"`` or ``"processing"``; ``hold`` is the event time of the record
     that set it (the outputs of a processing-time timer carry it, or the watermark the firing
-    micro-batch started from if that has passed it: see ``ProcessOp.firing_time`` in
-    :mod:`onceflow.runtime.process_op`).
+    micro-batch started from if that has passed it: see ``firing_time`` in
+    :mod:`onceflow.runtime.ops.process`).
     """
 
     tag: str

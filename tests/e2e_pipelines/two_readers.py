@@ -8,7 +8,7 @@ orders --------------+-> merge "all" -> by-user -> events-per-user (keyed count)
 
 ``orders`` is read by an exchange (keyed) and by the merge (unkeyed, after ``payments`` in its
 union): Spark persists it and computes it in whichever reader's task needs it first, so its
-partition must be its own, not the reader's (:mod:`onceflow.runtime.spark`). Topics and the
+partition must be its own, not the reader's (:mod:`onceflow.runtime.driver.compile`). Topics and the
 pipeline name come from the environment (``TWO_READERS_*``); ``TWO_READERS_IDS=position``
 drops the id functions (each record is known by its position: copies sent upstream count
 twice); ``TWO_READERS_SLOW_MS`` makes reading an order take that long (batches long enough to

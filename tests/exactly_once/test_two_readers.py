@@ -2,9 +2,9 @@
 
 ``tests/e2e_pipelines/two_readers.py``: ``orders`` is read by a keyed count and by a merge
 after ``payments``. Spark persists it and runs it in whichever reader's task needs it first;
-its partition must be its own either way (:mod:`onceflow.runtime.spark`), or a recomputation
-under the other reader's index drops its records as copies (IDs) or writes its sinks twice
-(positions). Each run is checked against the count ``tests/exactly_once/two_readers.py``
+its partition must be its own either way (:mod:`onceflow.runtime.driver.compile`), or a
+recomputation under the other reader's index drops its records as copies (IDs) or writes its
+sinks twice (positions). Each run is checked against the count ``tests/exactly_once/two_readers.py``
 makes of the input. The same pipeline on a Spark standalone cluster, with a worker killed:
 ``tests/cluster/test_two_readers_on_cluster.py``.
 """
