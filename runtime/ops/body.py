@@ -47,6 +47,7 @@ from onceflow.runtime.ops.record_text import (
 )
 from onceflow.runtime.ops.restamp import restamp_push
 from onceflow.runtime.ops.windowed_combine import WindowClosedError, WindowedCombine
+from onceflow.runtime.errors import StopStage
 from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec
 
 
@@ -202,6 +203,8 @@ class StageBody:
         return fan_out([self.push[n] for n in ops] + [self.out.appender(t) for t in targets])
 
     def _fail(self, node: str, exc: BaseException, elem: Any) -> None:
+        if isinstance(exc, StopStage):  # no record is to blame: every one would be a letter
+            raise exc
         if self.spec.on_error == "fail":
             msg = f"stage {node!r} failed on {describe(elem, 200)}: {error_text(exc)}"
             raise StageFailure(msg) from exc
