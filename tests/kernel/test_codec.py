@@ -150,3 +150,26 @@ def test_a_kafka_key_json_cannot_write_is_a_codec_error():
     assert key_bytes(("a", 1)) == b'["a",1]'
     with pytest.raises(CodecError, match="record key"):
         key_bytes(object())
+
+
+@given(
+    st.datetimes(timezones=st.none() | st.timezones())
+    | st.dates()
+    | st.datetimes().map(lambda d: {"at": d, "day": d.date()})
+)
+def test_datetimes_and_dates_travel_as_they_are_naive_or_aware(value):
+    # a record may carry a timestamp (a PostgreSQL timestamptz column, issue 42)
+    back = codec.decode(codec.encode(value))
+    assert back == value and type(back) is type(value)
+    if hasattr(value, "utcoffset"):
+        assert back.utcoffset() == value.utcoffset()
+
+
+def test_the_json_codec_writes_datetimes_as_iso_text():
+    from datetime import UTC, date, datetime
+
+    at = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
+    assert json.loads(value_codec("json").encode({"at": at, "day": date(2026, 3, 1)})) == {
+        "at": "2026-03-01T12:30:00+00:00",
+        "day": "2026-03-01",
+    }
