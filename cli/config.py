@@ -20,8 +20,8 @@ The options of ``onceflow run`` are generated from
 :class:`~onceflow.runtime.driver.run_config.RunConfig`, so this module checks the file and the
 environment against that one list.
 
-``--yes`` and ``--force`` (the confirmations of ``onceflow reset``) are never read from a
-file or the environment.
+``--yes`` and ``--force`` (the confirmations of ``onceflow reset``) and ``--wipe`` (of
+``onceflow dev down``) are never read from a file or the environment.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ OTHER_VARIABLES = frozenset(
 MISSPELT = 0.85  # how alike a variable's name and an option's must be to call it a misspelling
 ENV_ALIASES = {"redis_url": ("REDIS_URL",), "bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS",)}
 # Said on the command line or not at all.
-NOT_LAYERED = frozenset({"help", "version", "config", "yes", "force"})
+NOT_LAYERED = frozenset({"help", "version", "config", "yes", "force", "wipe"})
 SPARK_TABLE = "spark"
 SPARK_CONF_DEST = "conf"
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -1,7 +1,8 @@
 """The ``onceflow`` command: run, explain and demo pipelines (and operate them).
 
 Every failure Onceflow anticipates ends with one ``error:`` line saying what to check and a
-non-zero exit status: 2 for a wrong command line, file or setting, 1 for a failed run.
+non-zero exit status: 2 for a wrong command line, file or setting, 1 for a failed run
+(:func:`exit_status`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from onceflow.cli.config import (
     layered_defaults,
     read_config,
 )
+from onceflow.cli.dev import add_dev_command
 from onceflow.cli.ops import add_commands
 from onceflow.kernel.errors import ConfigError, OnceflowError
 from onceflow.runtime.driver.run_config import (
@@ -376,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_jvm_cache)
 
     add_commands(sub)
+    add_dev_command(sub)
     for command in sub.choices.values():
         _add_config_arg(command)
     return parser
@@ -436,11 +439,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ConfigError, OnceflowError) as exc:
+    except OnceflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        from onceflow.runtime.errors import RunError
+        return exit_status(exc)
 
-        return 1 if isinstance(exc, RunError) else 2
+
+def exit_status(exc: OnceflowError) -> int:
+    """2 for a wrong command line, pipeline file or setting; 1 for a run that failed.
+
+    A service that does not answer (Kafka down at start), a sink that refuses its table, a
+    task that failed: the run failed (1), whatever the command line said.
+    """
+    from onceflow.cli.errors import PipelineFileError
+    from onceflow.graph_optimizer.errors import GraphError
+    from onceflow.pipeline.errors import PipelineError
+
+    usage = (ConfigError, PipelineFileError, PipelineError, GraphError)
+    return 2 if isinstance(exc, usage) else 1
 
 
 if __name__ == "__main__":
