@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.errors import ConfigError, OnceflowError, ServiceError
 
 STATE_FILE = "dev.json"
 OPTIONAL = ("postgres", "registry")
@@ -101,7 +101,11 @@ def up(folder: Path, wanted: list[str]) -> dict[str, str]:
         if alive(entry):
             _say(f"{name} is running ({entry['pid']})")  # type: ignore[index]
             continue
-        started = STARTERS[name](folder / name, (entry or {}).get("port"))
+        try:
+            started = STARTERS[name](folder / name, (entry or {}).get("port"))
+        except OnceflowError as exc:
+            msg = f"{exc} (`onceflow dev down` stops what did start)"
+            raise ServiceError(msg) from None
         state[name] = started
         _save(folder, state)
         _say(f"{name} started on port {started['port']} (data in {folder / name})")

@@ -100,7 +100,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def unused_defaults_dropped(args: argparse.Namespace, config: RunConfig, pipeline: Any) -> RunConfig:
+def unused_defaults_dropped(
+    args: argparse.Namespace, config: RunConfig, pipeline: Any
+) -> RunConfig:
     """A bounded pipeline's config without the streaming settings the user did not pass.
 
     A setting that only a streaming run reads is refused by a bounded run when a flag gave

@@ -380,9 +380,7 @@ class Stream:
     def key_by(self, name: str, key_fn: Callable[[Any], Any]) -> Stream:
         """Key each element: outputs ``(key_fn(element), element)``."""
         _check_callable(name, "key_by", key_fn)
-        stream = self._flat(
-            name, "key_by", lambda x: ((key_fn(x), x),), keyed=True, user_fn=key_fn
-        )
+        stream = self._flat(name, "key_by", lambda x: ((key_fn(x), x),), keyed=True, user_fn=key_fn)
         stream.key_kind = declared_kind(key_fn)
         return stream
 

