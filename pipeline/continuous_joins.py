@@ -9,7 +9,7 @@ of a join are tagged and merged into one keyed stream first.
 for every ``a`` and ``b`` of one key with ``a.ts + lower <= b.ts <= a.ts + upper``. Each side
 is buffered until the watermark passes the last time a partner can have (``a.ts + upper``,
 ``b.ts - lower``); a timer prunes it then. A record behind the watermark when it arrives may
-have missed partners already pruned: it is a dead letter (``user_error``, "late for the
+have missed partners already pruned: it is a dead letter (``late_for_join``, "late for the
 interval join ..."), never joined partially.
 
 **Temporal join** (``stream.join_table(name, table, how="left")``): the table side is a
@@ -61,6 +61,8 @@ DUE = "due"  # join_table: the timer at a key's earliest waiting record
 
 class LateForJoin(ValueError):
     """A record behind the watermark where the join may have pruned its partners."""
+
+    dead_letter_code = "late_for_join"  # its letters' code (runtime.ops.record_text)
 
 
 def _tag(side: int) -> Any:
