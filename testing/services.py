@@ -37,6 +37,11 @@ def track_process(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
     return proc
 
 
+def untrack_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """Let a server outlive this process (``onceflow dev up`` leaves its services running)."""
+    _RUNNING.discard(proc)
+
+
 @atexit.register
 def _stop_leftovers() -> None:
     for proc in list(_RUNNING):

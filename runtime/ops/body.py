@@ -27,6 +27,7 @@ from typing import Any
 from onceflow.kernel import codec
 from onceflow.kernel.ids import Deriver
 from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Redrive, StateWrite
+from onceflow.runtime.errors import StopStage
 from onceflow.runtime.ops.boundaries import Boundaries, Push
 from onceflow.runtime.ops.combine import CombineOp, StateReader
 from onceflow.runtime.ops.combine_flush import (
@@ -40,11 +41,11 @@ from onceflow.runtime.ops.process import Processes, ProcessOp
 from onceflow.runtime.ops.record_text import (
     Cursor,
     Origins,
-    StageFailure,
     as_json,
-    describe,
     error_text,
+    letter_code,
     portable,
+    stage_failure,
 )
 from onceflow.runtime.ops.restamp import restamp_push
 from onceflow.runtime.ops.windowed_combine import WindowClosedError, WindowedCombine
@@ -203,11 +204,10 @@ class StageBody:
         return fan_out([self.push[n] for n in ops] + [self.out.appender(t) for t in targets])
 
     def _fail(self, node: str, exc: BaseException, elem: Any) -> None:
-        if self.spec.on_error == "fail":
-            msg = f"stage {node!r} failed on {describe(elem, 200)}: {error_text(exc)}"
-            raise StageFailure(msg) from exc
+        if self.spec.on_error == "fail" or isinstance(exc, StopStage):
+            raise stage_failure(node, elem, exc) from exc
         value, replayable = as_json(elem)
-        self.out.letter(node, error_text(exc), value, "user_error", json_value=replayable)
+        self.out.letter(node, error_text(exc), value, letter_code(exc), json_value=replayable)
 
     def _origin(self) -> str:
         parent = self.cursor.parent
