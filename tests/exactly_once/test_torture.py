@@ -80,7 +80,8 @@ def test_every_sink_under_the_fault_matrix_and_a_dead_letter_replay_is_exact(
     days ahead, documents of up to 1 MB; in each attempt two crashes of Redis's host (Redis 8,
     ``everysec``), in ``kills`` of them then a kill -9 of every process of the run; then the
     dead letters' causes fixed and the letters replayed beside an attempt (killed -9 if it is
-    still running at its kill time; a replay killed -9, two at once), and a last run; each run not killed must end by itself.
+    still running at its kill time; a replay killed -9, two at once), and a last run; each run
+    not killed must end by itself.
     ``restarts`` (``--long``): the broker killed -9 and restarted in every attempt too, and a
     process stage with state and timers."""
     kafka = request.getfixturevalue("own_broker") if restarts else None
