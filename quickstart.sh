@@ -23,6 +23,7 @@ VENV=.venv
 EXTRAS=dev  # the optional dependencies installed into $VENV
 
 log() { printf '[quickstart] %s\n' "$*" >&2; }
+export PIP_DISABLE_PIP_VERSION_CHECK=1  # pip's own update check is noise to a new user
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"
@@ -38,7 +39,8 @@ ensure_debian_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  if ! as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
+  # a machine whose package lists are missing or stale fails the first try quietly: update, retry
+  if ! as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
     as_root apt-get update -q >/dev/null
     as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
   fi

@@ -63,6 +63,28 @@ def build_image() -> None:
             sys.exit(f"fresh_debian: building {IMAGE} failed:\n{done.stderr[-2000:]}")
 
 
+LOCAL_CAS = "/usr/local/share/ca-certificates"
+
+
+def _local_cas() -> list[str]:
+    """This machine's own certificate authorities, mounted read-only (see below)."""
+    return ["-v", f"{LOCAL_CAS}:/host-cas:ro"] if os.path.isdir(LOCAL_CAS) else []
+
+
+def _trust_this_network() -> list[str]:
+    """Shell lines that make the container trust what this machine trusts locally.
+
+    Where the network inspects TLS (a proxy with its own authority, as on our build
+    machines), no machine on it reaches PyPI or Maven Central without that authority: the
+    host's local ones (``/usr/local/share/ca-certificates``) are added to the container's store,
+    as the network's owner does for every machine on it. Nothing else of the host goes in.
+    """
+    return [
+        f"if [ -d /host-cas ]; then cp /host-cas/*.crt {LOCAL_CAS}/ 2>/dev/null;"
+        " update-ca-certificates >/dev/null; fi",
+    ]
+
+
 def run(commands: list[str], pip_cache: str | None) -> int:
     """Clone HEAD, run ``commands`` (shell lines) in the container; their exit status."""
     with tempfile.TemporaryDirectory(prefix="onceflow-clone-") as work:
@@ -70,6 +92,7 @@ def run(commands: list[str], pip_cache: str | None) -> int:
         subprocess.run(["git", "clone", "-q", str(ROOT), clone], check=True)
         script = " && ".join(
             [
+                *_trust_this_network(),
                 "cp -a /src /project",
                 "cd /project",
                 "python3 --version",
@@ -77,7 +100,7 @@ def run(commands: list[str], pip_cache: str | None) -> int:
                 *(f"{{ echo '$ {c}'; {c}; }}" for c in commands),
             ]
         )
-        mounts = ["-v", f"{clone}:/src:ro"]
+        mounts = ["-v", f"{clone}:/src:ro", *_local_cas()]
         if pip_cache and os.path.isdir(pip_cache):
             mounts += ["-v", f"{pip_cache}:/root/.cache/pip:ro"]
         started = time.monotonic()
