@@ -30,7 +30,10 @@ class ParquetSink(SinkConnector):
     names columns whose values become folders (``user=u1/``); ``row_group_size`` caps the
     rows per row group; ``schema`` (a ``pyarrow.Schema``) fixes the columns' types, else each
     file's types are inferred from its rows (a row that does not fit the others becomes a
-    dead letter). ``with_ids`` adds the record's ID as the ``_onceflow_id`` column (hex).
+    dead letter; a column all None so far is written as text). A field ``schema`` does not
+    name makes its row a dead letter (the key of a keyed stream is written only if it names
+    ``key``). ``with_ids`` adds the record's ID as the
+    ``_onceflow_id`` column (hex), to ``schema`` too.
     """
 
     def __init__(
@@ -52,6 +55,10 @@ class ParquetSink(SinkConnector):
         self.row_group_size = row_group_size
         self.schema = schema
         self.with_ids = with_ids
+        self.written_schema = _with_id_column(schema, with_ids)
+        self.known_columns = set(schema.names) if schema is not None else set()
+        if with_ids:
+            self.known_columns.add(ID_COLUMN)
         self.compression = compression
         self.shared = shared
 
@@ -130,7 +137,7 @@ class ParquetWriter(StagedFilesWriter):
         row = element_row(elem)
         if row is None:
             row = {"value": elem}
-        if self.task.keyed:
+        if self.task.keyed and (self.sink.schema is None or "key" in self.sink.known_columns):
             row = {"key": key, **row}
         for column in self.sink.partition_by:
             if column not in row:
@@ -147,7 +154,12 @@ class ParquetWriter(StagedFilesWriter):
         if not rows:
             return
         if self.sink.schema is not None:
-            pa.Table.from_pylist(rows, schema=self.sink.schema)
+            known = self.sink.known_columns
+            unknown = dict.fromkeys(n for row in rows for n in row if n not in known)
+            if unknown:  # from_pylist would drop them silently
+                msg = f"no column(s) {', '.join(map(repr, unknown))} in the sink's schema"
+                raise ValueError(msg)
+            pa.Table.from_pylist(rows, schema=self.sink.written_schema)
             return
         # every row's fields: from_pylist alone takes the first row's and drops the others'
         names = dict.fromkeys(name for row in rows for name in row)
@@ -167,10 +179,25 @@ class ParquetWriter(StagedFilesWriter):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        schema = self.sink.schema if self.sink.schema is not None else self.columns
+        schema = self.sink.written_schema if self.sink.schema is not None else self.columns
+        if schema is not None and self.sink.schema is None:
+            # a column all None so far is text, never type null: a reader taking this file's
+            # schema for the folder's could not read the others' values into null
+            schema = pa.schema(
+                [pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in schema]
+            )
         if schema is not None and self.sink.partition_by:
             schema = pa.schema([f for f in schema if f.name not in self.sink.partition_by])
         table = pa.Table.from_pylist(rows, schema=schema)
         pq.write_table(
             table, file, row_group_size=self.sink.row_group_size, compression=self.sink.compression
         )
+
+
+def _with_id_column(schema: Any, with_ids: bool) -> Any:
+    """The user's schema with the ID column after its own (unless it names it)."""
+    if schema is None or not with_ids or ID_COLUMN in schema.names:
+        return schema
+    import pyarrow as pa
+
+    return schema.append(pa.field(ID_COLUMN, pa.string()))

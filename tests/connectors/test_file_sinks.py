@@ -188,3 +188,43 @@ def test_committed_deliveries_of_a_batch_are_read_back_by_their_marks(sink):
     later.commit()
     assert later.delivered_in(3, "inc1", None) == [], "batch 3's marks are forgotten"
     assert [m.digest for m in later.delivered_in(4, "inc1", None)] == ["e0"]
+
+
+def _deliver(sink: ParquetSink, records: list[Record], attempt: int = 0) -> list:
+    w = _writer(sink, attempt)
+    refused = w.write(records)
+    w.prepare()
+    w.commit()
+    return refused
+
+
+def test_a_column_all_none_in_one_delivery_still_reads_with_the_others(tmp_path):
+    """Issue 42: a column whose values were all None in one delivery was written as type null;
+    pyarrow then could not read the folder ("Unsupported cast from string to null")."""
+    sink = ParquetSink(str(tmp_path / "out"))
+    sink.prepare("p", streaming=True)
+    first = [Record(bytes([i]) * 16, 1000, {"n": i, "note": None}) for i in range(3)]
+    later = [Record(bytes([i]) * 16, 1000, {"n": i, "note": f"x{i}"}) for i in range(3, 6)]
+    assert _deliver(sink, first) == [] and _deliver(sink, later, 1) == []
+    rows = _visible(sink.path)
+    assert [r["note"] for r in rows] == [None, None, None, "x3", "x4", "x5"]
+    # whichever file a reader opens first gives the dataset its schema
+    for name in sorted(f for f in os.listdir(sink.path) if f.endswith(".parquet")):
+        one = ds.dataset(os.path.join(sink.path, name), format="parquet").schema
+        assert str(one.field("note").type) != "null", name
+
+
+def test_a_users_schema_keeps_the_id_column_and_refuses_unknown_fields(tmp_path):
+    """Issue 42: ``_onceflow_id`` disappeared when the user passed ``schema=``; a field the
+    schema does not name was dropped silently: it is a dead letter naming the field."""
+    import pyarrow as pa
+
+    schema = pa.schema([("n", pa.int64()), ("user", pa.string())])
+    sink = ParquetSink(str(tmp_path / "out"), schema=schema)
+    sink.prepare("p", streaming=True)
+    extra = Record(b"\x09" * 16, 1000, {"n": 9, "user": "u9", "surprise": 1})
+    refused = _deliver(sink, [*_records(3), extra])
+    assert [(rec.id, "surprise" in why) for rec, why in refused] == [(extra.id, True)]
+    rows = _visible(sink.path)
+    assert [r["n"] for r in rows] == [0, 1, 2]
+    assert [r[ID_COLUMN] for r in rows] == [i.to_bytes(16, "big").hex() for i in range(3)]
