@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +121,23 @@ def encode(value: Any) -> bytes:
         msg = f"cannot encode value: an integer is outside the 64-bit range ({exc}); send it as str"
         raise CodecError(msg) from exc
     except (TypeError, ValueError) as exc:
+        _reset()
+        msg = f"cannot encode value: {exc}"
+        raise CodecError(msg) from exc
+
+
+def encode_many(values: Sequence[Any]) -> list[bytes]:
+    """:func:`encode` of every value, in one loop of the packer's (no call of ours per value).
+
+    Raises :class:`CodecError` if one of them cannot be encoded (encode them one by one to
+    learn which).
+    """
+    try:
+        return list(map(_packers.at(0).pack, values))
+    except CodecError:
+        _reset()
+        raise
+    except (OverflowError, TypeError, ValueError) as exc:
         _reset()
         msg = f"cannot encode value: {exc}"
         raise CodecError(msg) from exc

@@ -38,6 +38,7 @@ from typing import Any
 
 from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.pipeline.errors import PipelineError
+from onceflow.runtime.spec import Each
 from onceflow.runtime.user_state import (
     BagSpec,
     Context,
@@ -81,7 +82,7 @@ def _tagged(left: Stream, name: str, right: Stream) -> Stream:
 
 def _keyed(stream: Stream, name: str) -> Stream:
     """The process stage's ``(key, pair)`` outputs as a keyed stream."""
-    return stream._flat(name, "keyed", lambda kv: (kv,), keyed=True)  # noqa: SLF001
+    return stream._flat(name, "keyed", None, keyed=True, each=Each.PASS)  # noqa: SLF001
 
 
 def interval_join(
