@@ -222,7 +222,7 @@ def _json_decode_many(values: list[bytes]) -> list[Any]:
     if loads is None or _LONG_NUMBER.search(b"".join(values)):
         return [_json_decode(v) for v in values]
     try:
-        return [loads(v) for v in values]
+        return list(map(loads, values))
     except (_orjson.JSONDecodeError, TypeError):
         return [_json_decode(v) for v in values]
 

@@ -13,17 +13,22 @@ order (and so the IDs) an element-at-a-time run gave them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from operator import add, itemgetter
 from typing import Any
 
 from onceflow.kernel import codec
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import DeadLetter, Output, Redrive
+from onceflow.kernel.records import DeadLetter, Output, Redrive, outputs_of
 from onceflow.runtime.errors import RuntimeFailure
 from onceflow.runtime.ops.batch import Key
 from onceflow.runtime.ops.record_text import Cursor, StageFailure, describe, portable, too_large
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
+
+_PAIR = frozenset((tuple,))
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 class Boundaries:
@@ -132,6 +137,44 @@ class Boundaries:
         return outputs
 
     def _encode_target(self, target: TargetSpec, buf: Column, outputs: list[Output]) -> None:
+        """A target's buffered elements as outputs: all at once, or one by one if one fails."""
+        if target.kind is not TargetKind.DEAD:
+            made = self._encode_all(target, buf)
+            if made is not None:
+                outputs += made
+                return
+        self._encode_each(target, buf, outputs)
+
+    def _encode_all(self, target: TargetSpec, buf: Column) -> list[Output] | None:
+        """Every element encoded and every ID derived in one loop each.
+
+        None: one of them fails, or is too large, or is no pair on a keyed target; then they
+        are encoded one by one.
+        """
+        elems = buf.elems
+        n = len(elems)
+        keys: Iterable[bytes | None]
+        try:
+            if target.keyed:
+                if not (set(map(type, elems)) <= _PAIR and set(map(len, elems)) <= {2}):
+                    return None
+                keys = codec.encode_many(list(map(_FIRST, elems)))
+                values = codec.encode_many(list(map(_SECOND, elems)))
+                size = max(map(add, map(len, keys), map(len, values)))
+            else:
+                keys = repeat(None, n)
+                values = codec.encode_many(elems)
+                size = max(map(len, values))
+        except CodecError:
+            return None
+        if size > self.spec.max_record_bytes:
+            return None
+        deriver = self.derivers[target.index]
+        rids = deriver.children(buf.parents) if deriver is not None else repeat(b"", n)
+        return outputs_of(repeat(target.index, n), rids, buf.ts, keys, values)
+
+    def _encode_each(self, target: TargetSpec, buf: Column, outputs: list[Output]) -> None:
+        """One element at a time: one that fails is a dead letter of its input."""
         deriver = self.derivers[target.index]
         dead = target.kind is TargetKind.DEAD
         keyed = target.keyed and not dead

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from itertools import repeat
 from typing import Any
 
 from onceflow.kernel import codec
+from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import Output, StateWrite
+from onceflow.kernel.records import Output, StateWrite, outputs_of
 from onceflow.kernel.windows import Pane
 from onceflow.runtime.ops.combine import CombineOp, StateReader
 from onceflow.runtime.ops.record_text import Cursor
@@ -196,8 +198,15 @@ def chunk_deltas(spec: StageSpec, combines: Combines) -> list[Output]:
             for kb, ts, value in combine.deltas():
                 out.append(Output(-1 - position, b"", ts, kb, value))
             continue
-        for kb, (_key, acc, ts) in combine.acc.items():
-            out.append(Output(-1 - position, b"", ts, kb, codec.encode(acc)))
+        entries = list(combine.acc.values())
+        accs = [e[1] for e in entries]
+        try:
+            encoded = codec.encode_many(accs)
+        except CodecError:  # one by one: the error says which
+            encoded = [codec.encode(acc) for acc in accs]
+        n = len(entries)
+        stamps = [e[2] for e in entries]
+        out += outputs_of(repeat(-1 - position, n), repeat(b"", n), stamps, combine.acc, encoded)
     return out
 
 

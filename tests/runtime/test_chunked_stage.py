@@ -433,3 +433,40 @@ def test_a_letter_names_the_users_line_never_the_runtimes() -> None:
     assert errors[0] == "ValueError: invalid literal for int() with base 10: 'x'"
     assert errors[1].startswith("ValueError: bad element 10 (at ")
     assert errors[1].split(" (at ")[1].split(":")[0].endswith("chunk_fns.py")
+
+
+def test_a_target_encoded_at_once_is_what_encoding_each_element_made() -> None:
+    """Outputs encoded and their IDs derived a target at a time are those of encoding each
+    element (IDs numbered among a parent's outputs); whatever would fail one by one
+    (an unencodable value, a non-pair on a keyed target, a value too large) is left to it."""
+    fast = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        keyed = rng.random() < 0.5
+        target = TargetSpec(0, TargetKind.SINK, "out", keyed)
+        dead = TargetSpec(1, TargetKind.DEAD, "dead-letters", False)
+        spec = StageSpec("p", "s", (), (), (target, dead), max_record_bytes=rng.choice((40, 10**6)))
+        parents = [rng.choice((b"a" * 16, b"b" * 16, rng.randbytes(16))) for _ in range(30)]
+        elems: list[Any] = [
+            (rng.randrange(9), ("v", rng.randrange(10 ** rng.randrange(1, 12))))
+            if keyed
+            else rng.choice((rng.randrange(100), "x" * rng.randrange(60), (1, 2.5), [None]))
+            for _ in parents
+        ]
+        if rng.random() < 0.2:
+            elems[rng.randrange(len(elems))] = rng.choice((object(), 7, 2**70))
+        made = []
+        for each in (True, False):
+            out = Boundaries(spec, True, Cursor(), lambda parent: "here")
+            out.add(0, elems, parents, list(range(len(elems))))
+            found: list[Output] | None = []
+            if each:
+                out._encode_each(target, out.buffers[0], found)  # type: ignore[arg-type]
+            else:
+                found = out._encode_all(target, out.buffers[0])
+            made.append((found, out.buffers[1].elems))
+        (one_by_one, letters), (at_once, _) = made
+        if at_once is not None:
+            fast += 1
+            assert at_once == one_by_one and not letters, f"seed {seed}"
+    assert fast > 150
