@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, StateWrite
+from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Record, StateWrite
 from onceflow.runtime.ops.boundaries import Boundaries
 from onceflow.runtime.ops.combine import CombineOp, StateReader
 from onceflow.runtime.ops.combine_flush import (
@@ -49,7 +49,7 @@ from onceflow.runtime.ops.record_text import (
     error_text,
 )
 from onceflow.runtime.ops.windowed_combine import WindowedCombine
-from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec
+from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec, TargetSpec
 
 
 class StageBody:
@@ -213,6 +213,7 @@ class StageBody:
 
     def chunk_committed(self) -> None:
         """The chunk is durable."""
+        self.out.made.chunk_committed()
         for combine in self.combines.values():
             if combine.stateful or combine.chunked:
                 combine.chunk_committed()
@@ -243,6 +244,10 @@ class StageBody:
         return changes
 
     # -- outputs -------------------------------------------------------------------------
+
+    def sink_records(self, outputs: Sequence[Output], target: TargetSpec) -> list[Record]:
+        """What a sink writes for ``outputs`` (see :mod:`~.made`)."""
+        return self.out.made.records(outputs, target)
 
     def take(self) -> list[Output]:
         """Encode everything buffered at the boundaries, deriving IDs when they are on."""

@@ -24,6 +24,7 @@ from onceflow.kernel.ids import Deriver
 from onceflow.kernel.records import DeadLetter, Output, Redrive, outputs_of
 from onceflow.runtime.errors import RuntimeFailure
 from onceflow.runtime.ops.batch import Key
+from onceflow.runtime.ops.made import Made
 from onceflow.runtime.ops.record_text import Cursor, StageFailure, describe, portable, too_large
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
 
@@ -48,6 +49,7 @@ class Boundaries:
         self.pending: list[tuple[Key, DeadLetter]] | None = None  # letters of a running chunk
         self.keyer: Callable[[], Key] = _no_key  # the place of the letter made now
         self.stops: list[tuple[Key, StageFailure, bytes]] = []  # on_error="fail": the failures
+        self.made = Made()  # the elements of sink outputs, until delivered
 
     def letter(
         self, node: str, reason: str, value: str, code: str, json_value: bool = False
@@ -142,6 +144,8 @@ class Boundaries:
             made = self._encode_all(target, buf)
             if made is not None:
                 outputs += made
+                if target.kind is TargetKind.SINK:
+                    self.made.keep(made, buf.elems)
                 return
         self._encode_each(target, buf, outputs)
 
@@ -240,6 +244,7 @@ class Boundaries:
     def clear(self) -> None:
         """Drop everything buffered (the chunk's commit was refused; it will be redone)."""
         self.buffers = [Column() for _ in self.spec.targets]
+        self.made.reset_chunk()
 
 
 class Column:
