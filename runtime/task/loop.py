@@ -47,6 +47,7 @@ from onceflow.runtime.guard import GuardFactory
 from onceflow.runtime.metrics import dead_letter_counter
 from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.spec import StageSpec
+from onceflow.runtime.task import heap
 from onceflow.runtime.task import times as task_times
 from onceflow.runtime.task.commits import ChunkCommits
 from onceflow.runtime.task.inputs import ROW_COLUMNS, TaskInput
@@ -200,6 +201,7 @@ class TaskRun:
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Steps 1-4 of the module docstring."""
+        heap.settle()  # once per worker process (see onceflow.runtime.task.heap)
         with task_times.timed("redis open"):
             replay = self.guard.open()
         deltas = [o for o in replay.outputs if o.target < 0]
