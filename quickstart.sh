@@ -6,8 +6,10 @@
 #   ./quickstart.sh test [ARGS...]   the whole test suite (ARGS go to pytest)
 #   ./quickstart.sh bench [NAME [ARGS...]]
 #                                    a benchmark, bench/NAME.py (default: peers, Onceflow beside
-#                                    Quix Streams and Spark's own operators), in a virtual env
-#                                    of its own (.venv-bench: the peers pin other client versions)
+#                                    Quix Streams, Spark's own operators and Apache Flink), in a
+#                                    virtual env of its own (.venv-bench: the peers pin other
+#                                    client versions; PyFlink gets one more, made by
+#                                    bench/flink_peer.py on first use)
 #
 # Safe to run again: each step checks before it installs. Needs Debian with Python >= 3.11
 # and Java 17; as root it installs missing Debian packages itself (otherwise via sudo).

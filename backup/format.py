@@ -71,8 +71,8 @@ class TaskBackup:
 
     ``outputs`` are replayed (never recomputed), ``done`` says the task finished,
     ``next_chunk`` is the number of the first chunk no attempt committed, ``inputs`` the
-    IDs of the inputs earlier attempts committed, and ``delivered`` the IDs earlier attempts
-    delivered, per sink.
+    IDs of the inputs earlier attempts committed, ``delivered`` the IDs earlier attempts
+    delivered, per sink, and ``deliveries`` how many deliveries they logged, per sink.
     """
 
     outputs: list[Output] = field(default_factory=list)
@@ -80,6 +80,7 @@ class TaskBackup:
     next_chunk: int = 0
     inputs: frozenset[bytes] = frozenset()
     delivered: dict[str, set[bytes]] = field(default_factory=dict)
+    deliveries: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, fields: Mapping[bytes, bytes]) -> TaskBackup:
@@ -89,11 +90,13 @@ class TaskBackup:
         done = False
         inputs: set[bytes] = set()
         delivered: dict[str, set[bytes]] = {}
+        deliveries: dict[str, int] = {}
         for raw_name, blob in fields.items():
             name = raw_name.decode()
             if name.startswith(DELIVERED_PREFIX):
                 sink = name[len(DELIVERED_PREFIX) :].split(":", 1)[1]
                 delivered.setdefault(sink, set()).update(split_ids(blob, "a delivery's IDs"))
+                deliveries[sink] = deliveries.get(sink, 0) + 1
             elif name == DELIVERIES:
                 continue
             elif name == DONE:
@@ -111,4 +114,4 @@ class TaskBackup:
         if final is not None:
             outputs.extend(decode_outputs(final))
         next_chunk = chunks[-1][0] + 1 if chunks else 0
-        return cls(outputs, done, next_chunk, frozenset(inputs), delivered)
+        return cls(outputs, done, next_chunk, frozenset(inputs), delivered, deliveries)

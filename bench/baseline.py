@@ -23,6 +23,11 @@ without an ``onceflow`` folder in it (Spark's Python workers put their working f
 their path). Such a ref runs ``--workloads`` (the keyed count by default) as this code does:
 
     python bench/baseline.py --ref 83c769b --pairs 2   # the byte budgets' before/after
+
+``--this-bench`` runs this checkout's ``bench/exactly_once.py`` on the ref's code too (such a
+ref only), for a workload the ref's benchmark does not have yet:
+
+    python bench/baseline.py --ref 5e4ab38 --workloads join --this-bench   # issue 37, R1
 """
 
 from __future__ import annotations
@@ -110,12 +115,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--workloads", default="keyed-count")
+    parser.add_argument("--batch", type=int, help="records per micro-batch (the benchmark's)")
+    parser.add_argument(
+        "--this-bench", action="store_true", help="this checkout's benchmark on the ref's code"
+    )
     args = parser.parse_args()
     installed = installed_layout(args.ref)
+    if args.this_bench and not installed:
+        sys.exit(f"--this-bench needs a ref laid out as installed; {args.ref} is not")
     sys.path.insert(0, str(HERE))
     from exactly_once import services
 
     sizes = ["--records", str(args.records), "--repeat", str(args.repeat)]
+    if args.batch:
+        sizes += ["--batch", str(args.batch)]
     logs = Path(tempfile.mkdtemp(prefix="onceflow-baseline-"))
     worktree = logs / "baseline"
     subprocess.run(
@@ -125,7 +138,8 @@ def main() -> None:
     )
     singles: dict[str, list[float]] = {"baseline": [], "this code": []}
     workloads = ["--workloads", args.workloads]
-    base_cmd = [sys.executable, str(worktree / "bench" / "exactly_once.py"), *sizes]
+    bench = HERE if args.this_bench else worktree / "bench"
+    base_cmd = [sys.executable, str(bench / "exactly_once.py"), *sizes]
     base_path, base_cwd, our_cwd = str(worktree), worktree, REPO
     if installed:
         link_tree(worktree, logs / "tree")

@@ -19,17 +19,12 @@ cpu``), its network bytes in and out, and the change of ``used_memory``; the sam
 distance of a master from the masters' mean, over that mean (0 % is perfectly even; "within
 20 %" is every master within 20 % of the mean).
 
-``--project-tags N`` also prints where the memory would sit if the namespace's seen-ID shards
-were spread over ``N`` hash tags chosen one per ``16384 / N`` slots (the layout that
-``docs/concepts/dedup.md`` "Spreading seen-IDs" designs): each seen shard's measured bytes are
-put on the master of its tag's slot (shard ``s`` -> tag ``s % N``), with and without the
-source stage's Bloom snapshot and journal, and the per-ID commands (``HSETNX``, ``HGET`` ...)
-of the namespace's master are shared out the same way. That is a projection, not a run of
-that protocol; Redis CPU is not projected. ``--spread-seen`` runs the pipelines with that
-protocol instead (seen-ID layout 4, opt-in): the measured spread is then the layout's own.
+A source stage's seen-IDs share the namespace's hash tag with its commits, so they sit on
+one master: ``docs/concepts/dedup.md`` ("One layout") has what spreading them over the
+masters measured, and why it was not kept.
 
     python bench/cluster_balance.py [--records 100000] [--batch 25000] [--partitions 4]
-        [--parallelism 6] [--workloads stateless,keyed] [--project-tags 96] [--spread-seen]
+        [--parallelism 6] [--workloads stateless,keyed]
 """
 
 from __future__ import annotations
@@ -50,12 +45,12 @@ from typing import Any
 from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
-from onceflow.kernel.scopes import Scopes, read_scopes
+from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.operations.gc import collect
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
-from onceflow.testing.cluster import HASH_SLOTS, LocalRedisCluster
+from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.kafka import LocalKafka
 
 WORKLOADS = ("stateless", "keyed")
@@ -82,8 +77,6 @@ class MasterLoad:
     calls: int = 0
     scripts: int = 0
     usec: int = 0
-    per_id_calls: int = 0  # the seen-IDs' own commands (see PER_ID_COMMANDS)
-    per_id_usec: int = 0
     net_in: int = 0
     net_out: int = 0
     used_memory_delta: int = 0
@@ -130,14 +123,10 @@ def produce_bids(kafka: KafkaSettings, topic: str, records: int, partitions: int
 
 
 SCRIPT_COMMANDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall")
-# What scripts run per seen ID (check-and-mark, look-up, undo): the work that would move to
-# the ID tags. A projection: the commit's other commands stay where they are.
-PER_ID_COMMANDS = ("cmdstat_hsetnx", "cmdstat_hget", "cmdstat_hexists", "cmdstat_hdel")
 
 
 def command_stats(cluster: LocalRedisCluster) -> dict[int, tuple[int, ...]]:
-    """Per master port: (commands, script calls, main thread CPU us, per-ID calls, their
-    usec, bytes in, out).
+    """Per master port: (commands, script calls, main thread CPU us, bytes in, out).
 
     ``commands`` counts the commands scripts run too (Redis counts them in commandstats),
     so it follows the work; ``script calls`` follows the round trips that carry it.
@@ -154,11 +143,9 @@ def command_stats(cluster: LocalRedisCluster) -> dict[int, tuple[int, ...]]:
         usec = round(
             1e6 * (float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"]))
         )
-        id_calls = sum(int(stats[k]["calls"]) for k in PER_ID_COMMANDS if k in stats)
-        id_usec = sum(int(stats[k]["usec"]) for k in PER_ID_COMMANDS if k in stats)
         net_in = int(net["total_net_input_bytes"])
         net_out = int(net["total_net_output_bytes"])
-        out[master.port] = (calls, scripts, usec, id_calls, id_usec, net_in, net_out)
+        out[master.port] = (calls, scripts, usec, net_in, net_out)
     return out
 
 
@@ -201,108 +188,6 @@ def spread(values: list[float]) -> float:
     return max(abs(v - mean) for v in values) / mean if mean else 0.0
 
 
-def slot_even_tags(namespace: str, count: int, kind: str = "i") -> list[str]:
-    """``count`` hash tags of the namespace, the k-th in slot range [k, k + 1) * 16384 / count.
-
-    Masters own contiguous slot ranges, so such tags spread over them in proportion to the
-    slots each owns (a plain hash of ``count`` names spreads only as evenly as luck allows).
-    """
-    tags = []
-    for k in range(count):
-        low, high = k * HASH_SLOTS // count, (k + 1) * HASH_SLOTS // count
-        j = 0
-        while not low <= namespace_slot(f"{namespace}:{kind}{k}.{j}") < high:
-            j += 1
-        tags.append(f"{namespace}:{kind}{k}.{j}")
-    return tags
-
-
-@dataclass
-class Projection:
-    """Per master: bytes with seen shards spread (filters kept / dropped), and commands.
-
-    Redis time is not projected: a script's time is not split between its per-ID loop
-    (which would move to the ID tags) and the rest (which would not).
-    """
-
-    kept: dict[int, int]
-    no_filters: dict[int, int]
-    even_scopes: dict[int, int]
-    calls: dict[int, int]
-
-
-def projected(
-    cluster: LocalRedisCluster,
-    namespace: str,
-    loads: dict[int, MasterLoad],
-    tags: int,
-    scopes: Scopes,
-) -> Projection:
-    """Where the namespace tag's seen-IDs would sit over ``tags`` slot-even ID tags.
-
-    Seen shard ``s`` goes to tag ``s % tags`` with its measured bytes; the per-ID commands
-    of the namespace's master go to the tags' masters in proportion to their tags. ``no
-    filters``: also without the namespace tag's Bloom snapshot and journal (design option (a)).
-    ``even scopes``: that, with each partition scope's measured bytes moved to the master of
-    a slot-even tag for its partition (the design names scopes so; commands stay put).
-    """
-    home = cluster.slot_owner(namespace_slot(namespace)).port
-    owners = [cluster.slot_owner(namespace_slot(t)).port for t in slot_even_tags(namespace, tags)]
-    kept = {port: load.bytes for port, load in loads.items()}
-    client = cluster.node_client(home)
-    ks = Keyspace(namespace)
-    for key in client.scan_iter(match=ks.seen_pattern(), count=1000):
-        parsed = ks.parse(key)
-        if parsed is None or parsed.shard is None:
-            continue
-        size = int(client.memory_usage(key, samples=0) or 0)
-        kept[home] -= size
-        kept[owners[parsed.shard % tags]] += size
-    filters = 0
-    for kind in (Kind.FILTER_SNAPSHOT, Kind.FILTER_JOURNAL):
-        for key in client.scan_iter(match=ks.pattern(kind), count=1000):
-            filters += int(client.memory_usage(key, samples=0) or 0)
-    no_filters = {**kept, home: kept[home] - filters}
-    even_scopes = dict(no_filters)
-    for stage in sorted(scopes.stages):
-        even = slot_even_tags(f"{namespace}:{stage}", scopes.parallelism, kind="s")
-        for partition in range(scopes.parallelism):
-            tag_ks = scopes.keyspace(stage, partition)
-            now = cluster.slot_owner(namespace_slot(tag_ks.tag)).port
-            held = cluster.node_client(now)
-            size = sum(
-                int(held.memory_usage(k, samples=0) or 0)
-                for k in held.scan_iter(match=tag_ks.pattern(), count=1000)
-            )
-            even_scopes[now] -= size
-            even_scopes[cluster.slot_owner(namespace_slot(even[partition])).port] += size
-    calls = {port: load.calls for port, load in loads.items()}
-    moved_calls = loads[home].per_id_calls
-    calls[home] -= moved_calls
-    for port in owners:
-        calls[port] += moved_calls // tags
-    return Projection(kept, no_filters, even_scopes, calls)
-
-
-def print_projection(title: str, tags: int, p: Projection, commands: bool) -> None:
-    """The run's commands and Redis time, or the memory after gc, as projected."""
-    rows = [("commands", p.calls)] if commands else []
-    if not commands:
-        rows = [
-            ("memory, filters kept", p.kept),
-            ("memory, no source filters", p.no_filters),
-            ("... and scopes slot-even", p.even_scopes),
-        ]
-    print(f"projected {title}, seen-IDs over {tags} slot-even tags:")
-    for what, per_master in rows:
-        values = [float(v) for v in per_master.values()]
-        memory = what != "commands"
-        scale = 1e6 if memory else 1
-        unit = " MB" if memory else ""
-        cells = "  ".join(f"{port}: {v / scale:,.2f}{unit}" for port, v in per_master.items())
-        print(f"  {what:<26} {cells}  (spread {spread(values):.0%})")
-
-
 def run_workload(
     args: argparse.Namespace, spark: Any, cluster: LocalRedisCluster, redis_url: str, topic: str
 ) -> None:
@@ -323,7 +208,6 @@ def run_workload(
         output_dir=workdir,
         dedup=DedupConfig(),
         progress=False,
-        spread_seen=args.spread_seen,
     )
     seconds = time.perf_counter() - started
     calls1, mem1 = command_stats(cluster), used_memory(cluster)
@@ -333,8 +217,6 @@ def run_workload(
             load.calls,
             load.scripts,
             load.usec,
-            load.per_id_calls,
-            load.per_id_usec,
             load.net_in,
             load.net_out,
         ) = (after - before for after, before in zip(calls1[port], calls0[port], strict=True))
@@ -356,22 +238,6 @@ def run_workload(
     collected = namespace_memory(cluster, name)
     print("after `onceflow gc` (the batches' backups are garbage once Spark committed them):")
     print_memory(collected)
-    if args.project_tags:
-        for port, load in collected.items():  # the run's commands, for the projection
-            load.calls, load.usec = loads[port].calls, loads[port].usec
-            load.per_id_calls, load.per_id_usec = loads[port].per_id_calls, loads[port].per_id_usec
-        print_projection(
-            "for the run",
-            args.project_tags,
-            projected(cluster, name, loads, args.project_tags, scopes),
-            commands=True,
-        )
-        print_projection(
-            "after gc",
-            args.project_tags,
-            projected(cluster, name, collected, args.project_tags, scopes),
-            commands=False,
-        )
 
 
 def print_loads(loads: dict[int, MasterLoad], tags: dict[int, int]) -> None:
@@ -454,10 +320,6 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=6)
     parser.add_argument("--master", default=DEFAULT_MASTER)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--project-tags", type=int, default=0, metavar="N")
-    parser.add_argument(
-        "--spread-seen", action="store_true", help="run the pipelines with layout 4 (opt-in)"
-    )
     args = parser.parse_args()
     unknown = set(args.workloads.split(",")) - set(WORKLOADS)
     if unknown:

@@ -13,6 +13,11 @@ Workloads (``--workloads``, all by default), on the same input topic of bids
 * ``sliding-window``: Nexmark q5 shape, ``key_by(auction) -> window(Sliding 10 s / 2 s) ->
   count``: each bid lands in 5 windows, final panes are emitted as the watermark passes;
 * ``fan-out``: one source into two sinks, a stateless copy and a keyed count;
+* ``join``: a stage read by two others (issue 37's shape), the topic read by two sources:
+  ``asks -> key_by(user) -> count`` and ``bids.join(asks)`` by the bid's ``n`` in windows of
+  2 s, each bid paired with its own copy: ``asks`` is cached and read by the count's exchange
+  and by the join's merge after ``bids``. Its records/s count both sources' records. Not in
+  the default set: ``--workloads join``;
 * ``large-docs``: the large-records finding's shape, ``--docs`` JSON documents of
   ``--doc-bytes`` (250 KB by default) on one partition, read in one micro-batch, through a
   ``map`` to a Kafka sink: what commits, deliveries and Arrow batches bounded by bytes cost
@@ -34,7 +39,7 @@ per stored ID, and the Redis memory a run left per dedup boundary (seen IDs and 
 journal per receiver, backups per producing stage, keyed state per combine).
 
     python bench/exactly_once.py [--records 200000] [--batch 50000] [--repeat 3]
-        [--workloads keyed-count,keyed-count-ids,stateless,sliding-window,fan-out,large-docs]
+        [--workloads keyed-count,keyed-count-ids,stateless,sliding-window,fan-out,join,large-docs]
         [--docs 400] [--doc-bytes 250000]
         [--client python|confluent]
         [--redis-cluster] [--spark-cluster]
@@ -137,13 +142,32 @@ def build(
             .count_per_key("count")
             .write("hot-auctions", sink(out))
         )
-    if workload not in (*WORKLOADS, LARGE_DOCS):
+    if workload == JOIN:
+        asks = p.read(
+            "asks",
+            KafkaSource(
+                topic,
+                codec="json",
+                timestamp=lambda b: b["ts"],
+                client=client,
+                read_in_task=in_task,
+            ),
+        )
+        asks.key_by("by-user", lambda b: b["user"]).count_per_key("count").write(
+            "counts", sink(out)
+        )
+        mine = asks.key_by("ask-n", lambda b: b["n"])
+        pairs = bids.key_by("bid-n", lambda b: b["n"]).join("pairs", mine, "2s")
+        pairs.write("paired", sink(out + "-pairs"))
+    if workload not in (*WORKLOADS, *OPTIONAL):
         raise SystemExit(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
     return p
 
 
 WORKLOADS = ("keyed-count", "keyed-count-ids", "stateless", "sliding-window", "fan-out")
 LARGE_DOCS = "large-docs"  # not in the default set (see the module's doc)
+JOIN = "join"  # not in the default set either
+OPTIONAL = (JOIN, LARGE_DOCS)
 
 
 def run_once(
@@ -171,6 +195,8 @@ def run_once(
         progress=False,
     )
     seconds = time.perf_counter() - started
+    if args.workload == JOIN:  # two sources read the topic
+        records *= 2
     assert result.records_in == records, (result.records_in, records)
     history = result.extra["history"][1:]  # the first micro-batch of a query is warm-up
     steady_records = sum(n for _, n, _ in history)
@@ -458,8 +484,8 @@ def main() -> None:
     parser.add_argument(
         "--workloads",
         default=",".join(WORKLOADS),
-        help=f"comma-separated, of {', '.join((*WORKLOADS, LARGE_DOCS))} (default: all but "
-        f"{LARGE_DOCS})",
+        help=f"comma-separated, of {', '.join((*WORKLOADS, *OPTIONAL))} (default: all but "
+        f"{', '.join(OPTIONAL)})",
     )
     parser.add_argument(
         "--client",
@@ -468,7 +494,7 @@ def main() -> None:
         help="Kafka client of sources and sinks (confluent: pip install 'onceflow[fast]')",
     )
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
-    parser.add_argument("--workload", choices=(*WORKLOADS, LARGE_DOCS), help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=(*WORKLOADS, *OPTIONAL), help=argparse.SUPPRESS)
     parser.add_argument("--docs", type=int, default=400, help="large-docs: documents")
     parser.add_argument("--doc-bytes", type=int, default=250_000, help="large-docs: their size")
     parser.add_argument("--topic", help=argparse.SUPPRESS)
@@ -483,7 +509,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    unknown = set(args.workloads.split(",")) - {*WORKLOADS, LARGE_DOCS}
+    unknown = set(args.workloads.split(",")) - {*WORKLOADS, *OPTIONAL}
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(sorted(unknown))}")
     with contextlib.ExitStack() as stack:
@@ -575,7 +601,8 @@ def bench_on(
                 )
         if workload == LARGE_DOCS:
             print_megabytes(runs, args.doc_bytes)
-        report(runs, run_args.records, connect, DedupConfig(), local=master.startswith("local"))
+        records = run_args.records * (2 if workload == JOIN else 1)  # read by two sources
+        report(runs, records, connect, DedupConfig(), local=master.startswith("local"))
         summary[workload] = runs
     if len(summary) > 1:
         print_summary(summary)

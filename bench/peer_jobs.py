@@ -14,7 +14,10 @@ defaults where the workload does not force a choice:
   ``spark-sql-kafka-0-10`` (the 4.2.0 jar from Maven Central on PySpark 4.3),
   ``from_json``, ``groupBy().agg(sum)`` in update mode, optionally
   ``withWatermark().dropDuplicatesWithinWatermark(["event_id"])`` before it. Spark's Kafka
-  sink is not transactional: its output is at least once.
+  sink is not transactional: its output is at least once;
+* ``flink``: Apache Flink SQL through PyFlink's Table API (``bench/flink_peer.py``; run with
+  the Python of PyFlink's own env), Kafka sinks written with transactions committed by
+  exactly-once checkpoints every ``--checkpoint-ms``.
 
 Workloads: ``sum`` (running total of ``amount`` per user, emitted as ``{"user", "total"}``
 keyed by user), ``copy`` (a filter, ``amount % 10 != 0``, and a map adding ``cents``) and
@@ -23,7 +26,7 @@ order by 1 s at most, each window's final count emitted as ``{"user", "start", "
 
     python bench/peer_jobs.py SYSTEM WORKLOAD --bootstrap B --input T --output T2 --work DIR
         [--guarantee exactly-once|at-least-once] [--client python|confluent] [--dedup]
-        [--redis-url URL] [--batch 50000]
+        [--redis-url URL] [--batch 50000] [--checkpoint-ms 500] [--explain]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import sys
 import uuid
 from typing import Any
 
-SYSTEMS = ("onceflow", "quix", "spark")
+SYSTEMS = ("onceflow", "quix", "spark", "flink")
 WORKLOADS = ("sum", "copy", "window")
 WINDOW_MS, STEP_MS, LATENESS_MS = 10_000, 2_000, 1_000  # sliding 10 s every 2 s, 1 s late
 
@@ -198,6 +201,12 @@ def run_spark(args: argparse.Namespace) -> None:
     query.awaitTermination()
 
 
+def run_flink(args: argparse.Namespace) -> None:
+    import flink_peer  # the Flink SQL job, in PyFlink's own env (bench/flink_peer.py)
+
+    flink_peer.run(args)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("system", choices=SYSTEMS)
@@ -211,9 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dedup", action="store_true")
     ap.add_argument("--redis-url")
     ap.add_argument("--batch", type=int, default=50_000)
+    ap.add_argument("--checkpoint-ms", type=int, help="flink: checkpoint interval")
+    ap.add_argument("--explain", action="store_true", help="flink: print the plan, run nothing")
     args = ap.parse_args(argv)
     os.environ["KAFKA_BOOTSTRAP_SERVERS"] = args.bootstrap
-    {"onceflow": run_onceflow, "quix": run_quix, "spark": run_spark}[args.system](args)
+    runners = {"onceflow": run_onceflow, "quix": run_quix, "spark": run_spark, "flink": run_flink}
+    runners[args.system](args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Onceflow beside what users would pick instead: Quix Streams and Spark's own operators.
+"""Onceflow beside what users would pick instead: Quix Streams, Spark's operators and Flink.
 
 One Apache Kafka broker (``LocalKafka``) and one Redis, the same input topic for every
 system, runs alternating system by system (``--repeat`` rounds, the order reversed every
@@ -10,10 +10,14 @@ other round), each system in a fresh process tree (``bench/peer_jobs.py`` holds 
   and at-least-once;
 * Spark Structured Streaming with its own Kafka source and sink (``spark-sql-kafka-0-10``
   4.2.0 from Maven Central on PySpark 4.3), without and with
-  ``dropDuplicatesWithinWatermark(["event_id"])``; its Kafka sink is not transactional.
+  ``dropDuplicatesWithinWatermark(["event_id"])``; its Kafka sink is not transactional;
+* Apache Flink 2.3 (the JVM anchor): Flink SQL through PyFlink in one local JVM, parallelism
+  2, exactly-once checkpoints every ``--flink-checkpoint-ms`` (500 ms; why in
+  ``bench/flink_peer.py``) committing Kafka transactions; PyFlink and its Kafka connector are
+  fetched into a cache of their own on first use (they cannot share Onceflow's env).
 
 A system that cannot run here is left out with the reason, printed (no Quix Streams
-installed, no Kafka connector jar for Spark ...).
+installed, no Kafka connector jar for Spark, PyFlink not installable ...).
 
 Workload ``sum`` (the headline): ``--events`` JSON events ``{"user": "u17", "amount": n,
 "event_id": ...}`` of 100 users on 4 partitions, a running total of ``amount`` per user to a
@@ -31,8 +35,9 @@ topic. Measured from outside, per run:
   steps (Quix exactly-once commits every 5 s, a micro-batch of ``--batch`` records) does not
   inflate it; still coarse when a run has few steps: read it with the run size in mind;
 * *CPU s per 100k records*: user + system CPU of the run's process tree (driver, JVM,
-  Python workers), sampled every 0.5 s from /proc until the result is correct; the broker's
-  and Redis's CPU in the same time beside it (Redis only serves Onceflow);
+  Python workers; Flink's: the PyFlink program and the JVM it starts), sampled every 0.5 s
+  from /proc until the result is correct; the broker's and Redis's CPU in the same time
+  beside it (Redis only serves Onceflow);
 * *peak memory*: PSS (shared pages split between the processes sharing them) of the tree,
   the sum of the peaks of the driver, the JVM and the Python workers.
 
@@ -52,7 +57,8 @@ Every row gives its ratio to Onceflow exactly-once (kafka-python): above 1 is sl
 CPU, more memory for times and costs, faster for records/s. Median of the runs, min–max.
 
     python bench/peers.py [--events 1000000] [--repeat 3] [--batch 50000]
-        [--workloads sum,copy] [--systems onceflow-eo,onceflow-alo,...]
+        [--workloads sum,copy] [--systems onceflow-eo,onceflow-alo,...,flink]
+        [--flink-checkpoint-ms 500]
         [--latency] [--rate 1000] [--seconds 30] [--quick] [--markdown docs/benchmarks.md]
 """
 
@@ -75,6 +81,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import flink_peer
 import page
 from exactly_once import BROKER_PID_ENV, PeakRss, redis_cpu, services
 from latency import Measured, _read_phases
@@ -134,6 +141,7 @@ SYSTEMS = (
         ("--dedup",),
         "at least once (sink)",
     ),
+    System("flink", "Apache Flink 2.3 SQL (PyFlink)", "flink", (), "exactly-once"),
 )
 BY_KEY = {s.key: s for s in SYSTEMS}
 REFERENCE = "onceflow-eo"
@@ -152,6 +160,8 @@ def unavailable(system: System) -> str | None:
             connector_jars()
         except Exception as exc:  # noqa: BLE001 - any failure to fetch the jar skips Spark
             return f"no Kafka connector jar for Spark: {str(exc).splitlines()[0]}"
+    if system.program == "flink":
+        return flink_peer.unavailable()
     return None
 
 
@@ -360,9 +370,11 @@ class Result:
 
 
 def launch(system: System, workload: str, ctx: dict[str, str], out: str, work: str) -> Any:
-    cmd = [sys.executable, os.path.join(HERE, "peer_jobs.py"), system.program, workload]
+    python = flink_peer.flink_python() if system.program == "flink" else sys.executable
+    cmd = [python, os.path.join(HERE, "peer_jobs.py"), system.program, workload]
     cmd += ["--bootstrap", ctx["bootstrap"], "--input", ctx["topic"], "--output", out]
     cmd += ["--work", work, "--redis-url", ctx["redis_url"], "--batch", ctx["batch"]]
+    cmd += ["--checkpoint-ms", ctx["flink_checkpoint_ms"]] * (system.program == "flink")
     cmd += list(system.options)
     log = open(os.path.join(work, "run.log"), "w")  # noqa: SIM115 - closed with the run
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -598,6 +610,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--drain", type=float, default=10.0, help="waited for after the window")
+    ap.add_argument(
+        "--flink-checkpoint-ms",
+        type=int,
+        default=flink_peer.CHECKPOINT_MS,
+        help="Flink's checkpoint interval: its latency and when its output becomes visible",
+    )
     ap.add_argument("--quick", action="store_true", help="20k events, one round, 10 s latency")
     ap.add_argument("--markdown", help="write the tables into this page (## Peers)")
     args = ap.parse_args(argv)
@@ -622,6 +640,8 @@ def main(argv: list[str] | None = None) -> None:
     for key, why in skipped.items():
         print(f"skipped {BY_KEY[key].label}: {why}", flush=True)
     keys = [k for k in wanted if k not in skipped]
+    if "flink" in keys:
+        print(flink_note(args), flush=True)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     runs: dict[str, dict[str, list[Result]]] = {w: {k: [] for k in keys} for w in workloads}
     lats: dict[str, list[Result]] = {k: [] for k in keys}
@@ -632,6 +652,7 @@ def main(argv: list[str] | None = None) -> None:
             "bootstrap": bootstrap,
             "redis_url": redis_url,
             "batch": str(args.batch),
+            "flink_checkpoint_ms": str(args.flink_checkpoint_ms),
             "events": str(args.events),
             "timeout": str(args.timeout),
             "work": work,
@@ -655,6 +676,16 @@ def main(argv: list[str] | None = None) -> None:
                     p50 = f"p50 {percentile(r.latencies, 0.5):,.0f} ms" if r.latencies else r.error
                     print(f"  latency round {i + 1} {key:<22} {p50}", flush=True)
     report(args, runs, lats, skipped, load)
+
+
+def flink_note(args: argparse.Namespace) -> str:
+    """What Flink's row was measured with: its checkpoint interval decides its latency."""
+    return (
+        f"Apache Flink {flink_peer.FLINK_VERSION}: Flink SQL, parallelism "
+        f"{flink_peer.PARALLELISM}, exactly-once checkpoints every "
+        f"{args.flink_checkpoint_ms:,} ms (its Kafka transactions commit with each checkpoint: "
+        "the interval is its latency; see bench/flink_peer.py)"
+    )
 
 
 def progress_line(r: Result) -> str:
@@ -699,6 +730,8 @@ def report(
             *latency_table(lats, args.rate),
             "",
         ]
+    if any(key == "flink" for results in (*runs.values(), lats) for key in results):
+        lines += [flink_note(args), ""]
     print()
     print("\n".join(lines))
     if args.markdown:

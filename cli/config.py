@@ -20,8 +20,8 @@ The options of ``onceflow run`` are generated from
 :class:`~onceflow.runtime.driver.run_config.RunConfig`, so this module checks the file and the
 environment against that one list.
 
-``--yes`` and ``--force`` (the confirmations of ``onceflow reset``) are never read from a
-file or the environment.
+``--yes`` and ``--force`` (the confirmations of ``onceflow reset``) and ``--wipe`` (of
+``onceflow dev down``) are never read from a file or the environment.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ OTHER_VARIABLES = frozenset(
 MISSPELT = 0.85  # how alike a variable's name and an option's must be to call it a misspelling
 ENV_ALIASES = {"redis_url": ("REDIS_URL",), "bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS",)}
 # Said on the command line or not at all.
-NOT_LAYERED = frozenset({"help", "version", "config", "yes", "force"})
+NOT_LAYERED = frozenset({"help", "version", "config", "yes", "force", "wipe"})
 SPARK_TABLE = "spark"
 SPARK_CONF_DEST = "conf"
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -175,8 +175,14 @@ def layered_defaults(
     config: Mapping[str, Any],
     path: str | None,
     environ: Mapping[str, str] = os.environ,
+    origins: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Defaults for ``command``'s options from the environment, else the config file."""
+    """Defaults for ``command``'s options from the environment, else the config file.
+
+    ``origins``, when given, gets where each value came from (``$REDIS_URL``, ``trigger-seconds
+    in onceflow.toml``), by destination.
+    """
+    where: dict[str, str] = {} if origins is None else origins
     own = options_of(parser)
     table = config.get(command, {})
     from_file = {_key(k): (k, v) for k, v in config.items() if not isinstance(v, dict)}
@@ -186,10 +192,12 @@ def layered_defaults(
         env = _from_env(dest, action, environ)
         if env is not None:
             name, raw = env
-            values[dest] = convert(action, raw, f"${name}")
+            where[dest] = f"${name}"
+            values[dest] = convert(action, raw, where[dest])
         elif dest in from_file:
             key, raw = from_file[dest]
-            values[dest] = convert(action, raw, f"{key} in {path}")
+            where[dest] = f"{key} in {path}"
+            values[dest] = convert(action, raw, where[dest])
     if SPARK_CONF_DEST in own:
         spark = {**_flatten(config.get(SPARK_TABLE, {})), **_flatten(table.get(SPARK_TABLE, {}))}
         pairs = [f"{_spark_key(k)}={_spark_value(v)}" for k, v in spark.items()]

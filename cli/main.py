@@ -1,12 +1,14 @@
 """The ``onceflow`` command: run, explain and demo pipelines (and operate them).
 
 Every failure Onceflow anticipates ends with one ``error:`` line saying what to check and a
-non-zero exit status: 2 for a wrong command line, file or setting, 1 for a failed run.
+non-zero exit status: 2 for a wrong command line, file or setting, 1 for a failed run
+(:func:`exit_status`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import os
 import sys
@@ -20,6 +22,7 @@ from onceflow.cli.config import (
     layered_defaults,
     read_config,
 )
+from onceflow.cli.dev import add_dev_command
 from onceflow.cli.ops import add_commands
 from onceflow.kernel.errors import ConfigError, OnceflowError
 from onceflow.runtime.driver.run_config import (
@@ -86,6 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = run_config(args, code_dir=code_dir, spark_conf=spark_conf(args))
     kafka_waits(config)
     pipeline = load_pipeline(args.file, args.pipeline)
+    config = unused_defaults_dropped(args, config, pipeline)
     ui = _start_ui(args, config, pipeline)
     try:
         result = pipeline.run(_rules(args), config=config)
@@ -94,6 +98,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             ui.stop()
     print(result.summary())
     return 0
+
+
+def unused_defaults_dropped(
+    args: argparse.Namespace, config: RunConfig, pipeline: Any
+) -> RunConfig:
+    """A bounded pipeline's config without the streaming settings the user did not pass.
+
+    A setting that only a streaming run reads is refused by a bounded run when a flag gave
+    it; from the environment or a config file (an exported ``REDIS_URL``) it is a default
+    that does not apply: dropped, with one note.
+    """
+    if not all(getattr(s.connector, "bounded", False) for s in pipeline.graph.sources()):
+        return config
+    layered: dict[str, str] = getattr(args, "layered", {})
+    unused = [n for n in config.streaming_settings() if n in layered]
+    if not unused:
+        return config
+    names = ", ".join(layered[n] for n in unused)
+    print(f"note: {names} not used: every source of {pipeline.name!r} is bounded", file=sys.stderr)
+    return dataclasses.replace(config, **{n: getattr(RunConfig(), n) for n in unused})
 
 
 def run_config(args: argparse.Namespace, **settings: Any) -> RunConfig:
@@ -356,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_jvm_cache)
 
     add_commands(sub)
+    add_dev_command(sub)
     for command in sub.choices.values():
         _add_config_arg(command)
     return parser
@@ -384,11 +409,16 @@ def parse_args(
     if path:
         config = read_config(path)
         check_config(config, commands, path)
-    defaults = layered_defaults(args.command, commands[args.command], config, path, environ)
+    origins: dict[str, str] = {}
+    command = commands[args.command]
+    defaults = layered_defaults(args.command, command, config, path, environ, origins)
     if not defaults:
         return args
-    commands[args.command].set_defaults(**defaults)
-    return parser.parse_args(argv)
+    given = {d for d in defaults if getattr(args, d, None) != command.get_default(d)}
+    command.set_defaults(**defaults)
+    layered = parser.parse_args(argv)
+    layered.layered = {d: where for d, where in origins.items() if d not in given}
+    return layered
 
 
 def unknown_arguments(command: str, parser: argparse.ArgumentParser, extra: list[str]) -> str:
@@ -411,11 +441,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ConfigError, OnceflowError) as exc:
+    except OnceflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        from onceflow.runtime.errors import RunError
+        return exit_status(exc)
 
-        return 1 if isinstance(exc, RunError) else 2
+
+def exit_status(exc: OnceflowError) -> int:
+    """2 for a wrong command line, pipeline file or setting; 1 for a run that failed.
+
+    A service that does not answer (Kafka down at start), a sink that refuses its table, a
+    task that failed: the run failed (1), whatever the command line said.
+    """
+    from onceflow.cli.errors import PipelineFileError
+    from onceflow.graph_optimizer.errors import GraphError
+    from onceflow.pipeline.errors import PipelineError
+
+    usage = (ConfigError, PipelineFileError, PipelineError, GraphError)
+    return 2 if isinstance(exc, usage) else 1
 
 
 if __name__ == "__main__":

@@ -243,6 +243,35 @@ def cmd_dead_letters_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dead_letters_show(args: argparse.Namespace) -> int:
+    """Print a pipeline's dead letters readably (see :mod:`onceflow.operations.letters`)."""
+    from onceflow.operations import letters
+
+    if args.file.endswith((".jsonl", ".json")):
+        try:
+            with open(args.file, encoding="utf-8") as fh:
+                found = letters.from_json_lines(fh, args.file)
+        except OSError as exc:
+            msg = f"cannot read dead letters from {args.file}: {exc.strerror or exc}"
+            raise ConfigError(msg) from None
+    else:
+        from onceflow.cli.loader import load_pipeline
+        from onceflow.connectors.kafka.topics import read_topic
+        from onceflow.operations.redrive import dead_letter_topic
+
+        topic, settings = dead_letter_topic(load_pipeline(args.file, args.pipeline))
+        found = [letters.from_topic(r, topic) for r in read_topic(settings, topic)]
+    shown = letters.chosen(found, tuple(args.code or ()), args.limit)
+    if args.json:
+        for letter in shown:
+            print(json.dumps(letter))
+    elif shown:
+        print("\n\n".join(letters.letter_text(x) for x in shown))
+    else:
+        print("no dead letters" + (f" of code {', '.join(args.code)}" if args.code else ""))
+    return 0
+
+
 def _add_redis_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--namespace", action="append", help="pipeline namespace (default name: the pipeline's)"
@@ -327,7 +356,7 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser(
         "dead-letters",
-        help="send dead letters back through their pipeline, exactly once",
+        help="show dead letters, or send them back through their pipeline, exactly once",
         description="Replay a pipeline's dead letters once their cause is fixed: undecodable "
         "source records are sent again as they were, records your code failed on go back to "
         "the node they failed in. Each letter is replayed once: a later replay sends only "
@@ -346,6 +375,15 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--redis-url", help="Redis (default $REDIS_URL)")
     p.add_argument("--dry-run", action="store_true", help="say what would be sent, send nothing")
     p.set_defaults(handler=cmd_dead_letters_replay)
+    p = actions.add_parser("show", help="print the letters readably (IDs in hex, times in UTC)")
+    p.add_argument(
+        "file", help="the pipeline file (its dead-letter topic), or a .jsonl dead-letter file"
+    )
+    p.add_argument("--pipeline", help="which pipeline of the file (as for onceflow run)")
+    p.add_argument("--code", action="append", help="only letters with this code; repeatable")
+    p.add_argument("--limit", type=int, help="only the last N letters")
+    p.add_argument("--json", action="store_true", help="one JSON object per letter")
+    p.set_defaults(handler=cmd_dead_letters_show)
 
     p = sub.add_parser("status", help="what a pipeline's exactly-once state says")
     _add_redis_target_args(p)

@@ -1,13 +1,11 @@
 """What a source or sink must provide to the compiler.
 
 Driver side, a source gives Spark a DataFrame of its raw rows (a bounded read, or a streaming
-read for unbounded sources). Executor side, its :class:`Decoder` turns Arrow batches of those
-rows into records: ``(id, ts, element)`` triples, or :class:`DeadLetter` for rows that cannot
-be decoded, or :class:`LaneProgress` for a lane whose event time moved on without a record.
-A decoder that can hands over many records of one lane at once as :class:`RecordColumns`
-(the hot path: no object per record).
-Sinks open a :class:`SinkWriter` per task; ``flush`` returns only once everything written is
-durably delivered (for Kafka: acknowledged by the broker).
+read for unbounded sources). Executor side, its decoder turns Arrow batches of those rows
+into records, dead letters and lane heartbeats (:mod:`onceflow.connectors.decoded`: one by one,
+or a lane's records at once as columns, the hot path). Sinks open a :class:`SinkWriter` per
+task; ``flush`` returns only once everything written is durably delivered (for Kafka:
+acknowledged by the broker).
 
 Connectors must pickle (Spark ships them to workers): never open clients in ``__init__``.
 """
@@ -17,73 +15,18 @@ from __future__ import annotations
 import abc
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from onceflow.connectors.decoded import Decoder
 from onceflow.connectors.errors import ConnectorError
-from onceflow.kernel.records import DeadLetter, Record
+from onceflow.kernel.records import Record
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 
-@dataclass(frozen=True)
-class LaneProgress:
-    """A source lane's event time has reached ``ts`` though no record says so (a heartbeat).
-
-    A decoder yields it to move the watermark without a record (the testing module's
-    ``TestStream.advance_watermark`` does). The lane is raised as a record of that event time
-    would raise it, but never past the micro-batch's own time; bounded runs ignore it.
-    """
-
-    lane: str
-    ts: int
-
-
-@dataclass(frozen=True)
-class RecordColumns:
-    """Records of one source lane decoded together, as columns.
-
-    What ``n`` :class:`Record` objects of that lane would say, field by field, in the same
-    order (index ``i`` of every list is record ``i``).
-
-    The source's hot path: a slice of a partition becomes a handful of lists built by list
-    comprehensions, never an object (or a generator step) per record. ``positional``,
-    ``sizes`` and ``fingerprints`` mean what :class:`Record`'s fields of the same names mean.
-    """
-
-    lane: str
-    ids: list[bytes]
-    ts: list[int]
-    elems: list[Any]
-    offsets: list[int]
-    positional: list[bool]
-    sizes: list[int]
-    fingerprints: list[int]
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def records(self) -> Iterator[Record]:
-        """The same records one by one (what a slow path, or a test, reads)."""
-        lane = self.lane
-        for rid, ts, elem, offset, positional, size, printed in zip(
-            self.ids,
-            self.ts,
-            self.elems,
-            self.offsets,
-            self.positional,
-            self.sizes,
-            self.fingerprints,
-            strict=True,
-        ):
-            yield Record(rid, ts, elem, lane, offset, positional, size, printed)
-
-
-Decoded = Record | DeadLetter | LaneProgress | RecordColumns
-Decoder = Callable[["pa.RecordBatch"], Iterator[Decoded]]
 # A record a sink refused for good (too big, not encodable), with the reason: it becomes a
 # dead letter instead of failing the task on every retry.
 Rejected = tuple[Record, str]
@@ -245,6 +188,39 @@ class SinkWriter(abc.ABC):
         return {}
 
 
+@dataclass(frozen=True)
+class DeliveryMark:
+    """What a transactional delivery's marker says of it, so that the sink alone can tell.
+
+    A sink keeps it with the delivery's marker (Kafka: the record in the delivery log; a
+    PostgreSQL row; an Iceberg snapshot's property) and names it back with
+    :meth:`TransactionalWriter.delivered_in`: so the runtime can find a delivery that
+    committed after Redis lost its record (see ``onceflow.runtime.task.sink_delivery``).
+    ``incarnation``: the pipeline namespace's (new at each ``onceflow reset``); ``batch``
+    the micro-batch; ``seq`` the delivery's number among its sink partition's deliveries of
+    that micro-batch, over every attempt; ``digest`` one of its records (IDs and encoded
+    values, as the runtime encodes them), empty when not computed.
+    """
+
+    incarnation: str
+    batch: int
+    seq: int
+    digest: str = ""
+
+    def text(self) -> str:
+        """``incarnation:batch:seq:digest`` (``-`` for no digest); :meth:`parse` reads it."""
+        return f"{self.incarnation}:{self.batch}:{self.seq}:{self.digest or '-'}"
+
+    @classmethod
+    def parse(cls, text: str) -> DeliveryMark | None:
+        """The mark :meth:`text` made, or None for text that is not one (an older marker)."""
+        parts = text.split(":")
+        if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():  # noqa: PLR2004
+            return None
+        digest = "" if parts[3] == "-" else parts[3]
+        return cls(parts[0], int(parts[1]), int(parts[2]), digest)
+
+
 class TransactionalWriter(SinkWriter):
     """A writer whose records become visible only when its transaction commits.
 
@@ -265,6 +241,10 @@ class TransactionalWriter(SinkWriter):
     ``committed(marker)`` answer for good.
     """
 
+    #: Whether :meth:`delivered_in` answers: the sink keeps each delivery's mark, so the
+    #: runtime can tell a delivery happened without Redis.
+    keeps_marks: bool = False
+
     @property
     @abc.abstractmethod
     def identity(self) -> str:
@@ -278,6 +258,18 @@ class TransactionalWriter(SinkWriter):
         committed or never will be.
         """
 
+    def ready(self) -> None:  # noqa: B027 - optional hook
+        """Before a transaction begins: get what it needs that may end another's.
+
+        For Kafka: register the transactional id if this process holds no producer of it fit
+        for a transaction (registering fences every other producer of the id). The runtime
+        calls it, then records the writer in Redis (a call fenced by the attempt's ownership
+        of the sink partition), then begins: nothing between that record and the transaction
+        may register, so an attempt that took the partition over and settled this writer's
+        identity is never undone by it (a zombie's transaction would stay open, and hold
+        ``read_committed`` readers back until Kafka times it out).
+        """
+
     def aborted_cleanly(self) -> bool:
         """After :meth:`abort`: whether nothing of the transaction can still become visible.
 
@@ -287,8 +279,12 @@ class TransactionalWriter(SinkWriter):
         return False
 
     @abc.abstractmethod
-    def prepare(self) -> str:
-        """Flush the open transaction; return its marker (raises if records were refused)."""
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
+        """Flush the open transaction; return its marker (raises if records were refused).
+
+        ``mark``: kept with the marker, for :meth:`delivered_in` (None outside exactly-once
+        streaming runs).
+        """
 
     @abc.abstractmethod
     def commit(self) -> None:
@@ -297,6 +293,19 @@ class TransactionalWriter(SinkWriter):
     @abc.abstractmethod
     def committed(self, marker: str) -> bool:
         """Whether an earlier writer's transaction, named by its marker, committed."""
+
+    def delivered_in(
+        self, batch: int, incarnation: str, since: str | None
+    ) -> list[DeliveryMark] | None:
+        """The marks of this sink partition's committed deliveries of micro-batch ``batch``.
+
+        Oldest first, those of namespace ``incarnation`` only, read from the sink itself
+        (never from Redis); call once every identity recorded for the partition is settled.
+        ``since``: the marker of the partition's last delivery Redis still knows (None: none),
+        before which none of them can lie (a sink that scans a log starts there). None: the
+        sink cannot tell (the default); the runtime then never relies on it.
+        """
+        return None
 
     def recover(self) -> bool:
         """After :class:`TransactionBroken`: end the transaction; whether it committed.

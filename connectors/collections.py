@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from onceflow.connectors.base import Decoded, Decoder, SourceConnector
+from onceflow.connectors.base import SourceConnector
+from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel import codec, ids
 from onceflow.kernel.errors import CodecError
@@ -133,7 +134,7 @@ class Generate(SourceConnector):
                     except Exception as exc:  # noqa: BLE001 - user code: dead-letter it
                         rid = ids.from_position(source, "generate", 0, i) if with_ids else b""
                         error = f"{type(exc).__name__}: {exc}"
-                        yield DeadLetter(rid, 0, source, error, f"index {i}")
+                        yield DeadLetter(rid, 0, source, error, f"index {i}", code="user_error")
                         continue
                     rid = ids.from_position(source, "generate", 0, i) if with_ids else b""
                     yield Record(rid, ts, value, "generate", i)
@@ -162,6 +163,7 @@ def _record(
             f"{type(exc).__name__}: {exc}",
             f"{split}[{index}]",
             value=repr(value)[:500],
+            code="user_error",
         )
     return Record(rid, ts, value, split, index, size=size)
 

@@ -31,16 +31,9 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from onceflow.connectors.base import (
-    Decoded,
-    Decoder,
-    Rejected,
-    SinkConnector,
-    SinkWriter,
-    SourceConnector,
-    TaskInfo,
-)
+from onceflow.connectors.base import Rejected, SinkConnector, SinkWriter, SourceConnector, TaskInfo
 from onceflow.connectors.collections import split_frame, splits_of
+from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
 from onceflow.kernel import ids

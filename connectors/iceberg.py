@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from onceflow.connectors.base import (
+    DeliveryMark,
     Rejected,
     SinkConnector,
     SinkWriter,
@@ -46,10 +47,17 @@ from onceflow.connectors.base import (
     element_row,
 )
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.iceberg_snapshots import DELIVERY, VOID, append_once, ensure_base, head
+from onceflow.connectors.iceberg_rows import ID_COLUMN, convert, fault, inferred
+from onceflow.connectors.iceberg_snapshots import (
+    DELIVERY,
+    VOID,
+    append_once,
+    delivered_marks,
+    ensure_base,
+    head,
+)
 from onceflow.kernel.records import Record
 
-ID_COLUMN = "_onceflow_id"
 _SECRET = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
 _CATALOGS: dict[str, Any] = {}  # one per process and configuration (opening one costs queries)
 
@@ -132,14 +140,14 @@ class IcebergSink(SinkConnector):
         try:
             return catalog.load_table(self.table)
         except NoSuchTableError:
-            schema = self.schema if self.schema is not None else _inferred(rows, self.with_ids)
+            schema = self.schema if self.schema is not None else inferred(rows, self.with_ids)
             if not self.create or schema is None:
                 if not self.create:
                     msg = f"{self.describe()}: no such table (create it, or pass create=True)"
                     raise ConnectorError(msg) from None
                 return None
         try:
-            catalog.create_namespace_if_not_exists(self.table.rsplit(".", 1)[0])
+            _ensure_namespace(catalog, self.table.rsplit(".", 1)[0])
             tx = catalog.create_table_transaction(self.table, schema=schema)
             if self.partition_by:
                 with tx.update_spec() as spec:
@@ -161,8 +169,23 @@ class IcebergSink(SinkConnector):
         return IcebergWriter(self, task)
 
 
+def _ensure_namespace(catalog: Any, namespace: str) -> None:
+    """Create the namespace unless it exists; two tasks may race to create it.
+
+    A SQL catalog's loser fails on the unique key (``IntegrityError``, not pyiceberg's
+    ``NamespaceAlreadyExistsError``): the namespace is there, which is all that was asked.
+    """
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except Exception:
+        if not catalog.namespace_exists(namespace):
+            raise
+
+
 class IcebergWriter(TransactionalWriter):
     """One task's deliveries, each one snapshot naming it (see the module docstring)."""
+
+    keeps_marks = True
 
     def __init__(self, sink: IcebergSink, task: TaskInfo) -> None:
         self.sink = sink
@@ -209,19 +232,19 @@ class IcebergWriter(TransactionalWriter):
             for rec, row in rows:
                 if rec.id:
                     row[ID_COLUMN] = rec.id.hex()
-        arrow = _convert([row for _rec, row in rows], schema)
+        arrow = convert([row for _rec, row in rows], schema)
         if arrow is not None:
             self.batches.append(arrow)
             return []
         rejected: list[Rejected] = []
         good: list[dict[str, Any]] = []
         for rec, row in rows:
-            reason = _fault(row, schema)
+            reason = fault(row, schema)
             if reason is None:
                 good.append(row)
             else:
                 rejected.append((rec, f"cannot be a row of {self.sink.table}: {reason}"))
-        together = _convert(good, schema) if good else None
+        together = convert(good, schema) if good else None
         if good and together is None:  # each fits alone, not together: not a row's fault
             msg = f"{self.sink.describe()}: rows that fit the table alone do not fit it together"
             raise ConnectorError(msg)
@@ -243,17 +266,19 @@ class IcebergWriter(TransactionalWriter):
 
     # -- the transaction -----------------------------------------------------------------
 
-    def prepare(self) -> str:
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
         """Write the data files (referenced by no snapshot yet); the marker names the delivery.
 
-        It also names a snapshot the table was at (when the writer last looked: an ancestor
-        of the delivery's): a retry that no longer finds that one knows snapshots were expired
-        since, and that the delivery's may be among them.
+        The delivery is ``<sink>/<partition>/<batch>/<writer>/<n>``, then ``@`` and ``mark``
+        if there is one. The marker also names a snapshot the table was at (when the writer
+        last looked: an ancestor of the delivery's): a retry that no longer finds that one
+        knows snapshots were expired since, and that the delivery's may be among them.
         """
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
-        delivery = f"{self.task.sink}/{self.task.partition}/{self.task.batch}/{self.token}"
-        delivery += f"/{self.deliveries}"
+        delivery = f"{self._prefix}{self.task.batch}/{self.token}/{self.deliveries}"
+        if mark is not None:
+            delivery += f"@{mark.text()}"
         self.deliveries += 1
         self.prepared = True
         if not self.batches:  # every record refused: nothing to commit, nothing to look for
@@ -312,6 +337,21 @@ class IcebergWriter(TransactionalWriter):
             raise ConnectorError(msg)
         return self._append(found["delivery"], [], void=True) == DELIVERY
 
+    @property
+    def _prefix(self) -> str:
+        """What every delivery of this sink partition begins with."""
+        return f"{self.task.sink}/{self.task.partition}/"
+
+    def delivered_in(
+        self, batch: int, incarnation: str, since: str | None
+    ) -> list[DeliveryMark] | None:
+        """The marks of the partition's deliveries of ``batch`` that a snapshot appended."""
+        table = self.table()
+        if table is None:
+            return []
+        table.refresh()
+        return delivered_marks(table.metadata, f"{self._prefix}{batch}/", batch, incarnation)
+
     def recover(self) -> bool:
         """After a broken commit: whether a snapshot names the delivery (voided if not)."""
         self.committing = False
@@ -360,74 +400,3 @@ class IcebergWriter(TransactionalWriter):
             )
         except (CommitStateUnknownException, OSError) as exc:
             raise TransactionBroken(self.sink.secret_free(exc)) from exc
-
-
-def _convert(rows: list[dict[str, Any]], schema: Any) -> Any:
-    """The rows as one Arrow table of ``schema``, or None if any row does not fit it."""
-    import pyarrow as pa
-
-    names = set(schema.names)
-    if not set().union(*rows) <= names:
-        return None
-    try:
-        arrow = pa.Table.from_pylist(rows, schema=schema)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return None
-    for field, column in zip(schema, arrow.columns, strict=True):
-        if not field.nullable and column.null_count:
-            return None
-    return arrow
-
-
-def _fault(row: dict[str, Any], schema: Any) -> str | None:
-    """Why ``row`` does not fit ``schema`` (None if it does)."""
-    import pyarrow as pa
-
-    unknown = [c for c in row if c not in schema.names]
-    if unknown:
-        return f"no column(s) {', '.join(map(repr, unknown))}"
-    missing = [f.name for f in schema if not f.nullable and row.get(f.name) is None]
-    if missing:
-        return f"required column(s) {', '.join(map(repr, missing))} missing"
-    try:
-        pa.Table.from_pylist([row], schema=schema)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return None
-
-
-def _inferred(rows: Any, with_ids: bool) -> Any:
-    """An Arrow schema for a new table from the first rows (None without rows)."""
-    import pyarrow as pa
-
-    if not rows:
-        return None
-    try:
-        schema = pa.Table.from_pylist(rows).schema
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        schema = _unified(rows)  # rows that clash: the types most of them fit, row by row
-        if schema is None:
-            return None
-    fields = [pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in schema]
-    if with_ids and ID_COLUMN not in schema.names:
-        fields.append(pa.field(ID_COLUMN, pa.string()))
-    return pa.schema(fields)
-
-
-def _unified(rows: list[dict[str, Any]]) -> Any:
-    """The rows' Arrow types widened row by row; a row that fits no widening is left out.
-
-    Only when the rows do not convert together: the rows left out become dead letters when
-    they are checked against the new table.
-    """
-    import pyarrow as pa
-
-    schema = None
-    for row in rows:
-        try:
-            one = pa.Table.from_pylist([row]).schema
-            both = [one] if schema is None else [schema, one]
-            schema = pa.unify_schemas(both, promote_options="permissive")
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            continue
-    return schema

@@ -13,6 +13,7 @@ import random
 import time
 from typing import Any
 
+from onceflow.connectors.base import DeliveryMark
 from onceflow.connectors.errors import ConnectorError
 
 DELIVERY = "onceflow.delivery"  # a snapshot summary property: the delivery it appended
@@ -104,6 +105,24 @@ def outcome(metadata: Any, delivery: str) -> str | None:
         if props.get(VOID) == delivery:
             return VOID
     return None
+
+
+def delivered_marks(metadata: Any, prefix: str, batch: int, incarnation: str) -> list[DeliveryMark]:
+    """The marks of deliveries beginning with ``prefix`` that a snapshot appended, by number.
+
+    A delivery is ``<sink>/<partition>/<batch>/<writer>/<n>@<mark>``; those of ``batch`` and
+    ``incarnation`` only (see :meth:`~onceflow.connectors.base.TransactionalWriter.delivered_in`).
+    """
+    marks = []
+    for snapshot in metadata.snapshots:
+        summary = snapshot.summary
+        delivery = None if summary is None else summary.additional_properties.get(DELIVERY)
+        if delivery is None or not delivery.startswith(prefix) or "@" not in delivery:
+            continue
+        mark = DeliveryMark.parse(delivery.rpartition("@")[2])
+        if mark is not None and (mark.batch, mark.incarnation) == (batch, incarnation):
+            marks.append(mark)
+    return sorted(marks, key=lambda m: m.seq)
 
 
 def head(table: Any) -> int | None:

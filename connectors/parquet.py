@@ -149,7 +149,9 @@ class ParquetWriter(StagedFilesWriter):
         if self.sink.schema is not None:
             pa.Table.from_pylist(rows, schema=self.sink.schema)
             return
-        found = pa.Table.from_pylist(rows).schema
+        # every row's fields: from_pylist alone takes the first row's and drops the others'
+        names = dict.fromkeys(name for row in rows for name in row)
+        found = pa.Table.from_pydict({n: [row.get(n) for row in rows] for n in names}).schema
         if self.columns is None:
             self.columns = found
         else:

@@ -12,11 +12,18 @@ are gone; only then does it ask whether the interrupted delivery's marker is in 
 database user needs to be allowed to end its own sessions (any user can, for sessions of the
 same user) and to create the delivery table once (or have it created for it).
 
-A row is a dict (or a dataclass) element; on a keyed stream the key is the ``key`` column
-unless the element has it. ``mode="upsert"`` updates rows whose ``key_columns`` exist (the
-last of a delivery's rows for a key wins); ``"insert"`` adds rows. A row the table refuses (a
-type, a constraint) is found by trying the delivery's rows one by one, and becomes a dead
-letter; the rest go again.
+The sink never creates or alters the user's table: it must exist before the run. A row is a
+dict (or a dataclass) element; on a keyed stream the key is the ``key`` column unless the
+element has it. ``mode="upsert"`` updates rows whose ``key_columns`` exist (the last of a
+delivery's rows for a key wins) and needs a unique constraint (or primary key) on exactly
+those columns; ``"insert"`` adds rows. Before the run the table's columns, their types and its
+unique constraints are read (:mod:`.postgres_table`): a missing table, key column or upsert
+constraint stops the run with one line. Each value is fitted to its column's type (a
+``datetime``, or epoch milliseconds, for a ``timestamptz``; any JSON value for ``jsonb`` ...);
+a row with a column the table lacks or a value its column cannot take is a dead letter before
+anything is sent. A row the server refuses (a constraint, a value out of range) is found by
+trying the delivery's rows one by one, and becomes a dead letter; the rest go again. An error
+that is no row's fault (a permission, a table changed under the run) fails the task.
 
 The password is never part of what is printed: give it in ``PGPASSWORD`` or ``password=``
 (``connection``), TLS settings (``sslmode`` ...) in the conninfo or ``connection``.
@@ -31,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from onceflow.connectors.base import (
+    DeliveryMark,
     PoisonInTransaction,
     Rejected,
     SinkConnector,
@@ -40,6 +48,7 @@ from onceflow.connectors.base import (
     element_row,
 )
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.postgres_table import TableShape, check_upsert, read_table
 from onceflow.kernel.records import Record
 
 DELIVERIES = "onceflow_deliveries"
@@ -70,7 +79,7 @@ class PostgresSink(SinkConnector):
         self.mode = mode
         self.key_columns = tuple(key_columns)
         self.connection = dict(connection or {})
-        self.columns: tuple[str, ...] = ()  # the table's, read by prepare()
+        self.shape: TableShape | None = None  # the table's columns and constraints (prepare)
 
     def describe(self) -> str:
         """One line for plans (never the password)."""
@@ -90,23 +99,28 @@ class PostgresSink(SinkConnector):
             msg = f"cannot connect to PostgreSQL for {self.describe()}: {first}"
             raise ConnectorError(msg) from None
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The table's column names (read by :meth:`prepare`)."""
+        return self.shape.names if self.shape is not None else ()
+
     def prepare(self, pipeline: str, streaming: bool) -> None:
-        """Check the table, read its columns, create the delivery table if it is missing."""
+        """Check the table (columns, upsert constraint); create the delivery table if missing."""
         with self.connect_db() as conn:
-            rows = conn.execute(
-                "SELECT column_name FROM information_schema.columns "
-                "WHERE table_name = %s AND table_schema = ANY(current_schemas(false)) "
-                "ORDER BY ordinal_position",
-                (self.table,),
-            ).fetchall()
-            if not rows:
-                msg = f"PostgreSQL has no table {self.table!r} (create it before the run)"
+            shape = read_table(conn, self.table)
+            if shape is None:
+                msg = (
+                    f"PostgreSQL has no table {self.table!r} (the sink does not create it: "
+                    "CREATE TABLE it before the run)"
+                )
                 raise ConnectorError(msg)
-            self.columns = tuple(r[0] for r in rows)
-            missing = [c for c in self.key_columns if c not in self.columns]
+            missing = [c for c in self.key_columns if c not in shape.names]
             if missing:
                 msg = f"table {self.table!r} has no key column(s) {', '.join(missing)}"
                 raise ConnectorError(msg)
+            if self.mode == "upsert":
+                check_upsert(shape, self.key_columns)
+            self.shape = shape
             conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {DELIVERIES} ("
                 "marker text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
@@ -119,6 +133,8 @@ class PostgresSink(SinkConnector):
 
 class PostgresWriter(TransactionalWriter):
     """One task's deliveries, each one database transaction (see the module docstring)."""
+
+    keeps_marks = True
 
     def __init__(self, sink: PostgresSink, task: TaskInfo) -> None:
         self.sink = sink
@@ -172,25 +188,29 @@ class PostgresWriter(TransactionalWriter):
         if unknown:
             msg = f"no column(s) {', '.join(map(repr, unknown))}"
             raise ValueError(msg)
-        return row
+        assert self.sink.shape is not None  # read by the sink's prepare, on the driver
+        return self.sink.shape.fit(row)
 
     # -- the transaction -----------------------------------------------------------------
 
-    def prepare(self) -> str:
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
         """Send the rows and the delivery's marker in the open transaction (not committed).
 
-        Rows the table refuses are found one by one (savepoints) and raised as
-        :class:`PoisonInTransaction` after a rollback: the runtime sends the rest again.
+        The marker is ``<pipeline>/<sink>/<partition>/<writer>/<n>``, then ``@`` and
+        ``mark`` if there is one. Rows the table refuses are found one by one (savepoints)
+        and raised as :class:`PoisonInTransaction` after a rollback: the runtime sends the
+        rest again.
         """
         import psycopg
 
-        marker = f"{self.task.pipeline}/{self.task.sink}/{self.task.partition}/{self.token}/"
-        marker += str(self.deliveries)
+        marker = f"{self._prefix}{self.token}/{self.deliveries}"
+        if mark is not None:
+            marker += f"@{mark.text()}"
         rows, self.rows = self._last_per_key(self.rows), []
         self.in_transaction = True
         try:
             self._insert(rows)
-        except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
+        except (psycopg.DataError, psycopg.IntegrityError) as exc:
             self.conn.rollback()
             refused = self._refused(rows)
             if not refused:  # not a row's fault (the table changed ...): the task fails
@@ -198,24 +218,37 @@ class PostgresWriter(TransactionalWriter):
                 msg = f"{self.sink.describe()} failed: {first}"
                 raise ConnectorError(msg) from None
             raise PoisonInTransaction(refused) from None
+        except psycopg.ProgrammingError as exc:  # no row's fault (a permission, a new table)
+            self.conn.rollback()
+            first = str(exc).strip().splitlines()[0]
+            msg = f"{self.sink.describe()} failed: {first}"
+            raise ConnectorError(msg) from None
         self.conn.execute(f"INSERT INTO {DELIVERIES} (marker) VALUES (%s)", (marker,))
-        self._forget_older(marker)
+        self._forget_older(marker, mark)
         self.deliveries += 1
         return marker
 
-    def _forget_older(self, marker: str) -> None:
-        """Delete the partition's other markers, in the delivery's own transaction.
+    @property
+    def _prefix(self) -> str:
+        """What every marker of this sink partition begins with."""
+        return f"{self.task.pipeline}/{self.task.sink}/{self.task.partition}/"
 
-        None of them is asked about again: this writer resolved what earlier attempts left
-        pending before its first delivery (see :meth:`settle`), and each of its own earlier
-        deliveries was marked delivered before this one began. So the table keeps one row
-        per sink partition, not one per delivery; a transaction that never commits deletes
-        nothing.
+    def _forget_older(self, marker: str, mark: DeliveryMark | None) -> None:
+        """Delete the partition's other markers but its micro-batch's, in the same transaction.
+
+        None of them is asked about again by its marker: this writer resolved what earlier
+        attempts left pending before its first delivery (see :meth:`settle`), and each of its
+        own earlier deliveries was marked delivered before this one began. Those of the same
+        micro-batch are kept for :meth:`delivered_in`. So the table keeps a sink partition's
+        markers of one micro-batch, not one per delivery ever; a transaction that never
+        commits deletes nothing.
         """
-        prefix = marker[: marker.rindex("/", 0, marker.rindex("/")) + 1]
+        prefix = self._prefix
+        keep = f"%@{mark.incarnation}:{mark.batch}:%" if mark is not None else ""
         self.conn.execute(
-            f"DELETE FROM {DELIVERIES} WHERE left(marker, %s) = %s AND marker <> %s",
-            (len(prefix), prefix, marker),
+            f"DELETE FROM {DELIVERIES} WHERE left(marker, %s) = %s AND marker <> %s "
+            "AND marker NOT LIKE %s",
+            (len(prefix), prefix, marker, keep),
         )
 
     def commit(self) -> None:
@@ -246,6 +279,19 @@ class PostgresWriter(TransactionalWriter):
         with self.sink.connect_db(autocommit=True) as conn:
             found = conn.execute(f"SELECT 1 FROM {DELIVERIES} WHERE marker = %s", (marker,))
             return found.fetchone() is not None
+
+    def delivered_in(
+        self, batch: int, incarnation: str, since: str | None
+    ) -> list[DeliveryMark] | None:
+        """The marks of the partition's markers of ``batch`` in the delivery table."""
+        prefix = self._prefix
+        with self.sink.connect_db(autocommit=True) as conn:
+            rows = conn.execute(
+                f"SELECT marker FROM {DELIVERIES} WHERE left(marker, %s) = %s AND marker LIKE %s",
+                (len(prefix), prefix, f"%@{incarnation}:{batch}:%"),
+            ).fetchall()
+        marks = [DeliveryMark.parse(str(row[0]).rpartition("@")[2]) for row in rows]
+        return sorted((m for m in marks if m is not None), key=lambda m: m.seq)
 
     def abort(self) -> None:
         """Roll the transaction back (the server does it too if the session died)."""
@@ -326,7 +372,7 @@ class PostgresWriter(TransactionalWriter):
                 cur.execute("SAVEPOINT onceflow_row")
                 try:
                     cur.execute(self._statement(tuple(row)), tuple(row.values()))
-                except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as e:
+                except (psycopg.DataError, psycopg.IntegrityError) as e:
                     cur.execute("ROLLBACK TO SAVEPOINT onceflow_row")
                     first = str(e).strip().splitlines()[0]
                     refused.append((rec, f"{self.sink.table} refused the row: {first}"))

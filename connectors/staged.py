@@ -16,6 +16,12 @@ those are deleted and the records written again. A reader listing the folder in 
 can see part of a delivery that the retry then replaces; with one file per delivery there is
 no such moment.
 
+A delivery's mark (:class:`~onceflow.connectors.base.DeliveryMark`, in exactly-once streaming
+runs) is an empty file renamed into ``<sink folder>/_onceflow_marks/<sink>-<partition>/`` after
+the delivery's files: there, the files of the delivery are all in place. Each commit deletes
+the partition's marks of other micro-batches; :meth:`StagedFilesWriter.delivered_in` lists
+those of one.
+
 The commit needs an atomic rename: local folders and shared POSIX mounts (NFS), not object
 stores.
 """
@@ -32,11 +38,12 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from onceflow.connectors.base import Rejected, TaskInfo, TransactionalWriter
+from onceflow.connectors.base import DeliveryMark, Rejected, TaskInfo, TransactionalWriter
 from onceflow.connectors.errors import ConnectorError
 from onceflow.kernel.records import Record
 
 STAGING = "_onceflow_staging"
+MARKS = "_onceflow_marks"
 
 Row = tuple[bytes, Any]  # (record ID, what the file holds for the record)
 
@@ -103,20 +110,58 @@ class StagedFilesWriter(TransactionalWriter):
                 rejected.append((rec, f"{self.refusal}: {exc}"))
         return rejected
 
-    def prepare(self) -> str:
-        """Write and fsync the staged files; the marker names where they will be."""
+    keeps_marks = True
+
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
+        """Write and fsync the staged files (``mark``'s last); the marker names their places."""
         self.staged = self._stage()
+        if mark is not None:
+            self.staged.append(self._stage_mark(mark))
         self.prepared = True
         return json.dumps([os.path.relpath(final, self.root) for _staging, final in self.staged])
 
     def commit(self) -> None:
-        """Rename the staged files into place."""
+        """Rename the staged files into place, the mark last; forget other batches' marks."""
         for staging, final in self.staged:
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(staging, final)
         _fsync_dirs({os.path.dirname(final) for _s, final in self.staged})
         self.staged = []
         self.prepared = False
+        self._forget_marks(f"{self.task.batch}")
+
+    def delivered_in(
+        self, batch: int, incarnation: str, since: str | None
+    ) -> list[DeliveryMark] | None:
+        """The marks of the partition's committed deliveries of ``batch`` (their files)."""
+        folder = self._marks_dir()
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        marks = [_mark_of(name) for name in names]
+        found = [
+            m for m in marks if m is not None and (m.batch, m.incarnation) == (batch, incarnation)
+        ]
+        return sorted(found, key=lambda m: m.seq)
+
+    def _marks_dir(self) -> str:
+        return os.path.join(
+            self.root, MARKS, f"{quote(self.task.sink, safe='')}-{self.task.partition}"
+        )
+
+    def _stage_mark(self, mark: DeliveryMark) -> tuple[str, str]:
+        """An empty file named after ``mark``, fsynced: (staging, final)."""
+        name = ".".join([mark.incarnation, str(mark.batch), str(mark.seq), mark.digest or "-"])
+        staging = os.path.join(self._staging_dir(self.identity), f"{self.token}-mark-{name}")
+        with _create(staging) as fh:
+            os.fsync(fh.fileno())
+        return staging, os.path.join(self._marks_dir(), name)
+
+    def _forget_marks(self, batch: str) -> None:
+        """Delete the partition's marks of other micro-batches (none is asked about again)."""
+        folder = self._marks_dir()
+        for name in os.listdir(folder) if os.path.isdir(folder) else []:
+            if name.split(".")[1:2] != [batch]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, name))
 
     def settle(self, identities: Sequence[str]) -> None:
         """Delete every earlier attempt's staged files: none of them can be renamed after."""
@@ -223,3 +268,11 @@ def _fsync_dirs(folders: set[str]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _mark_of(name: str) -> DeliveryMark | None:
+    """The mark a mark file's name holds (``incarnation.batch.seq.digest``), if it is one."""
+    parts = name.split(".")
+    if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():  # noqa: PLR2004
+        return None
+    return DeliveryMark(parts[0], int(parts[1]), int(parts[2]), "" if parts[3] == "-" else parts[3])

@@ -34,12 +34,10 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from onceflow.dedup.addressing import MAX_SCRIPT_KEYS, Addressing, KeyTable
-from onceflow.dedup.claims import Claimer
 from onceflow.dedup.config import MAX_CHUNK
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver
-from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import print_value, same_content
+from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow
 from onceflow.kernel.script_args import lookup_args
 
@@ -60,7 +58,6 @@ class Admission:
     ahead: list[InRow] = field(default_factory=list)  # further ahead of the clock than allowed
     conflicts: list[InRow] = field(default_factory=list)  # seen ID, other content
     prints: dict[bytes, int] = field(default_factory=dict)  # fresh ID -> content fingerprint
-    claimed: set[bytes] = field(default_factory=set)  # fresh IDs claimed on ID tags (layout 4)
 
 
 def admit(
@@ -72,25 +69,16 @@ def admit(
     earlier: frozenset[bytes] = frozenset(),
     positional: Sequence[bool] = (),
     prints: Sequence[int] = (),
-    claimer: Claimer | None = None,
-    origins: Sequence[bytes | None] = (),
 ) -> tuple[Admission, dict[str, int]]:
     """Decide every row of a chunk; return the admission and what to count for it.
 
     ``admitted``: IDs this attempt committed, with their fingerprints; ``earlier``: those
     earlier attempts of the task committed, by its backup;
     ``positional``: per row, whether its ID is positional (empty: none is); ``prints``: per
-    row, its content fingerprint (empty, or 0: unknown). ``claimer`` (layout 4, a source
-    stage whose seen-IDs are spread over ID tags): the candidates are claimed instead of
-    looked up (:mod:`onceflow.dedup.claims`), by ``origins`` (per row, where it was read),
-    and the fresh ones take no seen-mark in the commit.
+    row, its content fingerprint (empty, or 0: unknown).
     """
     fps = prints or [0] * len(rows)
     decision, candidates = _triage(session, admitted, earlier, rows, positional, fps)
-    claimed: set[bytes] = set()
-    if claimer is not None and candidates:
-        claimed = _claim(session, claimer, rows, candidates, decision, origins, fps)
-        candidates = []
     maybes = maybe(session, rx, [rows[i][1] for i in candidates])
     asks = [i for i, m in zip(candidates, maybes, strict=True) if m]
     for i, m in zip(candidates, maybes, strict=True):
@@ -109,8 +97,6 @@ def admit(
         adm.unmarked = {
             row[1] for row, d, p in zip(rows, decision, positional, strict=True) if p and d == FRESH
         }
-    adm.claimed = claimed
-    adm.unmarked |= claimed
     counts = {
         "in": len(rows),
         "bloom_maybe": len(asks),
@@ -213,43 +199,6 @@ def _in_time(session: TaskSession, rows: list[InRow]) -> bool:
     return min(times) >= session.floor * session.config.bucket_ms and (
         limit is None or max(times) <= limit
     )
-
-
-def _claim(
-    session: TaskSession,
-    claimer: Claimer,
-    rows: list[InRow],
-    candidates: list[int],
-    decision: list[str],
-    origins: Sequence[bytes | None],
-    fps: Sequence[int],
-) -> set[bytes]:
-    """Claim the candidates on their ID tags; decide them; return the fresh ones' IDs."""
-    found = [origins[i] if origins else None for i in candidates]
-    if any(o is None for o in found):
-        msg = (
-            f"stage {session.stage!r} spreads its seen-IDs over ID tags (--spread-seen), which "
-            "needs a source that says where each record was read (a Kafka topic); this one "
-            "does not: keep seen-ID layout 3 (a new namespace without --spread-seen)"
-        )
-        raise ConfigError(msg)
-    values = [o + print_value(fps[i]) for o, i in zip(found, candidates, strict=True) if o]
-    rids = [rows[i][1] for i in candidates]
-    newest = max(rows[i][2] for i in candidates)
-    live = [session.generation] + [g for g in session.live_generations if g != session.generation]
-    settled = claimer.claim(rids, values, live, newest)
-    session.round_trip()
-    session.count("claimed", len(candidates))
-    fresh: set[bytes] = set()
-    for pos, i in enumerate(candidates):
-        if pos in settled.copies:
-            decision[i] = DUP
-        elif pos in settled.conflicts:
-            decision[i] = CONFLICT
-        else:
-            decision[i] = FRESH
-            fresh.add(rows[i][1])
-    return fresh
 
 
 def _settle(value: bytes | None, fingerprint: int) -> str:

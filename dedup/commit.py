@@ -56,7 +56,6 @@ def commit_chunk(
     batch_time_ms: int,
     unmarked: Collection[bytes] = frozenset(),
     prints: Mapping[bytes, int] | None = None,
-    claimed: Collection[bytes] = frozenset(),
 ) -> tuple[int, set[bytes], set[bytes]]:
     """Commit one chunk; return its commit number (or 0), its conflicts and ID conflicts.
 
@@ -68,9 +67,7 @@ def commit_chunk(
     and are neither marked, journaled for the Bloom filters nor checked for conflicts.
     ``prints``: content fingerprints of source records, which their seen-marks hold
     (:func:`~onceflow.kernel.keyspace.print_value`); without, the marks hold the session's
-    constant value. ``claimed``: IDs of ``fresh`` claimed on ID tags (layout 4, see
-    :mod:`onceflow.dedup.claims`), among ``unmarked``: the GC floor is checked against them
-    as against seen-marks.
+    constant value.
     """
     ks, stage, partition = session.ks, session.stage, session.partition
     fence = session.fence
@@ -79,7 +76,6 @@ def commit_chunk(
     marked = [row for row in fresh if row[1] not in unmarked] if unmarked else fresh
     rids = [row[1] for row in marked] if unmarked else inputs_ids
     fields, runs, order = addressing.address_runs(stage, rids, session.generation, keys)
-    checked = [r for r in fresh if r[1] in claimed or r[1] not in unmarked] if claimed else marked
     values = b""
     if prints:  # in the fields' order; 4 bytes each (kernel.keyspace.print_value)
         known = np.array(list(map(prints.get, rids, repeat(0, len(rids)))), dtype=">u4")
@@ -100,7 +96,7 @@ def commit_chunk(
         seen=SeenBlob(len(rids), fields, runs),
         generation=session.generation,
         newest=max(map(_TS, marked), default=0),
-        oldest=min(map(_TS, checked), default=0),
+        oldest=min(map(_TS, marked), default=0),
         inputs=inputs,
         values=values,
         lanes=[(lane, newest, batch_time_ms) for lane, newest in lanes.items()],

@@ -28,17 +28,25 @@ the hash, and with it the record. An attempt that opens the partition reads both
 whether a pending delivery happened: then no transaction of a crashed or zombie attempt is
 left open (blocking ``read_committed`` readers until it times out), and none can still commit
 after the answer.
+
+Logging a transactional delivery keeps its marker in the hash as the partition's ``last``:
+when Redis lost the records of later deliveries (a host crash with its fsync unconfirmed, or
+a delivery made without waiting for its pending record, see ``onceflow.runtime.task.
+deferred``), the sink's own marks tell which deliveries it committed, read from there on
+(``onceflow.runtime.task.sink_delivery``). :class:`TaskDeliveries` is the guard's side of all
+this: what the task's backup says was delivered, and how many deliveries it logged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onceflow.backup.format import DELIVERIES, delivered_field_parts
+from onceflow.backup.format import DELIVERIES, TaskBackup, delivered_field_parts
 from onceflow.dedup.durability import check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.kernel import script_args
 from onceflow.kernel.ids import split_ids
+from onceflow.kernel.records import Output
 
 DELIVERED = "/delivered"
 NO_MARKER = "-"  # a plain (not transactional) delivery: it cannot tell whether it happened
@@ -69,11 +77,13 @@ class PendingDelivery:
 class SinkState:
     """What an earlier attempt left for a sink partition: its pending delivery, and writers.
 
-    ``writers``: identities of transactional writers that may hold a transaction open for it.
+    ``writers``: identities of transactional writers that may hold a transaction open for it;
+    ``last``: the marker of the partition's last transactional delivery logged (None: none).
     """
 
     pending: PendingDelivery | None = None
     writers: tuple[str, ...] = ()
+    last: str | None = None
 
 
 def receiver_name(sink: str) -> str:
@@ -92,11 +102,12 @@ def sink_state(session: TaskSession, name: str) -> SinkState:
         f.decode()[len(WRITER_FIELD) :] for f in fields if f.startswith(WRITER_FIELD.encode())
     )
     marker, blob, batch = fields.get(b"marker"), fields.get(b"ids"), fields.get(b"batch")
+    last = fields[b"last"].decode() if b"last" in fields else None
     if marker is None:
-        return SinkState(None, writers)
+        return SinkState(None, writers, last)
     ids = split_ids(blob or b"", "a pending delivery's IDs")
     made_by = int(batch) if batch is not None else None
-    return SinkState(PendingDelivery(marker.decode(), ids, made_by), writers)
+    return SinkState(PendingDelivery(marker.decode(), ids, made_by), writers, last)
 
 
 def note_writer(session: TaskSession, name: str, identity: str, begins: bool = True) -> None:
@@ -161,12 +172,14 @@ def log_delivered(
     end_pending: bool = True,
     copies: int = 0,
     batch: int | None = None,
+    marker: str = "",
 ) -> None:
     """Log a delivery that became visible in the backup of the task that made it.
 
     The delivering task is this one unless ``batch`` names another micro-batch (a pending
     delivery an earlier batch's attempt left: its backup, if GC left it, gets the log).
-    Ends the pending delivery (``end_pending``) and counts ``copies`` possible copies.
+    Ends the pending delivery (``end_pending``) and counts ``copies`` possible copies; a
+    transactional delivery's ``marker`` stays as the partition's last (:class:`SinkState`).
     """
     name = receiver_name(sink)
     made_by = session.batch if batch is None else batch
@@ -182,6 +195,7 @@ def log_delivered(
         n=len(ids),
         end_pending=end_pending,
         copies=copies,
+        marker=marker,
     )
     session.check(session.store.script("log_delivery", keys, args))
     session.round_trip()
@@ -202,6 +216,93 @@ def resolve_logged(
     """
     copies = 0 if left.transactional else len(left.ids)
     ids = left.ids if committed else []
-    log_delivered(session, sink, ids, True, copies, left.batch)
+    marker = left.marker if committed and left.transactional else ""
+    log_delivered(session, sink, ids, True, copies, left.batch, marker)
     session.count_local("deliveries_recovered", 1)
     return ids
+
+
+class TaskDeliveries:
+    """The sink side of a task's exactly-once guard, over :class:`TaskSession` and the backup.
+
+    What the task's backup says earlier attempts delivered (``delivered_ids``, and how many
+    deliveries they logged, ``logged``), per sink output; the guard fills them when it opens.
+    """
+
+    session: TaskSession
+    sink_names: dict[int, str]  # output index -> sink name
+    delivered_ids: dict[int, set[bytes]]
+    logged: dict[int, int]
+    replicas: int
+    wait_timeout_ms: int
+    waitaof: bool
+    deferred: bool
+    batch: int
+    unconfirmed: bool  # writes of this attempt no wait covered (see the guard's confirm_outputs)
+
+    def note_deliveries(self, replay: TaskBackup) -> None:
+        """What the task's backup says earlier attempts delivered, per sink output."""
+        by_name = {name: index for index, name in self.sink_names.items()}
+        self.delivered_ids = {
+            by_name[sink]: ids for sink, ids in replay.delivered.items() if sink in by_name
+        }
+        self.logged = {by_name[s]: n for s, n in replay.deliveries.items() if s in by_name}
+
+    def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
+        """Sink records no attempt has delivered yet (the backup's delivery log says)."""
+        done = self.delivered_ids.get(target)
+        return [o for o in outputs if o.id not in done] if done else outputs
+
+    def delivered(self, target: int, outputs: list[Output], marker: str = "") -> None:
+        """Log sink records delivered (their write is visible) and end the pending delivery.
+
+        ``marker``: a transactional delivery's, kept as the sink partition's last.
+        """
+        ids = [o.id for o in outputs]
+        log_delivered(self.session, self.sink_names[target], ids, marker=marker)
+        self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
+        if ids:
+            self.logged[target] = self.logged.get(target, 0) + 1
+
+    def logged_deliveries(self, target: int) -> int:
+        """Deliveries of sink output ``target`` logged in this task's backup so far."""
+        return self.logged.get(target, 0)
+
+    def _receiver_name(self, target: int) -> str:
+        return receiver_name(self.sink_names[target])
+
+    def sink_state(self, target: int) -> SinkState:
+        """What earlier attempts left for this sink partition: a delivery, writers to settle."""
+        return sink_state(self.session, self._receiver_name(target))
+
+    def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
+        """Record a transactional writer before it begins (``begins=False``: forget it)."""
+        note_writer(self.session, self._receiver_name(target), identity, begins)
+
+    def prepare_delivery(
+        self, target: int, marker: str, outputs: list[Output], durable: bool = True
+    ) -> None:
+        """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain).
+
+        ``durable`` False: the sink keeps the delivery's mark itself, so the record need not
+        be durable before it commits (the batch's writes it rests on already are: deferred).
+        """
+        wait = durable or not self.deferred
+        prepare(
+            self.session,
+            self._receiver_name(target),
+            marker,
+            [o.id for o in outputs],
+            self.replicas if wait else 0,
+            self.wait_timeout_ms,
+            self.waitaof and wait,
+        )
+        if wait and (self.replicas or self.waitaof):  # its wait covered every write before it
+            self.unconfirmed = False
+
+    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
+        """End a pending delivery: log its IDs if it happened, else drop it."""
+        ids = resolve_logged(self.session, self.sink_names[target], left, committed)
+        self.delivered_ids.setdefault(target, set()).update(ids)
+        if ids and left.batch in (None, self.batch):
+            self.logged[target] = self.logged.get(target, 0) + 1

@@ -11,23 +11,17 @@ Redis says every write before is durable (on a Redis Cluster, on every master ho
 the pipeline's hash tags, see :mod:`onceflow.kernel.scopes`):
 
 * ``WAITAOF 1 0`` (Redis 7.2 and later): fsynced to the local AOF. With ``appendfsync
-  always`` every acknowledged write already is. Redis before 7.2 with ``everysec`` cannot be
+  always`` every acknowledged write already is. It answers at the next periodic fsync (up to
+  a second), so it is asked once per micro-batch: the sinks deliver after the driver's wait
+  (``onceflow.runtime.task.deferred``). Redis before 7.2 with ``everysec`` cannot be
   asked: such a Redis is refused (:func:`plan_durability`) unless replicas are waited for or
-  the user accepts the risk (``--allow-unconfirmed-fsync``);
+  the user accepts the risk (``--allow-unconfirmed-fsync``, :data:`UNCONFIRMED_WARNING`);
 * ``WAIT n`` when replicas are required: acknowledged by ``n`` replicas.
 
-**A torn transaction in the AOF.** A host crash can cut the AOF in the middle of a command.
-Redis (``aof-load-truncated yes``, its default) then loads the file up to the last whole
-command and truncates it there; when that command lies inside a ``MULTI`` block (how Redis
-writes a script's effects to the AOF) the block stays open at the file's end: the data in
-memory is right, the file is not. The next transaction written after it completes the open
-block, so the *next* start of the server applies the torn half of a script — seen-marks
-without the backup they were committed with, say: a loss no replay repairs. So before
-anything writes a script on a server that has not rewritten its AOF since it started,
-:func:`settle_aof` has Redis rewrite it (``BGREWRITEAOF``: the files are made again from
-memory, the torn block is gone) and waits for it; every batch starts on settled servers
-(:meth:`Durability.for_batch`), and the driver's own multi-write script between batches
-checks the server as tasks' scripts do.
+**A torn transaction in the AOF** (a host crash cutting a script's block): before anything
+writes a script on a server that has not rewritten its AOF since it started, it is settled
+(:mod:`onceflow.dedup.aof`); every batch starts on settled servers
+(:meth:`Durability.for_batch`).
 
 Redis serializes writes and its AOF is a prefix of them, so a marker written after the
 batch's tasks finished covers them all; the marker (field ``durable`` of every hash tag's
@@ -52,21 +46,20 @@ older backup, or a host crash without confirmed fsync — which is a clear stop
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from onceflow.dedup.aof import settled_info, where
 from onceflow.dedup.errors import RedisBehindError, ServerChangedError, server_changed_message
 from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.settings import check_durable
 from onceflow.kernel.store import store_for
 
 if TYPE_CHECKING:
     from onceflow.kernel.store import Connection
 
-log = logging.getLogger(__name__)
 
 WAITAOF_VERSION = (7, 2)
 DEFAULT_TIMEOUT_MS = 10_000
@@ -81,6 +74,9 @@ class Durability:
     replicas: int  # replicas that must acknowledge (0: none)
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     auto: bool = False  # replicas: one if the master has any when a batch starts, else none
+    allow_unconfirmed: bool = False  # --allow-unconfirmed-fsync (see plan_durability)
+    allow_non_durable: bool = False  # --allow-non-durable-redis (see replan)
+    unconfirmed: bool = False  # a master can confirm neither: allowed (UNCONFIRMED_WARNING)
 
     def for_batch(self, targets: Sequence[tuple[str, Any]]) -> BatchDurability:
         """What a starting batch waits for, per hash tag, and the server of each tag now.
@@ -104,7 +100,7 @@ class Durability:
                 wanted = 1 if int(info.get("connected_slaves", 0)) > 0 else 0
             replicas[tag] = wanted
             servers[tag] = str(info.get("run_id", ""))
-        return BatchDurability(replicas, servers, self.waitaof)
+        return BatchDurability(replicas, servers, self.waitaof, self.unconfirmed)
 
     def describe(self) -> str:
         """One line for the run's start."""
@@ -125,6 +121,7 @@ class BatchDurability:
     replicas: Mapping[str, int]  # hash tag -> replicas its master's writes must reach
     servers: Mapping[str, str]  # hash tag -> its master's run id when the batch started
     waitaof: bool = False  # whether a write is durable only once WAITAOF said so
+    unconfirmed: bool = False  # whether a master's fsync cannot be confirmed (allowed)
 
     def replicas_of(self, tag: str) -> int:
         """Replicas to wait for on the master of ``tag``."""
@@ -160,23 +157,47 @@ def plan_durability(
     replicas: int | None,
     timeout_ms: int,
     allow_unconfirmed: bool = False,
+    allow_non_durable: bool = False,
 ) -> Durability:
     """What to wait for: the local fsync where a master can confirm it, and replicas.
 
     ``clients`` reach every master the pipeline writes to. ``replicas`` None means: one, on
     each master that has a replica connected when a batch starts. A master that can confirm
     neither fsync nor replicas is refused (:func:`unconfirmed_message`) unless
-    ``allow_unconfirmed``.
+    ``allow_unconfirmed``. ``allow_non_durable`` is kept for :func:`replan`.
     """
     facts = [server_facts(c) for c in clients]
     waitaof = any(_needs_waitaof(f) for f in facts)
+    unconfirmed = False
     for client, f in zip(clients, facts, strict=True):
         covered = (replicas or 0) > 0 or (replicas is None and f.replicas > 0)
-        if not allow_unconfirmed and not covered and _unconfirmable(f):
-            raise ServiceError(unconfirmed_message(client, f))
+        if not covered and _unconfirmable(f):
+            if not allow_unconfirmed:
+                raise ServiceError(unconfirmed_message(client, f))
+            unconfirmed = True
+    allowed = {"allow_unconfirmed": allow_unconfirmed, "allow_non_durable": allow_non_durable}
     if replicas is None:
-        return Durability(waitaof, 0, timeout_ms, auto=True)
-    return Durability(waitaof, replicas, timeout_ms)
+        return Durability(waitaof, 0, timeout_ms, auto=True, unconfirmed=unconfirmed, **allowed)
+    return Durability(waitaof, replicas, timeout_ms, unconfirmed=unconfirmed, **allowed)
+
+
+def replan(durability: Durability, clients: Sequence[Any]) -> Durability:
+    """The run's start-up checks again, on ``clients`` (every master now; one of them changed).
+
+    A master that failed over or restarted is another server, maybe with other settings: a
+    promoted replica with the AOF off, ``appendfsync no``, an evicting policy (refused as at
+    start, :func:`onceflow.kernel.settings.check_durable`), or one that now needs ``WAITAOF``
+    (:func:`plan_durability`). Raises :class:`ServiceError` with what was found.
+    """
+    for client in clients:
+        check_durable(client, durability.allow_non_durable)
+    return plan_durability(
+        clients,
+        None if durability.auto else durability.replicas,
+        durability.timeout_ms,
+        durability.allow_unconfirmed,
+        durability.allow_non_durable,
+    )
 
 
 def _needs_waitaof(f: ServerFacts) -> bool:
@@ -191,10 +212,9 @@ def _unconfirmable(f: ServerFacts) -> bool:
 
 def unconfirmed_message(client: Connection, f: ServerFacts) -> str:
     """Why a Redis whose fsync cannot be confirmed is refused, and what to do."""
-    where = _where(client)
     version = ".".join(str(p) for p in f.version)
     return (
-        f"Redis {version} at {where} runs appendfsync {f.fsync} and cannot confirm that a "
+        f"Redis {version} at {where(client)} runs appendfsync {f.fsync} and cannot confirm that a "
         "micro-batch's writes reached its disk (WAITAOF needs Redis 7.2 or later): a crash "
         "of its host could lose up to a second of acknowledged writes that Spark or Kafka "
         "already committed on, which no rerun can redo. Set appendfsync always (CONFIG SET "
@@ -203,89 +223,16 @@ def unconfirmed_message(client: Connection, f: ServerFacts) -> str:
     )
 
 
-def _where(client: Connection) -> str:
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    host, port = kwargs.get("host"), kwargs.get("port")
-    return f"{host}:{port}" if host else "the configured address"
-
-
-_SETTLED: set[str] = set()  # run ids whose AOF this process saw rewritten since they started
-SETTLE_TIMEOUT_S = 600.0
-
-
-def settled_info(client: Connection) -> Any:
-    """``INFO server replication persistence`` of a settled server (see :func:`settle_aof`)."""
-    while True:
-        info = store_for(client).info("server", "replication", "persistence")
-        run_id = str(info.get("run_id", ""))
-        if run_id in _SETTLED or not _needs_rewrite(info):
-            _SETTLED.add(run_id)
-            return info
-        settle_aof(client)
-
-
-def _needs_rewrite(info: Mapping[str, Any]) -> bool:
-    """An AOF this server has not rewritten since it started (it may end in a torn block)."""
-    if not info.get("aof_enabled"):
-        return False
-    rewrites = info.get("aof_rewrites")
-    return rewrites is None or int(rewrites) == 0
-
-
-def settle_aof(client: Connection, timeout_s: float = SETTLE_TIMEOUT_S) -> str:
-    """Have a server rewrite its AOF unless it did since it started; return its run id.
-
-    See the module docstring (a torn transaction in the AOF). Idempotent, and cheap after
-    the first call per server start. A Redis that forbids ``BGREWRITEAOF`` (some managed
-    services) is used as it is, with one warning: its files are the provider's to keep.
-    """
-    info = store_for(client).info("server", "persistence")
-    run_id = str(info.get("run_id", ""))
-    if run_id in _SETTLED or not _needs_rewrite(info):
-        _SETTLED.add(run_id)
-        return run_id
-    try:
-        store_for(client).rewrite_aof()
-    except Exception as exc:  # noqa: BLE001 - one in progress, scheduled, or forbidden
-        text = str(exc).lower()
-        if "progress" not in text and "scheduled" not in text and "already" not in text:
-            log.warning(
-                "Redis at %s refused BGREWRITEAOF (%s): a torn transaction its AOF may end "
-                "in after a host crash cannot be removed from here",
-                _where(client),
-                exc,
-            )
-            _SETTLED.add(run_id)
-            return run_id
-    deadline = time.monotonic() + timeout_s
-    said = time.monotonic()
-    while True:
-        now = store_for(client).info("server", "persistence")
-        if str(now.get("run_id", "")) != run_id:
-            return settle_aof(client, max(1.0, deadline - time.monotonic()))  # it restarted
-        busy = int(now.get("aof_rewrite_in_progress", 0)) or int(
-            now.get("aof_rewrite_scheduled", 0)
-        )
-        if not busy and not _needs_rewrite(now):
-            _SETTLED.add(run_id)
-            return run_id
-        if not busy and str(now.get("aof_last_bgrewrite_status", "ok")) != "ok":
-            msg = (
-                f"Redis at {_where(client)} failed to rewrite its AOF after a restart "
-                f"(aof_last_bgrewrite_status {now.get('aof_last_bgrewrite_status')}); see "
-                "its log (disk full?)"
-            )
-            raise ServiceError(msg)
-        if time.monotonic() > deadline:
-            msg = (
-                f"Redis at {_where(client)} did not finish rewriting its AOF within "
-                f"{timeout_s:.0f} s after a restart; see its log"
-            )
-            raise ServiceError(msg)
-        if time.monotonic() - said > 10:
-            log.warning("waiting for Redis at %s to rewrite its AOF", _where(client))
-            said = time.monotonic()
-        time.sleep(0.02)
+UNCONFIRMED_WARNING = (
+    "--allow-unconfirmed-fsync: Redis cannot confirm that writes reached its disk. A crash "
+    "of its host loses up to a second of acknowledged writes: the micro-batch in flight is "
+    "run again from what Redis kept; a delivery to a transactional sink (Kafka, PostgreSQL, "
+    "Iceberg, files) whose record Redis lost is found in the sink and counted delivered if "
+    "the records run again are those byte for byte, else the run stops and says so (a copy "
+    "is never written); a plain sink's may be written again; and writes of a micro-batch "
+    "Spark had already committed stop the next start (Redis lost writes). Use appendfsync "
+    "always, Redis 7.2+, or a replica to lose nothing"
+)
 
 
 def server_id(client: Connection) -> str:
@@ -376,16 +323,28 @@ def markers(targets: Sequence[tuple[Keyspace, Any]]) -> dict[str, int | None]:
 
 
 def check_markers(
-    targets: Sequence[tuple[Keyspace, Any]], committed: int | None, namespace: str
+    targets: Sequence[tuple[Keyspace, Any]],
+    committed: int | None,
+    namespace: str,
+    marked: bool = False,
 ) -> None:
     """Refuse a Redis whose markers are behind ``committed``, the last batch Spark committed.
 
-    A tag without a marker (a namespace made before markers, or a scope its first batch has
-    not reached) says nothing. See the module docstring.
+    Every batch's end marks every hash tag of the pipeline, and a tag new to a namespace gets
+    the namespace's marker when it is added (:func:`inherit_markers`); so once any tag has a
+    marker (or ``marked``: this driver made a batch durable), a tag without one lost its keys:
+    a Redis Cluster master that came back empty (a replaced node, an old backup, a promoted
+    replica without persistence that restarted). Only a namespace no batch has marked yet
+    (its first exactly-once batch) has none. See the module docstring.
     """
     if committed is None:
         return
-    behind = {tag: m for tag, m in markers(targets).items() if m is not None and m < committed}
+    found = markers(targets)
+    if marked or any(m is not None for m in found.values()):
+        empty = [tag for tag, m in found.items() if m is None]
+        if empty:
+            raise RedisBehindError(_emptied_message(namespace, empty, committed))
+    behind = {tag: m for tag, m in found.items() if m is not None and m < committed}
     if not behind:
         return
     tag, marker = min(behind.items(), key=lambda item: item[1])
@@ -399,3 +358,32 @@ def check_markers(
         "reset)"
     )
     raise RedisBehindError(msg)
+
+
+def _emptied_message(namespace: str, tags: Sequence[str], committed: int) -> str:
+    """Why a hash tag without a durable marker stops a namespace that had them, what to do."""
+    more = f" (and {len(tags) - 1} more)" if len(tags) > 1 else ""
+    return (
+        f"Redis lost writes of namespace {namespace!r}: hash tag {tags[0]}{more} has no "
+        "durable marker, where every tag of the namespace had one since its first "
+        f"micro-batch, and Spark committed micro-batch {committed}: its keys are gone (a Redis "
+        "Cluster master replaced by an empty node or restored from an old backup, or a "
+        "replica without persistence promoted and restarted). Its keyed state, timers and "
+        "dedup history cannot be made exact from here: put back the Redis data that goes "
+        "with the checkpoint, or start the pipeline over (onceflow reset)"
+    )
+
+
+def inherit_markers(home: tuple[Keyspace, Any], added: Sequence[tuple[Keyspace, Any]]) -> None:
+    """Give hash tags new to a namespace (a plan change's new stage) the namespace's marker.
+
+    Called before the namespace lists them: from then on a tag without a marker is one that
+    lost its keys (:func:`check_markers`). A new tag has nothing to lose yet, so it is as
+    durable as the namespace's own.
+    """
+    ks, client = home
+    raw = store_for(client).hget(ks.clock, MARK_FIELD)
+    if raw is None:
+        return
+    for tag, tag_client in added:
+        store_for(tag_client).hsetnx(tag.clock, MARK_FIELD, raw)

@@ -31,25 +31,17 @@ from typing import Any
 
 from onceflow.backup import store as backup
 from onceflow.backup.format import TaskBackup
-from onceflow.dedup import delivery, trust
+from onceflow.dedup import trust
 from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.admission import Admission, admit
 from onceflow.dedup.batch import BatchParams
-from onceflow.dedup.claims import Claimer
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.delivery import (
-    PendingDelivery,
-    SinkState,
-    log_delivered,
-    receiver_name,
-    resolve_logged,
-)
-from onceflow.dedup.durability import BatchDurability
+from onceflow.dedup.delivery import TaskDeliveries
+from onceflow.dedup.durability import BatchDurability, check_wait, check_waitaof
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import due_timers, read_state, state_args
 from onceflow.kernel import script_args
-from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee, InRow, Output, StateWrite, TaskRef
 from onceflow.kernel.scopes import Scopes
 from onceflow.kernel.settings import RedisSettings, redis_client
@@ -76,20 +68,36 @@ class ExactlyOnceGuards:
     waitaof: bool = False  # a pending delivery is visible only once WAITAOF confirmed it
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
     parallelism: int = 1  # partitions of a scoped stage (they share the seen-ID shards out)
-    id_tags: int = 0  # layout 4: ID tags source stages claim their IDs on (kernel.id_tags)
+    feeds: frozenset[str] = frozenset()  # stages other stages read (see confirm_outputs)
+    incarnation: str = ""  # the namespace's (new at each reset), in sinks' delivery marks
+    # Redis may lose a pending delivery a sink committed: marks carry their records' digest
+    lossy: bool = False
+    deferred: bool = False  # group commit: sinks deliver after the batch's one durable wait
+    recheck: bool = False  # this attempt may run on a Redis that went back: ask the sinks
+    # (the three are the batch's: see for_batch)
 
     def for_batch(
-        self, params: BatchParams, durability: BatchDurability | None = None
+        self,
+        params: BatchParams,
+        durability: BatchDurability | None = None,
+        recheck: bool = False,
     ) -> ExactlyOnceGuards:
-        """The factory for the tasks of one micro-batch (and what it waits for)."""
+        """The factory for the tasks of one micro-batch (and what it waits for).
+
+        ``recheck``: the batch may run on a Redis that lost writes of an earlier attempt of
+        it (see :mod:`onceflow.runtime.task.sink_delivery`).
+        """
         if durability is None:
-            return replace(self, params=params)
+            return replace(self, params=params, recheck=recheck)
         return replace(
             self,
             params=params,
             wait_replicas=durability.replicas,
             servers=durability.servers,
             waitaof=durability.waitaof,
+            recheck=recheck,
+            deferred=durability.waitaof,  # one WAITAOF per batch, then the sinks deliver
+            lossy=durability.unconfirmed or durability.waitaof,
         )
 
     def batch_json(self) -> str:
@@ -103,6 +111,9 @@ class ExactlyOnceGuards:
                 "replicas": dict(self.wait_replicas or {}),
                 "servers": dict(self.servers or {}),
                 "waitaof": self.waitaof,
+                "recheck": self.recheck,
+                "deferred": self.deferred,
+                "lossy": self.lossy,
             }
         )
 
@@ -115,6 +126,9 @@ class ExactlyOnceGuards:
             wait_replicas=data["replicas"],
             servers=data["servers"],
             waitaof=data["waitaof"],
+            recheck=data["recheck"],
+            deferred=data["deferred"],
+            lossy=data["lossy"],
         )
 
     def __call__(self, task: TaskRef) -> ExactlyOnceGuard:
@@ -125,7 +139,7 @@ class ExactlyOnceGuards:
         return ExactlyOnceGuard(self, task, self.params)
 
 
-class ExactlyOnceGuard:
+class ExactlyOnceGuard(TaskDeliveries):
     """Exactly-once hooks of one task (see the module docstring)."""
 
     mode = Guarantee.EXACTLY_ONCE
@@ -141,6 +155,13 @@ class ExactlyOnceGuard:
         self.replicas = (factory.wait_replicas or {}).get(ks.tag, 0)
         self.wait_timeout_ms = factory.wait_timeout_ms
         self.waitaof = factory.waitaof
+        self.incarnation = factory.incarnation
+        self.lossy = factory.lossy
+        self.deferred = factory.deferred
+        self.recheck = factory.recheck
+        self.batch = task.batch
+        self.confirms = _confirms_outputs(factory, task.stage, self.replicas)
+        self.unconfirmed = True  # writes (this attempt's, or the backup's) no wait covered
         self.chunk_size = factory.config.chunk_size
         self.chunk_bytes = factory.config.chunk_bytes
         self.delivery = factory.config.delivery
@@ -168,13 +189,13 @@ class ExactlyOnceGuard:
         self.stage = trust.Receiver(ks.tag, task.stage, self.config)
         self.sink_names = dict(task.sinks)  # output index -> sink name
         self.delivered_ids: dict[int, set[bytes]] = {}  # what earlier attempts delivered
+        self.logged: dict[int, int] = {}  # deliveries logged in this task's backup, per sink
         self.admitted: dict[bytes, int] = {}  # inputs this attempt committed -> fingerprint
         self.prints: dict[bytes, int] = {}  # fresh inputs admitted -> content fingerprint
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
-        self.claimed: set[bytes] = set()  # the last admission's IDs claimed on ID tags
-        self.claimer = _claimer(factory, task, ks, config)  # layout 4: claims on ID tags
+        self.sinks_only = False  # opened to deliver what the backup holds (open_sinks)
 
     @property
     def receivers(self) -> list[trust.Receiver]:
@@ -205,10 +226,27 @@ class ExactlyOnceGuard:
         trust.catch_up(s, self.receivers, str(replies[-1].get("run_id", "")))
         replay = backup.replay(replies[1])
         self.earlier = replay.inputs
-        by_name = {name: index for index, name in self.sink_names.items()}
-        self.delivered_ids = {
-            by_name[sink]: ids for sink, ids in replay.delivered.items() if sink in by_name
-        }
+        self.note_deliveries(replay)
+        return replay
+
+    def open_sinks(self) -> TaskBackup:
+        """Claim the partition and read the backup, to deliver what it holds for the sinks.
+
+        For a micro-batch's delivery job (``onceflow.runtime.task.deferred``): nothing is
+        admitted, so the stage's Bloom filters are neither loaded nor snapshotted.
+        """
+        s = self.session
+        s.token = f"{s.epoch}:{self.attempt_id}"
+        self.sinks_only = True
+        cmds = s.store.batch()
+        keys, args = script_args.claim(s.fence)
+        cmds.script("claim", keys, args)
+        cmds.hgetall(s.ks.backup(s.stage, s.batch, s.partition))
+        replies = cmds.execute()
+        s.round_trip()
+        s.check(replies[0])
+        replay = backup.replay(replies[1])
+        self.note_deliveries(replay)
         return replay
 
     def admit(
@@ -216,7 +254,6 @@ class ExactlyOnceGuard:
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
 
@@ -233,11 +270,8 @@ class ExactlyOnceGuard:
             self.earlier,
             positional,
             prints,
-            self.claimer,
-            origins,
         )
         self.prints = adm.prints
-        self.claimed = adm.claimed
         return adm
 
     def raise_floor(self, floor_ms: int) -> None:
@@ -288,8 +322,8 @@ class ExactlyOnceGuard:
             self.params.time_ms,
             unmarked,
             self.prints,
-            self.claimed,
         )
+        self.unconfirmed = True
         if conflicts:
             return conflicts
         if seq > 0:
@@ -323,48 +357,16 @@ class ExactlyOnceGuard:
         )
         writes = state_args(s.ks, s.partition, changes, keys)
         reply = backup.finish(s.store, fence, keys.keys, outputs, writes, s.pending)
+        self.unconfirmed = True
         s.check(reply)
         s.round_trip()
         s.pending.clear()
 
-    def undelivered(self, target: int, outputs: list[Output]) -> list[Output]:
-        """Sink records no attempt has delivered yet (the backup's delivery log says)."""
-        done = self.delivered_ids.get(target)
-        return [o for o in outputs if o.id not in done] if done else outputs
-
-    def delivered(self, target: int, outputs: list[Output]) -> None:
-        """Log sink records delivered (their write is visible) and end the pending delivery."""
-        ids = [o.id for o in outputs]
-        log_delivered(self.session, self.sink_names[target], ids)
-        self.delivered_ids.setdefault(target, set()).update(ids)  # a later delivery skips them
-
-    def _receiver_name(self, target: int) -> str:
-        return receiver_name(self.sink_names[target])
-
-    def sink_state(self, target: int) -> SinkState:
-        """What earlier attempts left for this sink partition: a delivery, writers to settle."""
-        return delivery.sink_state(self.session, self._receiver_name(target))
-
-    def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
-        """Record a transactional writer before it begins (``begins=False``: forget it)."""
-        delivery.note_writer(self.session, self._receiver_name(target), identity, begins)
-
-    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
-        """Remember a delivery about to become visible (``marker``: ``NO_MARKER`` if plain)."""
-        delivery.prepare(
-            self.session,
-            self._receiver_name(target),
-            marker,
-            [o.id for o in outputs],
-            self.replicas,
-            self.wait_timeout_ms,
-            self.waitaof,
-        )
-
-    def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
-        """End a pending delivery: log its IDs if it happened, else drop it."""
-        ids = resolve_logged(self.session, self.sink_names[target], left, committed)
-        self.delivered_ids.setdefault(target, set()).update(ids)
+    def confirm_outputs(self) -> None:
+        """Wait until the task's commits are durable, if a reader needs it (confirm_writes)."""
+        if self.confirms and self.unconfirmed:
+            confirm_writes(self.session, self.replicas, self.waitaof, self.wait_timeout_ms)
+            self.unconfirmed = False
 
     def note(self, name: str, n: int) -> None:
         """Count something in the stage's Redis counters (written with the next commit)."""
@@ -372,26 +374,47 @@ class ExactlyOnceGuard:
 
     def close(self) -> dict[str, Any]:
         """Snapshot filters whose journal grew long; return counters for the run."""
-        for r in self.receivers:
+        for r in self.receivers if not self.sinks_only else ():
             trust.snapshot(self.session, r)
         counters = {k: v for k, v in self.session.counters.items() if k not in _REDIS_ONLY}
         counters["bloom_bytes"] = sum(r.filters.memory_bytes() for r in self.receivers)
         return counters
 
 
-def _claimer(
-    factory: ExactlyOnceGuards, task: TaskRef, ks: Keyspace, config: DedupConfig
-) -> Claimer | None:
-    """Layout 4: a stage in the namespace's own tag claims its source IDs on the ID tags."""
-    if not factory.id_tags or ks.scope is not None:
-        return None
-    redis = factory.redis
-    return Claimer(
-        factory.namespace,
-        factory.id_tags,
-        config.shards,
-        task.stage,
-        task.batch,
-        lambda tag: redis_client(redis, tag),
-        factory.servers or {},
-    )
+def confirm_writes(s: TaskSession, replicas: int, waitaof: bool, timeout_ms: int) -> None:
+    """Return once a task's writes are as durable as the end-of-batch wait makes them.
+
+    Stages commit on the masters of their own hash tags. A stage that reads this one (after
+    an exchange) may commit on another master, which the run-id fence does not order with
+    this one's: if this master then lost the commits the outputs came from (a failover before
+    replication, a host crash before the fsync), the task would run again and a
+    non-deterministic function give other outputs, while the reader kept what it committed of
+    the first ones. So Spark must not hand the outputs on before ``WAIT``/``WAITAOF``, on the
+    task's connection after a fenced write (its own claim again), say they are durable.
+    """
+    cmds = s.store.batch()  # one connection: a write, then waits that cover every one before
+    keys, args = script_args.claim(s.fence)
+    cmds.script("claim", keys, args)
+    if waitaof:
+        cmds.waitaof(timeout_ms)
+    if replicas:
+        cmds.wait(replicas, timeout_ms)
+    replies = cmds.execute()
+    s.round_trip()
+    s.check(replies[0])
+    what = f"stage {s.stage!r}'s commits of micro-batch {s.batch}, partition {s.partition}"
+    if waitaof:
+        check_waitaof(replies[1], what, timeout_ms)
+    if replicas:
+        check_wait(replies[-1], replicas, what, timeout_ms)
+
+
+def _confirms_outputs(factory: ExactlyOnceGuards, stage: str, replicas: int) -> bool:
+    """Whether a task of ``stage`` waits for its commits before its readers read them.
+
+    When another stage reads it, the batch waits for anything (replicas, fsync) and the
+    pipeline's hash tags are on more than one master (see :func:`confirm_writes`): one server
+    orders every write, and a sink's delivery that waited after the last commit covers it.
+    """
+    masters = set((factory.servers or {}).values())
+    return stage in factory.feeds and len(masters) > 1 and bool(replicas or factory.waitaof)

@@ -4,8 +4,10 @@ Records are plain Python values. Between Spark tasks, into Redis backups and int
 they travel as MessagePack: fast (a C extension), compact and safe, because decoding never
 executes code (unlike pickle). Tuples survive the trip (as an extension type) because keyed
 elements are ``(key, value)`` tuples and users rely on that; so do the panes of windowed
-combines (:class:`~onceflow.kernel.windows.Pane`) and the user's dataclasses, named tuples and
-pydantic models (their class name and fields; see :mod:`onceflow.kernel.record_types`).
+combines (:class:`~onceflow.kernel.windows.Pane`), the user's dataclasses, named tuples and
+pydantic models (their class name and fields; see :mod:`onceflow.kernel.record_types`), and
+``datetime`` and ``date`` values (as ISO text: a naive ``datetime`` stays naive, an aware one
+keeps its UTC offset); the json codec writes those as ISO text too.
 
 External payloads (Kafka values, file lines) are decoded by a :class:`ValueCodec` chosen per
 source or sink: JSON, UTF-8 text, raw bytes or MessagePack.
@@ -18,6 +20,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime
 from typing import Any
 
 import msgpack
@@ -29,6 +32,8 @@ from onceflow.kernel.windows import Pane
 _EXT_TUPLE = 1
 _EXT_PANE = 2
 _EXT_RECORD = 3  # a dataclass, named tuple or pydantic model (see kernel.record_types)
+_EXT_DATETIME = 4  # ISO text
+_EXT_DATE = 5  # ISO text
 
 
 def _to_builtin(obj: Any) -> Any:  # noqa: PLR0911 - one return per supported type
@@ -53,6 +58,10 @@ def _to_builtin(obj: Any) -> Any:  # noqa: PLR0911 - one return per supported ty
         return dict(obj)
     if isinstance(obj, list):
         return list(obj)
+    if isinstance(obj, datetime):
+        return msgpack.ExtType(_EXT_DATETIME, obj.isoformat().encode())
+    if isinstance(obj, date):
+        return msgpack.ExtType(_EXT_DATE, obj.isoformat().encode())
     return _record(obj)
 
 
@@ -63,8 +72,9 @@ def _record(obj: Any) -> msgpack.ExtType:
         name = type(obj).__name__
         msg = (
             f"cannot encode a value of type {name!r}: records must be built from None, bool, "
-            "int, float, str, bytes, list, tuple, dict, dataclasses, named tuples and pydantic "
-            "models; convert it (for example with str()) before it leaves your function"
+            "int, float, str, bytes, list, tuple, dict, datetime, date, dataclasses, named "
+            "tuples and pydantic models; convert it (for example with str()) before it leaves "
+            "your function"
         )
         raise CodecError(msg)
     return msgpack.ExtType(_EXT_RECORD, _pack_nested([found[0], found[1]]))
@@ -78,6 +88,10 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_RECORD:
         name, fields = decode(data)
         return record_types.build(name, fields)
+    if code == _EXT_DATETIME:
+        return datetime.fromisoformat(data.decode())
+    if code == _EXT_DATE:
+        return date.fromisoformat(data.decode())
     msg = f"unknown MessagePack extension type {code}; the data was not written by Onceflow"
     raise CodecError(msg)
 
@@ -231,8 +245,13 @@ def _json_decode_many(values: list[bytes]) -> list[Any]:
         return [_json_decode(v) for v in values]
 
 
-def _json_record(value: Any) -> dict[str, Any]:
-    """A dataclass or pydantic model as a JSON object (a named tuple is an array, as in json)."""
+def _json_record(value: Any) -> Any:
+    """A dataclass or pydantic model as a JSON object (a named tuple is an array, as in json).
+
+    A ``datetime`` or ``date`` is its ISO text.
+    """
+    if isinstance(value, date):
+        return value.isoformat()
     found = record_types.fields_of(value)
     if found is None:
         msg = f"Object of type {type(value).__name__} is not JSON serializable"

@@ -32,8 +32,10 @@ fields, see :mod:`onceflow.backup.format`). A sink's deliveries are not seen-IDs
 delivery's IDs go to the backup of the task that made it (``dl:`` fields), the only task that
 can deliver them again (see :mod:`onceflow.dedup.delivery`).
 
-Earlier development builds of 0.1.0 also kept layouts 1 (the whole ID, its owner as value)
-and 2 (no delivery log); a namespace they made is refused with the way out
+Earlier development builds of 0.1.0 also kept layouts 1 (the whole ID, its owner as value),
+2 (no delivery log) and 4 (a source stage's seen-IDs spread over hash tags of their own,
+claimed before each commit: measured slower per core on one Redis and on a Redis Cluster,
+see docs/concepts/dedup.md); a namespace they made is refused with the way out
 (:func:`check_layout`).
 """
 
@@ -81,7 +83,7 @@ class Kind(enum.Enum):
     EXPIRY = "exp"  # sorted set per node with a ttl and partition: key -> when its state ends
     PENDING = "pend"  # hash per sink receiver and partition: a delivery not yet marked
     DRIVER = "driver"  # string with a time-to-live: the running driver (host, pid, epoch)
-    REDRIVE = "redrive"  # hash: dead letters replayed so far (partition or file -> position)
+    REDRIVE = "redrive"  # hash: dead letters replayed so far (code:partition -> next offset)
 
 
 # Kinds whose key is just the kind word (one per namespace).
@@ -230,7 +232,7 @@ class Keyspace:
 
     @property
     def redrive(self) -> str:
-        """Hash: how far ``onceflow dead-letters replay`` has replayed each dead-letter place."""
+        """Hash: how far ``onceflow dead-letters replay`` has replayed each code, per partition."""
         return self._key(Kind.REDRIVE)
 
     @property
@@ -363,11 +365,9 @@ def shard_of(rid: bytes, shards: int) -> int:
 # The seen-ID layout (see the module docstring) and the meta field that pins a namespace's.
 LAYOUT_FIELD = "layout"
 LAYOUT = 3
-# Layout 3 with a source stage's seen-IDs spread over ID tags (opt-in, kernel.id_tags): an
-# Onceflow that does not know it refuses the namespace rather than miss its seen-IDs.
-SPREAD_LAYOUT = 4
-# The last commit of Onceflow 0.1.0 (unreleased) that read layouts 1 and 2.
-LAST_OLD_LAYOUT_COMMIT = "7c48c6f"
+# Layouts of earlier development builds of Onceflow 0.1.0 (unreleased): the last commit that
+# read each.
+OLD_LAYOUTS = {"1": "7c48c6f", "2": "7c48c6f", "4": "5e4ab38"}
 # Field of the GC hash: GC may have deleted seen-IDs of records older than this (it only rises,
 # and is raised before anything is deleted); batches admit no record older than it again.
 GC_FLOOR_FIELD = "forgotten_below_ms"
@@ -439,20 +439,20 @@ def check_layout(stored: bytes | str | None, has_state: bool, namespace: str) ->
             return
         stored = b"1"
     text = stored.decode() if isinstance(stored, bytes) else stored
-    if text in (str(LAYOUT), str(SPREAD_LAYOUT)):
+    if text == str(LAYOUT):
         return
-    if text.isdigit() and int(text) < LAYOUT:
+    if text in OLD_LAYOUTS:
         msg = (
             f"namespace {namespace!r} was made by an older version of onceflow (seen-ID layout "
             f"{text}): run `onceflow reset --namespace {namespace} --checkpoint CHECKPOINT_DIR "
             "--yes` to start it over (its dedup history, backups and keyed state go), or use "
-            f"onceflow 0.1.0 at commit {LAST_OLD_LAYOUT_COMMIT}, the last that reads it"
+            f"onceflow 0.1.0 at commit {OLD_LAYOUTS[text]}, the last that reads it"
         )
     else:
         msg = (
             f"namespace {namespace!r} keeps its seen-IDs in layout {text}, which this onceflow "
-            f"does not know (it knows {LAYOUT} and {SPREAD_LAYOUT}): run the onceflow version "
-            "that created it, or a newer one"
+            f"does not know (it knows {LAYOUT}): run the onceflow version that created it, or "
+            "a newer one"
         )
     raise ConfigError(msg)
 

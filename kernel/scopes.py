@@ -33,7 +33,6 @@ from typing import Any
 
 from onceflow.kernel import script_args
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.id_tags import SEEN_TAGS_FIELD, id_tag
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scripts import scripts_for
 
@@ -61,7 +60,6 @@ class Scopes:
     namespace: str
     stages: frozenset[str] = frozenset()
     parallelism: int = 0
-    id_tags: int = 0  # layout 4's ID tags (kernel.id_tags; 0: layout 3, seen-IDs at home)
 
     def keyspace(self, stage: str, partition: int) -> Keyspace:
         """The keys of one stage partition: its scope, or the namespace's own tag."""
@@ -70,14 +68,9 @@ class Scopes:
         return Keyspace(self.namespace)
 
     def partition_keyspaces(self) -> list[Keyspace]:
-        """Every partition scope of the namespace, by stage then partition, then its ID tags.
-
-        ID tags (layout 4, :mod:`onceflow.kernel.id_tags`) are listed as scopes: durable
-        markers, run ids, epoch copies, generation merging, GC, status and reset cover them.
-        """
+        """Every partition scope of the namespace, by stage then partition."""
         stages = sorted(self.stages)
-        scopes = [self.keyspace(stage, p) for stage in stages for p in range(self.parallelism)]
-        return scopes + [id_tag(self.namespace, k, self.id_tags) for k in range(self.id_tags)]
+        return [self.keyspace(stage, p) for stage in stages for p in range(self.parallelism)]
 
     def keyspaces(self) -> list[Keyspace]:
         """The namespace's own tag, then every partition scope."""
@@ -86,9 +79,9 @@ class Scopes:
 
 def read_scopes(client: Any, ks: Keyspace) -> Scopes:
     """A namespace's scopes, from its meta hash (none for a namespace created without)."""
-    raw, parallelism, tags = client.hmget(ks.meta, [SCOPED_FIELD, "parallelism", SEEN_TAGS_FIELD])
+    raw, parallelism = client.hmget(ks.meta, [SCOPED_FIELD, "parallelism"])
     stages = frozenset(json.loads(raw)) if raw else frozenset()
-    return Scopes(ks.namespace, stages, int(parallelism or 0), int(tags or 0))
+    return Scopes(ks.namespace, stages, int(parallelism or 0))
 
 
 def stored_stages(client: Any, ks: Keyspace) -> frozenset[str]:
@@ -105,7 +98,7 @@ def pin_scopes(
     previous: frozenset[str],
     parallelism: int,
     new: bool,
-    id_tags: int = 0,
+    on_added: Callable[[list[Keyspace]], None] | None = None,
 ) -> Scopes:
     """Fix the scoped stages of a new namespace; keep an existing namespace's.
 
@@ -114,17 +107,15 @@ def pin_scopes(
     is scoped. A stage whose place changed (it follows an exchange now and did not, or the
     other way round) is refused: its state would be in the wrong tag, and its copies no
     longer all reach one partition. A namespace made before scopes existed keeps every key in
-    its own tag. ``id_tags``: the ID tags a new namespace spreads its source stages' seen-IDs
-    over (layout 4, opt-in); an existing namespace keeps what it was made with.
+    its own tag. ``on_added`` is called with the partition scopes an existing namespace
+    gains (stages new to its plan), before the namespace lists them.
     """
     wanted, present = set(exchange_stages), set(stages)
     if new:
         client.hsetnx(ks.meta, SCOPED_FIELD, json.dumps(sorted(wanted)))
-        if id_tags:
-            client.hsetnx(ks.meta, SEEN_TAGS_FIELD, str(id_tags))
-    raw, tags = client.hmget(ks.meta, [SCOPED_FIELD, SEEN_TAGS_FIELD])
+    raw = client.hget(ks.meta, SCOPED_FIELD)
     if raw is None:
-        return Scopes(ks.namespace, frozenset(), parallelism, int(tags or 0))
+        return Scopes(ks.namespace, frozenset(), parallelism)
     stored = frozenset(json.loads(raw))
     moved = sorted((stored & present) - wanted) + sorted((wanted - stored) & previous)
     if moved:
@@ -137,9 +128,12 @@ def pin_scopes(
         )
         raise ConfigError(msg)
     if not wanted <= stored:  # exchange stages new to the plan
+        if on_added is not None:
+            added = Scopes(ks.namespace, frozenset(wanted - stored), parallelism)
+            on_added(added.partition_keyspaces())
         stored = stored | wanted
         client.hset(ks.meta, SCOPED_FIELD, json.dumps(sorted(stored)))
-    return Scopes(ks.namespace, stored, parallelism, int(tags or 0))
+    return Scopes(ks.namespace, stored, parallelism)
 
 
 def tag_client(client: Any, ks: Keyspace, connect: Connect | None) -> Any:

@@ -175,11 +175,16 @@ def log_delivery(
     n: int,
     end_pending: bool,
     copies: int,
+    marker: str = "",
 ) -> Call:
-    """``log_delivery.lua``: a delivery's IDs into the backup, as field ``prefix k suffix``."""
+    """``log_delivery.lua``: a delivery's IDs into the backup, as field ``prefix k suffix``.
+
+    ``marker``: a transactional delivery's, kept as the partition's last (empty: none).
+    """
     keys = [*fence.keys, backup, stats, pending]
     prefix, suffix = field
-    args = [*fence.args, counter, prefix, suffix, ids, n, YES if end_pending else NO, copies]
+    end = YES if end_pending else NO
+    args = [*fence.args, counter, prefix, suffix, ids, n, end, copies, marker]
     return keys, args
 
 

@@ -42,7 +42,6 @@ from onceflow.kernel.keyspace import GC_FLOOR_FIELD
 # Each script: the shared pieces it starts with, in order, then its own file.
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "claim": ("_parse_token", "_server"),
-    "claim_ids": ("_server", "_raise_generation"),
     "commit": ("_server", "_fence", "_raise_generation", "_write_state", "_seen_fields"),
     "finish": ("_server", "_fence", "_write_state"),
     "prepare_delivery": ("_server", "_fence"),
@@ -78,7 +77,6 @@ def source(name: str) -> str:
 
 
 CLAIM = source("claim")
-CLAIM_IDS = source("claim_ids")
 COMMIT = source("commit")
 FINISH = source("finish")
 PREPARE_DELIVERY = source("prepare_delivery")
@@ -103,7 +101,6 @@ class Scripts:
     def __init__(self, client: Any) -> None:
         register = client.register_script
         self.claim = register(CLAIM)
-        self.claim_ids = register(CLAIM_IDS)
         self.commit = register(COMMIT)
         self.finish = register(FINISH)
         self.prepare_delivery = register(PREPARE_DELIVERY)

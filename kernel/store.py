@@ -149,6 +149,7 @@ class Store:
     def __init__(self, client: Client) -> None:
         self.client = client
         self.scripts = scripts_for(client)
+        self.one_info_section = False  # the server takes one INFO section per call
 
     def batch(self) -> Batch:
         """Commands to send in one round trip."""
@@ -213,8 +214,18 @@ class Store:
         return bool(self.client.hsetnx(key, field, value))
 
     def info(self, *sections: str) -> dict[str, Any]:
-        """``INFO``."""
-        return dict(self.client.info(*sections))
+        """``INFO`` of ``sections``, merged (Redis before 7 takes one section per call)."""
+        if len(sections) < 2 or self.one_info_section:
+            return _merged_info(self.client, sections)
+        from redis.exceptions import ResponseError
+
+        try:
+            return dict(self.client.info(*sections))
+        except ResponseError as exc:
+            if "syntax" not in str(exc).lower():
+                raise
+            self.one_info_section = True  # Redis 6: "syntax error" for several sections
+            return _merged_info(self.client, sections)
 
     def config_get(self, name: str) -> str | None:
         """One ``CONFIG GET`` value (None when the server does not say)."""
@@ -252,3 +263,11 @@ def store_for(client: Connection) -> Store:
         found = Store(client)
         _STORES[id(client)] = found
     return found
+
+
+def _merged_info(client: Client, sections: Sequence[str]) -> dict[str, Any]:
+    """``INFO`` of each section in turn, merged into one reply."""
+    merged: dict[str, Any] = {}
+    for section in sections or ("default",):
+        merged.update(client.info(section))
+    return merged

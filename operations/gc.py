@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onceflow.backup.store import acknowledged, is_garbage
+from onceflow.dedup.aof import settle_aof
 from onceflow.dedup.batch import BatchParams, read_batch_params
-from onceflow.dedup.durability import settle_aof
 from onceflow.dedup.trust import GENERATION_FIELD
 from onceflow.kernel import script_args
 from onceflow.kernel.durations import DAY_MS, Duration, parse_duration_ms
@@ -303,7 +303,7 @@ def _raise_floor(client: Any, ks: Keyspace, threshold: int) -> None:
 def _settle(client: Any, dry_run: bool) -> None:
     """Before GC writes, a torn transaction a restarted Redis's AOF may end in goes first.
 
-    See :func:`onceflow.dedup.durability.settle_aof`.
+    See :func:`onceflow.dedup.aof.settle_aof`.
     """
     if not dry_run:
         settle_aof(client)

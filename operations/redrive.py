@@ -15,7 +15,9 @@ record was read from:
 Exactly once: a replayed record's ID is derived from its letter's ID, so a letter sent twice
 (the replay run again after a crash, before it saved how far it got) is a duplicate the
 pipeline drops; how far each dead-letter partition was replayed is kept in the pipeline's
-namespace, so later replays send only newer letters. A record that fails again becomes a new
+namespace *per code* (``--code``), so later replays send only newer letters, and a replay of
+one code passes over the letters of others without taking them as replayed (a later replay of
+those codes finds them). A record that fails again becomes a new
 letter (with a new ID), which a later replay sends again. A replayed record keeps its event
 time: replay within the dedup horizon, and expect letters older than a window's lateness to
 come back as ``window_closed``.
@@ -49,6 +51,7 @@ from onceflow.pipeline.api import Pipeline
 # Letters of a record the source could not read: sent again as they were.
 RESEND = frozenset({"undecodable", "no_id", "no_time"})
 REDRIVE = "user_error"  # a record user code failed on: sent to the node it failed in
+REPLAYABLE = (*sorted(RESEND), REDRIVE)  # what a replay without --code replays
 _ORIGIN = re.compile(r"^([A-Za-z0-9._-]+):(\d+)@(\d+)\b")
 
 
@@ -71,6 +74,7 @@ class ReplayPlan:
     sends: list[Replay] = field(default_factory=list)
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> letters
     next_offsets: dict[int, int] = field(default_factory=dict)  # partition -> next to read
+    replayed_before: int = 0  # letters an earlier replay of their code sent (passed over)
 
     def text(self) -> str:
         """A short report for the command line."""
@@ -103,18 +107,31 @@ def dead_letter_topic(pipeline: Pipeline) -> tuple[str, KafkaSettings]:
     raise ConfigError(msg)
 
 
+# A replay's progress: (code, dead-letter partition) -> the next offset to replay.
+Cursors = Mapping[tuple[str, int], int]
+
+
 def plan_replay(
     pipeline: Pipeline,
     plan: Plan,
     records: Iterable[TopicRecord],
     topic: str,
     codes: Sequence[str] = (),
+    done: Cursors | None = None,
 ) -> ReplayPlan:
-    """Sort the letters read from the dead-letter topic into sends and reasons to leave them."""
+    """Sort the letters read from the dead-letter topic into sends and reasons to leave them.
+
+    ``done``: how far earlier replays got per code; a letter before its code's cursor was
+    sent already and is passed over.
+    """
     feeds = _fed_nodes(pipeline, plan)
     found = ReplayPlan(topic)
     for record in records:
         found.next_offsets[record.partition] = record.offset + 1
+        code = _code(record.headers)
+        if done and record.offset < done.get((code, record.partition), 0):
+            found.replayed_before += 1
+            continue
         sent, reason = _replay_of(record, feeds, codes)
         if sent is None:
             found.skipped[reason] += 1
@@ -132,17 +149,59 @@ def replay(
     dry_run: bool = False,
     namespace: str | None = None,
 ) -> ReplayPlan:
-    """Replay the letters since the last replay; save how far it got once Kafka has them."""
+    """Replay the letters since the last replay of their code; save how far each code got.
+
+    The progress is saved once Kafka has every send (a crash before resends them, and the
+    pipeline drops the second copies), and only for the codes asked for: the letters of other
+    codes that this replay passed over stay for a replay of theirs.
+    """
     topic, settings = dead_letter_topic(pipeline)
     key = Keyspace(namespace or pipeline.name).redrive
-    start = {int(p): int(o) for p, o in (client.hgetall(key) or {}).items()}
-    found = plan_replay(pipeline, plan, read_topic(settings, topic, start=start), topic, codes)
+    asked = tuple(codes) or REPLAYABLE
+    done = read_cursors(client.hgetall(key) or {})
+    start = _start(done, asked)
+    records = read_topic(settings, topic, start=start)
+    found = plan_replay(pipeline, plan, records, topic, codes, done)
     if dry_run:
         return found
     _send(_source_settings(pipeline), found.sends)
-    if found.next_offsets:  # only after Kafka took every send: a crash before resends them
-        client.hset(key, mapping={str(p): o for p, o in found.next_offsets.items()})
+    moved = advanced(done, asked, found.next_offsets)
+    if moved:
+        client.hset(key, mapping={cursor_field(c, p): o for (c, p), o in moved.items()})
     return found
+
+
+def cursor_field(code: str, partition: int) -> str:
+    """The field of the ``redrive`` hash that holds how far ``code`` got in ``partition``."""
+    return f"{code}:{partition}"
+
+
+def read_cursors(raw: Mapping[bytes, bytes]) -> dict[tuple[str, int], int]:
+    """The ``redrive`` hash as cursors (fields of another form are not progress: ignored)."""
+    out: dict[tuple[str, int], int] = {}
+    for name, value in raw.items():
+        code, _, partition = name.decode().rpartition(":")
+        if code and partition.isdigit():
+            out[(code, int(partition))] = int(value)
+    return out
+
+
+def _start(done: Cursors, asked: Sequence[str]) -> dict[int, int]:
+    """Where to read each dead-letter partition from: the least advanced code asked for."""
+    partitions = {p for _, p in done}
+    return {p: min(done.get((c, p), 0) for c in asked) for p in partitions}
+
+
+def advanced(
+    done: Cursors, asked: Sequence[str], read_to: Mapping[int, int]
+) -> dict[tuple[str, int], int]:
+    """The cursors of the codes asked for, moved to where this replay read each partition."""
+    return {(c, p): end for c in asked for p, end in read_to.items() if end > done.get((c, p), 0)}
+
+
+def _code(headers: Mapping[str, bytes]) -> str:
+    """A letter's code ('' for a letter without one)."""
+    return bytes(headers.get(CODE_HEADER, b"")).decode(errors="replace")
 
 
 def _replay_of(
@@ -150,7 +209,7 @@ def _replay_of(
 ) -> tuple[Replay | None, str]:
     """The send a letter makes, or None and why it stays."""
     headers = record.headers
-    code = bytes(headers.get(CODE_HEADER, b"")).decode(errors="replace")
+    code = _code(headers)
     refused = _refused(headers, code, codes)
     if refused:
         return None, refused

@@ -41,6 +41,7 @@ from onceflow.pipeline.combiners import ToList, resolve
 from onceflow.pipeline.continuous_joins import interval_join, join_table
 from onceflow.pipeline.errors import PipelineError
 from onceflow.pipeline.joins import co_group, join
+from onceflow.pipeline.key_types import declared_kind
 from onceflow.runtime.combine_fn import CombineFn
 from onceflow.runtime.driver.run_config import RunConfig
 from onceflow.runtime.user_state import ProcessFn, ProcessSpec, StateSpec, TimerFn
@@ -296,6 +297,9 @@ class Stream:
         self.name = name
         self.keyed = keyed
         self.windowing = windowing  # set by window(); element-wise steps keep it
+        # what key_by's function says it returns (see onceflow.pipeline.key_types); steps
+        # that keep the key keep it
+        self.key_kind: str | None = None
 
     def _flat(
         self,
@@ -322,7 +326,10 @@ class Stream:
             each=each,
         )
         self.pipeline._add(node)
-        return Stream(self.pipeline, name, self.keyed if keyed is None else keyed, self.windowing)
+        stream = Stream(self.pipeline, name, self.keyed if keyed is None else keyed, self.windowing)
+        if stream.keyed and keyed is not False:
+            stream.key_kind = self.key_kind
+        return stream
 
     def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
         """One output per element: ``fn(element)``. The result is unkeyed."""
@@ -373,7 +380,9 @@ class Stream:
     def key_by(self, name: str, key_fn: Callable[[Any], Any]) -> Stream:
         """Key each element: outputs ``(key_fn(element), element)``."""
         _check_callable(name, "key_by", key_fn)
-        return self._flat(name, "key_by", key_fn, keyed=True, user_fn=key_fn, each=Each.KEY_BY)
+        stream = self._flat(name, "key_by", key_fn, keyed=True, user_fn=key_fn, each=Each.KEY_BY)
+        stream.key_kind = declared_kind(key_fn)
+        return stream
 
     def map_values(self, name: str, fn: Callable[[Any], Any]) -> Stream:
         """On a keyed stream: ``(key, fn(value))``, still keyed."""
@@ -454,7 +463,9 @@ class Stream:
                 ttl_ms=ttl_ms,
             )
         )
-        return Stream(self.pipeline, name, keyed=True)
+        stream = Stream(self.pipeline, name, keyed=True)
+        stream.key_kind = self.key_kind
+        return stream
 
     def process(
         self,

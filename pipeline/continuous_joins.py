@@ -9,7 +9,7 @@ of a join are tagged and merged into one keyed stream first.
 for every ``a`` and ``b`` of one key with ``a.ts + lower <= b.ts <= a.ts + upper``. Each side
 is buffered until the watermark passes the last time a partner can have (``a.ts + upper``,
 ``b.ts - lower``); a timer prunes it then. A record behind the watermark when it arrives may
-have missed partners already pruned: it is a dead letter (``user_error``, "late for the
+have missed partners already pruned: it is a dead letter (``late_for_join``, "late for the
 interval join ..."), never joined partially.
 
 **Temporal join** (``stream.join_table(name, table, how="left")``): the table side is a
@@ -38,6 +38,7 @@ from typing import Any
 
 from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.pipeline.errors import PipelineError
+from onceflow.pipeline.key_types import KeySides, check_declared
 from onceflow.runtime.spec import Each
 from onceflow.runtime.user_state import (
     BagSpec,
@@ -62,27 +63,38 @@ DUE = "due"  # join_table: the timer at a key's earliest waiting record
 class LateForJoin(ValueError):
     """A record behind the watermark where the join may have pruned its partners."""
 
+    dead_letter_code = "late_for_join"  # its letters' code (runtime.ops.record_text)
+
 
 def _tag(side: int) -> Any:
     return lambda v: (side, v)
 
 
-def _tagged(left: Stream, name: str, right: Stream) -> Stream:
+def _tagged(
+    left: Stream, name: str, right: Stream, what: str, roles: tuple[str, str] = ("", "")
+) -> tuple[Stream, KeySides]:
+    """Both sides tagged and merged, and the check that they are keyed alike."""
     for stream in (left, right):
         stream._need_keyed(name, "join")  # noqa: SLF001 - same package
         if stream.windowing is not None:
             msg = f"join {name!r}: stream {stream.name!r} is windowed; this join is not"
             raise PipelineError(msg)
-    return left.pipeline.merge(
+    join = f"{what} {name!r}"
+    sides = (f"{roles[0]}{left.name!r}", f"{roles[1]}{right.name!r}")
+    check_declared(join, sides, (left.key_kind, right.key_kind))
+    merged = left.pipeline.merge(
         f"{name}.both",
         left.map_values(f"{name}.left", _tag(0)),
         right.map_values(f"{name}.right", _tag(1)),
     )
+    return merged, KeySides(join, sides)
 
 
-def _keyed(stream: Stream, name: str) -> Stream:
-    """The process stage's ``(key, pair)`` outputs as a keyed stream."""
-    return stream._flat(name, "keyed", None, keyed=True, each=Each.PASS)  # noqa: SLF001
+def _keyed(stream: Stream, name: str, left: Stream) -> Stream:
+    """The process stage's ``(key, pair)`` outputs as a keyed stream (keyed as ``left``)."""
+    keyed = stream._flat(name, "keyed", None, keyed=True, each=Each.PASS)  # noqa: SLF001
+    keyed.key_kind = left.key_kind
+    return keyed
 
 
 def interval_join(
@@ -94,9 +106,11 @@ def interval_join(
     if lo > hi:
         msg = f"interval_join {name!r}: lower ({lower!r}) is after upper ({upper!r})"
         raise PipelineError(msg)
+    tagged_both, sides = _tagged(left, name, right, "interval_join")
 
     def on_element(key: Any, tagged: Any, ctx: Context) -> Iterator[Any]:
         side, value = tagged
+        sides.see(side, key)
         ts = ctx.timestamp
         if ts < ctx.watermark:
             msg = (
@@ -126,10 +140,10 @@ def interval_join(
         ctx.state(RIGHT).write([e for e in ctx.state(RIGHT).read() if e[0] - lo >= w])
         _arm(ctx, lo, hi)
 
-    joined = _tagged(left, name, right).process(
+    joined = tagged_both.process(
         f"{name}.pairs", on_element, states=[LEFT, RIGHT], on_timer=on_timer
     )
-    return _keyed(joined, name)
+    return _keyed(joined, name, left)
 
 
 def _arm(ctx: Context, lo: int, hi: int) -> None:
@@ -156,6 +170,7 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
         msg = f"join_table {name!r}: how={how!r} is not 'left' or 'inner'"
         raise PipelineError(msg)
     inner = how == "inner"
+    tagged_both, sides = _tagged(stream, name, table, "join_table", ("the stream ", "the table "))
 
     def emit(key: Any, ts: int, value: Any, ctx: Context, times: list[int]) -> Iterator[Any]:
         floor = ctx.state(FLOOR).read()
@@ -171,6 +186,7 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
 
     def on_element(key: Any, tagged: Any, ctx: Context) -> Iterator[Any]:
         side, value = tagged
+        sides.see(side, key)
         ts = ctx.timestamp
         if side == 1:
             ctx.state(VERSIONS).put(ts, value)
@@ -198,10 +214,10 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
             yield from emit(key, ts, value, ctx, times)
         _prune(ctx, times, due[-1][0])
 
-    joined = _tagged(stream, name, table).process(
+    joined = tagged_both.process(
         f"{name}.as-of", on_element, states=[VERSIONS, WAITING, FLOOR], on_timer=on_timer
     )
-    return _keyed(joined, name)
+    return _keyed(joined, name, stream)
 
 
 def _split(waiting: list[list[Any]], watermark: int) -> tuple[list[list[Any]], list[list[Any]]]:

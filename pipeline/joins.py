@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from onceflow.kernel.durations import Duration
 from onceflow.kernel.windows import Global, Pane, WindowFn
 from onceflow.pipeline.errors import PipelineError
+from onceflow.pipeline.key_types import KeySides, check_declared
 from onceflow.runtime.combine_fn import CombineFn
 
 # The streams are onceflow.pipeline.api.Stream objects (typed as Any here: that module calls
@@ -77,6 +78,9 @@ def co_group(left: Stream, name: str, right: Stream, windows: WindowFn | Duratio
             "sliding or session windows"
         )
         raise PipelineError(msg)
+    join_name, names = f"co_group/join {name!r}", (repr(left.name), repr(right.name))
+    check_declared(join_name, names, (left.key_kind, right.key_kind))
+    sides = KeySides(join_name, names)
     tagged = left.pipeline.merge(
         f"{name}.both",
         left.map_values(f"{name}.left", _tag(0)),
@@ -85,13 +89,26 @@ def co_group(left: Stream, name: str, right: Stream, windows: WindowFn | Duratio
     grouped = tagged.window(f"{name}.window", windows).combine_per_key(
         f"{name}.group", _BothSides()
     )
-    return grouped._flat(name, "co_group", _co_groups, keyed=True)  # noqa: SLF001
+    out = grouped._flat(name, "co_group", _co_groups(sides), keyed=True)  # noqa: SLF001
+    out.key_kind = left.key_kind
+    return out
 
 
-def _co_groups(kv: tuple[Any, Pane]) -> Iterator[tuple[Any, CoGroup]]:
-    key, pane = kv
-    lefts, rights = pane.value
-    yield key, CoGroup(lefts, rights, pane.start, pane.end)
+def _co_groups(sides: KeySides) -> Any:
+    """``(key, Pane)`` to ``(key, CoGroup)``, noting the key of a one-sided group as its side's.
+
+    Keys of both sides meet after the shuffle only: a key with values on one side only is
+    what the check of :mod:`~onceflow.pipeline.key_types` compares.
+    """
+
+    def co_groups(kv: tuple[Any, Pane]) -> Iterator[tuple[Any, CoGroup]]:
+        key, pane = kv
+        lefts, rights = pane.value
+        if not rights or not lefts:
+            sides.see(0 if lefts else 1, key)
+        yield key, CoGroup(lefts, rights, pane.start, pane.end)
+
+    return co_groups
 
 
 def join(

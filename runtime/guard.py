@@ -42,9 +42,21 @@ class Guard(Protocol):
     watermark: int | None  # the micro-batch's watermark (None: bounded, nothing is late)
     previous_watermark: int | None  # the batch before's: windows it closed are closed
     batch_time_ms: int | None  # the micro-batch's time (processing-time triggers, ttl)
+    # sinks' delivery marks (see onceflow.runtime.task.sink_delivery): the namespace's incarnation;
+    # whether marks carry their records' digest (Redis may lose a delivery a sink committed);
+    # whether sinks deliver after the batch's one durable wait (group commit); whether this
+    # attempt may run on a Redis that went back (then the sinks' own marks are read)
+    incarnation: str
+    lossy: bool
+    deferred: bool
+    recheck: bool
 
     def open(self) -> TaskBackup:
         """Start the task; return what earlier attempts committed (replayed, not recomputed)."""
+        ...
+
+    def open_sinks(self) -> TaskBackup:
+        """Start the task only to deliver what earlier attempts backed up for the sinks."""
         ...
 
     def admit(
@@ -52,14 +64,12 @@ class Guard(Protocol):
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Split a chunk into fresh rows and rows to skip.
 
         ``positional``: per row, whether its ID is positional (empty: none is); ``prints``:
         per row, its content fingerprint (empty: none known; see
-        :class:`~onceflow.kernel.records.Record`); ``origins``: per row, where it was read
-        (:func:`onceflow.kernel.id_tags.origin_of`; empty: not known).
+        :class:`~onceflow.kernel.records.Record`).
         """
         ...
 
@@ -110,8 +120,16 @@ class Guard(Protocol):
         """The records for sink output ``target`` not yet delivered by any attempt."""
         ...
 
-    def delivered(self, target: int, outputs: list[Output]) -> None:
-        """Mark sink records delivered (their write is visible) and end the pending delivery."""
+    def delivered(self, target: int, outputs: list[Output], marker: str = "") -> None:
+        """Mark sink records delivered (their write is visible) and end the pending delivery.
+
+        ``marker``: a transactional delivery's (the sink partition's last, see
+        :class:`~onceflow.dedup.delivery.SinkState`).
+        """
+        ...
+
+    def logged_deliveries(self, target: int) -> int:
+        """Deliveries of sink output ``target`` this task logged so far, over its attempts."""
         ...
 
     def sink_state(self, target: int) -> SinkState:
@@ -122,8 +140,14 @@ class Guard(Protocol):
         """Record a transactional writer before it begins (``begins=False``: forget it)."""
         ...
 
-    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
-        """Remember a delivery about to become visible (see :mod:`onceflow.dedup.delivery`)."""
+    def prepare_delivery(
+        self, target: int, marker: str, outputs: list[Output], durable: bool = True
+    ) -> None:
+        """Remember a delivery about to become visible (see :mod:`onceflow.dedup.delivery`).
+
+        ``durable`` False: the sink keeps the delivery's mark, so the record need not be
+        durable before it commits when the batch's writes are (``deferred``).
+        """
         ...
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
@@ -132,6 +156,13 @@ class Guard(Protocol):
 
     def note(self, name: str, n: int) -> None:
         """Count something that happened (shown by ``onceflow status``), e.g. a source gap."""
+        ...
+
+    def confirm_outputs(self) -> None:
+        """Return once what this task committed is durable, if another stage reads it.
+
+        Called at the end of a task that ran to its end, before Spark hands its outputs on.
+        """
         ...
 
     def close(self) -> dict[str, int]:
@@ -155,8 +186,11 @@ class BatchGuards(GuardFactory, Protocol):
     once per run, serves every micro-batch.
     """
 
-    def for_batch(self, params: Any, durability: Any = None) -> GuardFactory:
-        """The factory for the tasks of one micro-batch (``durability``: what it waits for)."""
+    def for_batch(self, params: Any, durability: Any = None, recheck: bool = False) -> GuardFactory:
+        """The factory for the tasks of one micro-batch (``durability``: what it waits for).
+
+        ``recheck``: the batch may run on a Redis that lost writes of an earlier attempt.
+        """
         ...
 
     def batch_json(self) -> str:
@@ -179,9 +213,17 @@ class NoGuard:
     watermark: int | None = None
     previous_watermark: int | None = None
     batch_time_ms: int | None = None
+    incarnation = ""
+    lossy = False
+    deferred = False
+    recheck = False
 
     def open(self) -> TaskBackup:
         """Nothing was committed before."""
+        return TaskBackup()
+
+    def open_sinks(self) -> TaskBackup:
+        """Nothing was backed up."""
         return TaskBackup()
 
     def admit(
@@ -189,7 +231,6 @@ class NoGuard:
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Everything is fresh."""
         return Admission(rows)
@@ -232,8 +273,12 @@ class NoGuard:
         """Everything is new."""
         return outputs
 
-    def delivered(self, target: int, outputs: list[Output]) -> None:
+    def delivered(self, target: int, outputs: list[Output], marker: str = "") -> None:
         """Nothing to mark."""
+
+    def logged_deliveries(self, target: int) -> int:
+        """Nothing is logged."""
+        return 0
 
     def sink_state(self, target: int) -> SinkState:
         """Nothing is remembered."""
@@ -242,7 +287,9 @@ class NoGuard:
     def note_writer(self, target: int, identity: str, begins: bool = True) -> None:
         """Nothing to remember."""
 
-    def prepare_delivery(self, target: int, marker: str, outputs: list[Output]) -> None:
+    def prepare_delivery(
+        self, target: int, marker: str, outputs: list[Output], durable: bool = True
+    ) -> None:
         """Nothing to remember."""
 
     def resolve_pending(self, target: int, left: PendingDelivery, committed: bool) -> None:
@@ -250,6 +297,9 @@ class NoGuard:
 
     def note(self, name: str, n: int) -> None:
         """Nothing is counted outside the run."""
+
+    def confirm_outputs(self) -> None:
+        """Nothing was committed."""
 
     def close(self) -> dict[str, Any]:
         """No counters of its own."""
@@ -275,7 +325,9 @@ class AtLeastOnceGuards:
     params: Any = None
     scoped: frozenset[str] = frozenset()  # stages kept per partition scope (kernel.scopes)
 
-    def for_batch(self, params: Any, durability: Any = None) -> AtLeastOnceGuards:
+    def for_batch(
+        self, params: Any, durability: Any = None, recheck: bool = False
+    ) -> AtLeastOnceGuards:
         """The factory for the tasks of one micro-batch (at least once waits for nothing)."""
         return replace(self, params=params)
 

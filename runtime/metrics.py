@@ -11,6 +11,7 @@ from pyspark.accumulators import AccumulatorParam
 
 DEAD_LETTERS = "dead_letters"
 _REASON_SEPARATOR = "."
+DEFERRED = "deferred_to_delivery@"  # + partition (see deferred_counter)
 
 
 def dead_letter_counter(code: str) -> str:
@@ -22,6 +23,28 @@ def dead_letter_reason(counter: str) -> str | None:
     """The reason code of a :func:`dead_letter_counter` name, else None."""
     prefix = DEAD_LETTERS + _REASON_SEPARATOR
     return counter[len(prefix) :] if counter.startswith(prefix) else None
+
+
+def deferred_counter(partition: int) -> str:
+    """The counter by which a task says it left sink outputs to its batch's delivery job.
+
+    Named by the task's partition: the driver makes the delivery job's work from them
+    (:func:`take_deferred`), so it delivers for exactly the stage partitions that held some.
+    """
+    return f"{DEFERRED}{partition}"
+
+
+def take_deferred(counters: dict[str, int]) -> tuple[list[tuple[str, int]], dict[str, int]]:
+    """The ``(stage, partition)`` pairs :func:`deferred_counter` named, and the rest."""
+    work: list[tuple[str, int]] = []
+    rest: dict[str, int] = {}
+    for name, n in counters.items():
+        stage, _, counter = name.rpartition("/")
+        if counter.startswith(DEFERRED):
+            work.append((stage, int(counter[len(DEFERRED) :])))
+        else:
+            rest[name] = n
+    return sorted(set(work)), rest
 
 
 class CounterParam(AccumulatorParam[dict[str, int]]):

@@ -267,7 +267,9 @@ class Timer(NamedTuple):
     """A timer of a key: its tag, domain, time (ms) and hold.
 
     ``domain`` is ``"event"`` or ``"processing"``; ``hold`` is the event time of the record
-    that set it (the outputs of a processing-time timer carry it).
+    that set it (the outputs of a processing-time timer carry it, or the watermark the firing
+    micro-batch started from if that has passed it: see ``firing_time`` in
+    :mod:`onceflow.runtime.ops.process`).
     """
 
     tag: str

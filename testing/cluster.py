@@ -932,6 +932,29 @@ class LocalRedisCluster:
         self._last_kill = (victim, time.monotonic())
         return victim
 
+    def cut_off_replicas(self, index: int) -> list[int]:
+        """Freeze the replicas of the ``index``-th master and drop their links to it.
+
+        What that master writes from now on reaches none of them (a replica that lags, as
+        asynchronous replication allows): a failover then promotes a replica without those
+        writes. :meth:`resume_nodes` lets the frozen processes run again. Returns their ports.
+        """
+        master = self.masters()[index]
+        ports = [r.port for r in self.replicas() if r.master_id == master.node_id]
+        for port in ports:
+            proc = self._process(port).proc
+            if proc is not None:
+                os.kill(proc.pid, signal.SIGSTOP)
+        self.node_client(master.port).execute_command("CLIENT", "KILL", "TYPE", "replica")
+        return ports
+
+    def resume_nodes(self, ports: list[int]) -> None:
+        """Let nodes frozen by :meth:`cut_off_replicas` run again."""
+        for port in ports:
+            proc = self._process(port).proc
+            if proc is not None and _running(proc):
+                os.kill(proc.pid, signal.SIGCONT)
+
     def wait_failover(self, timeout: float = FAILOVER_TIMEOUT_S) -> Failover:
         """Until a replica took over the killed master's slots and every live node is ok."""
         import redis

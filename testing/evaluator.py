@@ -160,7 +160,6 @@ class MemoryGuard(NoGuard):
         rows: list[InRow],
         positional: Sequence[bool] = (),
         prints: Sequence[int] = (),
-        origins: Sequence[bytes | None] = (),
     ) -> Admission:
         """Late, ahead, copies, fresh: the rules of :mod:`onceflow.dedup.admission`.
 

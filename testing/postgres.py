@@ -31,11 +31,16 @@ def postgres_bin() -> str | None:
 
 @dataclass
 class LocalPostgres:
-    """``initdb`` + ``postgres`` in a temporary folder; :meth:`stop` removes it."""
+    """``initdb`` + ``postgres`` in a temporary folder; :meth:`stop` removes it.
+
+    A ``folder`` that already holds a cluster is started again as it is (``keep=True``:
+    :meth:`stop` leaves it, as ``onceflow dev down`` does).
+    """
 
     port: int = field(default_factory=free_port)
     folder: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="onceflow-pg-"))
     proc: subprocess.Popen[bytes] | None = None
+    keep: bool = False
 
     @property
     def conninfo(self) -> str:
@@ -49,6 +54,30 @@ class LocalPostgres:
             msg = "PostgreSQL is not installed: apt-get install postgresql (./quickstart.sh does)"
             raise ServiceError(msg)
         data = os.path.join(self.folder, "data")
+        if not os.path.exists(os.path.join(data, "PG_VERSION")):
+            self._initdb(binaries, data)
+        settings = [
+            "-c", f"port={self.port}", "-c", "listen_addresses=127.0.0.1",
+            "-c", f"unix_socket_directories={self.folder}", "-c", "fsync=on",
+            "-c", "max_connections=100",
+        ]  # fmt: skip
+        cmd = [*self._as_postgres(), f"{binaries}/postgres", "-D", data, *settings]
+        log = open(os.path.join(self.folder, "server.log"), "ab")  # noqa: SIM115
+        self.proc = track_process(
+            subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        )
+        wait_port(self.port, self.proc, "postgres", 60)
+        deadline = time.monotonic() + 60
+        ready = [f"{binaries}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q"]
+        while subprocess.run(ready, check=False).returncode != 0:  # the port opens first
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                msg = f"postgres did not become ready (see {self.folder}/server.log)"
+                raise ServiceError(msg)
+            time.sleep(0.1)
+        return self
+
+    def _initdb(self, binaries: str, data: str) -> None:
+        """A new cluster in ``data``, its user's password :data:`PASSWORD`."""
         pwfile = os.path.join(self.folder, "pw")
         with open(pwfile, "w", encoding="utf-8") as fh:
             fh.write(PASSWORD)
@@ -68,23 +97,6 @@ class LocalPostgres:
             "-E",
             "UTF8",
         )
-        settings = [
-            "-c", f"port={self.port}", "-c", "listen_addresses=127.0.0.1",
-            "-c", f"unix_socket_directories={self.folder}", "-c", "fsync=on",
-            "-c", "max_connections=100",
-        ]  # fmt: skip
-        cmd = [*self._as_postgres(), f"{binaries}/postgres", "-D", data, *settings]
-        log = open(os.path.join(self.folder, "server.log"), "ab")  # noqa: SIM115
-        self.proc = track_process(subprocess.Popen(cmd, stdout=log, stderr=log))
-        wait_port(self.port, self.proc, "postgres", 60)
-        deadline = time.monotonic() + 60
-        ready = [f"{binaries}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q"]
-        while subprocess.run(ready, check=False).returncode != 0:  # the port opens first
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                msg = f"postgres did not become ready (see {self.folder}/server.log)"
-                raise ServiceError(msg)
-            time.sleep(0.1)
-        return self
 
     def stop(self) -> None:
         """Stop the server and remove its folder."""
@@ -94,7 +106,8 @@ class LocalPostgres:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if not self.keep:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def _as_postgres(self) -> list[str]:
         return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []

@@ -31,14 +31,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from onceflow.connectors.base import (
-    Decoded,
-    Decoder,
-    LaneProgress,
-    SourceCapabilities,
-    SourceConnector,
-    SourceRun,
-)
+from onceflow.connectors.base import SourceCapabilities, SourceConnector, SourceRun
+from onceflow.connectors.decoded import Decoded, Decoder, LaneProgress
 from onceflow.kernel import codec, ids
 from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.kernel.errors import CodecError, ConfigError

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from crc32c import crc32c
 
-from onceflow.connectors.base import Decoded, Decoder, RecordColumns
+from onceflow.connectors.decoded import Decoded, Decoder, RecordColumns
 from onceflow.connectors.kafka.offsets import tp_key
 from onceflow.connectors.kafka.worker import RANGE_COLUMNS, fetch_range
 from onceflow.kernel import ids

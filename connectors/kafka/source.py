@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.connectors.base import (
-    Decoder,
     SinkConnector,
     SourceCapabilities,
     SourceConnector,
     SourceRun,
     renamed,
 )
+from onceflow.connectors.decoded import Decoder
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import await_kafka, resolve_client
 from onceflow.connectors.kafka.decode import kafka_decoder

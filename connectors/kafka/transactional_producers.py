@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from onceflow.connectors.kafka.clients import (
-    KafkaUnavailable,
     Producer,
     ProducerBroken,
     new_producer,
@@ -208,22 +207,27 @@ class TransactionalProducer:
             else:
                 fence(self.sink, tid)
 
+    def ready(self) -> None:
+        """Hold a registered producer of the id with no transaction open (see :attr:`producer`).
+
+        Registers the id when this process has none of it, or another process here registered
+        it since (settling a failure of ours): only here, before the runtime's fenced record
+        of the writer, never in :meth:`begin` (see ``TransactionalWriter.ready``).
+        """
+        _ = self.producer
+
     def begin(self) -> bool:
         """Begin a transaction, unless one is open; whether one began.
 
-        Registers anew first if another process registered the id since (settling it after
-        a failure of ours).
+        Never registers the id once :meth:`ready` has (a producer another registration fenced
+        fails here or at its first send, and the transaction is broken); a writer used
+        without :meth:`ready` registers on first use.
         """
         producer = self.producer
         assert self.entry is not None
         if self.entry.open:
             return False
-        try:
-            producer.begin()
-        except (ProducerBroken, KafkaUnavailable):
-            self.renew()
-            self.producer.begin()
-        assert self.entry is not None
+        producer.begin()
         self.entry.open = True
         self.prepared = False
         return True

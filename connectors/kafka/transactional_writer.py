@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from onceflow.connectors.base import (
+    DeliveryMark,
     PoisonInTransaction,
     Rejected,
     TaskInfo,
@@ -30,9 +31,11 @@ from onceflow.connectors.kafka.clients import (
     ProducerBroken,
 )
 from onceflow.connectors.kafka.delivery_log import (
+    delivered_marks,
     delivery_id,
     marker_committed,
     marker_text,
+    marker_value,
     took,
 )
 from onceflow.connectors.kafka.outage import Wait, describe
@@ -71,6 +74,8 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
     change) and reads the prepared marker: committed, the delivery happened; else the
     runtime writes the records again in a new transaction, under a new pending delivery.
     """
+
+    keeps_marks = True
 
     def __init__(self, sink: WritingSink, task: TaskInfo) -> None:
         super().__init__(sink, task)
@@ -112,8 +117,18 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
         """
         self.txn.settle(identities)
 
+    def ready(self) -> None:
+        """Register the id if this process has no producer of it fit for a transaction."""
+        self.txn.ready()
+
     def _begin(self) -> None:
-        if self.txn.begin():
+        """Begin a transaction unless one is open; a producer that cannot begin breaks it."""
+        try:
+            began = self.txn.begin()
+        except (ProducerBroken, KafkaUnavailable) as exc:
+            msg = f"the transaction could not begin: {describe(exc)}"
+            raise self._broken(msg) from exc
+        if began:
             self.marker = None
 
     # -- the commit protocol -----------------------------------------------------------------
@@ -146,18 +161,19 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
         self.abort()
         self.txn.renew()
 
-    def prepare(self) -> str:
+    def prepare(self, mark: DeliveryMark | None = None) -> str:
         """Send the marker, flush, and return ``log topic|partition|offset|delivery id``.
 
-        Records the broker refused abort the transaction (:class:`PoisonInTransaction`, see
-        :meth:`_poisoned`). A transaction Kafka did not take otherwise raises
-        :class:`TransactionBroken` (see the class docstring).
+        The marker record holds ``mark`` too (see :mod:`.delivery_log`). Records the broker
+        refused abort the transaction (:class:`PoisonInTransaction`, see :meth:`_poisoned`).
+        A transaction Kafka did not take otherwise raises :class:`TransactionBroken` (see the
+        class docstring).
         """
         assert self.sink.log_topic is not None
         self._begin()
         delivery = delivery_id(self.task, self.deliveries)
         self.deliveries += 1
-        marker = self._send_marker(delivery)
+        marker = self._send_marker(delivery, mark)
         stuck = self._await_answers(*([marker] if marker is not None else []))
         refused, failed = self._outcomes()
         stopped, self.failed = self.failed, None
@@ -170,19 +186,18 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
             raise self._broken(msg)
         self.suspects.clear()
         assert marker is not None
-        self.marker = marker_text(marker, delivery)
+        self.marker = marker_text(marker, marker_value(delivery, mark).decode())
         return self.marker
 
-    def _send_marker(self, delivery: str) -> Delivery | None:
+    def _send_marker(self, delivery: str, mark: DeliveryMark | None) -> Delivery | None:
         """Queue the delivery marker, unless a record failed before (then the transaction did)."""
         assert self.sink.log_topic is not None  # prepare() checked it
         if self.failed is not None:
             return None
         self.txn.prepared = True
         try:
-            return self.producer.send(
-                self.sink.log_topic, self.log_key, delivery.encode(), None, None
-            )
+            value = marker_value(delivery, mark)
+            return self.producer.send(self.sink.log_topic, self.log_key, value, None, None)
         except Exception as exc:  # noqa: BLE001 - a record failed before: settled by prepare()
             self.failed = exc
             return None
@@ -242,6 +257,15 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
     def committed(self, marker: str) -> bool:
         """Read the marker (call once every id recorded for the partition is settled)."""
         return marker_committed(self.sink.settings, marker, self.sink.client)
+
+    def delivered_in(
+        self, batch: int, incarnation: str, since: str | None
+    ) -> list[DeliveryMark] | None:
+        """The marks of the partition's committed markers of ``batch`` in the delivery log."""
+        assert self.sink.log_topic is not None
+        return delivered_marks(
+            self.sink.settings, self.sink.log_topic, self.log_key, since, batch, incarnation
+        )
 
     def counts(self) -> dict[str, int]:
         """``restamped`` (see the plain writer), and ``registrations`` of the id by this writer.

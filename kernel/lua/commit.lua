@@ -15,11 +15,9 @@
 -- is older than what GC already deleted (its copies' seen-marks may be gone: the task takes
 -- the floor and redoes the chunk, where such records are late; nothing was written).
 -- The generation's newest event time is what GC keeps it by (see keyspace.generations).
--- A chunk of no seen-marks whose IDs were claimed on ID tags (layout 4) passes their oldest
--- event time (not '0'): the GC floor is checked all the same.
 if redis.call('HEXISTS', KEYS[3], ARGV[5]) == 1 then return {'ok', '-1'} end
 local n = tonumber(ARGV[8])
-if n > 0 or ARGV[13] ~= '0' then
+if n > 0 then
   local gc_floor = tonumber(redis.call('HGET', KEYS[10], '@GC_FLOOR@') or '-1')
   if tonumber(ARGV[13]) < gc_floor then return {'floor', tostring(gc_floor)} end
 end

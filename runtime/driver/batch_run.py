@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.backup.store import acknowledge
 from onceflow.dedup.batch import fix_batch_params
-from onceflow.dedup.claims import remark
-from onceflow.dedup.durability import BatchDurability, check_markers, wait_durable
+from onceflow.dedup.durability import BatchDurability, check_markers, replan, wait_durable
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee
-from onceflow.kernel.scopes import merge_generations
+from onceflow.kernel.scopes import distinct, merge_generations
 from onceflow.kernel.store import store_for
 from onceflow.runtime.driver.compile import StreamCompiler
+from onceflow.runtime.driver.deferred import run_delivery_job
 from onceflow.runtime.driver.observe import BatchDone, batch_done, delta, first_batch, say
 from onceflow.runtime.driver.phases import Phases
 from onceflow.runtime.driver.stopping import StopRequested
@@ -46,10 +46,12 @@ class MicroBatches:
         self.batches = 0
         self.last_batch = -1
         self.history: list[tuple[int, int, float]] = []  # batch, records, seconds
-        self.servers: dict[str, str] = {}  # tag -> run id at the last batch
+        self.servers: dict[str, str] = {}  # tag -> run id when the last attempt started
+        self.durability = ctx.durability  # planned again when a master changes (replan)
         self.compiler: StreamCompiler | None = None  # made at the first micro-batch
-        # layout 4: claim the batch's committed inputs again before it runs (see _remark)
-        self.remark_next = True
+        # the next batch may run on a Redis that lost writes of an earlier attempt of it: the
+        # driver's first, and one run again after a server change (see runtime.task.sink_delivery)
+        self.recheck_next = True
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         """One micro-batch: acknowledge the previous ones, then run the job.
@@ -79,8 +81,9 @@ class MicroBatches:
                 if not server_changed(exc) or again >= ctx.redis_restarts:
                     raise
                 again += 1
-                self._run_again(batch_id, exc, again)
-                self.remark_next = True
+                self._run_again(batch_id, exc, again)  # the next attempt checks the servers
+                self.recheck_next = True
+        self.recheck_next = False
         driver_crashpoint(CrashPoint.BATCH_END, batch_id)
         if ctx.ticker is not None:
             ctx.ticker.after_batch(ctx.trigger_ms)
@@ -104,58 +107,54 @@ class MicroBatches:
             ctx.clock,
         )
         self.watermark = params.watermark
-        self._remark(batch_id, params.generation)
-        guards = ctx.guards.for_batch(params, this_batch)
+        guards = ctx.guards.for_batch(params, this_batch, self._recheck(this_batch))
         phases.mark("params")
         self._run_job(df, batch_id, guards, phases)
         if ctx.mode is Guarantee.EXACTLY_ONCE:
             if merge_generations(ctx.client, ctx.scopes, ctx.connect, server) < 0:
                 raise ServerChangedError(server_changed_message("the namespace", batch_id))
-        if ctx.durability is not None and this_batch is not None:
-            wait_durable(targets, batch_id, ctx.durability, this_batch)
+        if self.durability is not None and this_batch is not None:
+            wait_durable(targets, batch_id, self.durability, this_batch)
         phases.mark("durable")
+        if this_batch is not None and this_batch.waitaof:  # the sinks deliver after the wait
+            run_delivery_job(ctx, guards, batch_id)
+            phases.mark("deliveries")
         return params
 
-    def _remark(self, batch_id: int, generation: int) -> None:
-        """Layout 4: before a batch runs again, claim its committed inputs on their ID tags.
+    def _recheck(self, this_batch: BatchDurability | None) -> bool:
+        """Whether this attempt's sinks must look for deliveries Redis lost the record of.
 
-        After a Redis server change, and before a driver's first batch (nobody watched the
-        masters while no driver ran); see :func:`onceflow.dedup.claims.remark`.
+        Only when Redis may lose a delivery's record after its sink committed it (its fsync
+        unconfirmed, or the sinks deliver after the batch's one wait for it: ``WAITAOF``, see
+        :mod:`onceflow.runtime.task.deferred`) and the attempt may run on a Redis that went
+        back (see :mod:`onceflow.runtime.task.sink_delivery`).
         """
-        ctx = self.ctx
-        if not self.remark_next or not ctx.scopes.id_tags:
-            return
-        self.remark_next = False
-        n = remark(
-            ctx.client,
-            ctx.keyspace.namespace,
-            ctx.scopes.id_tags,
-            ctx.config.shards,
-            list(ctx.job.source_stages),
-            batch_id,
-            generation,
-            ctx.connect,
-        )
-        if n:
-            log.info("batch %d: %d committed inputs claimed again on ID tags", batch_id, n)
+        lossy = this_batch is not None and (this_batch.unconfirmed or this_batch.waitaof)
+        return self.recheck_next and lossy
 
     def _servers_now(
         self, targets: list[tuple[Keyspace, Any]], batch_id: int
     ) -> BatchDurability | None:
-        """Each master's server now; if one changed since the last batch, it kept its writes.
+        """Each master's server now; if one changed since the last attempt, check it.
 
-        A server that restarted between two batches may have lost writes after the last
-        batch's durable marker, which matter to nobody, or before it, which no rerun can redo
-        (:func:`~onceflow.dedup.durability.check_markers` stops the run then).
+        A server that restarted or failed over (during the last attempt, or between two
+        batches) may have lost writes after the last batch's durable marker, which matter to
+        nobody, or before it, or all its keys, which no rerun can redo
+        (:func:`~onceflow.dedup.durability.check_markers` stops the run then). It may also
+        persist otherwise than the one the run started on: the start-up checks run again on
+        every master (:func:`~onceflow.dedup.durability.replan`).
         """
-        durability = self.ctx.durability
+        durability = self.durability
         if durability is None:
             return None
         this_batch = durability.for_batch([(ks.tag, c) for ks, c in targets])
         servers = dict(this_batch.servers)
         if self.servers and servers != self.servers:
             committed = batch_id - 1 if batch_id > 0 else None
-            check_markers(targets, committed, self.ctx.keyspace.namespace)
+            namespace = self.ctx.keyspace.namespace
+            check_markers(targets, committed, namespace, marked=self.batches > 0)
+            self.durability = replan(durability, [c for _, c in distinct(targets)])
+            this_batch = self.durability.for_batch([(ks.tag, c) for ks, c in targets])
         self.servers = servers
         return this_batch
 
@@ -192,9 +191,6 @@ class MicroBatches:
             f"from what Redis kept ({again} of {ctx.redis_restarts})"
         )
         say(ctx.job.pipeline, line)  # an incident, not progress: said even without it
-        self.servers = {}  # the next attempt checks the markers against what Spark committed
-        committed = batch_id - 1 if batch_id > 0 else None
-        check_markers(ctx.targets(), committed, ctx.keyspace.namespace)
 
     def _done(
         self, batch_id: int, seconds: float, before: dict[str, int], params: Any, phases: Phases

@@ -8,15 +8,37 @@ Spark hashes in the JVM (stable across processes, unlike Python's ``hash``). Not
 to RDDs (``df.rdd`` costs ~7x). One Spark action runs everything: the union of the stages
 nobody else reads, plus the rows of driver-bound sinks.
 
-A task's partition is Spark's partition id, which inside a union is the union's index, not
-the stage's own. Keyed state, timers and backups are kept per stage partition, so the id
-must not move between contexts or micro-batches. Stages that follow an exchange, and stages
-reading only such stages, have partition counts that are multiples of the parallelism
-(*aligned*); every union puts them first, so an exchange stage's own index is its task's
-partition id modulo the parallelism wherever it runs. A stage read in two places (by
-several stages, or by one and by the action for its driver-bound rows) is persisted, so it
-runs once per batch; a stage that reads several ports of one producer (two exchanges of one
-stage, fused into one consumer) reads them in one filter, not a union of two reads.
+A stage's partition is part of its identity: keyed state, timers, backups, the scopes of
+seen-marks and sinks' transactional ids are kept per stage partition, so it must not depend on
+where Spark computes the stage. Spark's task partition id does: inside a union it is the
+union's index, and a stage read in two places (by several stages, or by one and by the action
+for its driver-bound rows) is persisted, so it runs once per batch, in the task of whichever
+reader needs a block first: at offset k in one union and |other|+k in another (every join,
+co_group, interval_join, join_table or merge of two stages has that shape). Hence
+(:meth:`~onceflow.runtime.task.loop.StageFunction.partition`):
+
+* an exchange stage's partition is the task's partition id modulo the parallelism. Stages
+  that follow an exchange, and stages reading only such stages, have partition counts that
+  are multiples of it (*aligned*) and every union puts them first, so that is the stage's
+  own index wherever it runs, and an empty partition (where timers fire) has one too;
+* every other stage takes its partition from its input: the compiler adds
+  ``spark_partition_id()`` below the stage (:data:`~onceflow.runtime.task.loop.PARTITION_COLUMN`),
+  which Spark evaluates on the stage's own input, never on a reader's union (a
+  non-deterministic expression is not pushed through a union). Its empty partitions, having
+  no row to tell them, are skipped: nothing ever ran in them.
+
+Why not the other ways out. Running each persisted stage in a Spark job of its own first costs
+a job per stage and micro-batch, serialises the stage before its readers, and still recomputes
+a lost cached block in a reader's task, under the reader's index; fixed offsets per producer
+cannot hold once two persisted producers meet in one union; refusing a persisted stage outside
+its own job turns a lost executor into a failed batch. With the partition read from the input,
+a block computed again anywhere (a lost executor, a replay in another order, two executors
+computing one block at once) runs under the stage's own partition: it is one more attempt of
+that task, so the newer attempt fences the older (which Spark retries) and what either
+committed is replayed from the task's backup, never recomputed.
+
+A stage that reads several ports of one producer (two exchanges of one stage, fused into one
+consumer) reads them in one filter, not a union of two reads.
 """
 
 from __future__ import annotations
@@ -29,7 +51,13 @@ from onceflow.kernel import codec
 from onceflow.runtime.errors import RuntimeFailure
 from onceflow.runtime.guard import GuardFactory
 from onceflow.runtime.spec import InboundSpec, Job, StageSpec
-from onceflow.runtime.task.loop import BATCH_ID_PROPERTY, BATCH_PROPERTY, ROW_SCHEMA, StageFunction
+from onceflow.runtime.task.loop import (
+    BATCH_ID_PROPERTY,
+    BATCH_PROPERTY,
+    PARTITION_COLUMN,
+    ROW_SCHEMA,
+    StageFunction,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -155,6 +183,8 @@ def _compile(
     row_ports = {s.name: {t.index for t in s.targets if t.is_row} for s in job.stages}
     for spec in job.stages:
         source = _input_frame(spec, sources, frames, parallelism, aligned, row_ports)
+        if not spec.exchange:  # its own partition, whoever reads it (see the module doc)
+            source = source.withColumn(PARTITION_COLUMN, F.spark_partition_id())
         frame = map_stage(spec, source)
         if _reads(job, spec) > 1:
             frame = frame.persist()

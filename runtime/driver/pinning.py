@@ -59,13 +59,9 @@ def pin_settings(
     keyspace: Keyspace,
     parallelism: int,
     config: DedupConfig,
-    layout: int = LAYOUT,
 ) -> None:
-    """Settings that must not change while state exists (partition, bucket, seen-ID layout).
-
-    ``layout``: what a new namespace is made with (an existing one keeps its own).
-    """
-    pin_layout(client, keyspace, layout)
+    """Settings that must not change while state exists (partition, bucket, seen-ID layout)."""
+    pin_layout(client, keyspace)
     wanted = {
         "parallelism": str(parallelism),
         "bucket_ms": str(config.bucket_ms),
@@ -86,7 +82,7 @@ def pin_settings(
             raise ConfigError(msg)
 
 
-def pin_layout(client: Connection, keyspace: Keyspace, layout: int = LAYOUT) -> None:
+def pin_layout(client: Connection, keyspace: Keyspace) -> None:
     """Pin the seen-ID layout on a new namespace; refuse one an older Onceflow made.
 
     A namespace that holds state but no layout was made before layouts existed (layout 1).
@@ -98,7 +94,7 @@ def pin_layout(client: Connection, keyspace: Keyspace, layout: int = LAYOUT) -> 
     cmds.hget(keyspace.meta, LAYOUT_FIELD)
     *state, stored = cmds.execute()
     check_layout(stored, any(state), keyspace.namespace)
-    store_for(client).hsetnx(keyspace.meta, LAYOUT_FIELD, layout)
+    store_for(client).hsetnx(keyspace.meta, LAYOUT_FIELD, LAYOUT)
 
 
 def note_staging(client: Connection, keyspace: Keyspace, folders: list[str]) -> None:

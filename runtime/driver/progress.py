@@ -32,7 +32,7 @@ class TaskProgress:
 
     def __enter__(self) -> TaskProgress:
         self.sc.setJobGroup(self.group, "onceflow run", interruptOnCancel=True)
-        if self.enabled:
+        if self.enabled and self.stream.isatty():  # no frames into a log file
             self._thread = threading.Thread(
                 target=self._loop, name="onceflow-progress", daemon=True
             )

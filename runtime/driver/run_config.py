@@ -180,14 +180,6 @@ class RunConfig:
     dedup: DedupConfig | None = _option(
         None, "how long duplicates are recognised (default: the pipeline's own)"
     )
-    spread_seen: bool = _option(
-        False,
-        "when a new namespace is created, spread its source stages' seen-IDs over the "
-        "Redis Cluster's masters (seen-ID layout 4, docs/concepts/dedup.md; Kafka sources "
-        "only); an existing namespace keeps its layout",
-        flag="--spread-seen",
-        switch=True,
-    )
     ui_port: int | None = _option(
         None,
         "serve a live page of the run on this port (loopback)",
@@ -228,8 +220,10 @@ class RunConfig:
     allow_unconfirmed_fsync: bool = _option(
         False,
         "run on a Redis before 7.2 with appendfsync everysec and no replica, which cannot "
-        "confirm that a batch reached its disk: a crash of its host may then lose committed "
-        "results (a later run stops and says so)",
+        "confirm that a batch reached its disk: after a crash of its host the batch in flight "
+        "runs again, a delivery whose record Redis lost is found in its sink (counted once, "
+        "or the run stops and says so), and lost results of a committed batch stop the next "
+        "start",
         flag="--allow-unconfirmed-fsync",
         switch=True,
     )

@@ -11,7 +11,9 @@ objects are never changed: the run reads copies (see
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -19,20 +21,21 @@ from typing import TYPE_CHECKING, Any
 from onceflow.connectors.base import SourceRun
 from onceflow.connectors.files import JsonLinesSink
 from onceflow.connectors.kafka.spark_source import session_conf
+from onceflow.dedup.aof import settle_aof
 from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.durability import (
     DEFAULT_TIMEOUT_MS,
+    UNCONFIRMED_WARNING,
     Durability,
     check_markers,
+    inherit_markers,
     plan_durability,
-    settle_aof,
 )
 from onceflow.dedup.guard import ExactlyOnceGuards
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
-from onceflow.kernel.id_tags import id_tags_for
-from onceflow.kernel.keyspace import LAYOUT, SPREAD_LAYOUT, Keyspace
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Guarantee
 from onceflow.kernel.scopes import (
     Connect,
@@ -64,6 +67,8 @@ from onceflow.runtime.driver.ticks import Ticker
 from onceflow.runtime.guard import AtLeastOnceGuards
 from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.spec import Job
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -113,6 +118,9 @@ def open_namespace(job: Job, opts: RunConfig) -> Namespace:
     keyspace = Keyspace(opts.namespace or job.pipeline)
     client = redis_client(redis, keyspace.namespace)
     scopes, durability = pin_namespace(job, opts, config, redis, client, keyspace)
+    if durability is not None and durability.unconfirmed:  # allowed: say what it costs
+        log.warning("%s", UNCONFIRMED_WARNING)
+        print(f"warning: {UNCONFIRMED_WARNING}", file=sys.stderr, flush=True)
     return Namespace(redis, client, keyspace, config, scopes, durability)
 
 
@@ -135,13 +143,24 @@ def pin_namespace(
         _durability(opts, [client])
     new = not store_for(client).hexists(keyspace.meta, "parallelism")
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
-    tags = id_tags_for(client) if opts.spread_seen and exactly_once and new else 0
-    pin_settings(client, keyspace, opts.parallelism, config, SPREAD_LAYOUT if tags else LAYOUT)
+    pin_settings(client, keyspace, opts.parallelism, config)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
     exchanges = [s.name for s in job.stages if s.exchange]
     stages = [s.name for s in job.stages]
+
+    def marked_alike(added: list[Keyspace]) -> None:  # new scopes: as durable as the home
+        pairs = [(ks, redis_client(redis, ks.tag)) for ks in added]
+        inherit_markers((keyspace, client), pairs)
+
     scopes = pin_scopes(
-        client, keyspace, exchanges, stages, previous, opts.parallelism, new, id_tags=tags
+        client,
+        keyspace,
+        exchanges,
+        stages,
+        previous,
+        opts.parallelism,
+        new,
+        on_added=marked_alike,
     )
     masters = _masters(scopes, redis)
     for master in masters[1:]:  # the partition scopes' masters, before anything goes there
@@ -154,7 +173,13 @@ def pin_namespace(
 def _durability(opts: RunConfig, masters: list[Any]) -> Durability:
     """What each batch waits for on ``masters``; a Redis that cannot confirm it is refused."""
     allow = opts.allow_unconfirmed_fsync or opts.allow_non_durable_redis
-    return plan_durability(masters, opts.redis_wait_replicas, DEFAULT_TIMEOUT_MS, allow)
+    return plan_durability(
+        masters,
+        opts.redis_wait_replicas,
+        DEFAULT_TIMEOUT_MS,
+        allow,
+        allow_non_durable=opts.allow_non_durable_redis,
+    )
 
 
 def _masters(scopes: Scopes, redis: RedisSettings) -> list[Any]:
@@ -248,8 +273,17 @@ def run_sources(job: Job, opts: RunConfig, tick_file: str | None) -> Job:
     return job.with_sources(copies)
 
 
-def _guards(mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect) -> tuple[int, Any]:
-    """A new driver epoch (fencing older drivers) and the run's guards."""
+INCARNATION_CHARS = 12  # of the namespace's run identity, in sinks' delivery marks
+
+
+def _guards(
+    job: Job, mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect, identity: str
+) -> tuple[int, Any]:
+    """A new driver epoch (fencing older drivers) and the run's guards.
+
+    ``identity``: the namespace's run identity (new at each reset), the incarnation in
+    sinks' delivery marks (see :mod:`onceflow.runtime.task.sink_delivery`).
+    """
     epoch = store_for(ns.client).incr(ns.keyspace.epoch)
     if mode is Guarantee.EXACTLY_ONCE and ns.durability is not None:
         raise_epochs(ns.scopes, epoch, connect)  # fences older drivers' tasks in every scope
@@ -261,7 +295,8 @@ def _guards(mode: Guarantee, ns: Namespace, opts: RunConfig, connect: Connect) -
             wait_timeout_ms=ns.durability.timeout_ms,
             scoped=ns.scopes.stages,
             parallelism=opts.parallelism,
-            id_tags=ns.scopes.id_tags,
+            feeds=frozenset(p for s in job.stages for p in s.producers),
+            incarnation=identity[:INCARNATION_CHARS],
         )
     # an epoch too: batch parameters (the watermark windows fire by) are fenced by it
     guards = AtLeastOnceGuards(ns.redis, ns.keyspace.namespace, ns.config, scoped=ns.scopes.stages)
@@ -305,7 +340,7 @@ def start(
         connector.prepare(job.pipeline, True)
     sinks = prepare_sinks(job, dead, True, opts.progress)
     check_paths([c for _, c in job.sources] + sinks, spark.sparkContext.master)
-    epoch, guards = _guards(opts.guarantee, ns, opts, connect)
+    epoch, guards = _guards(job, opts.guarantee, ns, opts, connect, cp.identity() or "")
     if opts.guarantee is Guarantee.EXACTLY_ONCE:  # a Redis that went back behind the checkpoint
         targets = [(ks, connect(ks.tag)) for ks in ns.scopes.keyspaces()]
         check_markers(targets, cp.last_committed(), ns.keyspace.namespace)

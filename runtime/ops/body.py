@@ -30,6 +30,7 @@ from typing import Any
 
 from onceflow.kernel.ids import Deriver
 from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Record, StateWrite
+from onceflow.runtime.errors import StopStage
 from onceflow.runtime.ops.boundaries import Boundaries
 from onceflow.runtime.ops.combine import CombineOp, StateReader
 from onceflow.runtime.ops.combine_flush import (
@@ -43,10 +44,10 @@ from onceflow.runtime.ops.process import Processes, ProcessOp
 from onceflow.runtime.ops.record_text import (
     Cursor,
     Origins,
-    StageFailure,
     as_json,
-    describe,
     error_text,
+    letter_code,
+    stage_failure,
 )
 from onceflow.runtime.ops.windowed_combine import WindowedCombine
 from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec, TargetSpec
@@ -128,14 +129,13 @@ class StageBody:
         self.flow.fold(op, proc)
 
     def _fail(self, node: str, exc: BaseException, elem: Any) -> None:
-        if self.spec.on_error == "fail":
-            msg = f"stage {node!r} failed on {describe(elem, 200)}: {error_text(exc)}"
-            failure = StageFailure(msg)
+        if self.spec.on_error == "fail" or isinstance(exc, StopStage):
+            failure = stage_failure(node, elem, exc)
             failure.__cause__ = exc
             self.out.stop(failure)
             return
         value, replayable = as_json(elem)
-        self.out.letter(node, error_text(exc), value, "user_error", json_value=replayable)
+        self.out.letter(node, error_text(exc), value, letter_code(exc), json_value=replayable)
 
     def _origin(self, parent: bytes) -> str:
         """Where record ``parent`` was read (a source's record), or which task made it."""

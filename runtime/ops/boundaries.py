@@ -48,7 +48,7 @@ class Boundaries:
         self.dead_codes: dict[str, int] = {}  # dead letters by reason (DeadLetter.code)
         self.pending: list[tuple[Key, DeadLetter]] | None = None  # letters of a running chunk
         self.keyer: Callable[[], Key] = _no_key  # the place of the letter made now
-        self.stops: list[tuple[Key, StageFailure, bytes]] = []  # on_error="fail": the failures
+        self.stops: list[tuple[Key, RuntimeFailure, bytes]] = []  # failures that stop the task
         self.made = Made()  # the elements of sink outputs, until delivered
 
     def letter(
@@ -98,8 +98,11 @@ class Boundaries:
             return
         self.add(self.spec.dead_target, [letter], [letter.id], [letter.ts])
 
-    def stop(self, failure: StageFailure) -> None:
-        """``on_error="fail"``: stop the task (once the running chunk has run, at the first)."""
+    def stop(self, failure: RuntimeFailure) -> None:
+        """Stop the task (``on_error="fail"``, or a StopStage) at the first failure in order.
+
+        While a chunk runs, once it has run (:meth:`release_letters`).
+        """
         if self.pending is None:
             raise failure
         self.stops.append((self.keyer(), failure, self.cursor.parent))

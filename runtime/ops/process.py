@@ -16,7 +16,10 @@ When each step runs, and why it is exactly-once:
   micro-batch's watermark, processing-time ones at or before its time. ``on_timer`` runs for
   each, earliest first, and the firings' outputs and state changes are committed with the
   task's end-of-task step (``FINISH``), so a timer fires once: a crash before that step fires
-  it again with the same IDs (``batch, key, firing number``), after it never.
+  it again with the same IDs (``batch, key, firing number``), after it never. A firing's
+  outputs carry the timer's time (event time), or the event time of the element that set it
+  (processing time) moved up to the watermark the batch started from if that has passed it,
+  so that windows downstream take them (:func:`firing_time`).
 * With a time-to-live, the stored form carries an expiry (``now + ttl`` at every write,
   batch time) and the ``expiry`` timer set lets ``onceflow gc`` delete it; state read after
   its expiry counts as empty (its timers are gone with it).
@@ -46,6 +49,7 @@ from onceflow.runtime.user_state import (
     PROCESSING_TIME,
     Context,
     ProcessSpec,
+    Timer,
     Timers,
     TimestampedValue,
 )
@@ -342,10 +346,27 @@ class ProcessOp:
             state.saved = state.snapshot(self.specs)  # a failing on_timer still consumes it
             if self.deriver is not None:
                 self.cursor.parent = self.deriver.of(self.batch, kb, n)
-            ts = timer.time if timer.domain == EVENT_TIME else timer.hold
+            ts = firing_time(timer, self.element_watermark)
             self.cursor.ts = ts
             node = f"{self.spec.name}/on_timer"
             self._call(state, ts, (key, list(timer)), on_timer, (key, timer), node)
+
+
+def firing_time(timer: Timer, element_watermark: int) -> int:
+    """The event time of a firing: ``ctx.timestamp`` in ``on_timer`` and its outputs'.
+
+    An event-time timer's is its time: at or behind the watermark that fired it, and a window
+    downstream still takes its outputs (it closes at the end of this batch). A processing-time
+    timer's is the event time of the element that set it (its hold), unless the watermark has
+    passed that since: then ``element_watermark``, the one the micro-batch started from, the
+    earliest event time no window downstream has closed on. The watermark is not held at
+    pending processing-time timers (as Beam holds it): a wall-clock timer set an hour ahead
+    would hold every window and event-time timer downstream for that hour. (A bounded run
+    closes nothing before its end: its element watermark is the beginning of time.)
+    """
+    if timer.domain == EVENT_TIME:
+        return timer.time
+    return max(timer.hold, element_watermark)
 
 
 def _nowhere(elem: Any) -> None:  # noqa: ARG001 - the default outlet

@@ -6,7 +6,9 @@ import json
 import traceback
 from typing import Any
 
-from onceflow.runtime.errors import RuntimeFailure
+from onceflow.runtime.errors import RuntimeFailure, StopStage
+
+USER_ERROR = "user_error"  # the dead-letter code of a record user code failed on
 
 
 class StageFailure(RuntimeFailure):
@@ -119,6 +121,27 @@ def error_text(exc: BaseException) -> str:
     ]
     where = f" (at {frames[-1][0]}:{frames[-1][1]})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+def stage_failure(node: str, elem: Any, exc: BaseException) -> RuntimeFailure:
+    """What stops the stage when code fails on ``elem`` (``on_error="fail"``, or no choice).
+
+    A :class:`~onceflow.runtime.errors.StopStage` is no record's fault: it stops the run as
+    it is (a copy, caused by it). Anything else is a :class:`StageFailure` naming the record.
+    """
+    if isinstance(exc, StopStage):
+        return type(exc)(str(exc))
+    return StageFailure(f"stage {node!r} failed on {describe(elem, 200)}: {error_text(exc)}")
+
+
+def letter_code(exc: BaseException) -> str:
+    """The dead-letter code of a record user code failed on (see docs/guide/dead-letters.md).
+
+    ``user_error``, unless the exception's class names its own in ``dead_letter_code`` (a
+    record too late for a join is ``late_for_join``).
+    """
+    code = getattr(type(exc), "dead_letter_code", None)
+    return code if isinstance(code, str) else USER_ERROR
 
 
 def ahead_reason(ts: int, limit: int | None) -> str:

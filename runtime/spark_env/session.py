@@ -142,7 +142,7 @@ def spark_session(
         builder = builder.config(key, value)
     importing = import_beside_the_jvm()
     try:
-        with filtered_stderr(path):
+        with filtered_stderr(path), jvm_in_its_own_group():
             session = builder.getOrCreate()
     finally:
         importing.join()  # done by then when the session started; else not cut off mid-import
@@ -155,6 +155,31 @@ def spark_session(
     if log_level != DEFAULT_LOG_LEVEL:
         print(f"log ({log_level}): {path}", file=sys.stderr, flush=True)
     return session
+
+
+@contextlib.contextmanager
+def jvm_in_its_own_group() -> Iterator[None]:
+    """Start Spark's driver JVM in a process group of its own (same session).
+
+    A SIGTERM to the run's process group (a container stop, ``kill -TERM -PGID``) then reaches
+    the ``onceflow`` process only, which finishes the micro-batch under way and stops; the
+    JVM would otherwise die mid-batch under it and a page of tracebacks follow. A kill of the
+    whole session (the crash tests' SIGKILL) still reaches it, and it exits when its parent
+    does (PySpark's gateway watches its standard input).
+    """
+    from pyspark.core import context
+
+    names = vars(context)  # PySpark's module, whose launcher its SparkContext calls
+    launch = names["launch_gateway"]
+
+    def own_group(conf: object = None, popen_kwargs: dict[str, object] | None = None) -> object:
+        return launch(conf, {**(popen_kwargs or {}), "process_group": 0})
+
+    names["launch_gateway"] = own_group
+    try:
+        yield
+    finally:
+        names["launch_gateway"] = launch
 
 
 # Third-party modules PySpark's driver imports while its session starts (none imports PySpark).

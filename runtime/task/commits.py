@@ -51,8 +51,6 @@ class ChunkCommits:
         self.crash = crash
         # the chunk's rows and their fingerprints (indexed only when an ID conflict asks)
         self.chunk: tuple[list[InRow], Sequence[int]] = ([], ())
-        self.row_origins: dict[int, bytes] = {}  # shared with the input: see TaskInput
-        self.claimed: set[bytes] = set()  # the chunk's IDs claimed on ID tags (layout 4)
 
     def attempt(
         self,
@@ -70,11 +68,8 @@ class ChunkCommits:
         redone. Returns the admission, the outputs committed and the next chunk's number.
         """
         self.chunk = (rows, prints)
-        found = self.row_origins
-        origins = [found.pop(id(row), None) for row in rows] if found else []
         with timed("redis admit"):
-            admission = self.guard.admit(rows, positional, prints, origins)
-        self.claimed = admission.claimed
+            admission = self.guard.admit(rows, positional, prints)
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
@@ -180,12 +175,7 @@ class ChunkCommits:
         ones' dead letters.
         """
         self.guard.raise_floor(floor_ms)
-        claimed = self.claimed  # claimed IDs take no seen-mark but are checked as marked ones
-        late = [
-            r
-            for r in fresh
-            if (r[1] not in unmarked or r[1] in claimed) and self.guard.is_late(r[2])
-        ]
+        late = [r for r in fresh if r[1] not in unmarked and self.guard.is_late(r[2])]
         for row in late:
             self._refuse(row, late_reason(row[2]), "late")
         self.count("gc_floor_redos", 1)
@@ -246,7 +236,7 @@ class ChunkCommits:
         (one ID header copied onto each) make several letters, and copies of one make one.
         """
         rows, prints = self.chunk
-        fp = next((p for r, p in zip(rows, prints, strict=True) if r is row), 0)
+        fp = next((p for r, p in zip(rows, prints, strict=True) if r is row), 0) if prints else 0
         letter = self._letter(row, id_conflict_reason(row[1]), "id_conflict")
         self.body.dead(replace(letter, id=ids.from_user_key(row[1] + fp.to_bytes(4, "big"))))
 

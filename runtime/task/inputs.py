@@ -13,9 +13,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
-from onceflow.connectors.base import LaneProgress, RecordColumns
+from onceflow.connectors.decoded import LaneProgress, RecordColumns
 from onceflow.kernel import codec
-from onceflow.kernel.id_tags import origin_of
 from onceflow.kernel.limits import SOURCE_SLICE_RECORDS, Budget
 from onceflow.kernel.records import DeadLetter, InRow, Record
 from onceflow.runtime.guard import Guard
@@ -49,10 +48,6 @@ class TaskInput:
         self.body = body
         self.count = count
         self.origins = Origins()  # source records of the current input batch
-        # id() of a source row waiting in a chunk -> where it was read (layout 4's claims)
-        self.row_origins: dict[int, bytes] = {}
-        # only a guard that claims IDs on ID tags needs them (layout 4; none otherwise)
-        self.claims = getattr(guard, "claimer", None) is not None
         self.progress: dict[str, int] = {}  # lane heartbeats not yet sent with a chunk
         self.letter_bytes = 0  # payload of dead letters made while decoding, not committed
 
@@ -152,7 +147,7 @@ class TaskInput:
     def _columns(self, cols: RecordColumns, slicer: _Slicer) -> Iterator[Part]:
         """A lane's records as columns, into slices (a record over the limit: one by one)."""
         limit = self.spec.max_record_bytes
-        if self.claims or (cols.sizes and max(cols.sizes) > limit):
+        if cols.sizes and max(cols.sizes) > limit:
             for rec in cols.records():
                 yield from self._hand_on(slicer)
                 self._record(rec, slicer)
@@ -195,8 +190,6 @@ class TaskInput:
         slicer.size += item.size
         if item.lane is not None:
             self.origins.add(item.id, item.lane, item.offset)
-            if self.claims and item.offset is not None:
-                self.row_origins[id(row)] = origin_of(item.lane, item.offset)
 
     def _letter(self, item: DeadLetter) -> int:
         """A dead letter made while decoding; what it weighs in the slice."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,9 @@ ROW_SCHEMA = "id binary, ts long, key binary, value binary, port int"
 # onceflow.runtime.driver.compile.StreamCompiler).
 BATCH_PROPERTY = "onceflow.batch"
 BATCH_ID_PROPERTY = "onceflow.batch.id"
+# The column in which a stage that reads no exchange finds its own partition: Spark's index of
+# the partition of the stage's own input, written by the compiler (see StageFunction).
+PARTITION_COLUMN = "onceflow_partition"
 
 
 class StageFunction:
@@ -91,19 +95,13 @@ class StageFunction:
         self.partitions = partitions  # an exchange stage's partition count
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Run the task over the partition's Arrow batches.
-
-        The partition is the task's: Spark's partition id, which inside a union is the
-        union's index. An exchange stage's keyed state is kept per partition, so its own
-        index is taken back modulo its partition count (the compiler puts such stages at
-        multiples of it, see :mod:`onceflow.runtime.driver.compile`).
-        """
+        """Run the task over the partition's Arrow batches (see :meth:`partition`)."""
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx is not None else 0
-        if self.partitions:
-            partition %= self.partitions
+        partition, batches = self.partition(ctx, batches)
+        if partition is None:  # an empty partition of a stage that reads no exchange
+            return
         attempt = ctx.attemptNumber() if ctx is not None else 0
         attempt_id = ctx.taskAttemptId() if ctx is not None else 0
         batch, guards = self._batch(ctx)
@@ -127,6 +125,34 @@ class StageFunction:
                 task_times.end()
             if self.metrics is not None and ok:
                 self.metrics.add(task.counters)
+
+    def partition(
+        self, ctx: Any, batches: Iterator[pa.RecordBatch]
+    ) -> tuple[int | None, Iterator[pa.RecordBatch]]:
+        """The stage partition this task runs, and its input.
+
+        Keyed state, timers, backups, seen-marks' scopes and sinks' transactional ids are
+        kept per stage partition, so it must be the stage's own wherever Spark computes the
+        stage. Spark's task partition id is not: inside a union it is the union's index, and
+        a stage read twice is persisted and computed in whichever reader's task needs it
+        first (at offset k in one union, |other|+k in another).
+
+        * An exchange stage: Spark's partition id modulo its partition count. It has one
+          partition per key range even when it is empty (its timers fire there), and every
+          union puts such stages at multiples of that count
+          (:mod:`onceflow.runtime.driver.compile`).
+        * Any other stage: the index of the partition in the stage's own input, which the
+          compiler evaluates below the stage (``spark_partition_id()`` into
+          :data:`PARTITION_COLUMN`, dropped here) — the same in every reader's union, for a
+          cached block lost and recomputed, and on a replay in any order. An empty partition
+          has no row to tell it, and nothing to do: no input, so no attempt of it ever
+          committed, delivered or set anything (None; the task is skipped).
+
+        Outside Spark (no task context) the partition is 0, unless the column says.
+        """
+        if self.partitions:
+            return (ctx.partitionId() if ctx is not None else 0) % self.partitions, batches
+        return own_partition(batches, required=ctx is not None, stage=self.spec.name)
 
     def _batch(self, ctx: Any) -> tuple[int, GuardFactory]:
         """The micro-batch and guard factory of this task (see the class docstring)."""
@@ -170,7 +196,6 @@ class TaskRun:
         self.commits = ChunkCommits(
             spec, self.guard, self.body, self.origins, self.count, self.crash
         )
-        self.commits.row_origins = self.input.row_origins
         self.sinks = SinkDelivery(spec, self.guard, self.body, task, self.count, self.crash)
 
     def failure_line(self, exc: BaseException) -> str:
@@ -216,6 +241,7 @@ class TaskRun:
                 pass
             yield from self.release()
             yield from self.flush_sinks()
+            self.guard.confirm_outputs()  # what an earlier attempt committed, it handed on
             return
         chunk_no = replay.next_chunk
         chunks = task_times.timed_iter("input", self.input.chunks(batches))
@@ -229,6 +255,7 @@ class TaskRun:
         yield from self.emit(outputs)
         yield from self.release()
         yield from self.flush_sinks()
+        self.guard.confirm_outputs()  # durable before a stage on another master reads them
         self.crash(CrashPoint.TASK_END)
 
     def process_chunk(
@@ -351,6 +378,32 @@ class TaskRun:
             self.count("dead_letters", self.body.dead_count)
         for code, n in self.body.dead_codes.items():
             self.count(dead_letter_counter(code), n)
+
+
+def own_partition(
+    batches: Iterator[pa.RecordBatch], *, required: bool = True, stage: str = ""
+) -> tuple[int | None, Iterator[pa.RecordBatch]]:
+    """The partition :data:`PARTITION_COLUMN` names, and the batches without the column.
+
+    None (and no batches) for an input without a row. ``required``: a batch without the
+    column is a runner bug; otherwise (a stage run outside Spark) such an input, or one
+    without a row, is partition 0.
+    """
+    for batch in batches:
+        if PARTITION_COLUMN not in batch.schema.names:
+            if required:
+                msg = f"stage {stage!r} got no {PARTITION_COLUMN!r} column; this is a runner bug"
+                raise RuntimeFailure(msg)
+            return 0, chain((batch,), batches)
+        if batch.num_rows:
+            partition = batch.column(PARTITION_COLUMN)[0].as_py()
+            return int(partition), _without_partition(chain((batch,), batches))
+    return (None if required else 0), iter(())
+
+
+def _without_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        yield batch.drop_columns([PARTITION_COLUMN])
 
 
 def to_arrow(outputs: Sequence[Output]) -> pa.RecordBatch:

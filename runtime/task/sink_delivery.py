@@ -4,6 +4,26 @@ Sink outputs are already backed up when they are held, so holding changes when t
 visible, not whether. A delivery writes only what no attempt delivered yet and marks it once
 visible; a transactional sink's choreography is :mod:`~.sink_transactions`'s. Records a sink
 refuses for good become dead letters.
+
+**A delivery the sink has and Redis lost.** Redis's record of a delivery (pending, then
+logged) is what tells a later attempt not to write it again. When Redis can lose
+acknowledged writes after a sink committed on them (``--allow-unconfirmed-fsync``: a host
+crash takes the AOF's unsynced tail; or deliveries made after the batch's one durable wait,
+``deferred``), the attempt that runs the micro-batch again would write them twice. So every
+transactional delivery carries a :class:`~onceflow.connectors.base.DeliveryMark` into the
+sink (its number among the partition's deliveries of the micro-batch, and a digest of its
+records), and an attempt that may run on a Redis that went back (``recheck``: the batch's
+first attempt in this driver, or one after a Redis server change) asks the sink, before its
+first delivery, which deliveries of the micro-batch it committed (``delivered_in``, read from
+the sink alone). Those Redis has no record of were lost. Each delivery the attempt then makes
+in their place is prepared but not committed, and compared: the same number and the same
+records byte for byte (the digest) mean it *is* that delivery, so it is counted delivered and
+its transaction aborted. That is exact: readers already have exactly those records. Anything
+else (other records, recomputed from what Redis kept; fewer deliveries) cannot be made exact:
+writing would put copies or other values beside what readers read, dropping would lose, so
+the run stops with :class:`~onceflow.runtime.errors.LostDeliveryError`, one line that says so.
+A sink that keeps no marks (``keeps_marks`` False) cannot be asked: its deliveries' records
+stay durable in Redis before it commits, as before.
 """
 
 from __future__ import annotations
@@ -12,17 +32,24 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from onceflow.connectors.base import Rejected, TaskInfo, TransactionalWriter
+from onceflow.connectors.base import DeliveryMark, Rejected, TaskInfo, TransactionalWriter
 from onceflow.connectors.errors import ConnectorError
 from onceflow.dedup.delivery import NO_MARKER
 from onceflow.kernel.limits import outputs_bytes, split_outputs
 from onceflow.kernel.records import DeadLetter, Output, Record, TaskRef
+from onceflow.runtime.errors import LostDeliveryError
 from onceflow.runtime.faults import CrashPoint
 from onceflow.runtime.guard import Guard
+from onceflow.runtime.metrics import deferred_counter
 from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.ops.record_text import portable
 from onceflow.runtime.spec import StageSpec, TargetSpec
-from onceflow.runtime.task.sink_transactions import SinkTransaction, accepted
+from onceflow.runtime.task.sink_transactions import (
+    SinkTransaction,
+    accepted,
+    lost_deliveries,
+    lost_delivery_message,
+)
 from onceflow.runtime.task.times import timed
 
 
@@ -37,9 +64,14 @@ class SinkDelivery:
         task: TaskRef,
         count: Callable[[str, int], None],
         crash: Callable[[CrashPoint], None],
+        defer: bool | None = None,
     ) -> None:
         self.spec = spec
         self.guard = guard
+        # leave the outputs (already backed up) to the batch's delivery job (runtime.task.
+        # deferred); by default when the guard says the batch delivers so
+        self.defer = guard.deferred if defer is None else defer
+        self.deferred = False  # this task left sink outputs to the delivery job
         self.body = body
         self.task = task
         self.count = count
@@ -48,18 +80,30 @@ class SinkDelivery:
         self.held: dict[int, list[Output]] = {}  # sink target -> outputs not yet delivered
         self.held_bytes: dict[int, int] = {}  # sink target -> what its held outputs weigh
         self.noted: dict[int, str] = {}  # sink target -> writer identity recorded in Redis
+        # sink target -> its committed deliveries of this micro-batch Redis has no record of
+        self.lost: dict[int, list[DeliveryMark]] = {}
 
     def hold(self, new: dict[int, list[Output]]) -> list[Output]:
         """Hold sink outputs; deliver the targets whose held outputs fill a delivery.
 
-        Returns dead letters that leave as rows.
+        Returns dead letters that leave as rows. Deferred (see :mod:`~.deferred`), the
+        outputs are left to the batch's delivery job: their backup has them.
         """
+        if self.defer:
+            self._leave(new)
+            return []
         for index, outs in new.items():
             self.held.setdefault(index, []).extend(outs)
             self.held_bytes[index] = self.held_bytes.get(index, 0) + outputs_bytes(outs)
         budget = self.guard.delivery
         full = [i for i, outs in self.held.items() if budget.full(len(outs), self.held_bytes[i])]
         return self.deliver_held(full)
+
+    def _leave(self, new: dict[int, list[Output]]) -> None:
+        """Say once that this task left sink outputs to the delivery job (its partition)."""
+        if not self.deferred and any(new.values()):
+            self.deferred = True
+            self.count(deferred_counter(self.task.partition), 1)
 
     def deliver_held(self, indexes: list[int]) -> list[Output]:
         """Deliver the held outputs of these sink targets; return dead letters as rows."""
@@ -98,8 +142,9 @@ class SinkDelivery:
         if not todo:
             return []
         records = self.body.sink_records(todo, target)  # elements, not decoded (ops.made)
+        marker = ""
         if isinstance(writer, TransactionalWriter):
-            rejected = self._in_transaction(target, writer, todo, records)
+            rejected, marker = self._in_transaction(target, writer, todo, records)
         else:
             with timed("redis pending"):
                 self.guard.prepare_delivery(target.index, NO_MARKER, todo)
@@ -110,7 +155,7 @@ class SinkDelivery:
         # Refused records are not marked: their dead letters are not durable yet, and a
         # retry that finds them unmarked refuses them again and makes the same letters.
         with timed("redis delivered"):
-            self.guard.delivered(target.index, accepted(todo, records, rejected))
+            self.guard.delivered(target.index, accepted(todo, records, rejected), marker)
         return self.refused_letters(target, rejected)
 
     def _in_transaction(
@@ -119,15 +164,25 @@ class SinkDelivery:
         writer: TransactionalWriter,
         todo: list[Output],
         records: list[Record],
-    ) -> list[Rejected]:
-        """Deliver in a transaction, its writer recorded in Redis before it begins."""
-        with timed("redis note writer"):
-            self.guard.note_writer(target.index, writer.identity)  # before it begins
-        self.noted[target.index] = writer.identity
-        transaction = SinkTransaction(self.guard, writer, target.index, self.crash, self.count)
+    ) -> tuple[list[Rejected], str]:
+        """Deliver in a transaction, its writer recorded in Redis before it begins.
+
+        Returns the records refused and the committed transaction's marker (empty when it
+        was one Redis had lost: see the module docstring).
+        """
+        self.noted[target.index] = writer.identity  # recorded before the transaction begins
+        transaction = SinkTransaction(
+            self.guard,
+            writer,
+            target.index,
+            self.crash,
+            self.count,
+            self.lost.get(target.index),
+            (target.name, self.task.batch),
+        )
         rejected = transaction.deliver(todo, records)
         self.noted.pop(target.index, None)  # guard.delivered() deletes the record
-        return rejected
+        return rejected, transaction.marker
 
     def refused_letters(self, target: TargetSpec, rejected: list[Rejected]) -> list[Output]:
         """Dead letters for records a sink refused."""
@@ -192,7 +247,23 @@ class SinkDelivery:
                 )
                 self.guard.resolve_pending(target.index, left.pending, happened)
                 self.count("deliveries_recovered", 1)
+            if transactional and self.guard.recheck:
+                lost = lost_deliveries(writer, self.guard, target.index, task.batch, left.last)
+                if lost:
+                    self.lost[target.index] = lost
+                    self.count("deliveries_lost_by_redis", len(lost))
         return writer
+
+    def check_lost(self) -> None:
+        """At the end of the task: a lost delivery no delivery of this attempt matched stops it.
+
+        Its records are in the sink, and this attempt made no such delivery: what Redis now
+        says of the micro-batch is not what readers read.
+        """
+        for index, lost in self.lost.items():
+            if lost:
+                target = self.spec.targets[index]
+                raise LostDeliveryError(lost_delivery_message(target.name, lost[0], len(lost)))
 
     def flush(self) -> list[Output]:
         """Flush every writer (bounded runs deliver at the end of the task).
@@ -206,6 +277,7 @@ class SinkDelivery:
         rows = self.deliver_dead_letters(letters)
         for writer in self.writers.values():
             writer.flush()
+        self.check_lost()
         return rows
 
     def close(self, ok: bool) -> None:

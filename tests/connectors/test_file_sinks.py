@@ -12,7 +12,7 @@ import os
 import pyarrow.dataset as ds
 import pytest
 
-from onceflow.connectors.base import TaskInfo
+from onceflow.connectors.base import DeliveryMark, TaskInfo
 from onceflow.connectors.parquet import ID_COLUMN, STAGING, ParquetSink
 from onceflow.kernel.records import Record
 
@@ -119,6 +119,20 @@ def test_rows_that_cannot_be_written_are_refused_alone(sink):
     assert [r["n"] for r in _visible(sink.path)] == [0, 1, 2, 3]
 
 
+def test_a_field_the_first_row_lacks_is_written_not_dropped(sink):
+    """Rows of one write that differ in their fields: each keeps all of its own (a later
+    row's document was dropped silently: pyarrow takes the columns from the first row)."""
+    rows = [
+        Record(b"a" * 16, 1, {"n": 0, "user": "u0"}),
+        Record(b"b" * 16, 1, {"n": 1, "user": "u0", "body": "a document"}),
+    ]
+    w = _writer(sink)
+    assert w.write(rows) == []
+    w.prepare()
+    w.commit()
+    assert [r.get("body") for r in _visible(sink.path)] == [None, "a document"]
+
+
 def test_object_store_paths_are_refused_with_the_reason():
     from onceflow.connectors.errors import ConnectorError
 
@@ -147,3 +161,30 @@ def test_json_lines_in_an_exactly_once_run_are_staged_and_hold_their_ids(tmp_pat
     assert [line["value"]["n"] for line in lines] == [0, 1, 2]
     assert lines[0]["id"] == (0).to_bytes(16, "big").hex()
     assert not json.loads(marker)[0].startswith("/"), "markers are relative to the folder"
+
+
+def test_committed_deliveries_of_a_batch_are_read_back_by_their_marks(sink):
+    """A delivery's mark is a file renamed into place after its files (readers skip it): the
+    folder alone says which deliveries of a micro-batch committed. One whose rename did not
+    happen is not among them; the next batch's commit forgets this batch's."""
+    w = _writer(sink)
+    for seq, start in enumerate([0, 4]):
+        w.write(_records(4, start))
+        w.prepare(DeliveryMark("inc1", 3, seq, f"d{seq}"))
+        w.commit()
+    zombie = _writer(sink, 1)
+    zombie.write(_records(4, 8))
+    marker = zombie.prepare(DeliveryMark("inc1", 3, 2, "d2"))  # then killed: no rename
+    retry = _writer(sink, 2)
+    retry.settle([retry.identity])
+    assert not retry.committed(marker)
+    marks = retry.delivered_in(3, "inc1", None)
+    assert [(m.seq, m.digest) for m in marks] == [(0, "d0"), (1, "d1")]
+    assert retry.delivered_in(3, "another", None) == []
+    assert [r["n"] for r in _visible(sink.path)] == list(range(8)), "marks are not rows"
+    later = sink.open(TaskInfo("p", "files", 4, 1, 3, exactly_once=True))
+    later.write(_records(2, 20))
+    later.prepare(DeliveryMark("inc1", 4, 0, "e0"))
+    later.commit()
+    assert later.delivered_in(3, "inc1", None) == [], "batch 3's marks are forgotten"
+    assert [m.digest for m in later.delivered_in(4, "inc1", None)] == ["e0"]

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("pyiceberg")
 
-from onceflow.connectors.base import TaskInfo, TransactionBroken
+from onceflow.connectors.base import DeliveryMark, TaskInfo, TransactionBroken
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.iceberg import IcebergSink
 from onceflow.connectors.iceberg_snapshots import DELIVERY, VOID
@@ -303,3 +303,49 @@ def test_catalog_errors_are_one_line_without_the_credentials(tmp_path):
         bad.prepare("p", streaming=True)
     assert "s3cr3t" not in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_committed_deliveries_of_a_batch_are_read_back_by_their_marks(sink):
+    """A delivery's mark lies in its snapshot's ``onceflow.delivery``: the table alone says
+    which deliveries of a micro-batch committed. A voided one is not among them."""
+    w = _writer(sink)
+    for seq, start in enumerate([0, 3]):
+        w.write(_rows(3, start))
+        w.prepare(DeliveryMark("inc1", 1, seq, f"d{seq}"))
+        w.commit()
+    zombie = _writer(sink, 1)
+    zombie.write(_rows(3, 6))
+    marker = zombie.prepare(DeliveryMark("inc1", 1, 2, "d2"))
+    assert not _writer(sink, 2).committed(marker), "voided: it never commits"
+    marks = _writer(sink, 3).delivered_in(1, "inc1", None)
+    assert [(m.seq, m.digest) for m in marks] == [(0, "d0"), (1, "d1")]
+    assert _writer(sink, 3).delivered_in(2, "inc1", None) == []
+    assert _writer(sink, 3).delivered_in(1, "another", None) == []
+
+
+def test_tasks_racing_to_create_the_namespace_all_get_the_table(tmp_path):
+    """A SQL catalog's loser of the race fails on its unique key (IntegrityError, seen in CI
+    as a stopped run); every task's writer must still get the table."""
+    schema = pa.schema([("k", pa.string()), ("n", pa.int64())])
+    gate = threading.Barrier(6)
+    failures: list[BaseException] = []
+    # the driver's prepare opened the catalog (its tables made) and found no table to create
+    Iceberg("racing.events", catalog=catalog_props(tmp_path)).load_catalog()
+
+    def create(i: int) -> None:
+        # one catalog connection per task, as in a run's separate processes (the sink caches
+        # one per process and configuration: the extra property makes each its own)
+        props = {**catalog_props(tmp_path), "onceflow.test.task": str(i)}
+        s = Iceberg("racing.events", catalog=props, schema=schema)
+        gate.wait()
+        try:
+            assert s.load_table() is not None
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures

@@ -30,6 +30,7 @@ from onceflow.kernel.records import Output, TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.pipeline import Pipeline
 from onceflow.runtime.faults import CrashPoint
+from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.task.sink_delivery import SinkDelivery
 
 CLIENTS = pytest.mark.parametrize("client", WORKER_CLIENTS)
@@ -136,7 +137,8 @@ class _Partition:
             if point is crash_at:
                 raise Killed(point)
 
-        return SinkDelivery(self.spec, guard, None, ref, lambda *_: None, crash)  # type: ignore[arg-type]
+        body = StageBody(self.spec, guard.mode, ref.batch, ref.partition)  # makes no records
+        return SinkDelivery(self.spec, guard, body, ref, lambda *_: None, crash)
 
     def outputs(self) -> list[Output]:
         return [
@@ -189,3 +191,57 @@ def test_a_new_attempt_in_another_slot_settles_the_zombies_transaction(
     seen = read_topic(part.target.connector.settings, topic)
     ids = [r.headers["onceflow-id"] for r in seen]
     assert sorted(ids) == sorted(o.id for o in outs), "each record once, read_committed"
+
+
+@pytest.mark.kafka
+@pytest.mark.redis
+@CLIENTS
+def test_a_zombie_never_registers_its_id_again_after_a_retry_settled_it(
+    client, redis_server, kafka_broker, topic_name, monkeypatch
+):
+    """Redis confirmed the zombie's writer (its last fenced call) a moment before a retry in
+    another slot took the partition over and settled the zombie's id. The zombie goes on to
+    its transaction: it must not register its id again (a process here knows from the note
+    that another registered it), or it opens a transaction nobody settles, and if it then
+    dies read_committed readers stall behind it until Kafka's transaction timeout (60 s).
+    The retry's next delivery must be readable at once."""
+    monkeypatch.setenv("ONCEFLOW_KAFKA_OUTAGE_WAIT", "20s")
+    topic = topic_name("zombie-again")
+    part = _Partition(redis_server, kafka_broker.bootstrap, topic, client)
+    slot = [0]
+    monkeypatch.setattr(transactional_writer, "worker_slot", lambda _prefix: slot[0])
+    earlier = part.attempt(attempt_id=9)  # an earlier task of the zombie's process
+    assert earlier.deliver(part.target, part.outputs()) == []
+    earlier.close(ok=True)
+    zombie_tid = earlier.writers[part.index].identity
+    zombies_producer = _TXN_PRODUCERS[zombie_tid]  # what the zombie's process keeps
+
+    zombie = part.attempt(attempt_id=10)
+    zombie_guard = zombie.guard
+    noted = zombie_guard.note_writer
+    owner: list[SinkDelivery] = []
+
+    def retry_takes_over() -> None:
+        """A retry in slot 1 claims the partition, settles the zombie's id and delivers."""
+        slot[0] = 1
+        owner.append(part.attempt(attempt_id=11))
+        assert owner[0].deliver(part.target, part.outputs()) == []
+        slot[0] = 0
+        _TXN_PRODUCERS[zombie_tid] = zombies_producer  # the zombie's process still has it
+
+    def note_then_lose(target, identity, begins=True):
+        noted(target, identity, begins)  # confirmed: the zombie still owned the partition
+        if not owner:
+            retry_takes_over()
+
+    monkeypatch.setattr(zombie_guard, "note_writer", note_then_lose)
+    with pytest.raises(Exception):  # noqa: B017 - fenced (Redis, or Kafka first)
+        zombie.deliver(part.target, part.outputs())
+    # the zombie dies here: nothing of it is closed or aborted
+    later = part.outputs()
+    assert owner[0].deliver(part.target, later) == []
+    seen = read_topic(part.target.connector.settings, topic, timeout=20)
+    ids = {r.headers["onceflow-id"] for r in seen}
+    stalled = [o.id for o in later if o.id not in ids]
+    assert not stalled, f"{len(stalled)} committed records held back by the zombie's transaction"
+    owner[0].close(ok=True)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onceflow.connectors.base import RecordColumns
+from onceflow.connectors.decoded import RecordColumns
 from onceflow.connectors.kafka.decode import _decode_one
 from onceflow.connectors.kafka.offsets import tp_key
 from onceflow.connectors.kafka.source import KafkaSource

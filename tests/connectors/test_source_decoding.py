@@ -9,7 +9,7 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from onceflow.connectors.base import RecordColumns
+from onceflow.connectors.decoded import RecordColumns
 from onceflow.connectors.kafka.source import KafkaSource
 from onceflow.connectors.kafka.worker import RAW_COLUMNS, _gap, pack_headers, raw_rows
 from onceflow.kernel import ids

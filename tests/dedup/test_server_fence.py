@@ -24,6 +24,7 @@ from onceflow.dedup.durability import (
     BatchDurability,
     Durability,
     check_markers,
+    inherit_markers,
     plan_durability,
     wait_durable,
 )
@@ -32,6 +33,7 @@ from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.eventtime import EventTime
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import StateWrite
+from onceflow.kernel.scopes import pin_scopes
 from onceflow.testing.services import LocalRedis
 from tests.dedup.test_guard import Harness, _rows
 
@@ -147,6 +149,49 @@ def test_a_marker_behind_what_spark_committed_is_a_clear_stop(redis_server):
         check_markers([(ks, client)], 9, ks.namespace)
     other = Keyspace("markers-none")
     check_markers([(other, client)], 9, other.namespace)  # no marker yet: says nothing
+    with pytest.raises(RedisBehindError, match="has no durable marker"):
+        check_markers([(other, client)], 9, other.namespace, marked=True)  # this driver's
+
+
+def test_a_tag_without_a_marker_beside_tags_with_one_lost_its_keys(redis_server):
+    """A scope whose master came back empty: no marker where every tag had one."""
+    client = redis_server.client()
+    home, scope = Keyspace("markers-gone"), Keyspace("markers-gone", "abc.0")
+    client.hset(home.clock, "durable", 4)
+    with pytest.raises(RedisBehindError, match=r"hash tag markers-gone:abc\.0 has no durable"):
+        check_markers([(home, client), (scope, client)], 4, home.namespace)
+
+
+def test_a_scope_a_plan_change_adds_is_as_durable_as_the_namespace(redis_server):
+    """Stages new to the plan (--accept-plan-change) get scopes with the namespace's marker
+    before the namespace lists them, so the next start does not take them as emptied."""
+    client = redis_server.client()
+    home = Keyspace("markers-plan")
+    pin_scopes(client, home, ["count"], ["read", "count"], frozenset(), 2, new=True)
+    client.hset(home.clock, "durable", 7)
+    added: list[Keyspace] = []
+
+    def inherit(scopes: list[Keyspace]) -> None:
+        added.extend(scopes)
+        inherit_markers((home, client), [(ks, client) for ks in scopes])
+
+    stages = ["read", "count", "sum"]
+    scopes = pin_scopes(
+        client,
+        home,
+        ["count", "sum"],
+        stages,
+        frozenset(stages[:2]),
+        2,
+        new=False,
+        on_added=inherit,
+    )
+    assert [ks.tag for ks in added] == [scopes.keyspace("sum", p).tag for p in range(2)]
+    targets = [(ks, client) for ks in scopes.keyspaces()]
+    for ks in scopes.keyspaces():
+        if ks.tag not in {a.tag for a in added}:
+            client.hset(ks.clock, "durable", 7)
+    check_markers(targets, 7, home.namespace)  # fine: the new scopes hold 7
 
 
 def test_what_a_waitaof_confirmed_survives_a_host_crash_and_the_rest_may_not(crashable):
@@ -170,10 +215,12 @@ def test_a_redis_that_cannot_confirm_fsync_is_refused_unless_allowed(redis_facto
     server = redis_factory()
     client = redis_py.Redis.from_url(server.url)
     assert plan_durability([client], None, 1000).waitaof is False  # always: nothing to ask
+    assert plan_durability([client], None, 1000).unconfirmed is False
     client.config_set("appendfsync", "everysec")
     version = tuple(int(p) for p in client.info("server")["redis_version"].split(".")[:2])
     if version >= (7, 2):
         pytest.skip("this Redis can confirm fsyncs")
     with pytest.raises(ServiceError, match="allow-unconfirmed-fsync"):
         plan_durability([client], None, 1000)
-    assert plan_durability([client], None, 1000, allow_unconfirmed=True).waitaof is False
+    allowed = plan_durability([client], None, 1000, allow_unconfirmed=True)
+    assert allowed.waitaof is False and allowed.unconfirmed is True  # said at the start

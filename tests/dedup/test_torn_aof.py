@@ -7,7 +7,7 @@ whole command, so the block stays open at the file's end (``aof-load-truncated``
 transaction written completes it, and the next start of the server applies the torn half: the
 seen-marks of a commit without its backup, say. These tests play that on a real Redis 8 with
 the cut placed inside the block, show the hazard, and show that
-:func:`~onceflow.dedup.durability.settle_aof` (the AOF rewritten before the next script
+:func:`~onceflow.dedup.aof.settle_aof` (the AOF rewritten before the next script
 writes; what the driver, every batch and GC do on a server that has not rewritten since it
 started) leaves nothing of the torn transaction behind.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import redis as redis_py
 
-from onceflow.dedup.durability import settle_aof, settled_info
+from onceflow.dedup.aof import settle_aof, settled_info
 from onceflow.testing.hostcrash import CrashableRedis
 
 pytestmark = pytest.mark.redis

@@ -16,8 +16,15 @@ TOTALS_DELIVERY_BYTES the bytes per atomic commit and per delivery, TOTALS_MAX_R
 pipeline's max_record_bytes; TOTALS_SLOW_MS makes enrich take that long per record; with
 TOTALS_GATE (a path) an event with "gate" waits in enrich until that file exists (a test holds
 the run's end until an outside fault is over). TOTALS_PARQUET (a folder) also writes the
-enriched events as Parquet files; TOTALS_PG_TABLE as rows (event_id, user, amount) of that
-PostgreSQL table at PG_CONNINFO (the password in PGPASSWORD).
+enriched events as Parquet files, TOTALS_JSONL (a folder) as JSON-lines files; TOTALS_PG_TABLE
+as rows (event_id, user, amount, body: the event's document or "") of that PostgreSQL table at
+PG_CONNINFO (the password in PGPASSWORD); TOTALS_ICEBERG (a folder) as such rows of the Iceberg
+table onceflow.events in a SQL catalog (SQLite) and warehouse in that folder.
+
+TOTALS_FIXED=1 is the fix of what made the poison records dead letters, for a replay of them
+(``onceflow dead-letters replay``): enrich no longer fails on "blow_up", and the source reads
+the torture's undecodable records (``{not json <marker>``) as an event of "u0" for 100 with
+the marker as its event_id.
 
 TOTALS_PER_USER (a topic) adds a process stage with user state and timers on the enriched
 events: per-user (keyed by user) counts each user's events and keeps the user's document
@@ -33,10 +40,14 @@ import os
 import time
 
 from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
+from onceflow.kernel.codec import CODECS, ValueCodec
 from onceflow.state import ValueSpec
 
 slow_s = float(os.environ.get("TOTALS_SLOW_MS", "0")) / 1000
 gate = os.environ.get("TOTALS_GATE")
+
+
+fixed = os.environ.get("TOTALS_FIXED") == "1"
 
 
 def enrich(e):
@@ -46,15 +57,25 @@ def enrich(e):
         deadline = time.monotonic() + 600
         while not os.path.exists(gate) and time.monotonic() < deadline:
             time.sleep(0.2)
-    if e.get("blow_up"):
+    if e.get("blow_up") and not fixed:
         raise ValueError(f"event {e.get('event_id')} asked to blow up")
     if e.get("pad"):
         return {**e, "padding": "x" * int(e["pad"])}
     return e
 
 
+def lenient_json(data):
+    """JSON, and the torture's undecodable records as the events they were meant to be."""
+    if data.startswith(b"{not json "):
+        marker = data[len(b"{not json ") :].decode()
+        return {"event_id": marker, "user": "u0", "amount": 100}
+    return CODECS["json"].decode(data)
+
+
 client = os.environ.get("TOTALS_CLIENT", "python")
 source_options = {"client": client}
+if fixed:
+    source_options["codec"] = ValueCodec("json", lenient_json, CODECS["json"].encode)
 if os.environ.get("TOTALS_ID_FIELD") == "if-present":
     source_options["id"] = lambda e: e.get("id")  # None: the onceflow-id header
 elif os.environ.get("TOTALS_ID_FIELD"):
@@ -106,12 +127,40 @@ if os.environ.get("TOTALS_PARQUET"):
     from onceflow.sinks import Parquet
 
     enriched.write("lake", Parquet(os.environ["TOTALS_PARQUET"]))
+if os.environ.get("TOTALS_JSONL"):
+    from onceflow.sinks import JsonLines
+
+    enriched.write("jsonl", JsonLines(os.environ["TOTALS_JSONL"]))
+
+
+def row(e):
+    return {
+        "event_id": e["event_id"],
+        "user": e["user"],
+        "amount": e["amount"],
+        "body": e.get("body", ""),
+    }
+
+
+if os.environ.get("TOTALS_PG_TABLE") or os.environ.get("TOTALS_ICEBERG"):
+    rows = enriched.map("row", row)
 if os.environ.get("TOTALS_PG_TABLE"):
     from onceflow.connectors.postgres import PostgresSink
 
-    enriched.map(
-        "row", lambda e: {"event_id": e["event_id"], "user": e["user"], "amount": e["amount"]}
-    ).write("db", PostgresSink(os.environ["TOTALS_PG_TABLE"], conninfo=os.environ["PG_CONNINFO"]))
+    rows.write(
+        "db", PostgresSink(os.environ["TOTALS_PG_TABLE"], conninfo=os.environ["PG_CONNINFO"])
+    )
+if os.environ.get("TOTALS_ICEBERG"):
+    from onceflow.sinks import Iceberg
+
+    folder = os.environ["TOTALS_ICEBERG"]  # real_input.read_iceberg opens the same catalog
+    os.makedirs(os.path.join(folder, "warehouse"), exist_ok=True)
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{os.path.join(folder, 'catalog.db')}",
+        "warehouse": f"file://{os.path.join(folder, 'warehouse')}",
+    }
+    rows.write("ice", Iceberg("onceflow.events", catalog=catalog))
 
 SEEN = ValueSpec("seen")  # the user's events so far
 BEST = ValueSpec("best")  # [event_id, body] of the greatest event_id with a body

@@ -31,22 +31,23 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from examples.nexmark import reference
 from examples.nexmark.events import Config, generate
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.harness import compare_counts
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.kafka import LocalKafka
+from tests.exactly_once.faults import BrokerRestart, ClusterFailover
 from tests.exactly_once.real_input import Run, Send, dead_letters
-from tests.exactly_once.torture import CHUNK, HOUR, Torture, _highest_batch
+from tests.exactly_once.torture import CHUNK, HOUR, Torture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 QUERIES_FILE = os.path.join(ROOT, "examples", "nexmark", "queries.py")
@@ -64,8 +65,6 @@ class NexmarkTorture:
     t: Torture  # the kills, their accounting and the Redis host crashes (torture.py)
     events: list[dict[str, Any]]  # the generator's, in stream order
     sent: int = 0  # how many of them have been produced
-    broker: LocalKafka | None = None  # killed and restarted during each attempt when set
-    restarts: list[BrokerRestart] = field(default_factory=list)
 
     @property
     def run(self) -> Run:
@@ -140,49 +139,8 @@ class NexmarkTorture:
         return Send({**body, "type": "person", "id": 7, "date_time": ahead}, partition, None, at)
 
     def attempt(self, kill_after: float | None, echo: Any = None) -> None:
-        """One run (``Torture.attempt``), the broker killed and restarted during it if set."""
-        restart = None
-        if self.broker is not None:
-            restart = BrokerRestart(self.run, self.broker, self.t.rng.uniform(0.3, 1.5))
-            restart.start()
-        try:
-            self.t.attempt(kill_after, echo)
-        finally:
-            if restart is not None:
-                restart.finish()
-                self.restarts.append(restart)
-
-
-class BrokerRestart:
-    """Kill -9 the broker ``after_s`` after the attempt's first new micro-batch, start it
-    again ``down_s`` later (on the same data: what was acknowledged survives)."""
-
-    def __init__(self, run: Run, broker: LocalKafka, after_s: float, down_s: float = 6.0) -> None:
-        self.run, self.broker, self.after_s, self.down_s = run, broker, after_s, down_s
-        self.done = threading.Event()
-        self.killed_at: float | None = None
-        self.back_at: float | None = None
-        self.thread = threading.Thread(target=self._restart, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def _restart(self) -> None:
-        before = _highest_batch(self.run, "offsets")
-        while not self.done.is_set() and _highest_batch(self.run, "offsets") <= before:
-            time.sleep(0.05)
-        if self.done.wait(self.after_s):
-            return  # the attempt ended first
-        self.killed_at = time.monotonic()
-        self.broker.kill()
-        time.sleep(self.down_s)
-        self.broker.start()
-        self.back_at = time.monotonic()
-
-    def finish(self) -> None:
-        """The attempt is over: stop waiting, and let a restart under way complete."""
-        self.done.set()
-        self.thread.join(120)
+        """One run (``Torture.attempt``: with the broker killed and restarted if set)."""
+        self.t.attempt(kill_after, echo)
 
 
 def nexmark_torture(
@@ -199,12 +157,16 @@ def nexmark_torture(
     max_kill_s: float = 3.0,
     redis_host: CrashableRedis | None = None,
     broker: LocalKafka | None = None,
+    redis_cluster: LocalRedisCluster | None = None,
     echo: Any = None,
-    spread_seen: bool = False,
+    on_attempt: Any = None,
 ) -> NexmarkTorture:
     """A first wave of ``wave`` events, ``kills`` killed attempts each followed by half a
     wave more, then the closers and a final run to the end; not checked (see :func:`check`).
-    ``spread_seen``: seen-ID layout 4 (``--spread-seen``).
+    ``broker``: killed -9 and restarted in each attempt; ``redis_cluster``: one of its
+    masters failed over in each attempt (``redis_url`` must name it);
+    ``on_attempt`` is called with the
+    torture (:class:`~tests.exactly_once.torture.Torture`) after each attempt.
     """
     if query not in QUERIES:
         raise ValueError(f"query must be one of {QUERIES}, got {query!r}")
@@ -220,7 +182,6 @@ def nexmark_torture(
         "NEXMARK_CHUNK_SIZE": str(CHUNK),
         "PYTHONPATH": ROOT,
     }
-    extra_args = ["--spread-seen"] if spread_seen else []
     run = Run(
         name,
         bootstrap,
@@ -229,13 +190,13 @@ def nexmark_torture(
         PARTITIONS,
         extra_env=env,
         cap=cap,
-        extra_args=extra_args,
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
     total = wave + kills * (wave // 2)
     events = list(generate(Config(events=total, seed=seed, start_ms=base_ts)))
     t = Torture(run, seed, rng, base_ts, redis_host=redis_host, pipeline=QUERIES_FILE)
-    nt = NexmarkTorture(query, t, events, broker=broker)
+    t.broker, t.redis_cluster, t.on_attempt = broker, redis_cluster, on_attempt
+    nt = NexmarkTorture(query, t, events)
     nt.wave(wave, last=kills == 0)
     for i in range(kills):
         nt.attempt(rng.uniform(min_kill_s, max_kill_s), echo)
@@ -287,12 +248,17 @@ def check(nt: NexmarkTorture) -> dict[str, int]:
         "kills_mid_batch": nt.t.in_flight,
         "redis_crashes": nt.t.redis_crashes,
         "batches_run_again": nt.t.reruns,
-        "broker_restarts": sum(r.back_at is not None for r in nt.restarts),
+        "broker_restarts": nt.t.faults_made(BrokerRestart.kind),
+        "redis_failovers": nt.t.faults_made(ClusterFailover.kind),
         # the last attempt is never killed: a restart in it was ridden out to the end
-        "broker_restarts_ridden_out": int(
-            bool(nt.restarts) and nt.restarts[-1].back_at is not None
-        ),
+        "broker_restarts_ridden_out": int(_last_attempt_had(nt.t, BrokerRestart.kind)),
     }
+
+
+def _last_attempt_had(t: Torture, kind: str) -> bool:
+    """Whether the last attempt (never killed) rode a background fault of ``kind`` out."""
+    last = [f for f in t.background if f.kind == kind][-1:]
+    return bool(last) and last[0].happened and not t.outcomes[-1].crashed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wave", type=int, default=1500)
     parser.add_argument("--redis-host-crash", action="store_true")
     parser.add_argument("--broker-restart", action="store_true")
-    parser.add_argument("--spread-seen", action="store_true", help="seen-ID layout 4")
     args = parser.parse_args(argv)
     from onceflow.testing.services import LocalRedis, modern_redis_binary
 
@@ -329,7 +294,6 @@ def main(argv: list[str] | None = None) -> int:
                 wave=args.wave,
                 redis_host=host,
                 broker=kafka if args.broker_restart else None,
-                spread_seen=args.spread_seen,
             )
             try:
                 facts = check(nt)

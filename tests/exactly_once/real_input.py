@@ -52,6 +52,8 @@ class Run:
     expected: Counter[str] = field(default_factory=Counter)  # user -> total amount
     events: Counter[str] = field(default_factory=Counter)  # event_id -> copies it must make
     poison: dict[str, str] = field(default_factory=dict)  # event_id or marker -> reason part
+    sizes: dict[str, int] = field(default_factory=dict)  # event_id -> its body's length, if any
+    produced: int = 0  # records sent to the input topic (events, copies, poison)
     extra_env: dict[str, str] = field(default_factory=dict)
     cap: int = 1000
     extra_args: list[str] = field(default_factory=list)  # more options of onceflow run
@@ -109,6 +111,7 @@ class Run:
             )
         producer.flush(60)
         producer.close()
+        self.produced += len(sends)
 
 
 def new_run(broker, redis_url, tmp_path, partitions: int = 2, **env: str) -> Run:
@@ -117,10 +120,12 @@ def new_run(broker, redis_url, tmp_path, partitions: int = 2, **env: str) -> Run
 
 
 def event(run: Run, user: str, amount: int, **more: Any) -> dict[str, Any]:
-    """A new event, counted in the expectation."""
+    """A new event, counted in the expectation (its ``body``'s length too, if it has one)."""
     e = {"event_id": str(uuid.uuid4()), "user": user, "amount": amount, **more}
     run.expected[user] += amount
     run.events[e["event_id"]] += 1
+    if "body" in more:  # a document: every sink must hold it whole
+        run.sizes[e["event_id"]] = len(more["body"])
     return e
 
 
@@ -150,9 +155,10 @@ def verify(run: Run, client: Any, connect: Any = None) -> dict[str, int]:
         copies[rec.headers["onceflow-id"]].add(rec.value or b"")
         raw += 1
     assert all(len(v) == 1 for v in copies.values()), "a copy ID was written with two values"
-    per_event = Counter(json.loads(next(iter(v)))["event_id"] for v in copies.values())
-    report = compare_counts(run.events, per_event)
+    values = [json.loads(next(iter(v))) for v in copies.values()]
+    report = compare_counts(run.events, Counter(e["event_id"] for e in values))
     assert report.ok, f"copy topic: {report}"
+    check_sizes(run, "copy topic", ((e["event_id"], e.get("body")) for e in values))
     if run.extra_env.get("TOTALS_PLAIN_SINK") != "1":  # transactional: each record once
         assert raw == len(copies), f"copy topic: {raw - len(copies)} records read twice"
     facts = _verify_table_sinks(run)
@@ -165,28 +171,137 @@ def verify(run: Run, client: Any, connect: Any = None) -> dict[str, int]:
     return {"copy_records": raw, "copy_ids": len(copies), "dead_letters": len(dead), **facts}
 
 
-def _verify_table_sinks(run: Run) -> dict[str, int]:
-    """The Parquet folder and the PostgreSQL table, read by pyarrow and psycopg: each event once."""
-    facts = {}
-    folder = run.extra_env.get("TOTALS_PARQUET")
-    if folder:
-        import pyarrow.dataset as ds
+SINKS = ("parquet", "jsonl", "iceberg", "postgres")  # beside the Kafka sinks, by sinks_env
 
-        ids = ds.dataset(folder, format="parquet").to_table(columns=["event_id"]).column(0)
-        report = compare_counts(run.events, Counter(ids.to_pylist()))
-        assert report.ok, f"Parquet files: {report}"
-        facts["parquet_rows"] = len(ids)
-    table = run.extra_env.get("TOTALS_PG_TABLE")
-    if table:
+
+def sinks_env(
+    workdir: str, sinks: tuple[str, ...] = SINKS, postgres: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The environment that makes totals.py write to ``sinks`` too, under ``workdir``;
+    ``postgres`` (``PG_CONNINFO``, ``PGPASSWORD``): the server of a table made here."""
+    unknown = set(sinks) - set(SINKS)
+    if unknown:
+        raise ValueError(f"unknown sinks {sorted(unknown)}; use some of {SINKS}")
+    env = {}
+    for sink, variable in (
+        ("parquet", "TOTALS_PARQUET"),
+        ("jsonl", "TOTALS_JSONL"),
+        ("iceberg", "TOTALS_ICEBERG"),
+    ):
+        if sink in sinks:
+            env[variable] = os.path.join(workdir, sink)
+    if "postgres" in sinks:
+        if postgres is None:
+            raise ValueError("the postgres sink needs a server: pass postgres=")
         import psycopg
 
-        env = run.extra_env
-        with psycopg.connect(env["PG_CONNINFO"], password=env["PGPASSWORD"]) as conn:
-            rows = conn.execute(f"SELECT event_id FROM {table}").fetchall()
-        report = compare_counts(run.events, Counter(r[0] for r in rows))
-        assert report.ok, f"PostgreSQL table: {report}"
-        facts["postgres_rows"] = len(rows)
+        table = f"totals_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(
+            postgres["PG_CONNINFO"], password=postgres["PGPASSWORD"], autocommit=True
+        ) as conn:
+            conn.execute(
+                f'CREATE TABLE {table} (event_id text, "user" text, amount int, body text)'
+            )
+        env.update(TOTALS_PG_TABLE=table, **postgres)
+    return env
+
+
+def _verify_table_sinks(run: Run) -> dict[str, int]:
+    """The other sinks, each read back by a reader of its own that knows nothing of Onceflow
+    (pyarrow, psycopg, pyiceberg, plain file reads): each event once, its document whole."""
+    readers = {
+        "TOTALS_PARQUET": ("Parquet files", "parquet_rows", read_parquet),
+        "TOTALS_PG_TABLE": ("PostgreSQL table", "postgres_rows", read_postgres),
+        "TOTALS_ICEBERG": ("Iceberg table", "iceberg_rows", read_iceberg),
+        "TOTALS_JSONL": ("JSON-lines files", "jsonl_rows", read_json_lines),
+    }
+    facts = {}
+    for variable, (what, fact, read) in readers.items():
+        where = run.extra_env.get(variable)
+        if not where:
+            continue
+        rows = read(where, run.extra_env)
+        report = compare_counts(run.events, Counter(eid for eid, _body in rows))
+        assert report.ok, f"{what}: {report}"
+        check_sizes(run, what, rows)
+        facts[fact] = len(rows)
     return facts
+
+
+Row = tuple[str, "str | None"]  # an event's ID and its document (None: none)
+
+
+def check_sizes(run: Run, what: str, rows: Any) -> None:
+    """Every event's document as long as sent (a cut or swapped one fails), none elsewhere."""
+    wrong = [
+        (eid, len(body or ""), run.sizes.get(eid, 0))
+        for eid, body in rows
+        if len(body or "") != run.sizes.get(eid, 0)
+    ]
+    assert not wrong, f"{what}: documents of other lengths (event, read, sent): {wrong[:5]}"
+
+
+def read_parquet(folder: str, _env: dict[str, str]) -> list[Row]:
+    """Every Parquet file of the folder, by pyarrow (files of a delivery without documents
+    have no ``body`` column)."""
+    import pyarrow.dataset as ds
+
+    rows: list[Row] = []
+    for fragment in ds.dataset(folder, format="parquet").get_fragments():
+        names = fragment.physical_schema.names
+        table = fragment.to_table(columns=[c for c in ("event_id", "body") if c in names])
+        bodies = table.column("body").to_pylist() if "body" in names else [None] * len(table)
+        rows += zip(table.column("event_id").to_pylist(), bodies, strict=True)
+    return rows
+
+
+def read_postgres(table: str, env: dict[str, str]) -> list[Row]:
+    """The table's rows, by psycopg."""
+    import psycopg
+
+    with psycopg.connect(env["PG_CONNINFO"], password=env["PGPASSWORD"]) as conn:
+        return [(e, b) for e, b in conn.execute(f"SELECT event_id, body FROM {table}")]
+
+
+ICEBERG_TABLE = "onceflow.events"  # the table totals.py writes (TOTALS_ICEBERG)
+
+
+def iceberg_catalog(folder: str) -> dict[str, str]:
+    """A SQL catalog (SQLite) and warehouse in ``folder``: totals.py's and its reader's."""
+    os.makedirs(os.path.join(folder, "warehouse"), exist_ok=True)
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{os.path.join(folder, 'catalog.db')}",
+        "warehouse": f"file://{os.path.join(folder, 'warehouse')}",
+    }
+
+
+def read_iceberg(folder: str, _env: dict[str, str]) -> list[Row]:
+    """The table's current snapshot, by pyiceberg, from a catalog opened anew."""
+    from pyiceberg.catalog import load_catalog
+
+    table = load_catalog("default", **iceberg_catalog(folder)).load_table(ICEBERG_TABLE)
+    arrow = table.scan(selected_fields=("event_id", "body")).to_arrow()
+    return list(zip(*(arrow.column(c).to_pylist() for c in ("event_id", "body")), strict=True))
+
+
+def read_json_lines(folder: str, _env: dict[str, str]) -> list[Row]:
+    """Every committed part file (``part-*``, not the staging folder), by plain reads; each
+    line's ``id`` once (an ID on two lines is a record written twice)."""
+    rows: list[Row] = []
+    seen: Counter[str] = Counter()
+    for name in sorted(os.listdir(folder)):
+        if not name.startswith("part-"):
+            continue
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    record = json.loads(line)
+                    seen[record["id"]] += 1
+                    rows.append((record["value"]["event_id"], record["value"].get("body")))
+    twice = {i: n for i, n in seen.items() if n > 1}
+    assert not twice, f"JSON-lines files: {len(twice)} IDs on more than one line"
+    return rows
 
 
 def dead_letters(run: Run) -> list[dict[str, str]]:

@@ -16,23 +16,39 @@ copy topic: nothing lost, nothing doubled.
 from __future__ import annotations
 
 import json
+import os
+import random
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis as redis_py
 
+from onceflow.backup.store import replay
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.kernel import codec
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.id_tags import id_tag
-from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.scopes import node_state, read_scopes
-from onceflow.kernel.settings import RedisSettings, redis_client
+from onceflow.kernel.keyspace import Keyspace, Kind
+from onceflow.kernel.scopes import node_state, read_scopes, scope_name
+from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.testing import LocalRedisCluster
-from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
-from tests.exactly_once.scenario import EVENTS, PIPELINE, make_scenario, verify
+from onceflow.testing.harness import Crash, compare_counts, crash_and_resume, run_pipeline
+from tests.exactly_once.scenario import (
+    BASE_TS,
+    EVENTS,
+    PIPELINE,
+    Scenario,
+    make_scenario,
+    produce_sends,
+    verify,
+)
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis, pytest.mark.cluster]
 
@@ -104,39 +120,23 @@ def show_spread(cluster: LocalRedisCluster, url: str, namespace: str) -> set[int
 
 
 @pytest.mark.parametrize(
-    ("where", "layout"),
+    "where",
     [
         # a task of the keyed stage, in its partition scope, paused after a commit: the
         # master of that scope's slot dies
-        (Crash("after_commit", stage="count", batch=2, partition=1, mode="pause"), 3),
+        Crash("after_commit", stage="count", batch=2, partition=1, mode="pause"),
         pytest.param(  # a source-stage task: the namespace's own master dies
             Crash("after_commit", stage="events", batch=1, partition=0, mode="pause"),
-            3,
             marks=pytest.mark.long,
         ),
         pytest.param(  # the delivery's replica wait is what keeps this one exact
             Crash("after_sink_commit", stage="count", batch=2, partition=1, mode="pause"),
-            3,
-            marks=pytest.mark.long,
-        ),
-        pytest.param(  # layout 4: a master of ID tags (not the namespace's) dies after a
-            # source-stage commit: claims it had not passed on are gone, the commit is kept;
-            # the driver claims the batch's committed inputs again before it runs it again
-            Crash("after_commit", stage="events", batch=1, partition=0, mode="pause"),
-            4,
             marks=pytest.mark.long,
         ),
     ],
-    ids=[
-        "scope-after-a-commit",
-        "namespace-after-a-commit",
-        "scope-after-a-kafka-commit",
-        "id-tags-after-a-commit",
-    ],
+    ids=["scope-after-a-commit", "namespace-after-a-commit", "scope-after-a-kafka-commit"],
 )
-def test_a_failover_mid_batch_loses_and_doubles_nothing(
-    where, layout, broker, redis_cluster, tmp_path
-):
+def test_a_failover_mid_batch_loses_and_doubles_nothing(where, broker, redis_cluster, tmp_path):
     """The master of the paused task's hash tag dies: the run runs the batch again, ends."""
     url = cluster_url(redis_cluster)
     scn = make_scenario(broker, url, tmp_path)
@@ -148,9 +148,6 @@ def test_a_failover_mid_batch_loses_and_doubles_nothing(
         tag = scopes.keyspace(where.stage, where.partition).tag
         assert (tag != scn.name) == (where.stage == "count"), "the keyed stage is scoped"
         index = master_index(redis_cluster, tag)
-        if layout == 4:  # another master: it holds ID tags, not the commits
-            assert scopes.id_tags
-            index = (index + 1) % len(redis_cluster.masters())
         killed.append(redis_cluster.kill_master(index))
         killed.append(time.monotonic())
 
@@ -160,7 +157,7 @@ def test_a_failover_mid_batch_loses_and_doubles_nothing(
         if "running it again" in line and not again:
             again.append(time.monotonic())
 
-    args = [*scn.args, "--spread-seen"] if layout == 4 else scn.args
+    args = scn.args
     first = run_pipeline(
         PIPELINE, args, env=scn.env, crash=where, fault=kill_the_tasks_master, echo=note_again
     )
@@ -192,7 +189,6 @@ def copies_on_other_partitions(scn) -> int:
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("layout", [3, 4])
 @pytest.mark.parametrize(
     "crash",
     [
@@ -202,21 +198,19 @@ def copies_on_other_partitions(scn) -> int:
     ids=lambda c: c.env(),
 )
 def test_kill_9_on_a_cluster_drops_copies_from_other_partitions_once(
-    crash, layout, broker, redis_cluster, tmp_path
+    crash, broker, redis_cluster, tmp_path
 ):
     """kill -9 of every process mid-run on a Redis Cluster, then a rerun: exact.
 
     Copies of events re-sent upstream land on the other input partition (another task of the
     source stage), in the same micro-batch or a later one; each must be dropped exactly once
-    whatever the kill interrupted. Layout 3 keeps the source stage's seen-IDs as one set in
-    the namespace's slot; layout 4 (``--spread-seen``) spreads them over the masters as claims
-    on ID tags (docs/concepts/dedup.md).
+    whatever the kill interrupted. The source stage's seen-IDs are one set in the
+    namespace's slot.
     """
     url = cluster_url(redis_cluster)
     scn = make_scenario(broker, url, tmp_path)
     assert copies_on_other_partitions(scn) >= 5, "the scenario must re-send across partitions"
-    args = [*scn.args, "--spread-seen"] if layout == 4 else scn.args
-    first, second = crash_and_resume(PIPELINE, crash, args, env=scn.env)
+    first, second = crash_and_resume(PIPELINE, crash, scn.args, env=scn.env)
     assert first.crashed and second.returncode == 0, second.output[-3000:]
     connect = tag_clients(url)
     verify(scn, connect(scn.name), connect=connect)
@@ -225,18 +219,7 @@ def test_kill_9_on_a_cluster_drops_copies_from_other_partitions_once(
     # copies dropped in a chunk the killed attempt committed are not in its backup: the
     # rerun finds them seen and counts them again (the counter, not the output, is over)
     assert int(stats[b"duplicates"]) >= EVENTS * 6 // 100
-    scopes = read_scopes(connect(scn.name), home)
-    at_home = list(connect(scn.name).scan_iter(home.seen_pattern("events"), count=1000))
-    if layout == 3:
-        assert scopes.id_tags == 0 and at_home
-        return
-    assert scopes.id_tags == 32 * len(redis_cluster.masters()) and not at_home
-    shards = dict.fromkeys((m.port for m in redis_cluster.masters()), 0)
-    for k in range(scopes.id_tags):
-        tag = id_tag(scn.name, k, scopes.id_tags)
-        owner = redis_cluster.slot_owner(namespace_slot(tag.tag)).port
-        shards[owner] += sum(1 for _ in connect(tag.tag).scan_iter(tag.seen_pattern("events")))
-    assert all(n > 0 for n in shards.values()), f"seen shards per master: {shards}"
+    assert list(connect(scn.name).scan_iter(home.seen_pattern("events"), count=1000))
 
 
 def onceflow(*args: str) -> subprocess.CompletedProcess[str]:
@@ -268,3 +251,110 @@ def operator_commands_find_the_pipeline(url: str, scn) -> None:
     assert gc.returncode == 1
     connect = tag_clients(url)
     verify(scn, connect(scn.name), connect=connect)  # GC took nothing that matters
+
+
+SAMPLED = os.path.join(os.path.dirname(PIPELINE), "sampled.py")
+
+
+def _sampled_scenario(broker, url, tmp_path, cluster):
+    """Events for ``sampled.py`` under a namespace whose master serves none of some of the
+    count's scopes; returns the scenario, that master's port and those scopes' partitions."""
+    for _ in range(100):
+        name = f"sampled-{uuid.uuid4().hex[:8]}"
+        home = cluster.slot_owner(namespace_slot(name)).port
+        elsewhere = [
+            p
+            for p in range(2)
+            if cluster.slot_owner(namespace_slot(_scope(name, p).tag)).port != home
+        ]
+        if elsewhere:
+            break
+    scn = Scenario(name, broker.bootstrap, url, str(tmp_path), Counter(), set())
+    rng = random.Random(11)
+    events = [
+        {"event_id": str(uuid.uuid4()), "user": f"u{rng.randrange(17)}", "ts": BASE_TS + 50 * i}
+        for i in range(2000)
+    ]
+    produce_sends(scn, [(e, i % 2) for i, e in enumerate(events)])
+    return scn, home, elsewhere
+
+
+def _scope(namespace: str, partition: int) -> Keyspace:
+    return Keyspace(namespace, scope_name("count", partition))
+
+
+def _sampled_counts(cluster: LocalRedisCluster, namespace: str) -> Counter:
+    """Per user, the events the source stage's backups say it kept (its surviving decisions):
+    the sums of the partial counts its tasks committed (``count/partial`` runs in it)."""
+    home = Keyspace(namespace)
+    owner = cluster.slot_owner(namespace_slot(namespace)).port
+    client = redis_py.Redis(port=owner)  # bytes, on the master of the namespace's slot
+    kept: Counter = Counter()
+    for key in client.scan_iter(match=home.pattern(Kind.BACKUP), count=1000):
+        parsed = home.parse(key)
+        if parsed is not None and parsed.name == "events":
+            for out in replay(client.hgetall(key)).outputs:
+                if out.target >= 0:  # a task's partial counts (not its chunks' deltas)
+                    kept[codec.decode(out.key)] += codec.decode(out.value)
+    return kept
+
+
+@pytest.mark.long  # ~2 minutes: the producer's wait holds the batch until the failover
+def test_a_reader_on_another_master_never_keeps_outputs_their_producer_lost(
+    broker, redis_cluster, tmp_path
+):
+    """The run-id fence orders writes per master only. The source stage (a random sample)
+    commits on master A while A's replica lags; the count, on master B, commits what it read
+    of them; then A fails over to that replica. The batch runs again and the sample is drawn
+    anew where A lost it: the count must hold exactly what the source stage's surviving
+    backups kept, not the first draw's records as well. A producer's task now waits for its
+    commits to reach A's replica before its outputs are read, so the count never sees writes
+    A can lose (it waits in vain here until A fails over, and the batch runs again)."""
+    url = cluster_url(redis_cluster)
+    scn, home, elsewhere = _sampled_scenario(broker, url, tmp_path, redis_cluster)
+    connect = tag_clients(url)
+    index = [m.port for m in redis_cluster.masters()].index(home)
+    events: list[Any] = []
+
+    def committed_elsewhere() -> bool:
+        for p in elsewhere:
+            ks = _scope(scn.name, p)
+            owner = redis_cluster.slot_owner(namespace_slot(ks.tag)).port
+            if redis_cluster.node_client(owner).exists(ks.backup("count", 1, p)):
+                return True
+        return False
+
+    def fail_over_later(frozen: list[int]) -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not committed_elsewhere():
+            time.sleep(0.05)
+        events.append(("count committed on another master", committed_elsewhere()))
+        events.append(redis_cluster.kill_master(index))
+        redis_cluster.resume_nodes(frozen)
+
+    def cut_off_a() -> None:
+        frozen = redis_cluster.cut_off_replicas(index)
+        threading.Thread(target=fail_over_later, args=(frozen,), daemon=True).start()
+
+    where = Crash("before_commit", stage="events", batch=1, partition=0, mode="pause")
+    outcome = run_pipeline(SAMPLED, scn.args, env=scn.env, crash=where, fault=cut_off_a)
+    deadline = time.monotonic() + 60
+    while len(events) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(events) == 2, "the pause point was never reached:\n" + outcome.output[-3000:]
+    killed = events[1]
+    redis_cluster.wait_failover()
+    print(f"[redis-cluster] {events[0]}; run: {outcome.output.splitlines()[:2]}")
+    assert outcome.returncode == 0, outcome.output[-3000:]
+    assert "running it again" in outcome.output, outcome.output[-3000:]
+    kept = _sampled_counts(redis_cluster, scn.name)
+    assert sum(kept.values()) > 0
+    stored = node_state(connect(scn.name), scn.name, "count", connect)
+    state = {codec.decode(k): codec.decode(v) for k, v in stored.items()}
+    report = compare_counts(kept, state)
+    assert report.ok, f"the count against what the sample kept: {report}"
+    last: dict[str, int] = {}
+    for rec in read_topic(KafkaSettings(scn.bootstrap), scn.topics["counts"]):
+        last[rec.key.decode()] = json.loads(rec.value)
+    assert last == dict(kept), "the counts topic against what the sample kept"
+    redis_cluster.restart_node(killed.port)  # back as a replica, for the next test

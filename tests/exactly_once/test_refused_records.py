@@ -107,7 +107,7 @@ class _Txn(TransactionalWriter):
                 self.open_txn.append(r)
         return refused
 
-    def prepare(self) -> str:
+    def prepare(self, mark=None) -> str:
         bad = [r for r in self.open_txn if r.elem["i"] == self.sink.poison]
         if bad and not self.sink.poisoned:
             self.sink.poisoned = True

@@ -4,11 +4,14 @@ Input arrives in waves on 4 partitions while the pipeline is killed (SIGKILL of 
 of the run: driver, JVM, Python workers) at random moments, several times; then a final run
 finishes. The input holds what production sends: IDs as 16-byte and text headers and in the
 body, copies re-sent seconds later and hours later (new Kafka timestamps, which are the event
-times here), and poison records (undecodable payloads, an empty ID header, records the user's
-function rejects, an event stamped days ahead by a producer with a wrong clock). An
-independent checker (``tests.exactly_once.real_input.verify``) then
-reads keyed state, each user's last total, the copy topic and the dead letters: every event
-exactly once, every poison record a dead letter with its reason.
+times here, or a Kafka timestamp hours later with the original's event time in an
+``onceflow-ts`` header: hours later in wall time only), and poison records (undecodable
+payloads, an empty ID header, records the user's function rejects, an event stamped days
+ahead by a producer with a wrong clock). An independent checker
+(``tests.exactly_once.real_input.verify``) then reads keyed state, each user's last total,
+the copy topic, every other sink (Parquet, JSON lines, PostgreSQL, Iceberg, each read back by
+a reader of its own) and the dead letters: every event exactly once, every poison record a
+dead letter with its reason.
 
 With ``ids="positions"`` no record carries an ID: each one's ID is its place in the input
 (topic, partition, offset), so a re-sent copy is a new record and counts again, and what is
@@ -18,7 +21,11 @@ With a :class:`~onceflow.testing.hostcrash.CrashableRedis` (``redis_host=``), Re
 crashes too, at random moments while the pipeline runs: the server is killed and its AOF cut
 back into what it had not fsynced (``appendfsync everysec``: up to a second of acknowledged
 writes), then it starts again on the same files. The run must ride each crash out (it runs
-the batch again from what Redis kept) and the result must still be exact.
+the batch again from what Redis kept) and the result must still be exact. With ``broker=``
+the Kafka broker is killed -9 and started again in every attempt, with ``redis_cluster=`` a
+master of that Redis Cluster is failed over in every attempt (:mod:`.faults`). With
+``replay=True`` the dead letters' causes are then fixed and the letters replayed beside a
+killed attempt (:mod:`.replays`).
 
 Seeded and reproducible (the kill moments too, up to how far the run got by then):
 
@@ -28,14 +35,15 @@ runs against ``$REDIS_URL`` / ``$KAFKA_BOOTSTRAP_SERVERS`` or starts its own Red
 Kafka; ``--redis-host-crash`` crashes Redis's host too (a Redis 8 it starts). The test suite
 runs short versions (``test_torture.py``).
 
-Options: ``--spread-seen`` runs the pipeline with seen-ID layout 4 (its source stage's
-seen-IDs claimed in ID tags; on a single Redis all the tags live on that server);
-``--process`` adds a process stage with state and timers (``per-user`` in
+Options: ``--process`` adds a process stage with state and timers (``per-user`` in
 ``tests/e2e_pipelines/totals.py``) and events it rejects by their content, in its element
 function or in its timer, each after changing state: each must be one dead letter with its
 reason, the stage's outputs those of the other events once each, a user's counts exactly
-1..n; ``--docs 0.04`` gives that share of events a document of 0.5-0.95 MB (through the map,
-the sinks and the process stage's state).
+1..n; ``--docs 0.04`` gives that share of events a document of 0.5-1 MB (through the map,
+the sinks and the process stage's state); ``--broker-restart`` kills -9 and restarts the
+broker (one it starts) in every attempt; ``--sinks parquet,jsonl,iceberg,postgres`` adds
+those sinks (a PostgreSQL it starts); ``--replay`` ends each round with the dead-letter
+replay.
 """
 
 from __future__ import annotations
@@ -54,12 +62,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.connectors.kafka.topics import read_topic
-from onceflow.kernel.id_tags import SEEN_TAGS_FIELD, id_tag
-from onceflow.kernel.keyspace import LAYOUT_FIELD, Keyspace
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.harness import Outcome, compare_counts, run_pipeline
 from onceflow.testing.hostcrash import CrashableRedis
-from tests.exactly_once.real_input import PIPELINE, Run, Send, event, stats, verify
+from onceflow.testing.kafka import LocalKafka
+from tests.exactly_once.faults import (
+    BackgroundFault,
+    BrokerRestart,
+    ClusterFailover,
+    background_faults,
+    highest_batch,
+)
+from tests.exactly_once.real_input import (
+    PIPELINE,
+    SINKS,
+    Run,
+    Send,
+    event,
+    sinks_env,
+    stats,
+    verify,
+)
+from tests.exactly_once.replays import Replays, replay_dead_letters, replay_facts
 
 HOUR = 3_600_000
 REJECTED = {"reject": "rejected by per-user", "timer_reject": "timer-rejected"}
@@ -88,12 +113,27 @@ class Torture:
     startup_s: float | None = None  # an attempt's start to its first new micro-batch
     pipeline: str = PIPELINE  # the file run (the Nexmark torture runs its queries' file)
     rejects: bool = False  # send events the process stage rejects (see the module doc)
-    docs: float = 0.0  # the share of events that carry a document of 0.5-0.95 MB
+    docs: float = 0.0  # the share of events that carry a document of 0.5-1 MB
     # user -> (event_id, document length) of every event the process stage must count
     per_user: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
+    broker: LocalKafka | None = None  # killed -9 and started again in every attempt
+    redis_cluster: LocalRedisCluster | None = None  # a master failed over in every attempt
+    background: list[BackgroundFault] = field(default_factory=list)  # made beside attempts
+    extra_faults: Any = None  # attempt -> more background faults (the dead-letter replay)
+    replays: Replays | None = None  # the dead-letter replay's, if it ran
+    on_attempt: Any = None  # called with the torture after each attempt (progress lines)
+    # Redis's host crashes in the runs to the end too, not only in the killed ones
+    crash_always: bool = False
 
-    def wave(self, size: int) -> None:
-        """Produce ``size`` events, some re-sends of earlier ones, and a few poison records."""
+    def wave(self, size: int, poison: bool = True) -> None:
+        """Produce ``size`` events, some re-sends of earlier ones, and (``poison``) a few
+        poison records.
+
+        A copy is re-sent seconds later, or two hours later in event time (its Kafka
+        timestamp, the event time here), or two hours later in wall time only (its Kafka
+        timestamp hours after the original's, its event time the original's in an
+        ``onceflow-ts`` header, as a producer re-sending an old event stamps it).
+        """
         rng, run = self.rng, self.run
         sends: list[Send] = []
         for _ in range(size):
@@ -113,16 +153,23 @@ class Torture:
             if self.positions:  # a copy without an ID is a record of its own
                 run.expected[e["user"]] += e["amount"]
                 run.events[e["event_id"]] += 1
-            later = old["_ts"] + (rng.randrange(1, 30) * 1000 if rng.random() < 0.5 else 2 * HOUR)
-            sends.insert(rng.randrange(len(sends) + 1), self._send(e, later, rng.randrange(4)))
-        for _ in range(max(1, size // 400)):
+            when = rng.random()
+            later = old["_ts"] + (rng.randrange(1, 30) * 1000 if when < 0.5 else 2 * HOUR)
+            event_ts = old["_ts"] if when >= 0.75 else None  # hours later in wall time only
+            copy = self._send(e, later, rng.randrange(4), event_ts)
+            sends.insert(rng.randrange(len(sends) + 1), copy)
+        for _ in range(max(1, size // 400) if poison else 0):
             sends.insert(rng.randrange(len(sends) + 1), self._poison())
         run.produce(sends)
 
-    def _send(self, e: dict[str, Any], ts: int, partition: int) -> Send:
-        """The same event always carries its ID the same way (a producer's habit)."""
+    def _send(
+        self, e: dict[str, Any], ts: int, partition: int, event_ts: int | None = None
+    ) -> Send:
+        """The same event always carries its ID the same way (a producer's habit);
+        ``event_ts``: its event time in an ``onceflow-ts`` header, its Kafka timestamp ``ts``."""
+        stamp = [] if event_ts is None else [("onceflow-ts", str(event_ts).encode())]
         if self.positions:
-            return Send(e, partition, None, ts)
+            return Send(e, partition, stamp or None, ts)
         uid = uuid.UUID(e["event_id"])
         way = uid.int % 3
         if way == 0:
@@ -130,8 +177,8 @@ class Torture:
         elif way == 1:
             headers = [("onceflow-id", str(uid).encode())]
         else:  # the ID comes from the body (TOTALS_ID_FIELD=if-present: the others' is None)
-            return Send({**e, "id": e["event_id"]}, partition, None, ts)
-        return Send(e, partition, headers, ts)
+            return Send({**e, "id": e["event_id"]}, partition, stamp or None, ts)
+        return Send(e, partition, headers + stamp, ts)
 
     def _rejected(self) -> Send:
         """An event the process stage rejects, in its element function or in its timer: it
@@ -171,6 +218,27 @@ class Torture:
         return Send(body, partition, [("onceflow-ts", ahead)], ts)
 
     def attempt(self, kill_after: float | None, echo: Any = None) -> Outcome:
+        """Run once with the background faults (:mod:`.faults`: a broker restart, a Redis
+        Cluster failover, ``extra_faults``) beside it; see :meth:`_attempt`."""
+        faults = background_faults(self.run.workdir, self.rng, self.broker, self.redis_cluster)
+        if self.extra_faults is not None:
+            faults += self.extra_faults(self)
+        for fault in faults:
+            fault.start()
+        try:
+            return self._attempt(kill_after, echo)
+        finally:
+            for fault in faults:
+                fault.finish()
+            self.background += faults
+            if self.on_attempt is not None:
+                self.on_attempt(self)
+
+    def faults_made(self, kind: str) -> int:
+        """Background faults of ``kind`` made and repaired so far."""
+        return sum(f.happened for f in self.background if f.kind == kind)
+
+    def _attempt(self, kill_after: float | None, echo: Any = None) -> Outcome:
         """Run once; ``kill_after``: kill -9 that long after its first new micro-batch began.
 
         Counting from the first new batch, not from the start (~8 s of JVM and query start),
@@ -187,8 +255,9 @@ class Torture:
                 timer.from_start = self.startup_s - 0.5 + kill_after / 2
         when: Any = timer
         crashes = None
-        if self.redis_host is not None and kill_after is not None:
-            crashes = RedisHostCrashes(self.run, self.redis_host, self.rng, kill_after)
+        if self.redis_host is not None and (kill_after is not None or self.crash_always):
+            first_s = kill_after if kill_after is not None else self.rng.uniform(0.5, 2.0)
+            crashes = RedisHostCrashes(self.run, self.redis_host, self.rng, first_s)
             when = crashes.then(timer)
         outcome = run_pipeline(
             self.pipeline, self.run.args(), env=self.run.env, kill_when=when, echo=echo
@@ -234,7 +303,7 @@ class RedisHostCrashes:
         return self
 
     def __call__(self) -> bool:
-        planned = _highest_batch(self.run, "offsets")
+        planned = highest_batch(self.run.workdir, "offsets")
         if self._planned_before is None:
             self._planned_before = planned
         now = time.monotonic()
@@ -274,7 +343,7 @@ class KillTimer:
     _due_at: float | None = None
 
     def __call__(self) -> bool:
-        planned = _highest_batch(self.run, "offsets")
+        planned = highest_batch(self.run.workdir, "offsets")
         if self._planned_before is None:
             self._planned_before = planned
         now = time.monotonic()
@@ -286,7 +355,7 @@ class KillTimer:
             due = self.began is not None and now - self.began > self.seconds
         if not due:
             return False
-        self.in_flight = planned > _highest_batch(self.run, "commits")
+        self.in_flight = planned > highest_batch(self.run.workdir, "commits")
         if self._due_at is None:
             self._due_at = now
         return self.in_flight or now - self._due_at > IN_FLIGHT_WAIT_S
@@ -298,17 +367,16 @@ def own_stops(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("error: pipeline")]
 
 
+DOC_BYTES = 1_000_000  # the largest document: a record of ~1 MB, under the 1 MiB limit
+# bytes per atomic commit with documents: a record's outputs must fit one (4 MiB by default,
+# less than five sinks' copies of a 1 MB document, which would be a dead letter saying so)
+DOCS_CHUNK_BYTES = 16 << 20
+
+
 def document(rng: random.Random) -> str:
-    """A document body of 0.5 to 0.95 MB (JSON text), under the 1 MiB record limit."""
-    return f"{rng.randrange(10**8):08d}" * (rng.randrange(500_000, 950_000) // 8)
-
-
-def _highest_batch(run: Run, log: str) -> int:
-    """The highest batch number in the checkpoint's ``offsets`` or ``commits`` log (-1: none)."""
-    with contextlib.suppress(FileNotFoundError):
-        folder = os.path.join(run.workdir, "checkpoint", log)
-        return max((int(n) for n in os.listdir(folder) if n.isdigit()), default=-1)
-    return -1
+    """A document body of 0.5 to 1 MB (JSON text); one in four is the largest, 1 MB."""
+    size = DOC_BYTES if rng.random() < 0.25 else rng.randrange(500_000, DOC_BYTES)
+    return (f"{rng.randrange(10**8):08d}" * (size // 8 + 1))[:size]
 
 
 def torture(
@@ -327,9 +395,13 @@ def torture(
     ids: str = "mixed",
     redis_host: CrashableRedis | None = None,
     sinks_env: dict[str, str] | None = None,
-    spread_seen: bool = False,
     process: bool = False,
     docs: float = 0.0,
+    broker: LocalKafka | None = None,
+    redis_cluster: LocalRedisCluster | None = None,
+    replay: bool = False,
+    on_attempt: Any = None,
+    crash_always: bool = False,
 ) -> Torture:
     """Waves of input and ``kills`` random kills, then a final run to the end; not checked.
 
@@ -337,13 +409,21 @@ def torture(
     ``ids``: ``mixed`` (byte and text headers and the body's field, by event) or ``positions``
     (none: offsets are the IDs).
 
-    ``sinks_env`` adds sinks to the pipeline (``TOTALS_PARQUET``, ``TOTALS_PG_TABLE``: see
-    ``tests/e2e_pipelines/totals.py``); :func:`check` reads them back.
+    ``sinks_env`` adds sinks to the pipeline (``TOTALS_PARQUET``, ``TOTALS_JSONL``,
+    ``TOTALS_ICEBERG``, ``TOTALS_PG_TABLE``: see ``tests/e2e_pipelines/totals.py`` and
+    ``real_input.sinks_env``); :func:`check` reads them back.
 
-    ``spread_seen`` runs it with seen-ID layout 4 (``--spread-seen``: the source stage's
-    seen-IDs claimed in ID tags). ``process`` adds the process stage ``per-user`` (state and
+    ``broker`` (the one ``bootstrap`` names) is killed -9 and started again in every attempt,
+    ``redis_cluster`` (the one ``redis_url`` names) has a master failed over in every attempt
+    (:mod:`.faults`). ``replay``: once every dead letter is written, their causes are fixed and
+    they are replayed beside a killed attempt, then a last run (:mod:`.replays`).
+    ``on_attempt`` is called with the torture after each attempt. ``crash_always``: Redis's
+    host crashes in the attempts that must run to their end too (each must still end by
+    itself, exit status 0), not only in the killed ones.
+
+    ``process`` adds the process stage ``per-user`` (state and
     timers) and events it rejects; ``docs`` is the share of events carrying a document of
-    0.5-0.95 MB (through the map, the sinks and, with ``process``, the stage's state).
+    0.5-1 MB (through the map, the sinks and, with ``process``, the stage's state).
 
     ``cap`` (records per micro-batch, a third of a wave by default): smaller makes each run
     last longer, so a kill lands mid-run more often. A kill lands between ``min_kill_s`` and
@@ -361,6 +441,8 @@ def torture(
         env["TOTALS_ID_FIELD"] = "if-present"
     if process:
         env["TOTALS_PER_USER"] = f"{name}-per-user"
+    if docs:  # a document goes to up to five sinks: 5 MB of outputs for one record of 1 MB
+        env["TOTALS_CHUNK_BYTES"] = str(DOCS_CHUNK_BYTES)
     run = Run(
         name,
         bootstrap,
@@ -369,16 +451,21 @@ def torture(
         PARTITIONS,
         extra_env={"TOTALS_CLIENT": client, **env, **(sinks_env or {})},
         cap=cap or wave // 3,
-        extra_args=["--spread-seen"] if spread_seen else [],
     )
     base_ts = (int(time.time() * 1000) // HOUR - 4) * HOUR
     t = Torture(run, seed, rng, base_ts, positions=ids == "positions", redis_host=redis_host)
     t.rejects, t.docs = process, docs
+    t.broker, t.redis_cluster, t.on_attempt = broker, redis_cluster, on_attempt
+    t.crash_always = crash_always
     t.wave(wave)
     for _ in range(kills):
         t.attempt(rng.uniform(min_kill_s, max_kill_s), echo)
         t.wave(wave // 2)
     t.attempt(None, echo)
+    if replay:  # every letter is written now: fix, replay beside a killed attempt, run
+        t.wave(wave // 2, poison=False)
+        t.replays = replay_dead_letters(t, rng.uniform(min_kill_s, max_kill_s), echo)
+        t.attempt(None, echo)
     return t
 
 
@@ -394,11 +481,13 @@ def check(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
         redis_crashes=t.redis_crashes,
         redis_lost_bytes=t.redis_host.lost_bytes() if t.redis_host is not None else 0,
         batches_run_again=t.reruns,
+        broker_restarts=t.faults_made(BrokerRestart.kind),
+        redis_failovers=t.faults_made(ClusterFailover.kind),
+        documents=len(t.run.sizes),
+        **replay_facts(t.replays),
     )
     if "TOTALS_PER_USER" in t.run.extra_env:
         facts.update(check_per_user(t))
-    if "--spread-seen" in t.run.extra_args:
-        facts.update(check_layout4(t, client, connect))
     return facts
 
 
@@ -435,21 +524,6 @@ def check_per_user(t: Torture) -> dict[str, int]:
     return {"per_user_outputs": raw, "documents": documents}
 
 
-def check_layout4(t: Torture, client: Any, connect: Any = None) -> dict[str, int]:
-    """The namespace is layout 4, and its source stage's seen-IDs are in its ID tags (on a
-    single Redis all of them live on that one server)."""
-    ks = Keyspace(t.run.name)
-    layout, tags = client.hmget(ks.meta, [LAYOUT_FIELD, SEEN_TAGS_FIELD])
-    assert int(layout or 0) == 4 and int(tags or 0) > 0, f"layout {layout!r}, tags {tags!r}"
-    used = 0
-    for k in range(int(tags)):
-        tag = id_tag(t.run.name, k, int(tags))
-        node = connect(tag.tag) if connect is not None else client
-        used += any(True for _ in node.scan_iter(match=tag.pattern(), count=1000))
-    assert used > 0, "no ID tag holds a seen-ID"
-    return {"id_tags": int(tags), "id_tags_used": used}
-
-
 def main(argv: list[str] | None = None) -> int:
     """``--minutes``: keep doing seeded torture rounds for that long, each checked."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -463,19 +537,29 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="crash Redis's host too, twice per attempt (a Redis 8 with everysec it starts)",
     )
-    parser.add_argument("--spread-seen", action="store_true", help="seen-ID layout 4")
     parser.add_argument(
         "--process", action="store_true", help="a process stage that rejects some events"
     )
     parser.add_argument(
-        "--docs", type=float, default=0.0, help="share of events with a 0.5-0.95 MB document"
+        "--docs", type=float, default=0.0, help="share of events with a 0.5-1 MB document"
     )
     parser.add_argument("--cap", type=int, default=None, help="records per micro-batch")
+    parser.add_argument(
+        "--broker-restart", action="store_true", help="kill -9 and restart the broker too"
+    )
+    parser.add_argument(
+        "--sinks", default="", help=f"more sinks, read back: some of {','.join(SINKS)}"
+    )
+    parser.add_argument(
+        "--replay", action="store_true", help="then fix and replay the dead letters, killed"
+    )
     args = parser.parse_args(argv)
     import redis
 
-    from onceflow.testing.kafka import LocalKafka
+    from onceflow.testing.postgres import PASSWORD, LocalPostgres
     from onceflow.testing.services import LocalRedis, modern_redis_binary
+
+    sinks = tuple(s for s in args.sinks.split(",") if s)
 
     deadline = time.monotonic() + args.minutes * 60
     with contextlib.ExitStack() as stack:
@@ -484,9 +568,15 @@ def main(argv: list[str] | None = None) -> int:
             host = stack.enter_context(CrashableRedis(binary=modern_redis_binary()))
         redis_url = (host.url if host else None) or os.environ.get("REDIS_URL")
         redis_url = redis_url or stack.enter_context(LocalRedis()).url
-        bootstrap = (
-            os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap
-        )
+        kafka = None
+        if args.broker_restart or not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+            kafka = stack.enter_context(LocalKafka())
+        bootstrap = kafka.bootstrap if kafka else os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        postgres = None
+        if "postgres" in sinks:
+            server = LocalPostgres().start()
+            stack.callback(server.stop)
+            postgres = {"PG_CONNINFO": server.conninfo, "PGPASSWORD": PASSWORD}
         client = redis.Redis.from_url(redis_url)
         seed = args.seed
         while time.monotonic() < deadline:
@@ -500,13 +590,16 @@ def main(argv: list[str] | None = None) -> int:
                 wave=args.wave,
                 ids=args.ids,
                 redis_host=host,
-                spread_seen=args.spread_seen,
                 process=args.process,
                 docs=args.docs,
                 cap=args.cap,
+                broker=kafka if args.broker_restart else None,
+                sinks_env=sinks_env(workdir, sinks, postgres),
+                replay=args.replay,
             )
             try:
                 facts = check(t, client)
+                assert not t.stops, f"a run stopped by itself on a fault: {t.stops}"
             except AssertionError as exc:
                 print(f"seed {seed}: FAILED after {t.kills} kills: {exc}", flush=True)
                 return 1

@@ -209,3 +209,26 @@ def test_named_tuples_and_dataclasses_are_written_as_json_writes_them():
     assert value_codec("json").encode(pair(1, "x")) == b'[1,"x"]'
     written = value_codec("json").encode({"o": Order("a", (1, 2))})
     assert written == b'{"o":{"id":"a","items":[1,2]}}'
+
+
+@given(
+    st.datetimes(timezones=st.none() | st.timezones())
+    | st.dates()
+    | st.datetimes().map(lambda d: {"at": d, "day": d.date()})
+)
+def test_datetimes_and_dates_travel_as_they_are_naive_or_aware(value):
+    # a record may carry a timestamp (a PostgreSQL timestamptz column, issue 42)
+    back = codec.decode(codec.encode(value))
+    assert back == value and type(back) is type(value)
+    if hasattr(value, "utcoffset"):
+        assert back.utcoffset() == value.utcoffset()
+
+
+def test_the_json_codec_writes_datetimes_as_iso_text():
+    from datetime import UTC, date, datetime
+
+    at = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
+    assert json.loads(value_codec("json").encode({"at": at, "day": date(2026, 3, 1)})) == {
+        "at": "2026-03-01T12:30:00+00:00",
+        "day": "2026-03-01",
+    }

@@ -127,9 +127,8 @@ def test_little_endian_counters_keep_one_field_each_per_shard():
 def test_an_old_or_unknown_layout_is_refused_with_what_to_do():
     check_layout(str(LAYOUT), True, "n")
     check_layout(b"3", True, "n")
-    check_layout(b"4", True, "n")  # layout 3 with seen-IDs spread over ID tags (opt-in)
     check_layout(None, False, "n")  # a new namespace
-    for stored, has_state in ((None, True), (b"1", True), (b"2", False)):
+    for stored, has_state in ((None, True), (b"1", True), (b"2", False), (b"4", True)):
         with pytest.raises(ConfigError, match=r"^namespace 'n' was made by an older version"):
             check_layout(stored, has_state, "n")
     with pytest.raises(ConfigError, match="layout 5, which this onceflow does not know"):

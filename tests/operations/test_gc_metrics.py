@@ -74,7 +74,7 @@ def test_a_failed_cron_pass_says_so_in_the_textfile(tmp_path, capsys):
     path = tmp_path / "onceflow-gc.prom"
     down = "redis://127.0.0.1:1/0"
     code = main(["gc", "--all", "--redis-url", down, "--metrics-file", str(path)])
-    assert code == 2 and "cannot reach Redis" in capsys.readouterr().err
+    assert code == 1 and "cannot reach Redis" in capsys.readouterr().err
     found = samples(path.read_text())
     assert value(found, "onceflow_gc_run_success") == 0
     assert value(found, "onceflow_gc_failures_in_a_row") == 1

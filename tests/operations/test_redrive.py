@@ -204,3 +204,46 @@ def test_only_letters_that_can_go_back_whole_are_replayed():
         assert words in reasons
     only = plan_replay(p, p.plan(), letters[:2], "dead", codes=["undecodable"])
     assert [s.value for s in only.sends] == [b"\xff"]
+
+
+def test_a_replay_of_one_code_leaves_the_other_codes_for_their_own_replay(
+    broker, redis_server, topic_name
+):
+    """``--code no_time`` first, ``--code user_error`` later: each finds its letters once.
+
+    The letters of the two codes are interleaved in one dead-letter partition; a replay of
+    one code passes over the other's letters and must not count them as replayed.
+    """
+    from onceflow.connectors.kafka.sink import ORIGIN_HEADER, STAGE_HEADER
+    from onceflow.kernel import ids
+
+    settings = KafkaSettings(broker.bootstrap)
+    src = topic_name("src")
+    p = _build(topic_name("codes"), src, "copy", "totals", broker.bootstrap, {"on": True})
+    letters = []
+    for n in range(8):
+        code, stage = ("no_time", "events") if n % 2 == 0 else ("user_error", "enrich")
+        value = (
+            json.dumps({"n": n}).encode()
+            if code == "no_time"
+            else json.dumps({"value": json.dumps({"n": n}), "value_json": True, "ts": T0}).encode()
+        )
+        headers = [
+            (CODE_HEADER, code.encode()),
+            (STAGE_HEADER, stage.encode()),
+            (ORIGIN_HEADER, f"{src}:0@{n}".encode()),
+            (ids.ID_HEADER, n.to_bytes(16, "big")),
+        ]
+        letters.append((None, value, headers))
+    produce(settings, f"{p.name}.dead-letters", letters, partitions=1)
+    client = redis_server.client()
+
+    def replayed(*codes: str) -> list[int]:
+        found = replay(p, p.plan(), client, codes=codes)
+        return sorted(json.loads(s.value)["n"] for s in found.sends)
+
+    assert replayed("no_time") == [0, 2, 4, 6]
+    assert replayed("user_error") == [1, 3, 5, 7], "the letters a replay of another code passed"
+    assert replayed() == [] and replayed("no_time") == [] and replayed("user_error") == []
+    sent = sorted(json.loads(r.value)["n"] for r in read_topic(settings, src))
+    assert sent == list(range(8)), "each letter sent back once"

@@ -125,3 +125,138 @@ def test_a_stage_reading_two_exchanges_of_one_stage_runs_that_stage_once(spark):
     assert sorted(x for _, x, _ in counted) == list(range(40))
     for parity in (0, 1):
         assert sorted(n for k, _, n in counted if k == parity) == list(range(1, 21))
+
+
+# -- a stage's identity does not depend on who reads it (issue 37, R1) ---------------------
+
+
+def _orders_and_payments(p):
+    orders = p.read("orders", sources.Collection([(i % 4, i) for i in range(24)]))
+    payments = p.read("payments", sources.Collection([(i % 4, -i) for i in range(24)]))
+    return orders, payments
+
+
+def _keyed(orders, payments):
+    return (
+        orders.key_by("order-key", lambda x: x[0]),
+        payments.key_by("payment-key", lambda x: x[0]),
+    )
+
+
+def shape_join(p):
+    """The review's example: ``orders -> count`` and ``payments.join(orders)``."""
+    orders, payments = _keyed(*_orders_and_payments(p))
+    orders.count_per_key("count").write("counts", sinks.Collect())
+    payments.join("joined", orders, 10).write("pairs", sinks.Collect())
+
+
+def shape_co_group(p):
+    orders, payments = _keyed(*_orders_and_payments(p))
+    orders.count_per_key("count").write("counts", sinks.Collect())
+    payments.co_group("grouped", orders, 10).write("groups", sinks.Collect())
+
+
+def shape_interval_join(p):
+    orders, payments = _keyed(*_orders_and_payments(p))
+    orders.count_per_key("count").write("counts", sinks.Collect())
+    payments.interval_join("near", orders, -5, 5).write("pairs", sinks.Collect())
+
+
+def shape_join_table(p):
+    orders, payments = _keyed(*_orders_and_payments(p))
+    orders.count_per_key("count").write("counts", sinks.Collect())
+    payments.join_table("enriched", orders).write("rows", sinks.Collect())
+
+
+def shape_merge_keyed_and_unkeyed(p):
+    """``orders`` read by a keyed consumer (an exchange) and an unkeyed one (a merge)."""
+    orders, payments = _orders_and_payments(p)
+    orders.key_by("order-key", lambda x: x[0]).count_per_key("count").write(
+        "counts", sinks.Collect()
+    )
+    p.merge("all", payments, orders).map("amount", lambda x: x[1]).write("all-out", sinks.Collect())
+
+
+def shape_two_sinks(p):
+    """Two sink branches of ``orders``, unfused (each its own stage), beside a merge."""
+    orders, payments = _orders_and_payments(p)
+    orders.map("first", lambda x: x[1]).write("first-out", sinks.Collect())
+    orders.map("second", lambda x: -x[1]).write("second-out", sinks.Collect())
+    p.merge("all", payments, orders).write("all-out", sinks.Collect())
+
+
+SHAPES = {
+    "join": (shape_join, None),
+    "co_group": (shape_co_group, None),
+    "interval_join": (shape_interval_join, None),
+    "join_table": (shape_join_table, None),
+    "merge, keyed and unkeyed readers": (shape_merge_keyed_and_unkeyed, None),
+    "two sinks, unfused": (shape_two_sinks, ()),
+}
+
+
+def _partitions_run(spark, job, splits, reader):
+    """``{stage: partitions its tasks ran under}`` when Spark computes ``reader`` alone.
+
+    ``reader``: a stage name (its frame, with everything it reads) or None (the batch's
+    action). Each call compiles the batch afresh: nothing is cached from an earlier run.
+    """
+    frames = {
+        name: spark.range(0, splits, 1, splits).selectExpr("id", f"{splits} as splits")
+        for name, _ in job.sources
+    }
+    metrics = spark.sparkContext.accumulator({}, CounterParam())
+    compiled = compile_batch(
+        job, spark, frames, recording_guards, batch=0, parallelism=2, metrics=metrics
+    )
+    try:
+        if reader is None:
+            compiled.run()
+        else:
+            compiled.frames[reader].collect()
+    finally:
+        for frame in compiled.persisted:
+            frame.unpersist()
+    seen: dict[str, set[int]] = {}
+    for key in metrics.value:  # counters are named "<stage>/task|<stage>|<partition>"
+        if "/task|" in key:
+            stage, partition = key.split("/task|")[1].split("|")
+            seen.setdefault(stage, set()).add(int(partition))
+    return seen
+
+
+def test_the_review_example_runs_orders_under_its_own_partitions_for_both_readers(spark):
+    """``orders`` run for ``count`` alone and for the join alone: the same partitions."""
+    p = Pipeline("review-example")
+    shape_join(p)
+    job = p.job()
+    readers = [s.name for s in job.stages if "orders" in s.producers]
+    assert len(readers) == 2, job.layout
+    ran = {r: _partitions_run(spark, job, 2, r)["orders"] for r in readers}
+    assert all(parts == {0, 1} for parts in ran.values()), ran
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_stage_runs_under_its_own_partitions_whoever_reads_it(spark, shape):
+    """Every stage, computed for each of its readers alone and for the whole batch, runs under
+    the partitions it runs under when its own frame is computed alone."""
+    build, rules = SHAPES[shape]
+    p = Pipeline(f"identity-{shape.split(',')[0].replace(' ', '-').replace('_', '-')}")
+    build(p)
+    job = p.job(rules=rules)
+    assert any(len(job.consumers(s.name)) > 1 for s in job.stages), job.layout
+    own = {}
+    for spec in job.stages:
+        own[spec.name] = _partitions_run(spark, job, 3, spec.name)[spec.name]
+        assert own[spec.name] == set(range(len(own[spec.name]))), (spec.name, own)
+    runs = {None: _partitions_run(spark, job, 3, None)}
+    for spec in job.stages:
+        for reader in job.consumers(spec.name):
+            runs[reader] = _partitions_run(spark, job, 3, reader)
+    wrong = {
+        (reader, stage): (parts, own[stage])
+        for reader, seen in runs.items()
+        for stage, parts in seen.items()
+        if parts != own[stage]
+    }
+    assert not wrong, f"(reader, stage): (partitions, its own): {wrong}"

@@ -9,6 +9,7 @@ form and the timer scores the end of a task reads are pinned here; the end-to-en
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -438,3 +439,90 @@ def test_the_declared_state_is_part_of_the_plans_fingerprint():
     assert fingerprint((*STATES[:3], CombiningSpec[int]("total", Count()))) != same
     assert fingerprint((*STATES[:3], ValueSpec[int]("total"))) != same
     assert fingerprint((*STATES[:3], CombiningSpec[int]("sum", Sum()))) != same
+
+
+def _reminders():
+    """A process stage whose processing-time timer emits once per key, into 10 s windows."""
+    from onceflow import Fixed, Pipeline, sinks, sources
+
+    def remind(key, value, ctx):
+        ctx.timers.set_processing_time(ctx.now + 60_000, "later")
+
+    def fired(key, timer, ctx):
+        return [key]
+
+    p = Pipeline("reminders")
+    (
+        p.read("in", sources.Collection([]))
+        .key_by("k", lambda x: x["k"])
+        .process("remind", remind, on_timer=fired)
+        .key_by("by-key", lambda key: key)
+        .map_values("one", lambda key: 1)
+        .window("per-10s", Fixed("10s"))
+        .combine_per_key("reminded", "sum")
+        .write("out", sinks.Collect())
+    )
+    return p
+
+
+@pytest.mark.parametrize(
+    "mode", ["memory", pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.redis])]
+)
+def test_a_processing_timers_outputs_are_taken_by_a_window_downstream(mode, request):
+    """Issue 37, R3: the watermark passes the event time of the elements that set them long
+    before their processing-time timers fire; the firings' outputs must still land in an open
+    window (not ``window_closed`` dead letters), and its pane must leave."""
+    from onceflow.testing import TestStream, run_test
+
+    start = (int(time.time()) // 60_000 - 60) * 60_000  # an hour ago, on a minute
+    stream = (
+        TestStream(timestamp=lambda x: x["ts"])
+        .add([{"k": "a", "ts": start + 1_000}, {"k": "b", "ts": start + 2_000}])
+        .advance_watermark(start + 45_000)  # their 10 s window closes
+        .add([])
+        .advance_processing_time("2m")  # both timers fire
+        .advance_watermark(start + 90_000)  # the windows the firings landed in close
+        .add([])
+    )
+    spark = {}
+    if mode == "spark":
+        spark = {
+            "session": request.getfixturevalue("spark"),
+            "redis_url": request.getfixturevalue("redis_server").url,
+        }
+    out = run_test(_reminders(), {"in": stream}, mode=mode, **spark)
+    assert not out.dead_letters, out.dead_letters
+    assert sorted(key for key, _ in out["out"]) == ["a", "b"], out["out"]
+
+
+def test_a_processing_timers_outputs_are_on_time_for_an_interval_join_downstream():
+    """Issue 37, R3: ... nor late for an interval join (``late for the interval join``)."""
+    from onceflow import Pipeline, sinks, sources
+    from onceflow.testing import TestStream, run_test
+
+    def remind(key, value, ctx):
+        ctx.timers.set_processing_time(ctx.now + 60_000, "later")
+
+    p = Pipeline("reminders-joined")
+    reminders = (
+        p.read("in", sources.Collection([]))
+        .key_by("k", lambda x: x["k"])
+        .process("remind", remind, on_timer=lambda key, timer, ctx: [key])
+        .key_by("by-key", lambda key: key)
+    )
+    answers = p.read("answers", sources.Collection([])).key_by("answer-key", lambda x: x["k"])
+    reminders.interval_join("answered", answers, 0, 30).write("out", sinks.Collect())
+    start = (int(time.time()) // 60_000 - 60) * 60_000
+    stream = (
+        TestStream(timestamp=lambda x: x["ts"])
+        .add([{"k": "a", "ts": start + 1_000}])
+        .advance_watermark(start + 45_000)
+        .add([])
+        .advance_processing_time("2m")  # the timer fires, its output joins the answer
+        .advance_watermark(start + 200_000)
+    )
+    answer = TestStream(timestamp=lambda x: x["ts"]).add([]).add([]).add([])
+    answer = answer.add([{"k": "a", "ts": start + 50_000}])
+    out = run_test(p, {"in": stream, "answers": answer})
+    assert not out.dead_letters, out.dead_letters
+    assert [key for key, _ in out["out"]] == ["a"], out["out"]
