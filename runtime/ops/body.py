@@ -249,6 +249,13 @@ class StageBody:
         """What a sink writes for ``outputs`` (see :mod:`~.made`)."""
         return self.out.made.records(outputs, target)
 
+    def delivered_elsewhere(self) -> None:
+        """Keep no elements of sink outputs: the batch's delivery job delivers them.
+
+        It reads them from the backup (:mod:`onceflow.runtime.task.deferred`).
+        """
+        self.out.made.keeping = False
+
     def take(self) -> list[Output]:
         """Encode everything buffered at the boundaries, deriving IDs when they are on."""
         return self.out.take()

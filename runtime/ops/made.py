@@ -32,10 +32,13 @@ class Made:
     def __init__(self) -> None:
         self.elements: dict[int, tuple[Output, Any]] = {}  # id() of an output -> it, element
         self.chunk: list[int] = []  # outputs of the chunk under way (dropped if it is redone)
+        self.keeping = True  # False: another job delivers them, from the backup
         self._plain = msgpack.Packer(use_bin_type=True, strict_types=True)
 
     def keep(self, outputs: Sequence[Output], elems: Sequence[Any]) -> None:
         """Remember the elements ``outputs`` (of one sink target) were encoded from."""
+        if not self.keeping:
+            return
         found = list(map(id, outputs))
         self.elements.update(zip(found, zip(outputs, elems, strict=True), strict=True))
         self.chunk += found

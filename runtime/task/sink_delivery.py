@@ -73,6 +73,8 @@ class SinkDelivery:
         self.defer = guard.deferred if defer is None else defer
         self.deferred = False  # this task left sink outputs to the delivery job
         self.body = body
+        if self.defer:
+            body.delivered_elsewhere()
         self.task = task
         self.count = count
         self.crash = crash

@@ -15,11 +15,14 @@ from typing import Any
 
 from onceflow.connectors.kafka.sink import KafkaSink
 from onceflow.kernel import record_types
-from onceflow.kernel.records import Output, Record
+from onceflow.kernel.records import Guarantee, Output, Record, TaskRef
+from onceflow.runtime.guard import NoGuard
+from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.ops.boundaries import Boundaries
 from onceflow.runtime.ops.made import decode_outputs
 from onceflow.runtime.ops.record_text import Cursor
 from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
+from onceflow.runtime.task.sink_delivery import SinkDelivery
 
 
 @dataclass
@@ -105,3 +108,25 @@ def test_a_redone_chunk_forgets_its_elements() -> None:
     assert len(out.made.elements) == 2
     out.clear()  # the second chunk is redone
     assert [o.value for o, _ in out.made.elements.values()] == [b"\x81\xa1a\x01"]
+
+
+def test_outputs_left_to_the_delivery_job_keep_no_elements() -> None:
+    """Deferred (group commit), a task's sink outputs are delivered by another job from the
+    backup: the stage must not hold their elements for the rest of the task."""
+    target = TargetSpec(0, TargetKind.SINK, "out", False)
+    spec = StageSpec("p", "s", (), (), (target, TargetSpec(1, TargetKind.DEAD, "d", False)))
+    body = StageBody(spec, Guarantee.EXACTLY_ONCE, 1, 0)
+    counts: dict[str, int] = {}
+
+    def count(name: str, n: int = 1) -> None:
+        counts[name] = counts.get(name, 0) + n
+
+    task = TaskRef("s", 1, 0, sinks=((0, "out"),))
+    sinks = SinkDelivery(spec, NoGuard(), body, task, count, lambda point: None, defer=True)
+    for n in range(3):  # three chunks
+        body.out.add(0, [{"n": n}, [n]], [b"p" * 16, b"q" * 16], [n, n])
+        outputs = body.take()
+        body.chunk_committed()
+        assert sinks.hold({0: outputs}) == []
+    assert sinks.deferred
+    assert len(body.out.made.elements) == 0
