@@ -79,8 +79,9 @@ def test_every_sink_under_the_fault_matrix_and_a_dead_letter_replay_is_exact(
     copies re-sent seconds and hours later (in event time, or in wall time only), an event
     days ahead, documents of up to 1 MB; in each attempt two crashes of Redis's host (Redis 8,
     ``everysec``), in ``kills`` of them then a kill -9 of every process of the run; then the
-    dead letters' causes fixed and the letters replayed beside an attempt killed too (a replay
-    killed -9, two at once), and a last run; each run not killed must end by itself.
+    dead letters' causes fixed and the letters replayed beside an attempt (killed -9 if it is
+    still running at its kill time; a replay killed -9, two at once), and a last run; each run
+    not killed must end by itself.
     ``restarts`` (``--long``): the broker killed -9 and restarted in every attempt too, and a
     process stage with state and timers."""
     kafka = request.getfixturevalue("own_broker") if restarts else None
@@ -105,7 +106,11 @@ def test_every_sink_under_the_fault_matrix_and_a_dead_letter_replay_is_exact(
     facts = check(t, redis_client(RedisSettings(crashable_redis.url), t.run.name))
     print(f"[torture] every sink, the fault matrix: {facts}")
     assert not t.stops, f"a run stopped by itself instead of riding a fault out: {t.stops}"
-    assert facts["kills"] >= kills + 1, f"an attempt ended before it could be killed: {facts}"
+    # the kills asked for always land; the attempt beside the replay is killed only if it is
+    # still running at its kill time (a quick machine may finish its 400 events first: seen
+    # once in a local run), while the replay killed -9 always is
+    assert facts["kills"] >= kills, f"an attempt ended before it could be killed: {facts}"
+    assert facts["replays_killed"] >= 1, facts
     assert facts["redis_crashes"] >= 4 and facts["redis_lost_bytes"] > 0, facts
     if restarts:
         assert facts["broker_restarts"] >= kills, f"the broker restarted too rarely: {facts}"
