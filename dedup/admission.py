@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from onceflow.dedup.addressing import MAX_SCRIPT_KEYS, Addressing, KeyTable
 from onceflow.dedup.config import MAX_CHUNK
@@ -42,6 +43,7 @@ from onceflow.kernel.script_args import lookup_args
 
 FRESH, REPLAY, DUP, LATE, AHEAD, CONFLICT = "fresh", "replay", "dup", "late", "ahead", "conflict"
 _LOOKUP_SPARE_KEYS = 16
+_ID, _TS = itemgetter(1), itemgetter(2)
 
 
 @dataclass
@@ -121,6 +123,21 @@ def _triage(
     Late, ahead, copies (or ID conflicts) within the task, earlier attempts' inputs and
     positional IDs.
     """
+    found = _plain_triage(session, admitted, earlier, rows, positional)
+    if found is not None:
+        return found
+    return _triage_each(session, admitted, earlier, rows, positional, prints)
+
+
+def _triage_each(
+    session: TaskSession,
+    admitted: dict[bytes, int],
+    earlier: frozenset[bytes],
+    rows: list[InRow],
+    positional: Sequence[bool],
+    prints: Sequence[int],
+) -> tuple[list[str], list[int]]:
+    """:func:`_triage` row by row."""
     bucket_ms = session.config.bucket_ms
     floor = session.floor
     limit = session.limit_ms
@@ -148,6 +165,42 @@ def _triage(
     return decision, candidates
 
 
+def _plain_triage(
+    session: TaskSession,
+    admitted: dict[bytes, int],
+    earlier: frozenset[bytes],
+    rows: list[InRow],
+    positional: Sequence[bool],
+) -> tuple[list[str], list[int]] | None:
+    """:func:`_triage` of a chunk with nothing unusual, decided for all rows at once.
+
+    Nothing unusual: no row late or ahead, and either every ID positional, or none and no ID
+    twice in the chunk or known to the task (admitted, or an earlier attempt's). Otherwise
+    None: the rows are decided one by one.
+    """
+    n = len(rows)
+    if not n or not _in_time(session, rows):
+        return None if n else ([], [])
+    rids = list(map(_ID, rows))
+    if positional and positional.count(True) == n:  # read once per task: only earlier ones
+        if earlier.isdisjoint(rids):
+            return [FRESH] * n, []
+        return [REPLAY if rid in earlier else FRESH for rid in rids], []
+    plain = not any(positional) and len(set(rids)) == n
+    if plain and earlier.isdisjoint(rids) and admitted.keys().isdisjoint(rids):
+        return [""] * n, list(range(n))
+    return None
+
+
+def _in_time(session: TaskSession, rows: list[InRow]) -> bool:
+    """Whether no row is late (``ts // bucket < floor``) or ahead of the limit."""
+    times = list(map(_TS, rows))
+    limit = session.limit_ms
+    return min(times) >= session.floor * session.config.bucket_ms and (
+        limit is None or max(times) <= limit
+    )
+
+
 def _settle(value: bytes | None, fingerprint: int) -> str:
     """What a Redis answer means: unseen, a copy, or an ID conflict.
 
@@ -159,6 +212,14 @@ def _settle(value: bytes | None, fingerprint: int) -> str:
 
 
 def _split(rows: list[InRow], decision: list[str]) -> Admission:
+    fresh = decision.count(FRESH)
+    if fresh == len(rows):
+        return Admission(rows)
+    if fresh + decision.count(REPLAY) == len(rows):
+        return Admission(
+            [row for row, d in zip(rows, decision, strict=True) if d == FRESH],
+            [row for row, d in zip(rows, decision, strict=True) if d == REPLAY],
+        )
     adm = Admission([])
     for row, d in zip(rows, decision, strict=True):
         if d == FRESH:

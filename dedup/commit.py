@@ -15,6 +15,8 @@ is kept.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from itertools import repeat
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from onceflow.kernel.records import InRow, Output, StateWrite
 from onceflow.kernel.script_args import CommitKeys, SeenBlob, commit_args
 
 CONFLICT = b"conflict"
+_TS, _TARGET = itemgetter(2), attrgetter("target")
 FLOOR = b"floor"
 
 
@@ -75,14 +78,14 @@ def commit_chunk(
     fields, runs, order = addressing.address_runs(stage, rids, session.generation, keys)
     values = b""
     if prints:  # in the fields' order; 4 bytes each (kernel.keyspace.print_value)
-        known = np.fromiter((prints.get(r, 0) for r in rids), dtype=">u4", count=len(rids))
+        known = np.array(list(map(prints.get, rids, repeat(0, len(rids)))), dtype=">u4")
         values = known[order].tobytes()
     if not inputs_ids:
         inputs: tuple[str, bytes] = ("", b"")
     else:
         inputs = inputs_args(chunk, inputs_ids)
     writes = state_args(ks, partition, updates, keys)
-    sent = sum(1 for o in outputs if o.target >= 0)
+    sent = sum(map((-1).__lt__, map(_TARGET, outputs)))  # targets >= 0 (< 0: deltas)
     session.count("committed", len(fresh))
     session.count("out", sent)
     args = commit_args(
@@ -92,8 +95,8 @@ def commit_chunk(
         journal=journal_entry(session.generation, b"".join(rids)),
         seen=SeenBlob(len(rids), fields, runs),
         generation=session.generation,
-        newest=max((row[2] for row in marked), default=0),
-        oldest=min((row[2] for row in marked), default=0),
+        newest=max(map(_TS, marked), default=0),
+        oldest=min(map(_TS, marked), default=0),
         inputs=inputs,
         values=values,
         lanes=[(lane, newest, batch_time_ms) for lane, newest in lanes.items()],

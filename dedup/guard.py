@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Any
 
 from onceflow.backup import store as backup
@@ -327,10 +328,9 @@ class ExactlyOnceGuard(TaskDeliveries):
             return conflicts
         if seq > 0:
             self.stage.committed(seq, s.generation)
-        prints = self.prints
-        for row in fresh:  # positional IDs cannot come again in this attempt: not remembered
-            if row[1] not in unmarked:
-                self.admitted[row[1]] = prints.get(row[1], 0)
+        # positional IDs cannot come again in this attempt: not remembered
+        rids = [row[1] for row in fresh if row[1] not in unmarked]
+        self.admitted.update(zip(rids, map(self.prints.get, rids, repeat(0)), strict=False))
         return set()
 
     def conflicting_content(self) -> set[bytes]:

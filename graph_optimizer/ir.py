@@ -25,11 +25,12 @@ from onceflow.graph_optimizer.errors import (
 )
 from onceflow.kernel.windows import Windowing
 from onceflow.runtime.combine_fn import CombineFn
-from onceflow.runtime.spec import Phase
+from onceflow.runtime.spec import Each, Phase
 from onceflow.runtime.user_state import ProcessSpec
 
 __all__ = [
     "Combine",
+    "Each",
     "Exchange",
     "FlatMap",
     "Graph",
@@ -71,13 +72,16 @@ class FlatMap(Node):
     ``keyed`` says whether outputs are ``(key, value)`` pairs: True or False, or None to keep
     the keyedness of the input. A ``timestamped`` function is called as ``fn(element, ts)``
     with the record's event time in ms (window assignment needs it). A ``restamp`` node
-    passes each element on unchanged with the event time ``fn(element)`` gives.
+    passes each element on unchanged with the event time ``fn(element)`` gives. ``each``
+    says how ``fn`` makes the outputs (:class:`~onceflow.runtime.spec.Each`: a flat map's
+    iterable, a map's one value, a filter's test ...; none for ``PASS``).
     """
 
-    fn: Callable[..., Iterable[Any]] | None = None
+    fn: Callable[..., Any] | None = None
     keyed: bool | None = None
     timestamped: bool = False
     restamp: bool = False
+    each: Each = Each.FLAT
 
 
 @dataclass(frozen=True)

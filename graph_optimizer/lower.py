@@ -120,6 +120,7 @@ def stage_spec(
                     fn=node.fn,
                     timestamped=node.timestamped,
                     restamp=node.restamp,
+                    each=node.each,
                 )
             )
         elif isinstance(node, Combine):

@@ -104,6 +104,18 @@ def watermark(
     return max(previous, min(candidate, batch_time_ms))
 
 
+def as_event_times(values: list[Any]) -> list[int]:
+    """:func:`as_event_time` of every value (ints in range, the common case: checked at once)."""
+    if (
+        values
+        and set(map(type, values)) == {int}
+        and _MIN_MS <= min(values)
+        and max(values) <= _MAX_MS
+    ):
+        return values
+    return list(map(as_event_time, values))
+
+
 def as_event_time(value: Any) -> int:
     """An event time as a user function gives it, in epoch milliseconds.
 

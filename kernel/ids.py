@@ -26,6 +26,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import uuid
+from collections import deque
+from collections.abc import Sequence
+from itertools import islice, repeat
+from operator import eq
 from typing import Any
 
 from onceflow.kernel.errors import CodecError
@@ -92,6 +96,16 @@ def from_positions(source: str, topic: str, partition: int, offsets: list[int]) 
     return [blob[i : i + ID_BYTES] for i in range(0, n * ID_BYTES, ID_BYTES)]
 
 
+_COPY, _UPDATE, _DIGEST = (getattr(type(_POSITION), m) for m in ("copy", "update", "digest"))
+
+
+def _hash_all(base: Any, parts: Sequence[bytes]) -> list[bytes]:
+    """``base`` updated with each of ``parts``, digested: one loop of C calls per step."""
+    hashes = list(map(_COPY, repeat(base, len(parts))))
+    deque(map(_UPDATE, hashes, parts), maxlen=0)
+    return list(map(_DIGEST, hashes))
+
+
 def from_dead_letter(letter_id: bytes) -> bytes:
     """The ID of the record replayed from the dead letter with ID ``letter_id``.
 
@@ -133,6 +147,18 @@ def from_user_key(key: Any) -> bytes:
     h = _USER_KEY.copy()
     h.update(raw)
     return h.digest()  # type: ignore[no-any-return]
+
+
+def from_user_keys(keys: Sequence[Any]) -> list[bytes]:
+    """:func:`from_user_key` of every key (ints, or text that holds no UUID: hashed together)."""
+    kinds = set(map(type, keys))
+    if kinds == {int}:
+        raws = list(map(str.encode, map(int.__repr__, keys)))
+    elif kinds == {str} and 36 not in set(map(len, keys)):
+        raws = list(map(str.encode, keys))
+    else:
+        return [from_user_key(k) for k in keys]
+    return _hash_all(_USER_KEY, raws)
 
 
 MAX_HEADER_ID_BYTES = 1024
@@ -178,6 +204,22 @@ class Deriver:
         if index:
             h.update(index.to_bytes(8, "big"))
         return h.digest()  # type: ignore[no-any-return]
+
+    def children(self, parents: Sequence[bytes]) -> list[bytes]:
+        """:meth:`child` of each of ``parents``, numbered as outputs on a boundary are.
+
+        An output's number is how many outputs of the same parent come right before it.
+        """
+        if not any(map(eq, parents, islice(parents, 1, None))):  # one output per parent
+            return _hash_all(self._base, parents)
+        out: list[bytes] = []
+        prev, n = None, 0
+        child = self.child
+        for parent in parents:
+            n = n + 1 if parent == prev else 0
+            prev = parent
+            out.append(child(parent, n))
+        return out
 
     def of(self, *parts: bytes | str | int) -> bytes:
         """ID made of several parts (a batch number, a partition, an encoded key ...)."""

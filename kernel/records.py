@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import base64
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 
@@ -99,6 +100,19 @@ class Output(NamedTuple):
     ts: int
     key: bytes | None
     value: bytes
+
+
+def outputs_of(
+    targets: Iterable[int],
+    ids: Iterable[bytes],
+    ts: Iterable[int],
+    keys: Iterable[bytes | None],
+    values: Iterable[bytes],
+) -> list[Output]:
+    """Outputs made of columns (``Output(*row)`` for each row, without a call of ours each)."""
+    return list(
+        map(tuple.__new__, repeat(Output), zip(targets, ids, ts, keys, values, strict=True))
+    )
 
 
 class Redrive(NamedTuple):

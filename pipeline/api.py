@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from onceflow.dedup.config import DedupConfig
 from onceflow.graph_optimizer.ir import (
     Combine,
+    Each,
     Exchange,
     FlatMap,
     Graph,
@@ -163,7 +164,7 @@ class Pipeline:
         if len(windowings) > 1:
             msg = f"merge {name!r} mixes streams windowed differently; window them alike"
             raise PipelineError(msg)
-        node = FlatMap(name, tuple(s.name for s in streams), label="merge", fn=_identity)
+        node = FlatMap(name, tuple(s.name for s in streams), label="merge", each=Each.PASS)
         self._add(node)
         return Stream(self, name, keyed=keyed.pop(), windowing=windowings.pop())
 
@@ -254,10 +255,6 @@ def _fn_name(fn: object) -> str:
     return "lambda" if name is None or "<lambda>" in name else str(name)
 
 
-def _identity(x: Any) -> tuple[Any]:
-    return (x,)
-
-
 def _ttl_ms(name: str, ttl: Duration, what: str = "combine_per_key") -> int:
     try:
         ms = parse_duration_ms(ttl, "ttl")
@@ -308,11 +305,12 @@ class Stream:
         self,
         name: str,
         label: str,
-        fn: Callable[..., Iterable[Any]],
+        fn: Callable[..., Any] | None,
         keyed: bool | None,
         user_fn: object = None,
         timestamped: bool = False,
         restamp: bool = False,
+        each: Each = Each.FLAT,
     ) -> Stream:
         _check_stage_name(name)
         if user_fn is not None:
@@ -325,6 +323,7 @@ class Stream:
             keyed=keyed,
             timestamped=timestamped,
             restamp=restamp,
+            each=each,
         )
         self.pipeline._add(node)
         stream = Stream(self.pipeline, name, self.keyed if keyed is None else keyed, self.windowing)
@@ -335,7 +334,7 @@ class Stream:
     def map(self, name: str, fn: Callable[[Any], Any]) -> Stream:
         """One output per element: ``fn(element)``. The result is unkeyed."""
         _check_callable(name, "map", fn)
-        return self._flat(name, "map", lambda x: (fn(x),), keyed=False, user_fn=fn)
+        return self._flat(name, "map", fn, keyed=False, user_fn=fn, each=Each.MAP)
 
     def flat_map(self, name: str, fn: Callable[[Any], Iterable[Any]]) -> Stream:
         """Zero or more outputs per element: the items of ``fn(element)``. Unkeyed."""
@@ -351,10 +350,11 @@ class Stream:
         return self._flat(
             name,
             "map_timestamped",
-            lambda x, ts: (fn(x, ts),),
+            fn,
             keyed=False,
             user_fn=fn,
             timestamped=True,
+            each=Each.MAP,
         )
 
     def restamp(self, name: str, fn: Callable[[Any], Any]) -> Stream:
@@ -374,13 +374,13 @@ class Stream:
         """Keep the elements for which ``predicate`` is true (keyedness is kept)."""
         _check_callable(name, "filter", predicate)
         return self._flat(
-            name, "filter", lambda x: (x,) if predicate(x) else (), keyed=None, user_fn=predicate
+            name, "filter", predicate, keyed=None, user_fn=predicate, each=Each.FILTER
         )
 
     def key_by(self, name: str, key_fn: Callable[[Any], Any]) -> Stream:
         """Key each element: outputs ``(key_fn(element), element)``."""
         _check_callable(name, "key_by", key_fn)
-        stream = self._flat(name, "key_by", lambda x: ((key_fn(x), x),), keyed=True, user_fn=key_fn)
+        stream = self._flat(name, "key_by", key_fn, keyed=True, user_fn=key_fn, each=Each.KEY_BY)
         stream.key_kind = declared_kind(key_fn)
         return stream
 
@@ -388,9 +388,7 @@ class Stream:
         """On a keyed stream: ``(key, fn(value))``, still keyed."""
         self._need_keyed(name, "map_values")
         _check_callable(name, "map_values", fn)
-        return self._flat(
-            name, "map_values", lambda kv: ((kv[0], fn(kv[1])),), keyed=True, user_fn=fn
-        )
+        return self._flat(name, "map_values", fn, keyed=True, user_fn=fn, each=Each.MAP_VALUES)
 
     def window(
         self,
@@ -423,7 +421,7 @@ class Stream:
         except ConfigError as exc:
             msg = f"window {name!r}: {exc}"
             raise PipelineError(msg) from None
-        stream = self._flat(name, spec.describe(), _identity, keyed=True)
+        stream = self._flat(name, spec.describe(), None, keyed=True, each=Each.PASS)
         stream.windowing = spec
         self.pipeline._windows.append(name)
         return stream

@@ -39,6 +39,7 @@ from typing import Any
 from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.pipeline.errors import PipelineError
 from onceflow.pipeline.key_types import KeySides, check_declared
+from onceflow.runtime.spec import Each
 from onceflow.runtime.user_state import (
     BagSpec,
     Context,
@@ -91,7 +92,7 @@ def _tagged(
 
 def _keyed(stream: Stream, name: str, left: Stream) -> Stream:
     """The process stage's ``(key, pair)`` outputs as a keyed stream (keyed as ``left``)."""
-    keyed = stream._flat(name, "keyed", lambda kv: (kv,), keyed=True)  # noqa: SLF001
+    keyed = stream._flat(name, "keyed", None, keyed=True, each=Each.PASS)  # noqa: SLF001
     keyed.key_kind = left.key_kind
     return keyed
 

@@ -41,6 +41,21 @@ class OpKind(enum.Enum):
     PROCESS = "process"  # Stream.process: the user's function with per-key state and timers
 
 
+class Each(enum.Enum):
+    """How an element-wise op applies its function ``fn``; a fused stage runs it on a chunk.
+
+    The shape is what lets a stage apply a ``map`` to a chunk's list of elements at once
+    instead of calling a wrapper per element (:mod:`onceflow.runtime.ops.each`).
+    """
+
+    FLAT = "flat"  # fn(x) -> an iterable of outputs (flat_map, joins)
+    MAP = "map"  # fn(x) -> one output
+    FILTER = "filter"  # x, if fn(x) is true
+    KEY_BY = "key_by"  # (fn(x), x)
+    MAP_VALUES = "map_values"  # (x[0], fn(x[1]))
+    PASS = "pass"  # x itself, no function (merge, window)
+
+
 class Phase(enum.Enum):
     """Where a combine runs relative to its exchange."""
 
@@ -76,8 +91,9 @@ class TargetSpec:
 class OpSpec:
     """One logical node running in the stage, with where its outputs go.
 
-    ``to_ops`` names in-stage consumer ops; ``to_targets`` indexes stage outputs. A
-    ``timestamped`` flat-map is called as ``fn(element, event_time_ms)``. A combine with
+    ``to_ops`` names in-stage consumer ops; ``to_targets`` indexes stage outputs. An
+    element-wise op applies ``fn`` as ``each`` says (:class:`Each`); a ``timestamped`` one is
+    called as ``fn(element, event_time_ms)``. A combine with
     ``windowing`` folds per key and window (:mod:`onceflow.runtime.ops.windowed_combine`); one
     with a
     ``ttl_ms`` forgets a key's state that long (of batch time) after its last update. A
@@ -96,6 +112,7 @@ class OpSpec:
     ttl_ms: int | None = None
     process: ProcessSpec | None = None
     restamp: bool = False  # a flat map that gives its element a new event time: fn(element)
+    each: Each = Each.FLAT
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from onceflow.connectors.kafka.worker import RANGE_COLUMNS, fetch_range
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec
 from onceflow.kernel.errors import ServiceError
-from onceflow.kernel.eventtime import as_event_time
+from onceflow.kernel.eventtime import as_event_time, as_event_times
 from onceflow.kernel.records import DeadLetter, Record, Redrive
 from onceflow.kernel.settings import KafkaSettings
 
@@ -159,28 +159,45 @@ def plain_columns(
         if not plain:
             return None
         elems = codec.decode_all(values)
+        n = len(values)
         if with_ids:
             found = _found_ids(hdrs, id_fn, elems)
             rids = _with_positions(found, (source, topic, part), offsets)
-            positional = [f is None and by_position for f in found]
-            prints = [
-                (crc32c(v or b"", crc32c(k or b"")) or 1) if f is not None else 0
-                for f, k, v in zip(found, keys, values, strict=True)
-            ]
-        else:
-            rids = [b""] * len(values)
-            positional = [False] * len(values)
-            prints = [
-                crc32c(v or b"", crc32c(k or b"")) or 1 for k, v in zip(keys, values, strict=True)
-            ]
+            by_id = n - found.count(None)  # the records whose ID is not their position
+            positional = (
+                [by_position] * n if not by_id else [f is None and by_position for f in found]
+            )
+            prints = [0] * n if not by_id else _fingerprints(keys, values, found)
+        else:  # no IDs: no dedup, no fingerprints (see _decode_one)
+            rids = [b""] * n
+            positional = [False] * n
+            prints = [0] * n
         times = _event_times(hdrs, ts_fn, elems, kts)
     except Exception:  # noqa: BLE001 - record by record, each failure says what it is
         return None
-    sizes = [
+    return RecordColumns(
+        lane, rids, times, elems, list(offsets), positional, _sizes(keys, values), prints
+    )
+
+
+def _fingerprints(keys: list[Any], values: list[Any], found: list[bytes | None]) -> list[int]:
+    """:func:`fingerprint` of every record whose ID is no position (0 for the others)."""
+    if keys.count(None) == len(keys) and None not in values and None not in found:
+        return [c or 1 for c in map(crc32c, values)]  # crc32c(b"") is 0: no key, no seed
+    return [
+        (crc32c(v or b"", crc32c(k or b"")) or 1) if f is not None else 0
+        for f, k, v in zip(found, keys, values, strict=True)
+    ]
+
+
+def _sizes(keys: list[Any], values: list[Any]) -> list[int]:
+    """What each record was read from: its key and value bytes."""
+    if keys.count(None) == len(keys) and None not in values:
+        return list(map(len, values))
+    return [
         (len(v) if v is not None else 0) + (len(k) if k is not None else 0)
         for k, v in zip(keys, values, strict=True)
     ]
-    return RecordColumns(lane, rids, times, elems, list(offsets), positional, sizes, prints)
 
 
 def _with_positions(
@@ -190,7 +207,7 @@ def _with_positions(
     if None not in found:
         return found  # type: ignore[return-value]
     positions = ids.from_positions(*lane, offsets)
-    if all(f is None for f in found):
+    if found.count(None) == len(found):
         return positions
     return [f if f is not None else p for f, p in zip(found, positions, strict=True)]
 
@@ -213,9 +230,9 @@ def _found_ids(
     """:func:`_record_id` of every record (None: the record's position is its ID)."""
     header = ids.ID_HEADER
     if id_fn is not None:
-        keys = [id_fn(e) for e in elems]
+        keys = list(map(id_fn, elems))
         if hdrs is None:
-            return [ids.from_user_key(k) for k in keys]
+            return ids.from_user_keys(keys)  # type: ignore[return-value]
         return [
             ids.from_user_key(k) if k is not None or header not in h else ids.from_header(h[header])
             for k, h in zip(keys, hdrs, strict=True)
@@ -236,7 +253,7 @@ def _event_times(
     if hdrs is not None and any(header in h for h in hdrs):
         return [_event_time(h, ts_fn, e, k) for h, e, k in zip(hdrs, elems, kts, strict=True)]
     if ts_fn is not None:
-        return [as_event_time(ts_fn(e)) for e in elems]
+        return as_event_times(list(map(ts_fn, elems)))
     return [int(k) for k in kts]
 
 
@@ -297,7 +314,7 @@ def _decode_one(
         )
     rid = _position(raw, with_ids) if found is None else found
     positional = found is None and by_position
-    printed = fingerprint(key, value) if found is not None else 0
+    printed = fingerprint(key, value) if found else 0  # b"": IDs are off; None: a position
     try:
         ts = _event_time(hdrs, ts_fn, elem, kts)
     except Exception as exc:  # noqa: BLE001 - a bad header, or the user's timestamp function

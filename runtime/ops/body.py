@@ -1,9 +1,12 @@
-"""Executor side: the ops of one fused stage, wired push-style.
+"""Executor side: the ops of one fused stage, run a chunk at a time.
 
-Every element is pushed through the stage's ops; what reaches a boundary (a port, a sink or
-the dead-letter output) is buffered with its parent's ID and timestamp. :meth:`StageBody.take`
-then encodes the buffered elements and, with IDs on, derives each output's ID from its parent,
-the boundary's name and its index among that parent's outputs on that boundary.
+A chunk's rows run through the stage's ops in graph order, each op applied to the list of
+elements its producer made (:mod:`~.flow`, :mod:`~.each`); what reaches a boundary (a port, a
+sink or the dead-letter output) is buffered with its parent's ID and timestamp.
+:meth:`StageBody.take` then encodes the buffered elements and, with IDs on, derives each
+output's ID from its parent, the boundary's name and its index among that parent's outputs on
+that boundary. Outputs, their order and IDs, and dead letters are those of running each
+element through the stage depth first.
 
 Combines fold per key. In a bounded run a combine holds its accumulators for the whole task.
 In a streaming run a full or final combine is *stateful*: each chunk's per-key deltas are
@@ -16,27 +19,27 @@ trigger says so; a record whose windows have all closed becomes a dead letter. P
 (user state and timers, :mod:`~.process`) run a chunk's records when it commits and fire
 timers at the end of the task. The parts:
 :mod:`~.boundaries` (buffers and encoding), :mod:`~.combine` (combines without windows),
-:mod:`~.combine_flush` (the end of the task); this module wires the ops.
+:mod:`~.combine_flush` (the end of the task), :mod:`~.flow` (a chunk through the ops); this
+module wires the ops.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Sequence
 from typing import Any
 
-from onceflow.kernel import codec
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Redrive, StateWrite
+from onceflow.kernel.records import DeadLetter, Guarantee, InRow, Output, Record, StateWrite
 from onceflow.runtime.errors import StopStage
-from onceflow.runtime.ops.boundaries import Boundaries, Push
+from onceflow.runtime.ops.boundaries import Boundaries
 from onceflow.runtime.ops.combine import CombineOp, StateReader
 from onceflow.runtime.ops.combine_flush import (
     CombineFlush,
-    Fail,
     TimerReader,
     chunk_deltas,
     seed_partials,
 )
+from onceflow.runtime.ops.flow import Flow
 from onceflow.runtime.ops.process import Processes, ProcessOp
 from onceflow.runtime.ops.record_text import (
     Cursor,
@@ -44,45 +47,10 @@ from onceflow.runtime.ops.record_text import (
     as_json,
     error_text,
     letter_code,
-    portable,
     stage_failure,
 )
-from onceflow.runtime.ops.restamp import restamp_push
-from onceflow.runtime.ops.windowed_combine import WindowClosedError, WindowedCombine
-from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec
-
-
-def fan_out(pushes: list[Push]) -> Push:
-    """One push feeding every one of ``pushes``."""
-    if len(pushes) == 1:
-        return pushes[0]
-
-    def fan(elem: Any) -> None:
-        for p in pushes:
-            p(elem)
-
-    return fan
-
-
-def flat_map(op: OpSpec, out: Push, cursor: Cursor, fail: Fail) -> Push:
-    """The push of a flat-map op: its function's outputs go to ``out``."""
-    assert op.fn is not None
-    fn = op.fn
-    timestamped = op.timestamped
-    name = op.name
-
-    def push(elem: Any) -> None:
-        try:
-            results = fn(elem, cursor.ts) if timestamped else fn(elem)
-            if not isinstance(results, tuple | list):
-                results = list(results)
-        except Exception as exc:  # noqa: BLE001 - user code: dead-letter it
-            fail(name, exc, elem)
-            return
-        for r in results:
-            out(r)
-
-    return push
+from onceflow.runtime.ops.windowed_combine import WindowedCombine
+from onceflow.runtime.spec import OpKind, OpSpec, Phase, StageSpec, TargetSpec
 
 
 class StageBody:
@@ -107,23 +75,25 @@ class StageBody:
         self.limit_ms: int | None = None  # the newest event time admitted (set by the task)
         self.cursor = Cursor()
         self.out = Boundaries(spec, mode.ids, self.cursor, self._origin)
+        self.flow = Flow(spec, self.out, self.cursor, self._fail, lambda: self.limit_ms)
         self.combines: dict[str, CombineOp | WindowedCombine] = {}
         self.processes = Processes()
         self.op_derivers: dict[str, Deriver] = {}
         self.origins = Origins()  # source records: where they were read
-        self.push: dict[str, Push] = {}
-        for op in reversed(spec.ops):  # consumers first, so producers can bind them
-            self.push[op.name] = self._build(op)
-        self.entries = [self._entry(i.entries, i.entry_targets) for i in spec.inbound]
-        self.dispatch = [self._dispatcher(i.index) for i in spec.inbound]
+        for op in spec.ops:
+            if op.kind is OpKind.COMBINE:
+                self._build_combine(op)
+            elif op.kind is OpKind.PROCESS:
+                self._build_process(op)
         self.end = CombineFlush(
             spec,
             self.combines,
             self.op_derivers,
             self.cursor,
             (batch, partition, watermark, now),
-            lambda op: fan_out(self._downstream(op)),
+            self.flow.outlet,
             self._fail,
+            self.flow.emitting,
         )
 
     @property
@@ -138,24 +108,7 @@ class StageBody:
 
     # -- wiring --------------------------------------------------------------------------
 
-    def _downstream(self, op: OpSpec) -> list[Push]:
-        return [self.push[n] for n in op.to_ops] + [self.out.appender(t) for t in op.to_targets]
-
-    def _build(self, op: OpSpec) -> Push:
-        if op.kind is OpKind.COMBINE:
-            return self._build_combine(op)
-        if op.kind is OpKind.PROCESS:
-            return self._build_process(op)
-        return self._build_flat_map(op)
-
-    def _build_flat_map(self, op: OpSpec) -> Push:
-        assert op.fn is not None
-        if op.restamp:
-            out = fan_out(self._downstream(op))
-            return restamp_push(op, out, self.cursor, self._fail, self.out, lambda: self.limit_ms)
-        return flat_map(op, fan_out(self._downstream(op)), self.cursor, self._fail)
-
-    def _build_combine(self, op: OpSpec) -> Push:
+    def _build_combine(self, op: OpSpec) -> None:
         stateful = self.mode.streaming and op.phase is not Phase.PARTIAL
         chunked = self.mode.ids and op.phase is Phase.PARTIAL
         combine: CombineOp | WindowedCombine
@@ -166,51 +119,26 @@ class StageBody:
         self.combines[op.name] = combine
         if self.mode.ids:
             self.op_derivers[op.name] = Deriver(op.name)
-        return self._adder(combine)
+        self.flow.fold(op, combine)
 
-    def _build_process(self, op: OpSpec) -> Push:
+    def _build_process(self, op: OpSpec) -> None:
         where = (self.batch, self.watermark, self.now, self.mode)
-        out = fan_out(self._downstream(op))
+        out = self.flow.outlet(op)
         proc = ProcessOp.build(op, where, self.cursor, self._fail, out, self.previous_watermark)
         self.processes[op.name] = proc
-        return self._adder(proc)
-
-    def _adder(self, combine: CombineOp | WindowedCombine | ProcessOp) -> Callable[..., None]:
-        """Feed a combine ``(key, value)`` elements (and their key bytes, after an exchange)."""
-        cursor = self.cursor
-        fail = self._fail
-        name = combine.spec.name
-        encode = codec.encode
-        closed = self._window_closed
-        if isinstance(combine, WindowedCombine):
-            combine.closed_windows = lambda reason, part: closed(name, reason, part)
-
-        def push(elem: Any, kb: bytes | None = None) -> None:
-            try:
-                key, value = elem  # a process op runs it when the chunk commits
-                combine.add(kb if kb is not None else encode(key), key, value, cursor.ts)
-            except WindowClosedError as late:
-                closed(name, str(late), elem)
-            except Exception as exc:  # noqa: BLE001 - user code or a bad element
-                fail(name, exc, elem)
-
-        return push
-
-    def _window_closed(self, node: str, reason: str, elem: Any) -> None:
-        """A record too late for every one of its windows: a dead letter, never dropped."""
-        self.out.letter(node, reason, portable(elem), "window_closed")
-
-    def _entry(self, ops: tuple[str, ...], targets: tuple[int, ...]) -> Push:
-        return fan_out([self.push[n] for n in ops] + [self.out.appender(t) for t in targets])
+        self.flow.fold(op, proc)
 
     def _fail(self, node: str, exc: BaseException, elem: Any) -> None:
         if self.spec.on_error == "fail" or isinstance(exc, StopStage):
-            raise stage_failure(node, elem, exc) from exc
+            failure = stage_failure(node, elem, exc)
+            failure.__cause__ = exc
+            self.out.stop(failure)
+            return
         value, replayable = as_json(elem)
         self.out.letter(node, error_text(exc), value, letter_code(exc), json_value=replayable)
 
-    def _origin(self) -> str:
-        parent = self.cursor.parent
+    def _origin(self, parent: bytes) -> str:
+        """Where record ``parent`` was read (a source's record), or which task made it."""
         where = f"batch {self.batch} partition {self.partition}"
         read_at = self.origins.get(parent) if parent else None
         if read_at is not None:  # a source record: where it was read (topic:partition@offset)
@@ -237,36 +165,9 @@ class StageBody:
 
     # -- feeding -------------------------------------------------------------------------
 
-    def run(self, rows: Iterable[InRow]) -> None:
-        """Push input rows through the stage."""
-        cursor = self.cursor
-        dispatch = self.dispatch
-        for inbound, rid, ts, kb, elem in rows:
-            cursor.parent = rid
-            cursor.ts = ts
-            if elem.__class__ is Redrive:
-                self._redrive(elem)
-                continue
-            dispatch[inbound](elem, kb)
-
-    def _redrive(self, replayed: Redrive) -> None:
-        """A record replayed from a dead letter goes straight to the node it failed in."""
-        push = self.push.get(replayed.node)
-        if push is None:
-            self.out.unroutable(self.spec.name, replayed)
-        else:
-            push(replayed.value)
-
-    def _dispatcher(self, inbound: int) -> Callable[[Any, bytes | None], None]:
-        """Feed one input; a combine reading an exchange reuses the key bytes it arrived with."""
-        spec = self.spec.inbound[inbound]
-        combine: CombineOp | WindowedCombine | ProcessOp | None = None
-        if len(spec.entries) == 1:
-            combine = self.combines.get(spec.entries[0]) or self.processes.get(spec.entries[0])
-        entry = self.entries[inbound]
-        if combine is None or spec.entry_targets:
-            return lambda elem, _kb: entry(elem)
-        return self._adder(combine)
+    def run(self, rows: Sequence[InRow]) -> None:
+        """Run input rows through the stage (see :mod:`~.flow`)."""
+        self.flow.run(rows)
 
     def touch(self, inbound: int, kb: bytes, key: Any, ts: int) -> None:
         """A replayed record whose effect is already committed: mark its key touched."""
@@ -296,12 +197,14 @@ class StageBody:
             if not combine.stateful:
                 continue
             if isinstance(combine, WindowedCombine):
-                write = combine.updates(reader, self.end.pane_emitter(combine))
+                with self.flow.emitting():
+                    write = combine.updates(reader, self.end.pane_emitter(combine))
             else:
                 write = combine.updates(reader)
             if write:
                 out[name] = write
-        self.processes.updates(reader, out)  # runs the user's function on the chunk
+        # runs the user's function on the chunk
+        self.processes.updates(reader, out, self.flow.emitting)
         return out
 
     def closed_parts(self) -> int:
@@ -310,6 +213,7 @@ class StageBody:
 
     def chunk_committed(self) -> None:
         """The chunk is durable."""
+        self.out.made.chunk_committed()
         for combine in self.combines.values():
             if combine.stateful or combine.chunked:
                 combine.chunk_committed()
@@ -335,11 +239,22 @@ class StageBody:
         # the stage are downstream of it, and what its timers emit must reach them before
         # they flush (a lifted partial combine flushed first would lose it)
         changes: dict[str, StateWrite] = {}
-        self.processes.fire(reader, timers, changes)  # timers due fire
+        self.processes.fire(reader, timers, changes, self.flow.emitting)  # timers due fire
         changes.update(self.end.flush_end(reader, timers))
         return changes
 
     # -- outputs -------------------------------------------------------------------------
+
+    def sink_records(self, outputs: Sequence[Output], target: TargetSpec) -> list[Record]:
+        """What a sink writes for ``outputs`` (see :mod:`~.made`)."""
+        return self.out.made.records(outputs, target)
+
+    def delivered_elsewhere(self) -> None:
+        """Keep no elements of sink outputs: the batch's delivery job delivers them.
+
+        It reads them from the backup (:mod:`onceflow.runtime.task.deferred`).
+        """
+        self.out.made.keeping = False
 
     def take(self) -> list[Output]:
         """Encode everything buffered at the boundaries, deriving IDs when they are on."""

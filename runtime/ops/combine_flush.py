@@ -10,11 +10,14 @@ its panes (:mod:`~.windowed_combine`). Outputs get IDs derived from what makes t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from itertools import repeat
 from typing import Any
 
 from onceflow.kernel import codec
+from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import Deriver
-from onceflow.kernel.records import Output, StateWrite
+from onceflow.kernel.records import Output, StateWrite, outputs_of
 from onceflow.kernel.windows import Pane
 from onceflow.runtime.ops.combine import CombineOp, StateReader
 from onceflow.runtime.ops.record_text import Cursor
@@ -42,6 +45,7 @@ class CombineFlush:
         where: tuple[int, int, int | None, int | None],
         outlet: Callable[[OpSpec], Push],
         fail: Fail,
+        step: Callable[[], AbstractContextManager[None]],
     ) -> None:
         self.spec = spec
         self.combines = combines
@@ -51,6 +55,7 @@ class CombineFlush:
         self.batch, self.partition, self.watermark, self.now = where
         self.outlet = outlet  # what an op's outputs go to
         self.fail = fail
+        self.step = step  # what a combine emits in it runs on through the stage at its end
 
     def flush_end(
         self, reader: StateReader | None, timers: TimerReader | None = None
@@ -65,18 +70,30 @@ class CombineFlush:
             combine = self.combines.get(op.name)
             if combine is None:
                 continue
-            if isinstance(combine, WindowedCombine):
-                write = self._flush_windows(combine, reader, timers)
-                if write:
-                    changes[op.name] = write
-            elif combine.stateful:
-                assert reader is not None
-                self._emit_state(combine, reader)
-            elif op.phase is Phase.PARTIAL:
-                self._emit_accumulators(combine)
-            else:
-                self._emit_results(combine)
+            with self.step():
+                write = self._flush(op, combine, reader, timers)
+            if write:
+                changes[op.name] = write
         return changes
+
+    def _flush(
+        self,
+        op: OpSpec,
+        combine: CombineOp | WindowedCombine,
+        reader: StateReader | None,
+        timers: TimerReader | None,
+    ) -> StateWrite | None:
+        """Emit what one combine makes due at the end of the task."""
+        if isinstance(combine, WindowedCombine):
+            return self._flush_windows(combine, reader, timers)
+        if combine.stateful:
+            assert reader is not None
+            self._emit_state(combine, reader)
+        elif op.phase is Phase.PARTIAL:
+            self._emit_accumulators(combine)
+        else:
+            self._emit_results(combine)
+        return None
 
     def _flush_windows(
         self, combine: WindowedCombine, reader: StateReader | None, timers: TimerReader | None
@@ -181,8 +198,15 @@ def chunk_deltas(spec: StageSpec, combines: Combines) -> list[Output]:
             for kb, ts, value in combine.deltas():
                 out.append(Output(-1 - position, b"", ts, kb, value))
             continue
-        for kb, (_key, acc, ts) in combine.acc.items():
-            out.append(Output(-1 - position, b"", ts, kb, codec.encode(acc)))
+        entries = list(combine.acc.values())
+        accs = [e[1] for e in entries]
+        try:
+            encoded = codec.encode_many(accs)
+        except CodecError:  # one by one: the error says which
+            encoded = [codec.encode(acc) for acc in accs]
+        n = len(entries)
+        stamps = [e[2] for e in entries]
+        out += outputs_of(repeat(-1 - position, n), repeat(b"", n), stamps, combine.acc, encoded)
     return out
 
 

@@ -32,6 +32,7 @@ hold], ...], expiry or None]`` as MessagePack (maps as ``[[key, value], ...]``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from onceflow.kernel import codec
@@ -57,6 +58,7 @@ StateReader = Callable[[str, Sequence[bytes]], Mapping[bytes, bytes | None]]
 TimerReader = Callable[[str, int, int], Sequence[bytes]]
 Push = Callable[[Any], None]
 Fail = Callable[[str, BaseException, Any], None]
+Step = Callable[[], AbstractContextManager[None]]  # what an op emits in it runs on at its end
 
 NO_TIME = -(1 << 62)  # the watermark of a bounded run while its input is read
 END_OF_TIME = 1 << 62  # a bounded run's watermark and time once its input has ended
@@ -375,10 +377,14 @@ def _nowhere(elem: Any) -> None:  # noqa: ARG001 - the default outlet
 class Processes(dict[str, ProcessOp]):
     """A stage's process ops by name, stepped together by the stage body."""
 
-    def updates(self, reader: StateReader, out: dict[str, StateWrite]) -> None:
-        """Run the chunk's records; their new state into ``out`` (see :meth:`ProcessOp.updates`)."""
+    def updates(self, reader: StateReader, out: dict[str, StateWrite], step: Step) -> None:
+        """Run the chunk's records; their new state into ``out`` (see :meth:`ProcessOp.updates`).
+
+        Each op runs in a ``step`` of its own, at whose end what it emitted runs on.
+        """
         for name, proc in self.items():
-            write = proc.updates(reader)
+            with step():
+                write = proc.updates(reader)
             if write:
                 out[name] = write
 
@@ -393,11 +399,16 @@ class Processes(dict[str, ProcessOp]):
             proc.reset_chunk()
 
     def fire(
-        self, reader: StateReader | None, timers: TimerReader | None, out: dict[str, StateWrite]
+        self,
+        reader: StateReader | None,
+        timers: TimerReader | None,
+        out: dict[str, StateWrite],
+        step: Step,
     ) -> None:
-        """End of task: fire the timers due; the keys' new state into ``out``."""
+        """End of task: fire the timers due; the keys' new state into ``out`` (a step each)."""
         for name, proc in self.items():
-            write = proc.fire(reader or _no_state, timers)
+            with step():
+                write = proc.fire(reader or _no_state, timers)
             if write:
                 out[name] = write
 

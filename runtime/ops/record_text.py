@@ -16,13 +16,18 @@ class StageFailure(RuntimeFailure):
 
 
 class Cursor:
-    """The parent record whose outputs are being produced, shared by a stage's ops."""
+    """The parent record whose outputs are being produced, shared by a stage's ops.
 
-    __slots__ = ("parent", "ts")
+    ``index``: the element of the batch under way whose dead letter may be made now
+    (see :mod:`~.flow`).
+    """
+
+    __slots__ = ("index", "parent", "ts")
 
     def __init__(self) -> None:
         self.parent = b""
         self.ts = 0
+        self.index = 0
 
 
 class Origins:
@@ -100,10 +105,21 @@ def too_large(limit: int) -> str:
     )
 
 
+_RUNTIME = "onceflow.runtime."
+
+
 def error_text(exc: BaseException) -> str:
-    """``Type: message`` plus the innermost user frame, for dead letters."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    """``Type: message`` plus the innermost user frame, for dead letters.
+
+    Frames of the runtime's own code (the loop that called the function) are no user's: a
+    function written in C (``int``, say) that raised has no frame to name.
+    """
+    frames = [
+        (frame.f_code.co_filename, line)
+        for frame, line in traceback.walk_tb(exc.__traceback__)
+        if not str(frame.f_globals.get("__name__", "")).startswith(_RUNTIME)
+    ]
+    where = f" (at {frames[-1][0]}:{frames[-1][1]})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
 
 

@@ -49,7 +49,8 @@ class ChunkCommits:
         self.origins = origins
         self.count = count
         self.crash = crash
-        self.prints: dict[int, int] = {}  # id() of a row of the chunk -> its fingerprint
+        # the chunk's rows and their fingerprints (indexed only when an ID conflict asks)
+        self.chunk: tuple[list[InRow], Sequence[int]] = ([], ())
 
     def attempt(
         self,
@@ -66,7 +67,7 @@ class ChunkCommits:
         taken before the loop: they leave with the first part's commit, whatever has to be
         redone. Returns the admission, the outputs committed and the next chunk's number.
         """
-        self.prints = {id(row): fp for row, fp in zip(rows, prints, strict=True)} if prints else {}
+        self.chunk = (rows, prints)
         with timed("redis admit"):
             admission = self.guard.admit(rows, positional, prints)
         for inbound, _rid, ts, kb, elem in admission.replayed:
@@ -234,7 +235,8 @@ class ChunkCommits:
         Its letter's ID derives from the ID and the content, so that several such records
         (one ID header copied onto each) make several letters, and copies of one make one.
         """
-        fp = self.prints.get(id(row), 0)
+        rows, prints = self.chunk
+        fp = next((p for r, p in zip(rows, prints, strict=True) if r is row), 0) if prints else 0
         letter = self._letter(row, id_conflict_reason(row[1]), "id_conflict")
         self.body.dead(replace(letter, id=ids.from_user_key(row[1] + fp.to_bytes(4, "big"))))
 

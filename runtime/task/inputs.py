@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from onceflow.connectors.decoded import LaneProgress, RecordColumns
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 MAX_ORIGINS = 50_000  # source records whose origin a task remembers for error messages
 ROW_COLUMNS = ("id", "ts", "key", "value", "port")
 
+_TS = itemgetter(2)
 Count = Callable[[str, int], None]
 Chunk = tuple[list[InRow], dict[str, int], list[bool], list[int]]
 
@@ -87,12 +89,17 @@ class TaskInput:
         if not lanes:
             return marks
         limit = self.guard.limit_ms
-        for row, lane in zip(rows, lanes, strict=True):
-            ts = row[2]
-            if lane is None or (limit is not None and ts > limit):
-                continue
-            if ts > marks.get(lane, ts - 1):
-                marks[lane] = ts
+        one = len(set(lanes)) == 1
+        for lane in filter(None, set(lanes)):
+            if one:
+                times = list(map(_TS, rows))
+            else:
+                times = [row[2] for row, at in zip(rows, lanes, strict=True) if at == lane]
+            if limit is not None and max(times) > limit:
+                times = [ts for ts in times if ts <= limit]
+            newest = max(times, default=None)
+            if newest is not None and newest > marks.get(lane, newest - 1):
+                marks[lane] = newest
         return marks
 
     def _heartbeat(self, beat: LaneProgress) -> None:

@@ -31,8 +31,10 @@ is the loop over them.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from onceflow.connectors.errors import ConnectorError
@@ -46,6 +48,7 @@ from onceflow.runtime.guard import GuardFactory
 from onceflow.runtime.metrics import dead_letter_counter
 from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.spec import StageSpec
+from onceflow.runtime.task import heap
 from onceflow.runtime.task import times as task_times
 from onceflow.runtime.task.commits import ChunkCommits
 from onceflow.runtime.task.inputs import ROW_COLUMNS, TaskInput
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 MAX_FAILURE_CHARS = 600
+_TARGET = attrgetter("target")
 ROW_SCHEMA = "id binary, ts long, key binary, value binary, port int"
 
 
@@ -222,6 +226,7 @@ class TaskRun:
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Steps 1-4 of the module docstring."""
+        heap.settle()  # once per worker process (see onceflow.runtime.task.heap)
         with task_times.timed("redis open"):
             replay = self.guard.open()
         deltas = [o for o in replay.outputs if o.target < 0]
@@ -339,16 +344,13 @@ class TaskRun:
         if not outputs:
             return
         targets = self.spec.targets
-        rows: list[Output] = []
-        new: dict[int, list[Output]] = {}
-        for out in outputs:
-            if targets[out.target].is_row:
-                rows.append(out)
-            else:
-                new.setdefault(out.target, []).append(out)
-            self.count(f"out/{targets[out.target].name}")
-        rows += self.sinks.hold(new)
-        yield from self.arrow_batches(rows)
+        made = Counter(map(_TARGET, outputs))
+        for index, n in made.items():
+            self.count(f"out/{targets[index].name}", n)
+        sinks = [t for t in made if not targets[t].is_row]
+        rows = outputs if not sinks else [o for o in outputs if targets[o.target].is_row]
+        new = {t: [o for o in outputs if o.target == t] for t in sinks}
+        yield from self.arrow_batches(rows + self.sinks.hold(new))
 
     def arrow_batches(self, rows: list[Output]) -> Iterator[pa.RecordBatch]:
         """Rows as Arrow batches of at most a chunk's bytes (one oversized row alone)."""

@@ -29,13 +29,12 @@ stay durable in Redis before it commits, as before.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from onceflow.connectors.base import DeliveryMark, Rejected, TaskInfo, TransactionalWriter
 from onceflow.connectors.errors import ConnectorError
 from onceflow.dedup.delivery import NO_MARKER
-from onceflow.kernel import codec
 from onceflow.kernel.limits import outputs_bytes, split_outputs
 from onceflow.kernel.records import DeadLetter, Output, Record, TaskRef
 from onceflow.runtime.errors import LostDeliveryError
@@ -44,7 +43,7 @@ from onceflow.runtime.guard import Guard
 from onceflow.runtime.metrics import deferred_counter
 from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.ops.record_text import portable
-from onceflow.runtime.spec import StageSpec, TargetKind, TargetSpec
+from onceflow.runtime.spec import StageSpec, TargetSpec
 from onceflow.runtime.task.sink_transactions import (
     SinkTransaction,
     accepted,
@@ -74,6 +73,8 @@ class SinkDelivery:
         self.defer = guard.deferred if defer is None else defer
         self.deferred = False  # this task left sink outputs to the delivery job
         self.body = body
+        if self.defer:
+            body.delivered_elsewhere()
         self.task = task
         self.count = count
         self.crash = crash
@@ -133,7 +134,8 @@ class SinkDelivery:
         with timed("sink open"):
             writer = self.writer(target)
         if not self.guard.mode.ids:  # no IDs to tell records apart (they may be empty)
-            return self.refused_letters(target, writer.write(decode_outputs(outputs, target)))
+            records = self.body.sink_records(outputs, target)
+            return self.refused_letters(target, writer.write(records))
         with timed("redis undelivered"):
             todo = self.guard.undelivered(target.index, _first_of_each_id(outputs))
         skipped = len(outputs) - len(todo)
@@ -141,7 +143,7 @@ class SinkDelivery:
             self.count("already_delivered", skipped)
         if not todo:
             return []
-        records = decode_outputs(todo, target)
+        records = self.body.sink_records(todo, target)  # elements, not decoded (ops.made)
         marker = ""
         if isinstance(writer, TransactionalWriter):
             rejected, marker = self._in_transaction(target, writer, todo, records)
@@ -303,14 +305,6 @@ class SinkDelivery:
             return
         with contextlib.suppress(Exception):
             self.guard.note_writer(index, identity, begins=False)
-
-
-def decode_outputs(outputs: Iterable[Output], target: TargetSpec) -> list[Record]:
-    """Sink records back from their encoded form (sinks write elements, not bytes)."""
-    decode = codec.decode
-    if target.keyed and target.kind is not TargetKind.DEAD:
-        return [Record(o.id, o.ts, (decode(o.key), decode(o.value))) for o in outputs]  # type: ignore[arg-type]
-    return [Record(o.id, o.ts, decode(o.value)) for o in outputs]
 
 
 def _first_of_each_id(outputs: list[Output]) -> list[Output]:

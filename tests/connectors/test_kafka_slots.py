@@ -30,6 +30,7 @@ from onceflow.kernel.records import Output, TaskRef
 from onceflow.kernel.settings import RedisSettings
 from onceflow.pipeline import Pipeline
 from onceflow.runtime.faults import CrashPoint
+from onceflow.runtime.ops.body import StageBody
 from onceflow.runtime.task.sink_delivery import SinkDelivery
 
 CLIENTS = pytest.mark.parametrize("client", WORKER_CLIENTS)
@@ -136,7 +137,8 @@ class _Partition:
             if point is crash_at:
                 raise Killed(point)
 
-        return SinkDelivery(self.spec, guard, None, ref, lambda *_: None, crash)  # type: ignore[arg-type]
+        body = StageBody(self.spec, guard.mode, ref.batch, ref.partition)  # makes no records
+        return SinkDelivery(self.spec, guard, body, ref, lambda *_: None, crash)
 
     def outputs(self) -> list[Output]:
         return [

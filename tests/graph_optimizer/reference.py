@@ -10,7 +10,16 @@ from collections import Counter
 from typing import Any
 
 from onceflow.connectors.collections import Collection, Generate
-from onceflow.graph_optimizer.ir import Combine, Exchange, FlatMap, Graph, Phase, Sink, Source
+from onceflow.graph_optimizer.ir import (
+    Combine,
+    Each,
+    Exchange,
+    FlatMap,
+    Graph,
+    Phase,
+    Sink,
+    Source,
+)
 from onceflow.kernel import codec
 
 
@@ -25,11 +34,7 @@ def evaluate(graph: Graph) -> dict[str, list[Any]]:
             out: list[Any] = []
             for i in node.inputs:
                 for x in values[i]:
-                    out.extend(
-                        node.fn(x, 0)
-                        if getattr(node.fn, "onceflow_timestamped", False)
-                        else node.fn(x)
-                    )
+                    out.extend(_outputs(node, x))
             values[node.name] = out
         elif isinstance(node, Exchange):
             values[node.name] = list(values[node.inputs[0]])
@@ -44,6 +49,24 @@ def evaluate(graph: Graph) -> dict[str, list[Any]]:
         elif isinstance(node, Sink):
             results[node.name] = list(values[node.inputs[0]])
     return results
+
+
+def _outputs(node: FlatMap, x: Any) -> list[Any]:
+    """What an element-wise node makes of one element (event time 0)."""
+    fn = node.fn
+    args = (x, 0) if node.timestamped else (x,)
+    if node.each is Each.PASS:
+        return [x]
+    assert fn is not None
+    if node.each is Each.MAP:
+        return [fn(*args)]
+    if node.each is Each.FILTER:
+        return [x] if fn(x) else []
+    if node.each is Each.KEY_BY:
+        return [(fn(x), x)]
+    if node.each is Each.MAP_VALUES:
+        return [(x[0], fn(x[1]))]
+    return list(fn(*args))
 
 
 def _source(connector: Any) -> list[Any]:

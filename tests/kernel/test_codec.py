@@ -132,6 +132,20 @@ def test_the_json_codec_reads_what_orjson_would_read_otherwise_like_json(raw):
     assert repr(value_codec("json").decode(raw)) == repr(json.loads(raw))
 
 
+@given(_json_values, st.lists(_json_values, max_size=4))
+def test_many_json_values_read_as_each_alone(value, others):
+    """A source's slice is read in one go (``decode_many``): each value as json reads it,
+    numbers of 19 digits and more among them included (orjson would make floats of some)."""
+    raws = [json.dumps(v).encode("utf-8", "surrogatepass") for v in [*others, value]]
+    try:
+        want = [repr(json.loads(r)) for r in raws]
+    except ValueError:
+        return
+    json_codec = value_codec("json")
+    assert json_codec.decode_many is not None
+    assert [repr(v) for v in json_codec.decode_many(raws)] == want
+
+
 @pytest.mark.parametrize("raw", ['{"a": [1, 2.5, "x"]}', '"text"', "12345678901234567890"])
 def test_the_json_codec_reads_text_as_json_does(raw):
     assert repr(value_codec("json").decode(raw)) == repr(json.loads(raw))
