@@ -14,7 +14,10 @@ The loop is the same for every guarantee; a *guard* decides what it costs:
    ``delivered`` marks them) once a delivery's worth of a sink is held (the guard's
    ``delivery`` budget, by records and by bytes), and at the end of the task. Held records
    are already backed up: a crash before their delivery replays them from the backup, so
-   holding them changes when they become visible, not whether.
+   holding them changes when they become visible, not whether. Where a batch's deliveries
+   wait for one durability confirmation (Redis ``everysec`` with ``WAITAOF``, a group
+   commit), the task holds them only: the batch's delivery job delivers them after the wait
+   (:mod:`~.deferred`).
 
 Every unit is bounded by bytes as well as by count (:mod:`onceflow.kernel.limits`): chunks
 (:mod:`~.chunking`, and again by what a chunk writes), deliveries, the Arrow
