@@ -86,7 +86,7 @@ ensure_python_packages() {
 
 ensure_kafka() {
   # Apache Kafka's jars from Maven Central, into a cache reused by every run (quiet when cached).
-  "$VENV/bin/python" -c 'from onceflow.testing.kafka import fetch_kafka; fetch_kafka()'
+  "$VENV/bin/python" -c 'from onceflow.testing.kafka_jars import fetch_kafka; fetch_kafka()'
 }
 
 ensure_registry() {

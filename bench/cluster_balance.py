@@ -50,8 +50,8 @@ from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.operations.gc import collect
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
-from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.redis_cluster import LocalRedisCluster
 
 WORKLOADS = ("stateless", "keyed")
 EVENT_STEP_MS = 5

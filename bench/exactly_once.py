@@ -77,9 +77,10 @@ from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes
 from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
-from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
 from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.redis_cluster import LocalRedisCluster
 from onceflow.testing.services import LocalRedis
+from onceflow.testing.spark_cluster import LocalSparkCluster
 
 # mode -> (guarantee, transactional Kafka sink)
 MODES = {

@@ -36,7 +36,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 
 from onceflow.runtime.faults import PAUSE_ENV  # noqa: E402
 from onceflow.testing.harness import Crash, run_pipeline  # noqa: E402
-from onceflow.testing.kafka import LocalKafka, LocalKafkaCluster  # noqa: E402
+from onceflow.testing.kafka import LocalKafka  # noqa: E402
+from onceflow.testing.kafka_cluster import LocalKafkaCluster  # noqa: E402
 from onceflow.testing.services import LocalRedis  # noqa: E402
 from tests.exactly_once.real_input import PIPELINE, Send, event, new_run, verify  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Redis memory per seen ID in the seen-ID layout (see onceflow.kernel.keyspace).
+"""Redis memory per seen ID in the seen-ID layout (see onceflow.kernel.seen_layout).
 
 Stores ``N`` random IDs in one generation of one receiver through the real commit path
 (:func:`onceflow.dedup.commit.commit_chunk`: the addressing, the seen fields and the COMMIT
@@ -36,8 +36,9 @@ from onceflow.dedup.addressing import Addressing, shards_of
 from onceflow.dedup.commit import commit_chunk
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.session import TaskSession
-from onceflow.kernel.keyspace import Keyspace, Kind, seen_width
+from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.records import InRow
+from onceflow.kernel.seen_layout import seen_width
 from onceflow.kernel.store import store_for
 from onceflow.testing.services import LocalRedis
 

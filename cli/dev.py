@@ -168,7 +168,8 @@ def _free(port: int | None) -> int | None:
 
 
 def _kafka(folder: Path, port: int | None) -> dict[str, Any]:
-    from onceflow.testing.kafka import TEST_SETTINGS, LocalKafka
+    from onceflow.testing.kafka import LocalKafka
+    from onceflow.testing.kafka_config import TEST_SETTINGS
     from onceflow.testing.services import untrack_process
 
     kafka = LocalKafka(str(folder), port=_free(port), properties=TEST_SETTINGS)

@@ -2,7 +2,7 @@
 
 A script call names every key it touches in KEYS (Redis Cluster needs that); IDs travel as
 one blob of their seen fields (what its shard does not already say of an ID, see
-:func:`onceflow.kernel.keyspace.seen_field`) with, per ID, the KEYS
+:func:`onceflow.kernel.seen_layout.seen_field`) with, per ID, the KEYS
 index of its shard in each generation that matters as blobs of little-endian uint16:
 thousands of IDs are then a handful of arguments. Where the IDs' order does not matter to
 the script (marking a chunk seen, marking a delivery) they travel grouped by shard instead,
@@ -21,7 +21,8 @@ import numpy as np
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import OnceflowError
 from onceflow.kernel.ids import ID_BYTES
-from onceflow.kernel.keyspace import Keyspace, prefix_bytes
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.seen_layout import prefix_bytes
 
 MAX_SCRIPT_KEYS = 0xFFFF  # KEYS indices travel as uint16
 _INDEX = "<u2"
@@ -64,13 +65,13 @@ def _prefixes(raw: np.ndarray) -> np.ndarray:
 
 
 def shards_of(raw: np.ndarray, shards: int) -> np.ndarray:
-    """:func:`onceflow.kernel.keyspace.shard_of` for a ``(n, 16)`` uint8 array of IDs."""
+    """:func:`onceflow.kernel.seen_layout.shard_of` for a ``(n, 16)`` uint8 array of IDs."""
     shard: np.ndarray = _prefixes(raw) % shards
     return shard
 
 
 def seen_fields(raw: np.ndarray, shards: int) -> bytes:
-    """:func:`onceflow.kernel.keyspace.seen_field` of a ``(n, 16)`` uint8 array, as one blob."""
+    """:func:`onceflow.kernel.seen_layout.seen_field` of a ``(n, 16)`` uint8 array, as one blob."""
     width = prefix_bytes(shards)
     high = (_prefixes(raw) // shards).astype(">u2").view(np.uint8).reshape(-1, 2)
     return np.concatenate([high[:, 2 - width :], raw[:, 2:]], axis=1).tobytes()

@@ -37,9 +37,9 @@ from onceflow.dedup.addressing import MAX_SCRIPT_KEYS, Addressing, KeyTable
 from onceflow.dedup.config import MAX_CHUNK
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.trust import Receiver
-from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow
 from onceflow.kernel.script_args import lookup_args
+from onceflow.kernel.seen_layout import same_content
 
 FRESH, REPLAY, DUP, LATE, AHEAD, CONFLICT = "fresh", "replay", "dup", "late", "ahead", "conflict"
 _LOOKUP_SPARE_KEYS = 16
@@ -250,8 +250,8 @@ def lookup(
 ) -> list[bytes | None]:
     """Seen value of each ID in any live generation of the authoritative store (None: unseen).
 
-    The value is :data:`~onceflow.kernel.keyspace.SEEN_MARK` or a source record's content
-    fingerprint (:func:`~onceflow.kernel.keyspace.print_value`).
+    The value is :data:`~onceflow.kernel.seen_layout.SEEN_MARK` or a source record's content
+    fingerprint (:func:`~onceflow.kernel.seen_layout.print_value`).
 
     One script call per slice of IDs small enough that its KEYS (a shard per generation per
     ID at most) stay within the script's index range, and never more than

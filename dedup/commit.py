@@ -25,9 +25,9 @@ from onceflow.dedup.addressing import Addressing, KeyTable
 from onceflow.dedup.session import TaskSession
 from onceflow.dedup.state import state_args
 from onceflow.dedup.trust import journal_entry
-from onceflow.kernel.keyspace import same_content
 from onceflow.kernel.records import InRow, Output, StateWrite
 from onceflow.kernel.script_args import CommitKeys, SeenBlob, commit_args
+from onceflow.kernel.seen_layout import same_content
 
 CONFLICT = b"conflict"
 _TS, _TARGET = itemgetter(2), attrgetter("target")
@@ -66,7 +66,7 @@ def commit_chunk(
     :mod:`onceflow.dedup.admission`): they are kept among the task's inputs in its backup,
     and are neither marked, journaled for the Bloom filters nor checked for conflicts.
     ``prints``: content fingerprints of source records, which their seen-marks hold
-    (:func:`~onceflow.kernel.keyspace.print_value`); without, the marks hold the session's
+    (:func:`~onceflow.kernel.seen_layout.print_value`); without, the marks hold the session's
     constant value.
     """
     ks, stage, partition = session.ks, session.stage, session.partition
@@ -77,7 +77,7 @@ def commit_chunk(
     rids = [row[1] for row in marked] if unmarked else inputs_ids
     fields, runs, order = addressing.address_runs(stage, rids, session.generation, keys)
     values = b""
-    if prints:  # in the fields' order; 4 bytes each (kernel.keyspace.print_value)
+    if prints:  # in the fields' order; 4 bytes each (kernel.seen_layout.print_value)
         known = np.array(list(map(prints.get, rids, repeat(0, len(rids)))), dtype=">u4")
         values = known[order].tobytes()
     if not inputs_ids:

@@ -13,8 +13,9 @@ from typing import Any
 
 from onceflow.dedup.config import DedupConfig
 from onceflow.dedup.errors import FencedError, ServerChangedError, server_changed_message
-from onceflow.kernel.keyspace import SEEN_MARK, Keyspace
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.script_args import Fence
+from onceflow.kernel.seen_layout import SEEN_MARK
 from onceflow.kernel.store import Store
 
 FENCED = b"fenced"

@@ -45,7 +45,7 @@ from onceflow.dedup.session import TaskSession
 from onceflow.kernel import script_args
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.ids import ID_BYTES
-from onceflow.kernel.keyspace import seen_id
+from onceflow.kernel.seen_layout import seen_id
 
 SCAN_STEP = 1000
 SNAPSHOT_OK = b"ok"

@@ -45,7 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from onceflow.kernel.errors import ConfigError
-from onceflow.operations.gc import REMOVED_KINDS, GcPass, Removed
+from onceflow.operations.gc_report import REMOVED_KINDS, GcPass, Removed
 from onceflow.runtime.driver.exporter import MetricsEndpoint
 
 _MS = 1000.0

@@ -4,7 +4,7 @@ Per receiver (a stage, or ``<sink>/delivered``): records in, committed and sent 
 dropped, late records, Bloom "maybe" answers and the Redis lookups they caused; per namespace:
 the driver epoch, the last acknowledged micro-batch, backups still pending, the Redis memory
 the namespace uses (SCAN + MEMORY USAGE, in bounded steps), the GC horizon and its last pass,
-and how seen-IDs are stored (the layout, see :mod:`onceflow.kernel.keyspace`).
+and how seen-IDs are stored (the layout, see :mod:`onceflow.kernel.seen_layout`).
 Receivers and state kept per partition scope (:mod:`onceflow.kernel.scopes`) are summed over
 their partitions.
 """
@@ -18,8 +18,9 @@ from typing import Any
 
 from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import lanes_of
-from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, Keyspace, Kind
+from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes, tag_client
+from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
 from onceflow.runtime.driver.heartbeat import running_driver
 
@@ -61,7 +62,7 @@ class Status:
     # the watermark (``open_windows``, keys with an event timer) and the earliest such
     # timer, state with a time-to-live
     state: dict[str, dict[str, int]] = field(default_factory=dict)
-    seen_layout: int = LAYOUT  # how seen-IDs are stored (see kernel.keyspace)
+    seen_layout: int = LAYOUT  # how seen-IDs are stored (see kernel.seen_layout)
     driver: dict[str, Any] | None = None  # the running driver (see runtime.heartbeat)
 
     def as_dict(self) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from onceflow.runtime.faults import POINTS
 from onceflow.testing.asserts import Assertion, assert_that, equal_to, is_empty
-from onceflow.testing.cluster import LocalRedisCluster, LocalSparkCluster
 from onceflow.testing.errors import TestingError, TestInputError
 from onceflow.testing.harness import (
     Crash,
@@ -30,9 +29,13 @@ from onceflow.testing.harness import (
     run_pipeline,
     session_processes,
 )
-from onceflow.testing.kafka import LocalKafka, LocalKafkaCluster, fetch_kafka
+from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.kafka_cluster import LocalKafkaCluster
+from onceflow.testing.kafka_jars import fetch_kafka
+from onceflow.testing.redis_cluster import LocalRedisCluster
 from onceflow.testing.run import TestOutputs, run_test
 from onceflow.testing.services import LocalBroker, LocalRedis, free_port
+from onceflow.testing.spark_cluster import LocalSparkCluster
 from onceflow.testing.teststream import TestStream
 
 __all__ = [

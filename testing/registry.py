@@ -17,7 +17,7 @@ in ~6-8 s, ~300-400 MB resident.
 **Cache.** ``~/.cache/onceflow/apicurio-<version>/`` holds the unpacked application; set
 ``ONCEFLOW_REGISTRY_HOME`` to use another folder holding the same layout. A download goes
 into a temporary folder renamed into place once complete, under a lock file (as
-:mod:`onceflow.testing.kafka` fetches Kafka's jars).
+:mod:`onceflow.testing.kafka_jars` fetches Kafka's jars).
 
 >>> with LocalRegistry() as registry:
 ...     Avro(registry.url, schema=...)
@@ -41,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 
 from onceflow.kernel.errors import ServiceError
-from onceflow.testing.kafka import DEFAULT_CACHE, java_binary
+from onceflow.testing.kafka_jars import DEFAULT_CACHE, java_binary
 from onceflow.testing.services import free_port, track_process
 
 APICURIO_VERSION = "3.0.9"

@@ -31,7 +31,8 @@ from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
 from onceflow.operations.audit import audit
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER
 from onceflow.testing.harness import Crash, compare_counts, crash_and_resume
-from onceflow.testing.kafka import KAFKA_VERSION, LocalKafka
+from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.kafka_jars import KAFKA_VERSION
 from onceflow.testing.services import LocalRedis
 
 PIPELINE_FILE = os.path.join(os.path.dirname(__file__), "orders_pipeline.py")

@@ -6,7 +6,7 @@ PySpark 4.3.0 (measured: batch and streaming reads, ``availableNow``, restarts f
 checkpoint, transactions under ``read_committed``). :func:`fetch_connector` brings it with
 its dependencies from Maven Central once, through ``mvn``, into
 ``~/.cache/onceflow/spark-kafka-<version>/jars`` (or ``$ONCEFLOW_SPARK_KAFKA_JARS``), the way
-:mod:`onceflow.testing.kafka` fetches the broker. :func:`connector_jars` leaves out the jars
+:mod:`onceflow.testing.kafka_jars` fetches the broker. :func:`connector_jars` leaves out the jars
 Spark already ships (Hadoop, Scala, compression, SLF4J ...): what remains is the connector,
 its token provider, ``kafka-clients`` and ``commons-pool2``. The jars must be on the
 classpath *when the session starts* (``spark.jars``); :func:`session_conf` says which setting

@@ -4,7 +4,7 @@ Parallelism, the seen-ID bucket and shard layout, and the physical plan's layout
 boundaries, keyed state and its combiners; see :mod:`onceflow.graph_optimizer.fingerprint`)
 are stored in the namespace's meta hash on the first run and compared on every start. A
 change is refused with a message that says what changed and how to proceed. The seen-ID
-layout (how a seen ID is stored, see :mod:`onceflow.kernel.keyspace`) is pinned the same way:
+layout (how a seen ID is stored, see :mod:`onceflow.kernel.seen_layout`) is pinned the same way:
 a namespace an older Onceflow made in another layout is refused with the way out.
 
 The namespace and the Spark checkpoint are two halves of one pipeline's progress: Spark knows
@@ -26,15 +26,9 @@ from typing import TYPE_CHECKING, Any
 from onceflow.backup.store import acknowledged
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import (
-    LAYOUT,
-    LAYOUT_FIELD,
-    STAGING_FIELD,
-    Keyspace,
-    Kind,
-    check_layout,
-)
+from onceflow.kernel.keyspace import STAGING_FIELD, Keyspace, Kind
 from onceflow.kernel.scopes import PLAN_FIELD
+from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD, check_layout
 from onceflow.kernel.store import store_for
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ from importlib.metadata import version
 
 import pytest
 
-from onceflow.cli.main import main, parse_args, spark_conf
+from onceflow.cli.commands import spark_conf
+from onceflow.cli.main import main, parse_args
 
 
 def write(tmp_path, text, name="onceflow.toml"):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.cli.main import build_parser, commands_of, main, parse_args, run_config
+from onceflow.cli.commands import run_config
+from onceflow.cli.main import build_parser, commands_of, main, parse_args
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.records import Guarantee
 from onceflow.pipeline import Pipeline, sinks, sources

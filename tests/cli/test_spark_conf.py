@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from onceflow.cli.main import build_parser, spark_conf
+from onceflow.cli.commands import spark_conf
+from onceflow.cli.main import build_parser
 from onceflow.kernel.errors import ConfigError
 from onceflow.runtime.faults import executor_conf
 

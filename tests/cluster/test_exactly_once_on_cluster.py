@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from onceflow.testing.cluster import LocalSparkCluster
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
+from onceflow.testing.spark_cluster import LocalSparkCluster
 from tests.exactly_once.scenario import PIPELINE, make_scenario, verify
 from tests.fixtures.spark_cluster import cluster_cli_args, driver_env
 

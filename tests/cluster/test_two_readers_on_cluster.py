@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from onceflow.testing.cluster import LocalSparkCluster
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
+from onceflow.testing.spark_cluster import LocalSparkCluster
 from tests.cluster.test_exactly_once_on_cluster import _kill_worker_running
 from tests.exactly_once.two_readers import (
     ORDER_PARTITIONS,

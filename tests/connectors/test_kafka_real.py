@@ -30,7 +30,7 @@ from tests.exactly_once.real_input import PIPELINE, Send, event, new_run, stats,
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 COMPACTION_WAIT_S = 120
-COMPACTION_SETTLE_S = 2  # the broker's cleaner looks every 0.5 s (testing/kafka.py)
+COMPACTION_SETTLE_S = 2  # the broker's cleaner looks every 0.5 s (testing/kafka_config.py)
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 # confluent-kafka's variants run with --long: tests/connectors/test_kafka_clients.py and the

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from onceflow.dedup import trust as trust_mod
-from onceflow.kernel.keyspace import SEEN_MARK, Keyspace
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.seen_layout import SEEN_MARK
 from tests.dedup.test_guard import Harness, _rows
 
 pytestmark = pytest.mark.redis

@@ -21,8 +21,9 @@ from onceflow.dedup.batch import fix_batch_params, read_batch_params
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.eventtime import EventTime
-from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, SEEN_MARK, Keyspace, seen_id
+from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.records import Output, TaskRef
+from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD, SEEN_MARK, seen_id
 from onceflow.runtime.driver.pinning import pin_layout, pin_settings
 from tests.dedup.test_guard import TS, Harness, _rows
 

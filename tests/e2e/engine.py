@@ -9,7 +9,7 @@ registry the official ``apache/kafka`` and ``redis`` images are used. Without Do
 * ``podman system service`` on a private socket, which testcontainers drives as Docker;
 * images built locally and cached by Podman between runs: a Debian base from debootstrap,
   a Redis image on it, and an Apache Kafka image on it: Debian's Java 17 from apt plus the
-  same jars that ``onceflow.testing.kafka.fetch_kafka`` caches for ``LocalKafka``. Containers
+  same jars that ``onceflow.testing.kafka_jars.fetch_kafka`` caches for ``LocalKafka``. Containers
   use the host network (ports chosen by the tests).
 
 The Kafka image runs a single-node KRaft broker configured by ``KAFKA_*`` environment
@@ -34,16 +34,15 @@ import time
 from dataclasses import dataclass
 
 from onceflow.kernel.errors import ServiceError
-from onceflow.testing.kafka import (
+from onceflow.testing.kafka_config import (
     JVM_OPTIONS,
-    KAFKA_VERSION,
     LOG4J2_PROPERTIES,
     MAIN_CLASS,
     STORAGE_TOOL_CLASS,
     broker_properties,
-    fetch_kafka,
     new_cluster_id,
 )
+from onceflow.testing.kafka_jars import KAFKA_VERSION, fetch_kafka
 
 HERE = os.path.join(tempfile.gettempdir(), "onceflow-podman")
 SOCKET = os.path.join(HERE, "podman.sock")

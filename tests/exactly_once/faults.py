@@ -16,8 +16,8 @@ import random
 import threading
 import time
 
-from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.redis_cluster import LocalRedisCluster
 
 JOIN_S = 300.0  # how long an attempt's end waits for a fault under way
 

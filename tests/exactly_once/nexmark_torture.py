@@ -41,10 +41,10 @@ from examples.nexmark import reference
 from examples.nexmark.events import Config, generate
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel.settings import KafkaSettings
-from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.harness import compare_counts
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.redis_cluster import LocalRedisCluster
 from tests.exactly_once.faults import BrokerRestart, ClusterFailover
 from tests.exactly_once.real_input import Run, Send, dead_letters
 from tests.exactly_once.torture import CHUNK, HOUR, Torture

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.kernel.settings import RedisSettings, redis_client
-from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.redis_cluster import LocalRedisCluster
 from tests.exactly_once import nexmark_torture, torture
 from tests.exactly_once.faults import BrokerRestart, ClusterFailover
 from tests.exactly_once.real_input import sinks_env

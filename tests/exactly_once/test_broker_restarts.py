@@ -34,7 +34,8 @@ import pytest
 
 from onceflow.runtime.faults import PAUSE_ENV
 from onceflow.testing.harness import Crash, Outcome, run_pipeline
-from onceflow.testing.kafka import LocalKafka, LocalKafkaCluster
+from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.kafka_cluster import LocalKafkaCluster
 from onceflow.testing.services import free_port
 from tests.exactly_once.real_input import PIPELINE, Run, Send, event, new_run, sinks_env, verify
 

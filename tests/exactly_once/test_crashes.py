@@ -18,7 +18,8 @@ import pytest
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel import codec
-from onceflow.kernel.keyspace import LAYOUT_FIELD, PRINT_BYTES, Keyspace
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.seen_layout import LAYOUT_FIELD, PRINT_BYTES
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
 from onceflow.testing.services import modern_redis_binary

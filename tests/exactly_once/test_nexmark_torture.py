@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from onceflow.kernel.keyspace import LAYOUT, LAYOUT_FIELD, Keyspace
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD
 from onceflow.testing.kafka import LocalKafka
 from tests.exactly_once.nexmark_torture import check, nexmark_torture
 

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.redis_cluster import LocalRedisCluster
 from tests.exactly_once.soak import HEADING, Services, soak, write_result
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis, pytest.mark.cluster]

@@ -63,10 +63,10 @@ from typing import Any
 
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel.settings import KafkaSettings
-from onceflow.testing.cluster import LocalRedisCluster
 from onceflow.testing.harness import Outcome, compare_counts, run_pipeline
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.redis_cluster import LocalRedisCluster
 from tests.exactly_once.faults import (
     BackgroundFault,
     BrokerRestart,

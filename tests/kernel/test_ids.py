@@ -107,7 +107,7 @@ def test_a_slice_of_position_ids_is_each_offsets_own(offsets):
 def test_position_ids_spread_over_seen_shards_and_differ_between_lanes():
     from collections import Counter
 
-    from onceflow.kernel.keyspace import shard_of
+    from onceflow.kernel.seen_layout import shard_of
 
     made = ids.from_positions("src", "t", 0, list(range(64_000)))
     per_shard = Counter(shard_of(rid, 64) for rid in made)

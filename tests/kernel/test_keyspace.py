@@ -12,13 +12,10 @@ from hypothesis import strategies as st
 
 from onceflow.dedup.addressing import seen_fields, shards_of
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import (
+from onceflow.kernel.keyspace import Keyspace, Kind, floor_bucket, namespace_of_meta
+from onceflow.kernel.seen_layout import (
     LAYOUT,
-    Keyspace,
-    Kind,
     check_layout,
-    floor_bucket,
-    namespace_of_meta,
     seen_field,
     seen_id,
     seen_width,

@@ -24,8 +24,8 @@ from onceflow.cli.main import main
 from onceflow.connectors.kafka.topics import produce
 from onceflow.dedup.batch import BatchParams
 from onceflow.kernel.settings import KafkaSettings
-from onceflow.operations.gc import GcPass, Removed
 from onceflow.operations.gc_metrics import GcMetrics
+from onceflow.operations.gc_report import GcPass, Removed
 from onceflow.runtime.driver.exporter import BatchView, RunExporter
 from tests.exactly_once.scenario import BASE_TS, EVENTS, PIPELINE, make_scenario, verify
 from tests.runtime.child import Child

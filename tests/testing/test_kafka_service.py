@@ -17,7 +17,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewPartitions, NewTopic
 
 from onceflow.kernel.errors import ServiceError
-from onceflow.testing.kafka import LocalKafka, java_binary, kafka_home
+from onceflow.testing.kafka import LocalKafka
+from onceflow.testing.kafka_jars import java_binary, kafka_home
 
 pytestmark = pytest.mark.kafka
 
