@@ -18,7 +18,7 @@ cd "$(dirname "$0")"
 
 # redis-tools: redis-cli builds local Redis Clusters; maven fetches Apache Kafka's jars.
 DEBIAN_PACKAGES=(redis-server redis-tools graphviz maven)
-TEST_DEBIAN_PACKAGES=(podman runc uidmap slirp4netns fuse-overlayfs debootstrap chromium chromium-driver faketime postgresql)
+TEST_DEBIAN_PACKAGES=(gcc libc6-dev podman runc uidmap slirp4netns fuse-overlayfs debootstrap chromium chromium-driver faketime postgresql)
 VENV=.venv
 EXTRAS=dev  # the optional dependencies installed into $VENV
 

@@ -138,7 +138,7 @@ def library(name: str, source: str) -> str:
         return str(target)
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        msg = f"no C compiler (cc) to build the test library {name}"
+        msg = f"no C compiler (cc) to build the test library {name}: apt-get install gcc libc6-dev"
         raise ServiceError(msg)
     target.parent.mkdir(parents=True, exist_ok=True)
     src = target.with_suffix(f".{os.getpid()}.c")
