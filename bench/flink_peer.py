@@ -330,6 +330,8 @@ def _call(cmd: list[str]) -> subprocess.CompletedProcess[str]:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
+    """A lock file, as onceflow.connectors.maven.locked (this module also runs in PyFlink's own
+    interpreter, which has no onceflow to import)."""
     with open(path, "a+b") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

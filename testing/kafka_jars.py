@@ -21,18 +21,15 @@ download once, and an interrupted download leaves nothing half-done behind.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
+from onceflow.connectors import maven
 from onceflow.kernel.errors import ServiceError
 
 KAFKA_VERSION = "4.4.0"
@@ -41,13 +38,9 @@ SCALA_VERSION = "2.13"
 # slf4j-api version Kafka 4.4 depends on), hence log4j-slf4j-impl, not log4j-slf4j2-impl.
 LOG4J_VERSION = "2.25.5"
 # Pinned so that the download does not depend on the plugin version Maven happens to default to.
-DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 HOME_ENV = "ONCEFLOW_KAFKA_HOME"
 DEFAULT_CACHE = Path("~/.cache/onceflow")
 MIN_JAVA = 17
-DOWNLOAD_TIMEOUT_S = 900.0
-MAVEN_ERROR_LINES = 3
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def kafka_home(version: str = KAFKA_VERSION) -> Path:
@@ -81,40 +74,10 @@ def fetch_kafka(version: str = KAFKA_VERSION) -> Path:
         )
         raise ServiceError(msg)
     home.mkdir(parents=True, exist_ok=True)
-    with _locked(home / ".fetch.lock"):
+    with maven.locked(home / ".fetch.lock"):
         if not _has_jars(libs):  # another process may have fetched it while we waited
             _download(mvn, version, libs)
     return home
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _pom(version: str) -> str:
-    deps = [
-        ("org.apache.kafka", f"kafka_{SCALA_VERSION}", version),
-        ("org.apache.logging.log4j", "log4j-core", LOG4J_VERSION),
-        ("org.apache.logging.log4j", "log4j-slf4j-impl", LOG4J_VERSION),
-    ]
-    body = "".join(
-        f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
-        f"<version>{v}</version></dependency>\n"
-        for g, a, v in deps
-    )
-    return (
-        '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
-        "<modelVersion>4.0.0</modelVersion>\n"
-        "<groupId>onceflow.local</groupId><artifactId>kafka-jars</artifactId>"
-        "<version>1</version><packaging>pom</packaging>\n"
-        f"<dependencies>\n{body}</dependencies>\n</project>\n"
-    )
 
 
 def _download(mvn: str, version: str, libs: Path) -> None:
@@ -125,38 +88,19 @@ def _download(mvn: str, version: str, libs: Path) -> None:
     )
     partial = libs.with_name(f".libs.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="onceflow-kafka-pom-") as work:
-        Path(work, "pom.xml").write_text(_pom(version), encoding="utf-8")
-        cmd = [
-            mvn,
-            "-B",
-            "-q",
-            "-Dstyle.color=never",
-            "-U",  # retry artifacts that an earlier, failed attempt marked as missing
-            f"{DEPENDENCY_PLUGIN}:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={partial}",
-        ]
-        try:
-            done = subprocess.run(
-                cmd,
-                cwd=work,
-                capture_output=True,
-                text=True,
-                timeout=DOWNLOAD_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            done = None
+    deps = [
+        ("org.apache.kafka", f"kafka_{SCALA_VERSION}", version),
+        ("org.apache.logging.log4j", "log4j-core", LOG4J_VERSION),
+        ("org.apache.logging.log4j", "log4j-slf4j-impl", LOG4J_VERSION),
+    ]
+    cmd, done = maven.copy_dependencies(mvn, "kafka-jars", deps, partial)
     if done is None or done.returncode != 0 or not _has_jars(partial):
         shutil.rmtree(partial, ignore_errors=True)
-        output = "" if done is None else (done.stdout + done.stderr)
-        tail = "\n".join(_maven_errors(output))
         msg = (
             f"could not fetch Apache Kafka {version} from Maven Central with {' '.join(cmd)} "
             f"(expected its jars in {partial}); check that Maven reaches Central (a proxy or "
             f"mirror in ~/.m2/settings.xml), or set {HOME_ENV} to a folder whose libs/ holds "
-            f"the Kafka jars. Maven said:\n{tail or 'nothing (timed out)'}"
+            f"the Kafka jars. Maven said:\n{maven.maven_errors(done)}"
         )
         raise ServiceError(msg)
     try:
@@ -168,15 +112,6 @@ def _download(mvn: str, version: str, libs: Path) -> None:
             f"{libs} to be absent or to hold kafka_*.jar: remove it and try again"
         )
         raise ServiceError(msg) from exc
-
-
-def _maven_errors(output: str) -> list[str]:
-    """Maven's first few error lines, without its boilerplate about -e and -X."""
-    lines = _ANSI_ESCAPE.sub("", output).splitlines()
-    errors = [
-        line for line in lines if line.startswith("[ERROR]") and line[len("[ERROR]") :].strip()
-    ]
-    return (errors or lines)[:MAVEN_ERROR_LINES]
 
 
 @functools.cache

@@ -25,8 +25,6 @@ into a temporary folder renamed into place once complete, under a lock file (as
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
@@ -36,10 +34,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
+from onceflow.connectors import maven
 from onceflow.kernel.errors import ServiceError
 from onceflow.testing.kafka_jars import DEFAULT_CACHE, java_binary
 from onceflow.testing.services import free_port, track_process
@@ -62,7 +60,6 @@ JVM_OPTIONS = (
 )
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
-DOWNLOAD_TIMEOUT_S = 900.0
 POLL_INTERVAL_S = 0.2
 LOG_TAIL_LINES = 20
 
@@ -94,7 +91,7 @@ def fetch_registry(version: str = APICURIO_VERSION) -> Path:
         )
         raise ServiceError(msg)
     home.parent.mkdir(parents=True, exist_ok=True)
-    with locked_file(home.parent / f".apicurio-{version}.lock"):
+    with maven.locked(home.parent / f".apicurio-{version}.lock"):
         if _runner(home) is None:
             _download(mvn, version, home)
     jar = _runner(home)
@@ -111,35 +108,18 @@ def _download(mvn: str, version: str, home: Path) -> None:
     partial = home.with_name(f".{home.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="onceflow-apicurio-") as work:
-        cmd = [
-            mvn,
-            "-B",
-            "-q",
-            "-Dstyle.color=never",
-            "-U",  # retry what an earlier, failed attempt marked as missing
+        goal = [
             f"{DEPENDENCY_PLUGIN}:get",
             f"-Dartifact={ARTIFACT.format(version=version)}",
             "-Dtransitive=false",
             f"-Dmaven.repo.local={work}/repository",
         ]
-        try:
-            done = subprocess.run(
-                cmd,
-                cwd=work,
-                capture_output=True,
-                text=True,
-                timeout=DOWNLOAD_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            done = None
+        cmd, done = maven.run_mvn(mvn, goal, work)
         archives = list(Path(work, "repository").rglob("*-all.tar.gz"))
         if done is None or done.returncode != 0 or not archives:
-            output = "" if done is None else done.stdout + done.stderr
-            tail = "\n".join(maven_errors(output)) or "nothing (timed out)"
             msg = (
                 f"could not fetch Apicurio Registry {version} with {' '.join(cmd)}; check that "
-                f"Maven reaches Central, or set {HOME_ENV}. Maven said:\n{tail}"
+                f"Maven reaches Central, or set {HOME_ENV}. Maven said:\n{maven.maven_errors(done)}"
             )
             raise ServiceError(msg)
         extract_tar(archives[0], partial)
@@ -182,24 +162,6 @@ def unsafe_members(members: list[tarfile.TarInfo], destination: Path) -> list[st
         if outside:
             bad.append(member.name)
     return bad
-
-
-@contextlib.contextmanager
-def locked_file(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path``: two processes fetching at once download once."""
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def maven_errors(output: str, count: int = 3) -> list[str]:
-    """Maven's first error lines (or its first lines when none says [ERROR])."""
-    lines = output.splitlines()
-    errors = [line for line in lines if line.startswith("[ERROR]") and line[7:].strip()]
-    return (errors or lines)[:count]
 
 
 class LocalRegistry:

@@ -15,17 +15,14 @@ a session needs for a pipeline's sources.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
+from onceflow.connectors import maven
 from onceflow.kernel.errors import ServiceError
 
 SPARK_CLIENT = "spark"  # KafkaSource(client=...) reading through Spark's own connector
@@ -35,12 +32,8 @@ SCALA_VERSION = "2.13"
 CONNECTOR_GROUP = "org.apache.spark"
 CONNECTOR_ARTIFACT = f"spark-sql-kafka-0-10_{SCALA_VERSION}"
 # Pinned so that the download does not depend on the plugin version Maven happens to default to.
-DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 JARS_ENV = "ONCEFLOW_SPARK_KAFKA_JARS"
 DEFAULT_CACHE = Path("~/.cache/onceflow")
-DOWNLOAD_TIMEOUT_S = 900.0
-MAVEN_ERROR_LINES = 3
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _JAR_VERSION = re.compile(r"-\d[^-]*(-[A-Za-z][\w.]*)?\.jar$")  # "-3.9.2.jar", "-2.0-M1.jar"
 
 
@@ -76,32 +69,10 @@ def fetch_connector(version: str = CONNECTOR_VERSION) -> Path:
         )
         raise ServiceError(msg)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.parent / ".fetch.lock"):
+    with maven.locked(folder.parent / ".fetch.lock"):
         if not _has_connector(folder):  # another process may have fetched it while we waited
             _download(mvn, version, folder)
     return folder
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _pom(version: str) -> str:
-    return (
-        '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
-        "<modelVersion>4.0.0</modelVersion>\n"
-        "<groupId>onceflow.local</groupId><artifactId>spark-kafka-jars</artifactId>"
-        "<version>1</version><packaging>pom</packaging>\n"
-        f"<dependencies><dependency><groupId>{CONNECTOR_GROUP}</groupId>"
-        f"<artifactId>{CONNECTOR_ARTIFACT}</artifactId><version>{version}</version>"
-        "</dependency></dependencies>\n</project>\n"
-    )
 
 
 def _download(mvn: str, version: str, folder: Path) -> None:
@@ -113,41 +84,16 @@ def _download(mvn: str, version: str, folder: Path) -> None:
     )
     partial = folder.with_name(f".jars.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="onceflow-spark-kafka-pom-") as work:
-        Path(work, "pom.xml").write_text(_pom(version), encoding="utf-8")
-        cmd = [
-            mvn,
-            "-B",
-            "-q",
-            "-Dstyle.color=never",
-            "-U",  # retry artifacts that an earlier, failed attempt marked as missing
-            f"{DEPENDENCY_PLUGIN}:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={partial}",
-        ]
-        try:
-            done: subprocess.CompletedProcess[str] | None = subprocess.run(
-                cmd,
-                cwd=work,
-                capture_output=True,
-                text=True,
-                timeout=DOWNLOAD_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            done = None
+    deps = [(CONNECTOR_GROUP, CONNECTOR_ARTIFACT, version)]
+    cmd, done = maven.copy_dependencies(mvn, "spark-kafka-jars", deps, partial)
     if done is None or done.returncode != 0 or not _has_connector(partial):
         shutil.rmtree(partial, ignore_errors=True)
-        output = "" if done is None else (done.stdout + done.stderr)
-        lines = _ANSI_ESCAPE.sub("", output).splitlines()
-        errors = [line for line in lines if line.startswith("[ERROR]")] or lines
-        tail = "\n".join(errors[:MAVEN_ERROR_LINES])
         msg = (
             f"could not fetch Spark's Kafka connector {version} from Maven Central with "
             f"{' '.join(cmd)} (expected {CONNECTOR_ARTIFACT}-{version}.jar in {partial}); check "
             f"that Maven reaches Central (a proxy or mirror in ~/.m2/settings.xml), set "
             f"{JARS_ENV} to a folder holding the jars, or use KafkaSource(client='python'). "
-            f"Maven said:\n{tail or 'nothing (timed out)'}"
+            f"Maven said:\n{maven.maven_errors(done)}"
         )
         raise ServiceError(msg)
     try:
