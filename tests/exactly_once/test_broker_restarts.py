@@ -52,12 +52,6 @@ PAUSE_S = "1"  # the paused task goes on this long after the fault began
 
 
 @pytest.fixture
-def single_broker() -> Iterator[LocalKafka]:
-    with LocalKafka() as kafka:
-        yield kafka
-
-
-@pytest.fixture
 def cluster() -> Iterator[LocalKafkaCluster]:
     with LocalKafkaCluster(brokers=3) as nodes:
         yield nodes
@@ -138,26 +132,26 @@ def _rolling_restart(nodes: LocalKafkaCluster) -> Callable[[], None]:
 
 @pytest.mark.parametrize("client", ["python", pytest.param("confluent", marks=pytest.mark.long)])
 def test_a_broker_killed_and_restarted_mid_run_is_ridden_out(
-    client, single_broker, redis_server, postgres_server, tmp_path
+    client, own_broker, redis_server, postgres_server, tmp_path
 ):
     # the enriched events also go to every other sink, each read back by its own reader in
     # the check (pyarrow, plain file reads, pyiceberg, psycopg)
     more = sinks_env(str(tmp_path), postgres=postgres_server.env)
-    run = new_run(single_broker, redis_server.url, tmp_path, TOTALS_CLIENT=client, **more)
+    run = new_run(own_broker, redis_server.url, tmp_path, TOTALS_CLIENT=client, **more)
     gate = str(tmp_path / "fault-over")
     _input(run, gate)
-    outage = Outage(_kill_and_restart(single_broker), gate)
+    outage = Outage(_kill_and_restart(own_broker), gate)
     outcome, finished = _run_through(run, outage)
     _check(run, outcome, finished, outage, redis_server.client())
 
 
 @pytest.mark.long
-def test_a_broker_down_for_a_minute_is_ridden_out(single_broker, redis_server, tmp_path):
+def test_a_broker_down_for_a_minute_is_ridden_out(own_broker, redis_server, tmp_path):
     """Longer than the transactions' timeout (60 s): the coordinator aborts them itself."""
-    run = new_run(single_broker, redis_server.url, tmp_path)
+    run = new_run(own_broker, redis_server.url, tmp_path)
     gate = str(tmp_path / "fault-over")
     _input(run, gate)
-    outage = Outage(_kill_and_restart(single_broker, down_s=55.0), gate)
+    outage = Outage(_kill_and_restart(own_broker, down_s=55.0), gate)
     outcome, finished = _run_through(run, outage)
     _check(run, outcome, finished, outage, redis_server.client())
 
@@ -194,15 +188,15 @@ def test_a_broker_down_at_start_ends_the_run_in_one_line_after_the_wait(redis_se
 
 @pytest.mark.long  # the wait itself: tests/connectors/test_kafka_outages.py
 def test_a_broker_that_comes_up_during_the_start_wait_lets_the_run_proceed(
-    single_broker, redis_server, tmp_path
+    own_broker, redis_server, tmp_path
 ):
-    run = new_run(single_broker, redis_server.url, tmp_path)
+    run = new_run(own_broker, redis_server.url, tmp_path)
     run.produce([Send(event(run, f"u{i % 5}", 1), i % 2) for i in range(600)])
-    single_broker.stop()
+    own_broker.stop()
 
     def start_later() -> None:
         time.sleep(3)
-        single_broker.start()
+        own_broker.start()
 
     threading.Thread(target=start_later, daemon=True).start()
     outcome = run_pipeline(PIPELINE, [*run.args(), "--kafka-start-wait", "2m"], env=run.env)

@@ -11,24 +11,14 @@ tests.exactly_once.nexmark_torture --query q8 --minutes 10`` keeps going.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD
-from onceflow.testing.kafka import LocalKafka
 from tests.exactly_once.nexmark_torture import check, nexmark_torture
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
-
-
-@pytest.fixture
-def own_broker() -> Iterator[LocalKafka]:
-    """A broker of the test's own: it is killed and restarted under the run."""
-    with LocalKafka() as kafka:
-        yield kafka
 
 
 def _checked(nt) -> dict[str, int]:

@@ -24,7 +24,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -51,15 +50,6 @@ from tests.exactly_once.scenario import (
 )
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis, pytest.mark.cluster]
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[LocalRedisCluster]:
-    cluster = LocalRedisCluster().start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def cluster_url(cluster: LocalRedisCluster) -> str:

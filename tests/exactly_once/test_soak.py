@@ -13,31 +13,12 @@ tests.exactly_once.soak --minutes 60`` is the soak itself.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from onceflow.testing.kafka import LocalKafka
-from onceflow.testing.redis_cluster import LocalRedisCluster
 from tests.exactly_once.soak import HEADING, Services, soak, write_result
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis, pytest.mark.cluster]
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[LocalRedisCluster]:
-    cluster = LocalRedisCluster().start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture
-def own_broker() -> Iterator[LocalKafka]:
-    """A broker of the test's own: it is killed and restarted under the runs."""
-    with LocalKafka() as kafka:
-        yield kafka
 
 
 def test_a_soak_round_with_a_cluster_failover_and_a_broker_restart_is_exact(

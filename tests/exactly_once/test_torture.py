@@ -24,34 +24,14 @@ documents of 0.5-0.95 MB through that stage's state under random kills.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from onceflow.kernel.settings import RedisSettings, redis_client
-from onceflow.testing import LocalRedisCluster
-from onceflow.testing.kafka import LocalKafka
 from tests.exactly_once.real_input import sinks_env
 from tests.exactly_once.replays import REPLAYABLE
 from tests.exactly_once.torture import check, torture
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[LocalRedisCluster]:
-    cluster = LocalRedisCluster().start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture
-def own_broker() -> Iterator[LocalKafka]:
-    """A broker of the test's own: it is killed and restarted under the run."""
-    with LocalKafka() as kafka:
-        yield kafka
 
 
 @pytest.mark.parametrize(
