@@ -88,7 +88,8 @@ def test_every_sink_under_the_fault_matrix_and_a_dead_letter_replay_is_exact(
     assert not t.stops, f"a run stopped by itself instead of riding a fault out: {t.stops}"
     # the kills asked for always land; the attempt beside the replay is killed only if it is
     # still running at its kill time (a quick machine may finish its 400 events first: seen
-    # once in a local run), while the replay killed -9 always is
+    # once in a local run), while a replay killed -9 always is (a replay that ends before its
+    # kill time is followed by one killed sooner: seen once in CI)
     assert facts["kills"] >= kills, f"an attempt ended before it could be killed: {facts}"
     assert facts["replays_killed"] >= 1, facts
     assert facts["redis_crashes"] >= 4 and facts["redis_lost_bytes"] > 0, facts
