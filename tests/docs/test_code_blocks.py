@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,13 +89,13 @@ def stages(*names: str) -> Callable[[dict[str, Any]], None]:
     return check
 
 
-def orders_and_payments(ns: dict[str, Any]) -> None:
+def orders_and_payments(ns: dict[str, Any], mode: str = "memory") -> None:
     """A windowed left join: a paid order is paired, an unpaid one paired with None."""
     inputs = {
         "orders": [{"order_id": 1, "ts": 1_000}, {"order_id": 2, "ts": 2_000}],
         "payments": [{"order_id": 1, "ts": 60_000}],
     }
-    out = run_test(ns["p"], inputs)
+    out = run_test(ns["p"], inputs, mode=mode)
     paid = sorted((row["order"]["order_id"], row["paid"]) for row in out["out"])
     assert paid == [(1, True), (2, False)], out["out"]
 
@@ -234,16 +235,30 @@ def test_every_block_has_an_entry() -> None:
 @pytest.mark.parametrize("where", sorted(ENTRIES))
 def test_a_docs_block_runs_and_gives_what_its_page_says(where: str) -> None:
     entry = ENTRIES[where]
+    with block_module(where) as ns:
+        if entry.check is not None:
+            entry.check(ns)
+
+
+@pytest.mark.spark
+@pytest.mark.redis
+def test_the_join_example_gives_the_same_on_spark_with_redis(spark: Any) -> None:
+    with block_module("docs/guide/joins.md:0") as ns:
+        orders_and_payments(ns, mode="spark")
+
+
+@contextmanager
+def block_module(where: str) -> Iterator[dict[str, Any]]:
+    """The block run, after its prelude, in a module of its own, as a user's file is (a
+    dataclass looks its module up); the module's namespace."""
     block = blocks()[where]
-    # a module of its own, as a user's file is (a dataclass looks its module up)
     module = types.ModuleType("docs_block_" + re.sub(r"\W", "_", where))
     ns: dict[str, Any] = module.__dict__
     ns["__block__"] = block
     sys.modules[module.__name__] = module
     try:
-        exec(compile(entry.prelude, f"<prelude of {where}>", "exec"), ns)  # noqa: S102
+        exec(compile(ENTRIES[where].prelude, f"<prelude of {where}>", "exec"), ns)  # noqa: S102
         exec(compile(block, where, "exec"), ns)  # noqa: S102 - the docs' own code
-        if entry.check is not None:
-            entry.check(ns)
+        yield ns
     finally:
         del sys.modules[module.__name__]
