@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from onceflow.cli.commands import cmd_demo, cmd_explain, cmd_jvm_cache, cmd_run, cmd_ui
+from onceflow.cli.compact import add_compact_command
 from onceflow.cli.config import (
     CONFIG_ENV,
     check_config,
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_commands(sub)
     add_dev_command(sub)
+    add_compact_command(sub)
     for command in sub.choices.values():
         _add_config_arg(command)
     return parser

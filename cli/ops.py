@@ -22,7 +22,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _redis(args: argparse.Namespace, namespace: str | None = None) -> Any:
+def operator_redis(args: argparse.Namespace, namespace: str | None = None) -> Any:
     """A client; on a Redis Cluster, of the master serving ``namespace`` (None: the cluster)."""
     settings = RedisSettings.from_env(args.redis_url)
     # An operator command fails fast (a few seconds) instead of riding out outages.
@@ -52,7 +52,7 @@ def _tags(args: argparse.Namespace) -> Any:
 
     def connect(tag: str) -> Any:
         if tag not in clients:
-            clients[tag] = _redis(args, tag)
+            clients[tag] = operator_redis(args, tag)
         return clients[tag]
 
     return connect
@@ -74,12 +74,12 @@ def _gc_pass(args: argparse.Namespace, metrics: Any = None) -> int:
     from onceflow.kernel.keyspace import Keyspace
     from onceflow.operations.gc import GcError, collect
 
-    names = _targets(_redis(args), args)
+    names = _targets(operator_redis(args), args)
     if not names:
         print(json.dumps({"event": "onceflow.gc", "namespaces": 0}), flush=True)
     failed = []
     for name in names:
-        client = _redis(args, name)
+        client = operator_redis(args, name)
         try:
             result = collect(
                 client,
@@ -179,7 +179,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     """Delete a namespace's Redis state and its checkpoint, after saying what goes."""
     from onceflow.operations.reset import reset, running_message
 
-    client = _redis(args, args.namespace)
+    client = operator_redis(args, args.namespace)
     tags = _tags(args)
     preview = reset(client, args.namespace, args.checkpoint, dry_run=True, connect=tags)
     where = f" and the checkpoint {args.checkpoint}" if args.checkpoint else ""
@@ -206,9 +206,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from onceflow.operations.status import status, status_json
 
     statuses, refused = [], []
-    for name in _targets(_redis(args), args):
+    for name in _targets(operator_redis(args), args):
         try:
-            statuses.append(status(_redis(args, name), name, connect=_tags(args)))
+            statuses.append(status(operator_redis(args, name), name, connect=_tags(args)))
         except ConfigError as exc:  # one namespace (an older build's ...) must not hide the rest
             refused.append(str(exc))
     if args.json:
@@ -232,7 +232,7 @@ def cmd_dead_letters_replay(args: argparse.Namespace) -> int:
     found = replay(
         pipeline,
         pipeline.plan(),  # a run's default rules: which nodes a source's stage runs
-        _redis(args, namespace),
+        operator_redis(args, namespace),
         codes=tuple(args.code or ()),
         dry_run=args.dry_run,
         namespace=namespace,

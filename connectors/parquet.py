@@ -73,7 +73,7 @@ class ParquetSink(SinkConnector):
         if not streaming:
             for folder, _dirs, files in os.walk(self.path):
                 for name in files:
-                    if name.startswith("part-") and name.endswith(".parquet"):
+                    if name.startswith(("part-", "compacted-")) and name.endswith(".parquet"):
                         os.unlink(os.path.join(folder, name))
 
     def local_paths(self) -> list[str]:
