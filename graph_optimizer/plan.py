@@ -19,14 +19,19 @@ from onceflow.graph_optimizer.ir import Exchange, Graph, Sink, Source
 
 @dataclass(frozen=True)
 class Stage:
-    """Logical nodes fused into one pass; ``nodes`` follow graph order."""
+    """Logical nodes fused into one pass; ``nodes`` follow graph order.
+
+    ``label``: a name of the stage's own, independent of its nodes' names (siblings fused
+    into one stage, see :mod:`~.rules.fuse_siblings`); None: named after its first node.
+    """
 
     nodes: tuple[str, ...]
+    label: str | None = None
 
     @property
     def name(self) -> str:
-        """A stage is named after its first node (Redis keys derive from it)."""
-        return self.nodes[0]
+        """The stage's name (Redis keys derive from it): its label, else its first node's."""
+        return self.label or self.nodes[0]
 
 
 class Via(enum.Enum):
@@ -174,7 +179,9 @@ class Plan:
     def with_stages(self, stages: Iterable[Stage]) -> Plan:
         """A plan with new stages (each stage's nodes re-sorted into graph order)."""
         position = {n.name: i for i, n in enumerate(self.graph.nodes)}
-        fixed = tuple(Stage(tuple(sorted(s.nodes, key=position.__getitem__))) for s in stages)
+        fixed = tuple(
+            Stage(tuple(sorted(s.nodes, key=position.__getitem__)), s.label) for s in stages
+        )
         return replace(self, stages=fixed)
 
 
@@ -184,10 +191,14 @@ def initial_plan(graph: Graph) -> Plan:
     return Plan(graph, stages)
 
 
-def merge_stages(plan: Plan, names: Iterable[str]) -> Plan:
-    """Fuse the named stages into one; the others are kept in order."""
+def merge_stages(plan: Plan, names: Iterable[str], label: str | None = None) -> Plan:
+    """Fuse the named stages into one; the others are kept in order.
+
+    The fused stage is called ``label``, else what the first named stage was called.
+    """
     wanted = list(names)
-    fused = Stage(tuple(n for s in wanted for n in plan.by_name[s].nodes))
+    first_label = label if label is not None else plan.by_name[wanted[0]].label
+    fused = Stage(tuple(n for s in wanted for n in plan.by_name[s].nodes), first_label)
     first = True
     stages: list[Stage] = []
     for s in plan.stages:

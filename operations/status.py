@@ -19,7 +19,7 @@ from typing import Any
 from onceflow.backup.store import acknowledged, is_garbage
 from onceflow.dedup.batch import lanes_of
 from onceflow.kernel.keyspace import Keyspace, Kind
-from onceflow.kernel.scopes import Connect, read_scopes, tag_client
+from onceflow.kernel.scopes import PLAN_FIELD, Connect, read_scopes, tag_client
 from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
 from onceflow.runtime.driver.heartbeat import running_driver
@@ -64,6 +64,9 @@ class Status:
     state: dict[str, dict[str, int]] = field(default_factory=dict)
     seen_layout: int = LAYOUT  # how seen-IDs are stored (see kernel.seen_layout)
     driver: dict[str, Any] | None = None  # the running driver (see runtime.heartbeat)
+    # stage -> the steps it runs (the stored plan): a receiver is a stage, and a stage the
+    # optimizer fused from unrelated steps is named after what they share (events/shuffled)
+    stages: dict[str, list[str]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -136,6 +139,7 @@ class Status:
                 lines.append(
                     f"  {name:<{width}} " + " ".join(f"{row.get(f, 0):>15,}" for f in shown)
                 )
+        lines += [f"  stage {name} runs {' -> '.join(run)}" for name, run in self.stages.items()]
         return "\n".join(lines)
 
 
@@ -190,6 +194,7 @@ def status(
             lane: {"event_time_ms": newest, "active_ms": seen}
             for lane, (newest, seen) in sorted(lanes_of(client, ks).items())
         },
+        stages=json.loads(meta.get(PLAN_FIELD) or "{}").get("stages", {}),
     )
 
 

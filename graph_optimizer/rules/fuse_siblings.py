@@ -6,6 +6,11 @@ are then repartitioned in a single shuffle (for example two combines over one ke
 Stages are never fused when one reads the other, when they mix direct and exchange inputs,
 or when either is a source stage. Runs after producer-consumer fusion, which already absorbs
 direct consumers when it may; skipping it costs only speed.
+
+The fused stage is named after what its members share, the producer and how they read it
+(``<producer>/shuffled``, ``<producer>/direct``), never after one member: a stage's name keys
+its dedup history, backups and counters, so renaming one step (or adding one before it) would
+otherwise start every sibling's dedup history over (issue 42).
 """
 
 from __future__ import annotations
@@ -17,10 +22,16 @@ def fuse_siblings(plan: Plan) -> Plan:
     """Return ``plan`` with sibling stages merged."""
     result = plan
     while True:
-        group = _first_sibling_group(result)
-        if group is None:
+        found = _first_sibling_group(result)
+        if found is None:
             return result
-        result = merge_stages(result, group)
+        (producer, via), group = found
+        result = merge_stages(result, group, sibling_label(producer, via))
+
+
+def sibling_label(producer: str, via: Via) -> str:
+    """The name of the stage the siblings reading ``producer`` by ``via`` share."""
+    return f"{producer}/{'shuffled' if via is Via.EXCHANGE else 'direct'}"
 
 
 def _signature(plan: Plan, stage: Stage) -> tuple[str, Via] | None:
@@ -34,13 +45,13 @@ def _signature(plan: Plan, stage: Stage) -> tuple[str, Via] | None:
     return (producers[0], vias.pop())
 
 
-def _first_sibling_group(plan: Plan) -> list[str] | None:
+def _first_sibling_group(plan: Plan) -> tuple[tuple[str, Via], list[str]] | None:
     groups: dict[tuple[str, Via], list[str]] = {}
     for stage in plan.ordered:
         sig = _signature(plan, stage)
         if sig is not None:
             groups.setdefault(sig, []).append(stage.name)
-    for names in groups.values():
+    for sig, names in groups.items():
         if len(names) > 1:
-            return names
+            return sig, names
     return None

@@ -30,5 +30,5 @@ def remove_dead_branches(plan: Plan) -> Plan:
     for s in plan.stages:
         kept = tuple(n for n in s.nodes if n in live)
         if kept:
-            stages.append(Stage(kept))
+            stages.append(Stage(kept, s.label))
     return replace(plan, graph=new_graph, stages=tuple(stages), removed=(*plan.removed, *dead))
