@@ -50,11 +50,9 @@ def on_cluster(scn: TwoReaders, cluster: LocalSparkCluster, extra: dict[str, str
 PAUSE_S = 15  # longer than Spark's locality waits (3 s a level): the other worker moves on
 
 
-@pytest.mark.parametrize(
-    "by_position",
-    [False, pytest.param(True, marks=pytest.mark.long)],  # copies instead of a loss, same cause
-    ids=["ids", "positions"],
-)
+@pytest.mark.long  # CI time (~55 s): R1's default tests are local (test_spark_partitions.py,
+# test_two_readers.py's kill -9 and rerun); this is the same cause on a real cluster
+@pytest.mark.parametrize("by_position", [False, True], ids=["ids", "positions"])
 def test_two_executors_computing_one_partition_at_once_is_exact(
     standalone_cluster, broker, redis_server, tmp_path, by_position
 ):

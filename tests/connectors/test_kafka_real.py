@@ -150,7 +150,11 @@ def test_a_compacted_topic_with_holes_in_its_offsets_is_read_to_its_end(
 
 
 @CLIENTS
-@pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
+@pytest.mark.parametrize(
+    "transactional",
+    [True, pytest.param(False, marks=pytest.mark.long)],  # CI time: the exactly-once sink first
+    ids=["transactional", "plain"],
+)
 def test_records_the_broker_refuses_go_to_dead_letters_and_the_rest_is_written_once(
     client, transactional, kafka_broker, redis_server, tmp_path
 ):

@@ -151,6 +151,7 @@ def test_spark_client_reads_every_record_once_with_headers_and_resumes_after_a_r
     assert_exactly(copies(kafka, out), range(1500))
 
 
+@pytest.mark.long  # CI time (~21 s): the kill test above reads with Spark's client end to end
 def test_both_clients_give_the_same_raw_rows_so_one_query_can_read_with_both(
     connector_jars, kafka_broker, redis_server, topic_name, tmp_path
 ):

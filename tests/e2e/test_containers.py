@@ -168,6 +168,7 @@ def _scenario(services: Services, tmp_path: Any) -> Any:
     return make_scenario(services, services.redis_url, tmp_path, seed=13)
 
 
+@pytest.mark.long  # CI time (~19 s): the killed-and-restarted run below is a full run too
 def test_full_run_in_containers_is_exact(services, tmp_path):
     scn = _scenario(services, tmp_path)
     run_pipeline(PIPELINE, scn.args, env=scn.env).check()

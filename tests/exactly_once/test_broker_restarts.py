@@ -130,7 +130,10 @@ def _rolling_restart(nodes: LocalKafkaCluster) -> Callable[[], None]:
     return fault
 
 
-@pytest.mark.parametrize("client", ["python", pytest.param("confluent", marks=pytest.mark.long)])
+# CI time (~55 s): the default suite restarts the broker in the soak round
+# (tests/exactly_once/test_soak.py) and mid-read and mid-write in test_kafka_outages.py
+@pytest.mark.long
+@pytest.mark.parametrize("client", ["python", "confluent"])
 def test_a_broker_killed_and_restarted_mid_run_is_ridden_out(
     client, own_broker, redis_server, postgres_server, tmp_path
 ):

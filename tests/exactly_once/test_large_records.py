@@ -54,6 +54,8 @@ def _largest_backup_field(server, name: str) -> int:
     return largest
 
 
+@pytest.mark.long  # CI time (~11 s): the kill between byte-bounded chunks below carries
+# large documents too, as does the fault-matrix torture (1 MB)
 def test_hundreds_of_large_documents_on_one_partition_reach_the_sink_once(
     broker, redis_factory, tmp_path
 ):

@@ -196,6 +196,7 @@ def driver_main(spec: dict[str, Any]) -> None:
 # --- Spark: tests -----------------------------------------------------------------------
 
 
+@pytest.mark.long  # CI time (~19 s): the cluster tests of tests/cluster/ run jobs on both
 def test_a_job_runs_on_both_workers(spark_cluster, drivers, tmp_path):
     started = time.monotonic()
     proc = start_driver(
