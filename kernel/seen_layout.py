@@ -7,17 +7,17 @@ is (:func:`seen_field`, and back: :func:`seen_id`), and its value (:data:`SEEN_M
 fingerprint, :func:`fingerprint_value`).
 
 How dedup state is kept is the namespace's seen-ID *layout*, pinned in its meta hash
-(``layout``, :data:`LAYOUT`) when it is created. There is one: a seen ID's field is the ID
-without what its shard already says, its value :data:`SEEN_MARK` (or a source record's
-content fingerprint, :func:`fingerprint_value`). The shard is ``prefix % shards`` (``prefix``: the
-ID's first two bytes), so the field keeps ``prefix // shards`` (one byte from 256 shards on,
-two below, none at 65,536) and bytes 2..15: 15 bytes at the default 1,024 shards. The
-encoding is exact: no two IDs share a shard and a field, and the ID comes back from both
-(Bloom filters are rebuilt from the seen-IDs). Who committed an ID is not kept: a task
-attempt learns the inputs its earlier attempts committed from its backup (``i<chunk>``
-fields, see :mod:`onceflow.backup.format`). A sink's deliveries are not seen-IDs: each
-delivery's IDs go to the backup of the task that made it (``dl:`` fields), the only task that
-can deliver them again (see :mod:`onceflow.dedup.delivery`).
+(``layout``, :data:`LAYOUT`) when it is created. There is one, layout 3: a seen ID's field
+is the ID without what its shard already says, its value :data:`SEEN_MARK` (or a source
+record's content fingerprint, :func:`fingerprint_value`). The shard is ``prefix % shards``
+(``prefix``: the ID's first two bytes), so the field keeps ``prefix // shards`` (one byte
+from 256 shards on, two below, none at 65,536) and bytes 2..15: 15 bytes at the default
+1,024 shards. The encoding is exact: no two IDs share a shard and a field, and the ID comes
+back from both (Bloom filters are rebuilt from the seen-IDs). Who committed an ID is not
+kept: a task attempt learns the inputs its earlier attempts committed from its backup
+(``i<chunk>`` fields, see :mod:`onceflow.backup.format`). A sink's deliveries are not
+seen-IDs: each delivery's IDs go to the backup of the task that made it (``dl:`` fields),
+the only task that can deliver them again (see :mod:`onceflow.dedup.delivery`).
 
 Earlier development builds of 0.1.0 also kept layouts 1 (the whole ID, its owner as value),
 2 (no delivery log) and 4 (a source stage's seen-IDs spread over hash tags of their own,
