@@ -57,7 +57,7 @@ class Admission:
     late: list[InRow] = field(default_factory=list)  # older than the dedup horizon
     ahead: list[InRow] = field(default_factory=list)  # further ahead of the clock than allowed
     conflicts: list[InRow] = field(default_factory=list)  # seen ID, other content
-    prints: dict[bytes, int] = field(default_factory=dict)  # fresh ID -> content fingerprint
+    fingerprints: dict[bytes, int] = field(default_factory=dict)  # fresh ID -> content fingerprint
 
 
 def admit(
@@ -68,16 +68,16 @@ def admit(
     rows: list[InRow],
     earlier: frozenset[bytes] = frozenset(),
     positional: Sequence[bool] = (),
-    prints: Sequence[int] = (),
+    fingerprints: Sequence[int] = (),
 ) -> tuple[Admission, dict[str, int]]:
     """Decide every row of a chunk; return the admission and what to count for it.
 
     ``admitted``: IDs this attempt committed, with their fingerprints; ``earlier``: those
     earlier attempts of the task committed, by its backup;
-    ``positional``: per row, whether its ID is positional (empty: none is); ``prints``: per
+    ``positional``: per row, whether its ID is positional (empty: none is); ``fingerprints``: per
     row, its content fingerprint (empty, or 0: unknown).
     """
-    fps = prints or [0] * len(rows)
+    fps = fingerprints or [0] * len(rows)
     decision, candidates = _triage(session, admitted, earlier, rows, positional, fps)
     maybes = maybe(session, rx, [rows[i][1] for i in candidates])
     asks = [i for i, m in zip(candidates, maybes, strict=True) if m]
@@ -89,8 +89,8 @@ def admit(
         for i, value in zip(asks, values, strict=True):
             decision[i] = _settle(value, fps[i])
     adm = _split(rows, decision)
-    if prints:
-        adm.prints = {
+    if fingerprints:
+        adm.fingerprints = {
             row[1]: fp for row, d, fp in zip(rows, decision, fps, strict=True) if d == FRESH
         }
     if positional:
@@ -116,7 +116,7 @@ def _triage(
     earlier: frozenset[bytes],
     rows: list[InRow],
     positional: Sequence[bool],
-    prints: Sequence[int],
+    fingerprints: Sequence[int],
 ) -> tuple[list[str], list[int]]:
     """Decide at once what needs no filter; the rest are candidates.
 
@@ -126,7 +126,7 @@ def _triage(
     found = _plain_triage(session, admitted, earlier, rows, positional)
     if found is not None:
         return found
-    return _triage_each(session, admitted, earlier, rows, positional, prints)
+    return _triage_each(session, admitted, earlier, rows, positional, fingerprints)
 
 
 def _triage_each(
@@ -135,7 +135,7 @@ def _triage_each(
     earlier: frozenset[bytes],
     rows: list[InRow],
     positional: Sequence[bool],
-    prints: Sequence[int],
+    fingerprints: Sequence[int],
 ) -> tuple[list[str], list[int]]:
     """:func:`_triage` row by row."""
     bucket_ms = session.config.bucket_ms
@@ -155,12 +155,14 @@ def _triage_each(
             decision[i] = REPLAY if rid in earlier else FRESH
         elif rid in in_chunk or rid in admitted:
             held = in_chunk[rid] if rid in in_chunk else admitted[rid]
-            decision[i] = DUP if not held or not prints[i] or held == prints[i] else CONFLICT
+            decision[i] = (
+                DUP if not held or not fingerprints[i] or held == fingerprints[i] else CONFLICT
+            )
         elif rid in earlier:
             decision[i] = REPLAY
             in_chunk[rid] = 0
         else:
-            in_chunk[rid] = prints[i]
+            in_chunk[rid] = fingerprints[i]
             candidates.append(i)
     return decision, candidates
 
@@ -251,7 +253,7 @@ def lookup(
     """Seen value of each ID in any live generation of the authoritative store (None: unseen).
 
     The value is :data:`~onceflow.kernel.seen_layout.SEEN_MARK` or a source record's content
-    fingerprint (:func:`~onceflow.kernel.seen_layout.print_value`).
+    fingerprint (:func:`~onceflow.kernel.seen_layout.fingerprint_value`).
 
     One script call per slice of IDs small enough that its KEYS (a shard per generation per
     ID at most) stay within the script's index range, and never more than

@@ -55,7 +55,7 @@ def commit_chunk(
     lanes: Mapping[str, int],
     batch_time_ms: int,
     unmarked: Collection[bytes] = frozenset(),
-    prints: Mapping[bytes, int] | None = None,
+    fingerprints: Mapping[bytes, int] | None = None,
 ) -> tuple[int, set[bytes], set[bytes]]:
     """Commit one chunk; return its commit number (or 0), its conflicts and ID conflicts.
 
@@ -65,8 +65,8 @@ def commit_chunk(
     ``unmarked``: IDs of ``fresh`` that take no seen-mark (positional IDs, see
     :mod:`onceflow.dedup.admission`): they are kept among the task's inputs in its backup,
     and are neither marked, journaled for the Bloom filters nor checked for conflicts.
-    ``prints``: content fingerprints of source records, which their seen-marks hold
-    (:func:`~onceflow.kernel.seen_layout.print_value`); without, the marks hold the session's
+    ``fingerprints``: content fingerprints of source records, which their seen-marks hold
+    (:func:`~onceflow.kernel.seen_layout.fingerprint_value`); without, the marks hold the session's
     constant value.
     """
     ks, stage, partition = session.ks, session.stage, session.partition
@@ -77,8 +77,8 @@ def commit_chunk(
     rids = [row[1] for row in marked] if unmarked else inputs_ids
     fields, runs, order = addressing.address_runs(stage, rids, session.generation, keys)
     values = b""
-    if prints:  # in the fields' order; 4 bytes each (kernel.seen_layout.print_value)
-        known = np.array(list(map(prints.get, rids, repeat(0, len(rids)))), dtype=">u4")
+    if fingerprints:  # in the fields' order; 4 bytes each (kernel.seen_layout.fingerprint_value)
+        known = np.array(list(map(fingerprints.get, rids, repeat(0, len(rids)))), dtype=">u4")
         values = known[order].tobytes()
     if not inputs_ids:
         inputs: tuple[str, bytes] = ("", b"")
@@ -113,7 +113,7 @@ def commit_chunk(
         positions = [rids[order[int(j) - 1]] for j in reply[1]]  # positions in shard order
         conflicts = set(positions)
         held = dict(zip(positions, reply[2], strict=True)) if len(reply) > 2 else {}
-        other = {r for r, v in held.items() if not same_content(v, (prints or {}).get(r, 0))}
+        other = {r for r, v in held.items() if not same_content(v, (fingerprints or {}).get(r, 0))}
         session.count("duplicates", len(conflicts - other))
         session.count("id_conflicts", len(other))
         return 0, conflicts, other

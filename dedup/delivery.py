@@ -20,11 +20,11 @@ In between, the sink partition keeps one *pending* delivery in Redis (:func:`pre
   ``possible_copies`` (``onceflow status`` shows them), with the same ID and value.
 
 A transactional writer's identity (a Kafka transactional id, one per sink partition and
-worker slot, reused by the partition's tasks in that worker) is recorded in the same hash
+worker lease, reused by the partition's tasks in that worker) is recorded in the same hash
 before it begins each transaction for the partition (:func:`note_writer`, fenced: an attempt
 that no longer owns the partition cannot record, nor begin); logging the delivery deletes
 the hash, and with it the record. An attempt that opens the partition reads both
-(:func:`sink_state`) and settles every identity it finds (of any worker slot) before it asks
+(:func:`sink_state`) and settles every identity it finds (of any worker lease) before it asks
 whether a pending delivery happened: then no transaction of a crashed or zombie attempt is
 left open (blocking ``read_committed`` readers until it times out), and none can still commit
 after the answer.

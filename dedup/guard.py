@@ -191,7 +191,7 @@ class ExactlyOnceGuard(TaskDeliveries):
         self.delivered_ids: dict[int, set[bytes]] = {}  # what earlier attempts delivered
         self.logged: dict[int, int] = {}  # deliveries logged in this task's backup, per sink
         self.admitted: dict[bytes, int] = {}  # inputs this attempt committed -> fingerprint
-        self.prints: dict[bytes, int] = {}  # fresh inputs admitted -> content fingerprint
+        self.fingerprints: dict[bytes, int] = {}  # fresh inputs admitted -> content fingerprint
         self.other_content: set[bytes] = set()  # the last commit's conflicts that are no copies
         self.earlier: frozenset[bytes] = frozenset()  # those earlier attempts committed
         self._admitted_counts: dict[str, int] = {}
@@ -253,12 +253,12 @@ class ExactlyOnceGuard(TaskDeliveries):
         self,
         rows: list[InRow],
         positional: Sequence[bool] = (),
-        prints: Sequence[int] = (),
+        fingerprints: Sequence[int] = (),
     ) -> Admission:
         """Which rows of a chunk are new (see :mod:`onceflow.dedup.admission`).
 
         Positional IDs take no seen-mark: the task's backup keeps its inputs, which tells an
-        earlier attempt's apart. ``prints``: the rows' content fingerprints, which seen-marks
+        earlier attempt's apart. ``fingerprints``: the rows' content fingerprints, which seen-marks
         of source records hold.
         """
         adm, self._admitted_counts = admit(
@@ -269,9 +269,9 @@ class ExactlyOnceGuard(TaskDeliveries):
             rows,
             self.earlier,
             positional,
-            prints,
+            fingerprints,
         )
-        self.prints = adm.prints
+        self.fingerprints = adm.fingerprints
         return adm
 
     def raise_floor(self, floor_ms: int) -> None:
@@ -321,7 +321,7 @@ class ExactlyOnceGuard(TaskDeliveries):
             lanes,
             self.params.time_ms,
             unmarked,
-            self.prints,
+            self.fingerprints,
         )
         self.unconfirmed = True
         if conflicts:
@@ -330,7 +330,7 @@ class ExactlyOnceGuard(TaskDeliveries):
             self.stage.committed(seq, s.generation)
         # positional IDs cannot come again in this attempt: not remembered
         rids = [row[1] for row in fresh if row[1] not in unmarked]
-        self.admitted.update(zip(rids, map(self.prints.get, rids, repeat(0)), strict=False))
+        self.admitted.update(zip(rids, map(self.fingerprints.get, rids, repeat(0)), strict=False))
         return set()
 
     def conflicting_content(self) -> set[bytes]:

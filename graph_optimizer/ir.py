@@ -1,8 +1,9 @@
-"""The logical graph: five primitives every user-facing transform is built from.
+"""The logical graph: six primitives every user-facing transform is built from.
 
 ``Source`` and ``Sink`` touch the outside world, ``FlatMap`` is any element-wise step (map,
-filter, key_by and merge are flat-maps), ``Exchange`` repartitions a keyed stream by key, and
-``Combine`` folds values per key. Nodes are frozen and name their inputs, so a graph is a
+filter, key_by and merge are flat-maps), ``Exchange`` repartitions a keyed stream by key,
+``Combine`` folds values per key, and ``Process`` runs a user's function with per-key state
+and timers. Nodes are frozen and name their inputs, so a graph is a
 value: rules build new graphs instead of patching pointers.
 
 Elements of a keyed stream are ``(key, value)`` tuples.

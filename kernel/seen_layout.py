@@ -4,20 +4,20 @@ The seen-ID hashes themselves (``seen:<receiver>:<generation>:<shard>``) are nam
 by :mod:`onceflow.kernel.keyspace`; this module holds the formulas of what goes in them:
 which shard of a generation holds a seen ID (:func:`shard_of`), what its field in that shard
 is (:func:`seen_field`, and back: :func:`seen_id`), and its value (:data:`SEEN_MARK`, or a
-fingerprint, :func:`print_value`).
+fingerprint, :func:`fingerprint_value`).
 
 How dedup state is kept is the namespace's seen-ID *layout*, pinned in its meta hash
-(``layout``, :data:`LAYOUT`) when it is created. There is one: a seen ID's field is the ID
-without what its shard already says, its value :data:`SEEN_MARK` (or a source record's
-content fingerprint, :func:`print_value`). The shard is ``prefix % shards`` (``prefix``: the
-ID's first two bytes), so the field keeps ``prefix // shards`` (one byte from 256 shards on,
-two below, none at 65,536) and bytes 2..15: 15 bytes at the default 1,024 shards. The
-encoding is exact: no two IDs share a shard and a field, and the ID comes back from both
-(Bloom filters are rebuilt from the seen-IDs). Who committed an ID is not kept: a task
-attempt learns the inputs its earlier attempts committed from its backup (``i<chunk>``
-fields, see :mod:`onceflow.backup.format`). A sink's deliveries are not seen-IDs: each
-delivery's IDs go to the backup of the task that made it (``dl:`` fields), the only task that
-can deliver them again (see :mod:`onceflow.dedup.delivery`).
+(``layout``, :data:`LAYOUT`) when it is created. There is one, layout 3: a seen ID's field
+is the ID without what its shard already says, its value :data:`SEEN_MARK` (or a source
+record's content fingerprint, :func:`fingerprint_value`). The shard is ``prefix % shards``
+(``prefix``: the ID's first two bytes), so the field keeps ``prefix // shards`` (one byte
+from 256 shards on, two below, none at 65,536) and bytes 2..15: 15 bytes at the default
+1,024 shards. The encoding is exact: no two IDs share a shard and a field, and the ID comes
+back from both (Bloom filters are rebuilt from the seen-IDs). Who committed an ID is not
+kept: a task attempt learns the inputs its earlier attempts committed from its backup
+(``i<chunk>`` fields, see :mod:`onceflow.backup.format`). A sink's deliveries are not
+seen-IDs: each delivery's IDs go to the backup of the task that made it (``dl:`` fields),
+the only task that can deliver them again (see :mod:`onceflow.dedup.delivery`).
 
 Earlier development builds of 0.1.0 also kept layouts 1 (the whole ID, its owner as value),
 2 (no delivery log) and 4 (a source stage's seen-IDs spread over hash tags of their own,
@@ -47,15 +47,15 @@ LAYOUT = 3
 # read each.
 OLD_LAYOUTS = {"1": "7c48c6f", "2": "7c48c6f", "4": "5e4ab38"}
 SEEN_MARK = b"1"  # a seen-mark's value (not empty: a lookup takes a falsy answer for "unseen")
-PRINT_BYTES = 4  # a seen-mark that holds its record's content fingerprint instead (sources)
+FINGERPRINT_BYTES = 4  # a seen-mark that holds its record's content fingerprint instead (sources)
 
 
-_NO_PRINT = bytes(PRINT_BYTES)
+_NO_FINGERPRINT = bytes(FINGERPRINT_BYTES)
 
 
-def print_value(fingerprint: int) -> bytes:
+def fingerprint_value(fingerprint: int) -> bytes:
     """The seen-mark value of a source record with this content fingerprint (0: unknown)."""
-    return fingerprint.to_bytes(PRINT_BYTES, "big")
+    return fingerprint.to_bytes(FINGERPRINT_BYTES, "big")
 
 
 def same_content(held: bytes, fingerprint: int) -> bool:
@@ -64,9 +64,9 @@ def same_content(held: bytes, fingerprint: int) -> bool:
     Marks that hold no fingerprint (the constant mark, a record without one) say nothing
     against it: only two known, different fingerprints make an ID conflict.
     """
-    if not fingerprint or len(held) != PRINT_BYTES or held == _NO_PRINT:
+    if not fingerprint or len(held) != FINGERPRINT_BYTES or held == _NO_FINGERPRINT:
         return True
-    return held == print_value(fingerprint)
+    return held == fingerprint_value(fingerprint)
 
 
 _PREFIX_BYTES = 2  # the first bytes of an ID, which pick its shard

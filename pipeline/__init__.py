@@ -1,6 +1,6 @@
 """What a user touches: the Pipeline, its transforms, sources, sinks and combiners.
 
->>> from pipeline import Pipeline, sources, sinks
+>>> from onceflow.pipeline import Pipeline, sources, sinks
 >>> p = Pipeline("wordcount")
 >>> words = p.read("lines", sources.TextFile("book.txt")).flat_map("split", str.split)
 >>> counts = words.key_by("by-word", str.lower).combine_per_key("count", "count")

@@ -8,7 +8,8 @@ pipeline and must not contain ``/`` (reserved for names the optimizer derives).
 Each transform is a thin wrapper over the optimizer's primitives: map, filter, flat_map,
 key_by, map_values, window and merge are flat-maps; combine_per_key and group_by_key are an
 exchange followed by a combine (which folds per window when the stream is windowed: the
-windowing travels with the stream from ``window`` to the next combine).
+windowing travels with the stream from ``window`` to the next combine); process is an
+exchange followed by a process step.
 """
 
 from __future__ import annotations

@@ -63,11 +63,11 @@ class Guard(Protocol):
         self,
         rows: list[InRow],
         positional: Sequence[bool] = (),
-        prints: Sequence[int] = (),
+        fingerprints: Sequence[int] = (),
     ) -> Admission:
         """Split a chunk into fresh rows and rows to skip.
 
-        ``positional``: per row, whether its ID is positional (empty: none is); ``prints``:
+        ``positional``: per row, whether its ID is positional (empty: none is); ``fingerprints``:
         per row, its content fingerprint (empty: none known; see
         :class:`~onceflow.kernel.records.Record`).
         """
@@ -230,7 +230,7 @@ class NoGuard:
         self,
         rows: list[InRow],
         positional: Sequence[bool] = (),
-        prints: Sequence[int] = (),
+        fingerprints: Sequence[int] = (),
     ) -> Admission:
         """Everything is fresh."""
         return Admission(rows)

@@ -159,7 +159,7 @@ class MemoryGuard(NoGuard):
         self,
         rows: list[InRow],
         positional: Sequence[bool] = (),
-        prints: Sequence[int] = (),
+        fingerprints: Sequence[int] = (),
     ) -> Admission:
         """Late, ahead, copies, fresh: the rules of :mod:`onceflow.dedup.admission`.
 

@@ -167,16 +167,16 @@ def plain_columns(
             positional = (
                 [by_position] * n if not by_id else [f is None and by_position for f in found]
             )
-            prints = [0] * n if not by_id else _fingerprints(keys, values, found)
+            fingerprints = [0] * n if not by_id else _fingerprints(keys, values, found)
         else:  # no IDs: no dedup, no fingerprints (see _decode_one)
             rids = [b""] * n
             positional = [False] * n
-            prints = [0] * n
+            fingerprints = [0] * n
         times = _event_times(hdrs, ts_fn, elems, kts)
     except Exception:  # noqa: BLE001 - record by record, each failure says what it is
         return None
     return RecordColumns(
-        lane, rids, times, elems, list(offsets), positional, _sizes(keys, values), prints
+        lane, rids, times, elems, list(offsets), positional, _sizes(keys, values), fingerprints
     )
 
 

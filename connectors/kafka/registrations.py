@@ -34,7 +34,7 @@ _FOLDER: list[str | None] = []  # the notes' folder once checked (None: no notes
 def private_folder() -> str | None:
     """This user's folder of notes (made if need be), or None if it is not safe to use.
 
-    Also where :mod:`.slots` keeps its lease files.
+    Also where :mod:`.leases` keeps its lease files.
     """
     if _FOLDER:
         return _FOLDER[0]

@@ -5,8 +5,8 @@ exactly-once end to end. Dead letters go to a topic of their own, with the origi
 as the value and the reason, origin and stage in headers (:mod:`.dead_letters`).
 
 In exactly-once runs the sink writes transactionally by default: each sink partition's
-records go out in Kafka transactions (transactional id ``<prefix>.<sink>.<partition>.<slot>``,
-``slot`` being the worker process's lease on its machine, see :mod:`.slots`; a restarted
+records go out in Kafka transactions (transactional id ``<prefix>.<sink>.<partition>.<lease>``,
+``lease`` being the worker process's lease number on its machine, see :mod:`.leases`; a restarted
 attempt registers anew every id an earlier attempt of the partition recorded in Redis, which
 fences its producers), each with a marker record in the
 pipeline's delivery log topic (``<pipeline>.onceflow-deliveries``); the runtime records the

@@ -1,16 +1,16 @@
 """Transactional producers: one per transactional id a worker process writes, registered once.
 
 A sink partition's writers in one worker process share one transactional id,
-``<prefix>.<sink>.<partition>.<slot>`` (:func:`transactional_id`), where ``slot`` is the
-process's lease on this machine (:mod:`.slots`). A worker process registers the id once
+``<prefix>.<sink>.<partition>.<lease>`` (:func:`transactional_id`), where ``lease`` is the
+process's lease number on this machine (:mod:`.leases`). A worker process registers the id once
 and reuses the producer for that partition's later tasks there (:data:`_TXN_PRODUCERS`),
 unless another process of the machine registered the id since (:mod:`.registrations`: a
-retry settling what a failed attempt of the partition left, or a process that took the slot
-of a dead one); :class:`TransactionalProducer` is one writer's hold on it.
+retry settling what a failed attempt of the partition left, or a process that took the lease
+number of a dead one); :class:`TransactionalProducer` is one writer's hold on it.
 
 Registering an id fences every older producer of that id, wherever it runs, and ends its
 open transaction (a commit under way completes, anything else is aborted). Producers of one
-partition in two slots do not fence each other: the runtime records each writer's id in
+partition under two leases do not fence each other: the runtime records each writer's id in
 Redis before its transaction begins and a later attempt of the partition registers every id
 recorded for it anew (:meth:`TransactionalProducer.settle`), see :mod:`onceflow.dedup.delivery`.
 """
@@ -36,18 +36,20 @@ REGISTER_TIMEOUT_S = ATTEMPT_S  # one attempt at registering a transactional id
 MAX_TXN_PRODUCERS = 64
 
 
-def transactional_id(prefix: str | None, sink: str, partition: int, slot: int | None = None) -> str:
-    """A transactional id of a sink partition's writers: ``<prefix>.<sink>.<partition>.<slot>``.
+def transactional_id(
+    prefix: str | None, sink: str, partition: int, lease: int | None = None
+) -> str:
+    """A transactional id of a sink partition's writers: ``<prefix>.<sink>.<partition>.<lease>``.
 
-    One per (pipeline, sink, stage partition, worker slot): each worker process of a machine
-    has its own (see :mod:`.slots`), so a partition's task that lands in another worker than
+    One per (pipeline, sink, stage partition, worker lease): each worker process of a machine
+    has its own (see :mod:`.leases`), so a partition's task that lands in another worker than
     last time finds that worker's producer registered already. Kafka keeps each id's state
     for ``transactional.id.expiration.ms`` after its last use: a pipeline's ids number at
-    most its sink partitions times the slots in use at once. Without ``slot``: the partition's
-    id of older Onceflows, still the key of its markers in the delivery log.
+    most its sink partitions times the lease numbers in use at once. Without ``lease``: the
+    partition's id of older Onceflows, still the key of its markers in the delivery log.
     """
     partition_id = f"{prefix}.{sink}.{partition}"
-    return partition_id if slot is None else f"{partition_id}.{slot}"
+    return partition_id if lease is None else f"{partition_id}.{lease}"
 
 
 @dataclass
@@ -60,7 +62,7 @@ class _Registered:
 
 
 # This worker process's transactional producers, by transactional id (one per sink partition
-# it wrote, in its slot): registered once, then reused by that partition's later tasks here.
+# it wrote, under its lease): registered once, then reused by that partition's later tasks here.
 # Bounded: the least recently used one without an open transaction is closed beyond the limit.
 _TXN_PRODUCERS: OrderedDict[str, _Registered] = OrderedDict()
 _TXN_PID = [os.getpid()]  # a forked child starts with none of its parent's producers
@@ -197,7 +199,7 @@ class TransactionalProducer:
         """End the transactions these ids may hold open, by registering each anew.
 
         Every id recorded for the partition: this process's own (registered anew, kept) and
-        those of other slots, machines or an older Onceflow (registered here, then closed;
+        those of other leases, machines or an older Onceflow (registered here, then closed;
         the process that held one learns so from the note :mod:`.registrations` keeps, or
         from Kafka).
         """

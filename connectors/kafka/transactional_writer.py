@@ -1,8 +1,8 @@
 """The transactional Kafka writer: the commit protocol of an exactly-once Kafka sink.
 
 Each sink partition's records go out in Kafka transactions under the transactional id of
-the partition and of the worker process's slot on its machine
-(``<prefix>.<sink>.<partition>.<slot>``, :mod:`.slots`; :mod:`.transactional_producers`
+the partition and of the worker process's lease on its machine
+(``<prefix>.<sink>.<partition>.<lease>``, :mod:`.leases`; :mod:`.transactional_producers`
 registers it, which fences older producers of that id), each with a marker record in the
 pipeline's delivery log (:mod:`.delivery_log`).
 The runtime records the delivery as pending in Redis with the marker's place before
@@ -38,8 +38,8 @@ from onceflow.connectors.kafka.delivery_log import (
     marker_value,
     took,
 )
+from onceflow.connectors.kafka.leases import worker_lease
 from onceflow.connectors.kafka.outage import Wait, describe
-from onceflow.connectors.kafka.slots import worker_slot
 from onceflow.connectors.kafka.transactional_producers import (
     TransactionalProducer,
     transactional_id,
@@ -54,15 +54,15 @@ COMMIT_TIMEOUT_S = 20.0  # a commit not answered by then is settled by registeri
 class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
     """Writes a task's records in Kafka transactions (see the module docstring).
 
-    Its transactional id is the sink partition's in this worker process's slot
-    (:func:`transactional_id`, :mod:`.slots`); this process registers it once and its later
+    Its transactional id is the sink partition's under this worker process's lease
+    (:func:`transactional_id`, :mod:`.leases`); this process registers it once and its later
     tasks of the partition reuse the producer (:class:`TransactionalProducer`). The runtime
     records the id in Redis before each transaction begins (fenced: an attempt that no
     longer owns the partition stops there), and a later attempt of the partition settles
-    every id it finds recorded (:meth:`settle`), whichever slot or machine it names: so a
-    zombie's transaction under another slot's id is ended before the new attempt reads its
-    marker or writes. A producer some other registration fenced (a retry settled this slot's
-    id, or a process on another machine has the same slot) is replaced without a word: its
+    every id it finds recorded (:meth:`settle`), whichever lease or machine it names: so a
+    zombie's transaction under another lease's id is ended before the new attempt reads its
+    marker or writes. A producer some other registration fenced (a retry settled this lease's
+    id, or a process on another machine has the same lease number) is replaced without a word: its
     transaction fails, and the runtime has it :meth:`recover`.
 
     **A Kafka that goes away** under an open transaction (its producer's sends or commit
@@ -81,7 +81,7 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
         super().__init__(sink, task)
         self.task = task
         prefix = sink.transaction_prefix
-        self.tid = transactional_id(prefix, task.sink, task.partition, worker_slot(str(prefix)))
+        self.tid = transactional_id(prefix, task.sink, task.partition, worker_lease(str(prefix)))
         # the delivery log keeps each sink partition's newest marker (compacted by key)
         self.log_key = transactional_id(prefix, task.sink, task.partition).encode()
         self.txn = TransactionalProducer(sink, self.tid, self._waiting)
@@ -90,7 +90,7 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
 
     @property
     def identity(self) -> str:
-        """The transactional id: the sink partition's, in this process's slot."""
+        """The transactional id: the sink partition's, under this process's lease."""
         return self.tid
 
     @property
@@ -112,7 +112,7 @@ class TransactionalKafkaWriter(TransactionalSends, TransactionalWriter):
         """End the transactions these ids may hold open, by registering each anew.
 
         Every id recorded for the partition, this process's own included (its last writer
-        may be this process's producer or another's) and those of other slots. Registering
+        may be this process's producer or another's) and those of other leases. Registering
         fences only producers of that id, so of this partition.
         """
         self.txn.settle(identities)

@@ -1,7 +1,8 @@
 """Optimizer rules: each module exports one function of its own name, ``Plan -> Plan``.
 
 A rule returns the very same plan object when it changes nothing, so the driver can stop on
-``is``.
+``is``. Each rule's module docstring shows the rule on a small pipeline, the plan's stages
+before and after, as a doctest (run by ``tests/graph_optimizer/test_rule_examples.py``).
 """
 
 from __future__ import annotations

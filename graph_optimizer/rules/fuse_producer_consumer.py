@@ -6,6 +6,18 @@ nor when it reads several stages (a merge of streams computed in different passe
 after combiner lifting so that partial combines join their producers. Skipping it costs only
 speed: each unfused edge is an extra Python pass and, with exactly-once on, an extra backup
 and dedup boundary.
+
+Example, a word count (fused up to the exchange before ``n``, and after it):
+
+>>> from onceflow import Pipeline, sinks, sources
+>>> p = Pipeline("example")
+>>> words = p.read("src", sources.Collection(["a b", "b"])).flat_map("split", str.split)
+>>> words.key_by("k", str).combine_per_key("n", "count").write("out", sinks.Collect())
+>>> plan = p.plan(rules=())
+>>> [s.nodes for s in plan.ordered]
+[('src',), ('split',), ('k',), ('n',), ('out',)]
+>>> [s.nodes for s in fuse_producer_consumer(plan).ordered]
+[('src', 'split', 'k'), ('n', 'out')]
 """
 
 from __future__ import annotations

@@ -11,6 +11,20 @@ The fused stage is named after what its members share, the producer and how they
 (``<producer>/shuffled``, ``<producer>/direct``), never after one member: a stage's name keys
 its dedup history, backups and counters, so renaming one step (or adding one before it) would
 otherwise start every sibling's dedup history over (issue 42).
+
+Example, two combines over one keyed stream, after producer-consumer fusion:
+
+>>> from onceflow import Pipeline, sinks, sources
+>>> from onceflow.graph_optimizer.rules import fuse_producer_consumer
+>>> p = Pipeline("example")
+>>> keyed = p.read("src", sources.Collection([1, 2, 3])).key_by("k", str)
+>>> keyed.combine_per_key("n", "count").write("counts", sinks.Collect())
+>>> keyed.combine_per_key("total", "sum").write("sums", sinks.Collect())
+>>> plan = fuse_producer_consumer(p.plan(rules=()))
+>>> [(s.name, s.nodes) for s in plan.ordered]
+[('src', ('src', 'k')), ('n', ('n', 'counts')), ('total', ('total', 'sums'))]
+>>> [(s.name, s.nodes) for s in fuse_siblings(plan).ordered]
+[('src', ('src', 'k')), ('src/shuffled', ('n', 'counts', 'total', 'sums'))]
 """
 
 from __future__ import annotations

@@ -10,6 +10,21 @@ Windowed combines lift too: the partial assigns windows and folds per key and wi
 merge within the partial), so one partial per key, window and partition crosses the shuffle.
 A windowed combine that fires a late pane per record is not lifted (a partial would fold
 several late records into one pane).
+
+Example, a count per key (the exchange ``n/exchange`` then reads the partial):
+
+>>> from onceflow import Pipeline, sinks, sources
+>>> p = Pipeline("example")
+>>> keyed = p.read("src", sources.Collection([1, 2, 3])).key_by("k", str)
+>>> keyed.combine_per_key("n", "count").write("out", sinks.Collect())
+>>> plan = p.plan(rules=())
+>>> [s.nodes for s in plan.ordered]
+[('src',), ('k',), ('n',), ('out',)]
+>>> after = lift_combiners(plan)
+>>> [s.nodes for s in after.ordered]
+[('src',), ('k',), ('n/partial',), ('n',), ('out',)]
+>>> after.graph["n/exchange"].inputs
+('n/partial',)
 """
 
 from __future__ import annotations

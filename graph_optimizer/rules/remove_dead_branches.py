@@ -2,6 +2,20 @@
 
 Runs first: later rules then never fuse work that nobody reads. Skipping it costs only speed
 (a dead element-wise branch inside a fused stage still runs for nothing).
+
+Example, a branch nobody writes (``unread``):
+
+>>> from onceflow import Pipeline, sinks, sources
+>>> p = Pipeline("example")
+>>> src = p.read("src", sources.Collection([1, 2, 3]))
+>>> src.map("live", str).write("out", sinks.Collect())
+>>> _ = src.map("unread", str)
+>>> plan = p.plan(rules=())
+>>> [s.nodes for s in plan.ordered]
+[('src',), ('live',), ('out',), ('unread',)]
+>>> after = remove_dead_branches(plan)
+>>> [s.nodes for s in after.ordered], after.removed
+([('src',), ('live',), ('out',)], ('unread',))
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from onceflow.kernel.records import InRow
 class Part(NamedTuple):
     """Input rows with, per row: its source lane, positional ID or not, bytes, fingerprint.
 
-    See :class:`~onceflow.kernel.records.Record`. ``lanes``, ``positional`` and ``prints``
+    See :class:`~onceflow.kernel.records.Record`. ``lanes``, ``positional`` and ``fingerprints``
     are empty for rows another stage wrote (no lanes, no positional IDs, no fingerprints).
     """
 
@@ -40,7 +40,7 @@ class Part(NamedTuple):
     lanes: list[str | None]
     positional: list[bool]
     sizes: list[int]
-    prints: list[int]
+    fingerprints: list[int]
 
 
 class Chunker:
@@ -52,7 +52,7 @@ class Chunker:
         self.lanes: list[str | None] = []
         self.positional: list[bool] = []
         self.sizes: list[int] = []
-        self.prints: list[int] = []
+        self.fingerprints: list[int] = []
         self.size = 0
 
     def add(self, part: Part) -> Iterator[Part]:
@@ -61,7 +61,7 @@ class Chunker:
         self.lanes += part.lanes
         self.positional += part.positional
         self.sizes += part.sizes
-        self.prints += part.prints
+        self.fingerprints += part.fingerprints
         self.size += sum(part.sizes)
         while self.rows and self._must_cut():
             yield self._cut()
@@ -83,10 +83,14 @@ class Chunker:
         if size > 0 and self.size > size:
             n = max(1, bisect_right(list(accumulate(self.sizes[:n])), size))
         chunk = Part(
-            self.rows[:n], self.lanes[:n], self.positional[:n], self.sizes[:n], self.prints[:n]
+            self.rows[:n],
+            self.lanes[:n],
+            self.positional[:n],
+            self.sizes[:n],
+            self.fingerprints[:n],
         )
         self.rows, self.lanes = self.rows[n:], self.lanes[n:]
         self.positional, self.sizes = self.positional[n:], self.sizes[n:]
-        self.prints = self.prints[n:]
+        self.fingerprints = self.fingerprints[n:]
         self.size -= sum(chunk.sizes)
         return chunk

@@ -59,7 +59,7 @@ class ChunkCommits:
         carried: list[Output],
         lanes: Mapping[str, int],
         positional: Sequence[bool] = (),
-        prints: Sequence[int] = (),
+        fingerprints: Sequence[int] = (),
     ) -> tuple[Admission, list[Output], int]:
         """Admit a chunk, then run and commit it (in parts when its writes pass the budget).
 
@@ -67,9 +67,9 @@ class ChunkCommits:
         taken before the loop: they leave with the first part's commit, whatever has to be
         redone. Returns the admission, the outputs committed and the next chunk's number.
         """
-        self.chunk = (rows, prints)
+        self.chunk = (rows, fingerprints)
         with timed("redis admit"):
-            admission = self.guard.admit(rows, positional, prints)
+            admission = self.guard.admit(rows, positional, fingerprints)
         for inbound, _rid, ts, kb, elem in admission.replayed:
             if kb is not None:
                 self.body.touch(inbound, kb, elem[0], ts)
@@ -235,8 +235,12 @@ class ChunkCommits:
         Its letter's ID derives from the ID and the content, so that several such records
         (one ID header copied onto each) make several letters, and copies of one make one.
         """
-        rows, prints = self.chunk
-        fp = next((p for r, p in zip(rows, prints, strict=True) if r is row), 0) if prints else 0
+        rows, fingerprints = self.chunk
+        fp = (
+            next((p for r, p in zip(rows, fingerprints, strict=True) if r is row), 0)
+            if fingerprints
+            else 0
+        )
         letter = self._letter(row, id_conflict_reason(row[1]), "id_conflict")
         self.body.dead(replace(letter, id=ids.from_user_key(row[1] + fp.to_bytes(4, "big"))))
 

@@ -70,12 +70,12 @@ class TaskInput:
             chunks = [*chunker.add(part), *chunker.flush()] if whole_batches else chunker.add(part)
             for chunk in chunks:
                 marks = self._lane_marks(chunk.rows, chunk.lanes)
-                yield chunk.rows, marks, chunk.positional, chunk.prints
+                yield chunk.rows, marks, chunk.positional, chunk.fingerprints
             if self.letter_bytes >= self.guard.chunk_bytes or (whole_batches and not part.rows):
                 yield [], self._lane_marks([], []), [], []
         for chunk in chunker.flush():
             marks = self._lane_marks(chunk.rows, chunk.lanes)
-            yield chunk.rows, marks, chunk.positional, chunk.prints
+            yield chunk.rows, marks, chunk.positional, chunk.fingerprints
         if self.progress:
             yield [], self._lane_marks([], []), [], []
 
@@ -170,7 +170,7 @@ class TaskInput:
             part.lanes.extend(repeat(cols.lane, end - start))
             part.positional.extend(cols.positional[start:end])
             part.sizes.extend(cols.sizes[start:end])
-            part.prints.extend(cols.fingerprints[start:end])
+            part.fingerprints.extend(cols.fingerprints[start:end])
             self.origins.add_columns(cols.ids[start:end], cols.lane, cols.offsets[start:end])
             start = end
 
@@ -186,7 +186,7 @@ class TaskInput:
         part.lanes.append(item.lane)
         part.positional.append(item.positional)
         part.sizes.append(item.size)
-        part.prints.append(item.fingerprint)
+        part.fingerprints.append(item.fingerprint)
         slicer.size += item.size
         if item.lane is not None:
             self.origins.add(item.id, item.lane, item.offset)

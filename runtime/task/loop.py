@@ -248,8 +248,8 @@ class TaskRun:
             return
         chunk_no = replay.next_chunk
         chunks = task_times.timed_iter("input", self.input.chunks(batches))
-        for rows, lanes, positional, prints in chunks:
-            outputs, chunk_no = self.process_chunk(chunk_no, rows, lanes, positional, prints)
+        for rows, lanes, positional, fingerprints in chunks:
+            outputs, chunk_no = self.process_chunk(chunk_no, rows, lanes, positional, fingerprints)
             yield from self.emit(outputs)
         self.close_counts()
         with task_times.timed("stage end"):
@@ -267,13 +267,13 @@ class TaskRun:
         rows: list[InRow],
         lanes: Mapping[str, int],
         positional: Sequence[bool] = (),
-        prints: Sequence[int] = (),
+        fingerprints: Sequence[int] = (),
     ) -> tuple[list[Output], int]:
         """Admit, run and commit one chunk; return its outputs and the next chunk's number.
 
         ``lanes``: the newest admissible event time per source lane among the chunk's rows;
         ``positional``: per row, whether its ID is a positional one (empty: none is, see
-        :class:`~onceflow.kernel.records.Record`); ``prints``: per row, its content
+        :class:`~onceflow.kernel.records.Record`); ``fingerprints``: per row, its content
         fingerprint (empty: none known). A chunk whose writes pass the chunk's bytes is
         committed in parts, each numbered as a chunk of its own.
         """
@@ -282,7 +282,7 @@ class TaskRun:
         carried = self.body.take()
         self.input.letter_bytes = 0
         admission, outputs, chunk_no = self.commits.attempt(
-            chunk_no, rows, carried, lanes, positional, prints
+            chunk_no, rows, carried, lanes, positional, fingerprints
         )
         self.count("in", len(rows))
         if admission.duplicates:

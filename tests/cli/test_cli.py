@@ -50,7 +50,7 @@ def test_loader_explains_a_file_without_pipeline(tmp_path):
 
 def test_loader_asks_to_choose_between_several(tmp_path):
     path = tmp_path / "two.py"
-    path.write_text("from pipeline import Pipeline\na = Pipeline('a')\nb = Pipeline('b')\n")
+    path.write_text("from onceflow import Pipeline\na = Pipeline('a')\nb = Pipeline('b')\n")
     with pytest.raises(PipelineFileError, match="several pipelines.*--pipeline"):
         load_pipeline(str(path))
     assert load_pipeline(str(path), "b").name == "b"

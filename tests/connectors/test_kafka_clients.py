@@ -18,7 +18,7 @@ import pytest
 
 from onceflow.connectors.base import PoisonInTransaction, TaskInfo, TransactionBroken
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.kafka import KafkaSink, KafkaSource, slots, transactional_producers
+from onceflow.connectors.kafka import KafkaSink, KafkaSource, leases, transactional_producers
 from onceflow.connectors.kafka.clients import (
     CONFLUENT_CLIENT,
     WORKER_CLIENTS,
@@ -243,8 +243,8 @@ def test_a_worker_process_registers_each_partitions_transactional_id_once(
         writer.commit()
         writer.close()
         producers.setdefault(writer.identity, []).append(writer.producer)
-    slot = slots.worker_slot(f"onceflow.{pipeline}")  # this process's (see .slots)
-    assert sorted(producers) == [f"onceflow.{pipeline}.out.{p}.{slot}" for p in (0, 1)]
+    lease = leases.worker_lease(f"onceflow.{pipeline}")  # this process's (see .leases)
+    assert sorted(producers) == [f"onceflow.{pipeline}.out.{p}.{lease}" for p in (0, 1)]
     assert all(a is b for a, b in producers.values()), "one registered producer per partition"
     assert len(read_topic(settings, topic)) == 20
 

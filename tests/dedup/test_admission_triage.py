@@ -53,13 +53,13 @@ def test_a_plain_chunk_is_decided_at_once_as_row_by_row() -> None:
             if kind < 0.8
             else [rng.random() < 0.5 for _ in range(n)]
         )
-        prints = [rng.randrange(3) for _ in range(n)]
+        fingerprints = [rng.randrange(3) for _ in range(n)]
         admitted = {rid: 1 for rid in rng.sample(pool, rng.choice((0, 0, 2)))}
         earlier = frozenset(rng.sample(pool, rng.choice((0, 0, 3))))
         at_once = admission._plain_triage(session, admitted, earlier, rows, positional)
         if at_once is None:
             continue
         plain += 1
-        each = admission._triage_each(session, admitted, earlier, rows, positional, prints)
+        each = admission._triage_each(session, admitted, earlier, rows, positional, fingerprints)
         assert at_once == each, f"seed {seed}"
     assert plain > 500

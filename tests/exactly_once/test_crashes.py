@@ -19,7 +19,7 @@ from onceflow.connectors.kafka.topics import read_topic
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.seen_layout import LAYOUT_FIELD, PRINT_BYTES
+from onceflow.kernel.seen_layout import FINGERPRINT_BYTES, LAYOUT_FIELD
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
 from onceflow.testing.services import modern_redis_binary
@@ -44,9 +44,11 @@ def test_clean_run_is_exact_and_drops_upstream_duplicates(broker, redis_server, 
     assert int(stats[b"duplicates"]) == EVENTS * 6 // 100
     marks = _seen_marks(redis_server.client(), Keyspace(scn.name), "events")
     assert redis_server.client().hget(Keyspace(scn.name).meta, LAYOUT_FIELD) == b"3"
-    # a new namespace: layout 3; a source's seen-marks hold the record's content print
-    assert {(len(f), len(v)) for f, v in marks} == {(15, PRINT_BYTES)}, "layout 3, prints"
-    assert len({v for _f, v in marks}) > 1, "one print for every record: not a checksum"
+    # a new namespace: layout 3; a source's seen-marks hold the record's content fingerprint
+    assert {(len(f), len(v)) for f, v in marks} == {(15, FINGERPRINT_BYTES)}, (
+        "layout 3, fingerprints"
+    )
+    assert len({v for _f, v in marks}) > 1, "one fingerprint for every record: not a checksum"
     for sink in ("copy", "counts"):  # layout 3 logs deliveries in the tasks' backups
         assert not _seen_marks(redis_server.client(), Keyspace(scn.name), f"{sink}/delivered")
 
@@ -75,8 +77,8 @@ def test_a_keyed_task_killed_after_its_commit_replays_its_inputs(broker, redis_s
     verify(scn, client)
     assert client.hget(ks.meta, LAYOUT_FIELD) == b"3"
     marks = _seen_marks(client, ks, "events")
-    # a source's seen-marks hold the record's content print (see ID conflicts)
-    assert {(len(f), len(v)) for f, v in marks} == {(15, PRINT_BYTES)}
+    # a source's seen-marks hold the record's content fingerprint (see ID conflicts)
+    assert {(len(f), len(v)) for f, v in marks} == {(15, FINGERPRINT_BYTES)}
     assert not _seen_marks(client, ks, "copy/delivered"), "no delivered record marked seen"
 
 
