@@ -103,8 +103,10 @@ def test_every_sink_under_the_fault_matrix_and_a_dead_letter_replay_is_exact(
     replayable = [m for m, r in t.run.poison.items() if r in REPLAYABLE]
     assert replayable, f"no dead letter to replay: {reasons}"
     # each replayed letter's event counted once is in check(); a replay killed -9 may have
-    # sent some, all or none of its letters before it died, so only that all three ran
-    assert facts["replays"] == 3, facts
+    # sent some, all or none of its letters before it died, so only that all ran: the first
+    # (and, when it ended before its kill time, those after it, until one was killed) and
+    # the two at once
+    assert facts["replays"] >= 3, facts
 
 
 # CI time: the matrix round above crashes Redis's host by default; this one with --long
