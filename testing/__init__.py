@@ -36,6 +36,7 @@ from onceflow.testing.redis_cluster import LocalRedisCluster
 from onceflow.testing.run import TestOutputs, run_test
 from onceflow.testing.services import LocalBroker, LocalRedis, free_port
 from onceflow.testing.spark_cluster import LocalSparkCluster
+from onceflow.testing.state import keyed_state
 from onceflow.testing.teststream import TestStream
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "fetch_kafka",
     "free_port",
     "is_empty",
+    "keyed_state",
     "kill_session",
     "run_pipeline",
     "run_test",

@@ -63,7 +63,14 @@ def _messages() -> list[tuple[str, str]]:
 
 
 def _options(parser) -> set[str]:
-    return {s for action in parser._actions for s in action.option_strings}  # noqa: SLF001
+    """A command's options, with those of its actions (``onceflow state get --key``)."""
+    found = set()
+    for action in parser._actions:  # noqa: SLF001
+        found.update(action.option_strings)
+        if isinstance(action.choices, dict):  # a command's actions (subparsers)
+            for sub in action.choices.values():
+                found |= _options(sub)
+    return found
 
 
 COMMANDS = {name: _options(p) for name, p in commands_of(build_parser()).items()}

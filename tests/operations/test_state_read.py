@@ -1,0 +1,90 @@
+"""``onceflow state get|scan`` and ``testing.keyed_state`` against a real run's state.
+
+The siblings pipeline (a ``process`` step counting each user's events, a revenue sum per user)
+runs on events with copies; the state read back must equal an independent count of the
+distinct events: the sum per user, and the process step's count with its state's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from onceflow.connectors.kafka.topics import produce
+from onceflow.kernel.settings import KafkaSettings
+from onceflow.testing import keyed_state, run_pipeline
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+
+PIPELINE = str(Path(__file__).resolve().parents[1] / "e2e_pipelines" / "siblings.py")
+
+
+def state_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onceflow", "state", *args, "--redis-url", redis_url],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_state_scan_and_get_read_what_the_run_committed(broker, redis_server, tmp_path):
+    name = f"state-{uuid.uuid4().hex[:8]}"
+    topics = {k: f"{name}-{k}" for k in ("in", "alerts", "out")}
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "SIB_PIPELINE": name,
+        "SIB_IN": topics["in"],
+        "SIB_ALERTS": topics["alerts"],
+        "SIB_OUT": topics["out"],
+    }
+    rng = random.Random(3)
+    events = [
+        {"event_id": uuid.uuid4().hex, "user": f"u{rng.randrange(6)}", "amount": rng.randrange(100)}
+        for _ in range(400)
+    ]
+    copies = rng.sample(events, 40)
+    sent = [{**e, "ts": 1_700_000_000_000 + i} for i, e in enumerate(events + copies)]
+    produce(
+        KafkaSettings(broker.bootstrap),
+        topics["in"],
+        [(None, json.dumps(e).encode(), None) for e in sent],
+        partitions=4,
+    )
+    args = ["--available-now", "--redis-url", redis_server.url, "--parallelism", "3"]
+    args += ["--checkpoint", os.path.join(str(tmp_path), "checkpoint")]
+    args += ["--output-dir", os.path.join(str(tmp_path), "out")]
+    ran = run_pipeline(PIPELINE, args, env=env)
+    assert ran.returncode == 0, ran.output[-3000:]
+
+    revenue: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for e in events:
+        revenue[e["user"]] += e["amount"]
+        count[e["user"]] += 1
+    assert keyed_state(redis_server.url, name, "revenue") == dict(revenue)
+
+    scan = state_cli(redis_server.url, "scan", "--namespace", name, "--step", "alert", "--json")
+    assert scan.returncode == 0, scan.stderr
+    rows = [json.loads(line) for line in scan.stdout.splitlines()]
+    counted = {r["key"]: r["state"]["state"]["count"] for r in rows}
+    assert counted == dict(count), "the process step's count, as the scan shows it"
+    assert {r["partition"] for r in rows} <= {0, 1, 2}
+    limited = state_cli(redis_server.url, "scan", "--namespace", name, "--step", "alert")
+    assert limited.returncode == 0 and len(limited.stdout.splitlines()) == len(count)
+
+    revenue_of = ["get", "--namespace", name, "--step", "revenue", "--key"]
+    got = state_cli(redis_server.url, *revenue_of, "u1")
+    assert got.returncode == 0 and got.stdout.strip().endswith(f": {revenue['u1']}"), got.stdout
+    none = state_cli(redis_server.url, *revenue_of, "x")
+    assert none.returncode == 1 and "no state for key 'x'" in none.stdout
+    wrong = state_cli(redis_server.url, "scan", "--namespace", name, "--step", "by-user")
+    assert wrong.returncode == 2 and "stateful steps: alert, revenue" in wrong.stderr, wrong.stderr
