@@ -2,7 +2,7 @@
 
 ``serve(namespace, redis_url, plan_svg)`` starts a small HTTP server (the standard library's
 ``ThreadingHTTPServer``, on loopback unless told otherwise) in a thread and returns it with its
-address. It serves three things:
+address. It serves four things:
 
 - ``/``: one HTML page, with no external assets (``ui.html``, ``ui.css`` and ``ui.js`` beside
   this module, read once). It shows the physical plan as Graphviz drew it (fused stages boxed,
@@ -16,6 +16,10 @@ address. It serves three things:
   pipeline has not started yet, or the name is wrong) it is ``{"namespace", "waiting"}``, the
   latter saying why, and the page says it waits; a failed read answers 503 and ``{"error"}``.
 - ``/plan.svg``: the drawing alone.
+- ``/state.json?step=NAME`` (``&key=TEXT``, or ``&limit=N``: 100 keys unless asked, 10,000 at
+  most): a stateful step's keyed state, as ``onceflow state`` reads it
+  (:mod:`~.state_read`): ``{"namespace", "step", "entries": [{"key", "state",
+  "partition"}]}``; a wrong step is a 400 naming the stateful ones.
 
 Every number on the page carries ``data-field`` naming where it comes from in ``status.json``
 and ``data-value`` holding it unformatted (empty when absent), so a test or a scraper can read
@@ -49,13 +53,15 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from onceflow.graph_optimizer.draw import to_svg
+from onceflow.kernel.errors import OnceflowError
 from onceflow.kernel.keyspace import Kind
 from onceflow.kernel.scopes import Connect
 from onceflow.kernel.settings import RedisSettings, new_redis_client, retry_options
 from onceflow.operations.gc import NoStateError
+from onceflow.operations.state_read import read_state
 from onceflow.operations.status import Status, status
 
 if TYPE_CHECKING:
@@ -77,6 +83,8 @@ REDIS_RETRIES = 2
 REDIS_RETRY_CAP_S = 0.5
 # How long ``UiServer.stop`` waits for the serving thread.
 STOP_TIMEOUT_S = 5.0
+STATE_LIMIT = 100  # keys /state.json shows unless asked for more
+STATE_MAX = 10_000
 
 # A sink's receiver is ``<sink>/delivered`` (see ``onceflow.dedup.delivery``).
 DELIVERED_SUFFIX = "/delivered"
@@ -244,6 +252,15 @@ class StatusSource:
             self._last = (time.monotonic(), found)
             return found
 
+    def state(self, step: str, key: str | None, limit: int) -> list[dict[str, Any]]:
+        """A stateful step's keyed state (see :mod:`~.state_read`): one key's, or ``limit``."""
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect()
+            client = self._client
+        entries = read_state(client, self.namespace, step, key=key, limit=limit, connect=self._tags)
+        return [entry.as_json() for entry in entries]
+
     def scrub(self, text: str) -> str:
         """``text`` with every secret of the Redis settings masked."""
         for secret in self._secrets:
@@ -290,7 +307,7 @@ class UiServer(ThreadingHTTPServer):
 
 
 class UiHandler(BaseHTTPRequestHandler):
-    """``/``, ``/status.json`` and ``/plan.svg``; everything else is 404."""
+    """``/``, ``/status.json``, ``/state.json`` and ``/plan.svg``; everything else is 404."""
 
     server: UiServer
     server_version = "onceflow-ui"
@@ -304,6 +321,8 @@ class UiHandler(BaseHTTPRequestHandler):
             self._send_status()
         elif path == "/plan.svg":
             self._send(HTTPStatus.OK, "image/svg+xml", self.server.svg)
+        elif path == "/state.json":
+            self._send_state(parse_qs(urlsplit(self.path).query))
         else:
             body = json.dumps({"error": f"no such page {path!r}; try / or /status.json"})
             self._send(HTTPStatus.NOT_FOUND, _JSON, body.encode())
@@ -324,6 +343,24 @@ class UiHandler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, _JSON, body)
             return
         self._send(HTTPStatus.OK, _JSON, json.dumps(found.as_dict()).encode())
+
+    def _send_state(self, query: dict[str, list[str]]) -> None:
+        """``/state.json?step=NAME`` (``&key=TEXT`` or ``&limit=N``, default 100)."""
+        source = self.server.source
+        step, key = query.get("step", [""])[0], query.get("key", [None])[0]
+        try:
+            limit = min(int(query.get("limit", [str(STATE_LIMIT)])[0]), STATE_MAX)
+            entries = source.state(step, key, max(limit, 1))
+        except (ValueError, OnceflowError) as exc:  # a wrong step or limit: the asker's error
+            body = json.dumps({"error": source.scrub(str(exc))}).encode()
+            self._send(HTTPStatus.BAD_REQUEST, _JSON, body)
+            return
+        except Exception as exc:  # Redis away: said, as the status is
+            error = source.scrub(f"cannot read the state from Redis: {type(exc).__name__}: {exc}")
+            self._send(HTTPStatus.SERVICE_UNAVAILABLE, _JSON, json.dumps({"error": error}).encode())
+            return
+        body = {"namespace": source.namespace, "step": step, "entries": entries}
+        self._send(HTTPStatus.OK, _JSON, json.dumps(body).encode())
 
     def _send(self, code: HTTPStatus, content_type: str, body: bytes) -> None:
         self.send_response(code)

@@ -1,4 +1,5 @@
-"""``onceflow state get|scan`` and ``testing.keyed_state`` against a real run's state.
+"""``onceflow state get|scan``, ``testing.keyed_state`` and the live page's ``/state.json``
+against a real run's state.
 
 The siblings pipeline (a ``process`` step counting each user's events, a revenue sum per user)
 runs on events with copies; the state read back must equal an independent count of the
@@ -15,11 +16,14 @@ import sys
 import uuid
 from collections import Counter
 from pathlib import Path
+from urllib.error import HTTPError
+from urllib.request import urlopen
 
 import pytest
 
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.operations.ui import serve
 from onceflow.testing import keyed_state, run_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -88,3 +92,15 @@ def test_state_scan_and_get_read_what_the_run_committed(broker, redis_server, tm
     assert none.returncode == 1 and "no state for key 'x'" in none.stdout
     wrong = state_cli(redis_server.url, "scan", "--namespace", name, "--step", "by-user")
     assert wrong.returncode == 2 and "stateful steps: alert, revenue" in wrong.stderr, wrong.stderr
+
+    server, url = serve(name, redis_server.url, "<svg/>")  # the live page's server
+    try:
+        page = json.loads(urlopen(f"{url}state.json?step=revenue&limit=1000").read())
+        assert {e["key"]: e["state"] for e in page["entries"]} == dict(revenue)
+        one = json.loads(urlopen(f"{url}state.json?step=alert&key=u2").read())["entries"]
+        assert [e["state"]["state"]["count"] for e in one] == [count["u2"]]
+        with pytest.raises(HTTPError) as refused:
+            urlopen(f"{url}state.json?step=by-user")
+        assert refused.value.code == 400
+    finally:
+        server.stop()
