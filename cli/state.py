@@ -53,12 +53,13 @@ def _key(args: argparse.Namespace) -> Any:
         raise ConfigError(msg)
     if args.key is not None:
         return args.key
+    from onceflow.operations.state_read import key_from_json
+
     try:
-        value = json.loads(args.key_json)
-    except json.JSONDecodeError as exc:
-        msg = f"--key-json is not JSON: {exc}"
+        return key_from_json(args.key_json)
+    except (json.JSONDecodeError, ValueError) as exc:
+        msg = f"--key-json is not a key in JSON: {exc}"
         raise ConfigError(msg) from None
-    return tuple(value) if isinstance(value, list) else value
 
 
 def add_state_command(sub: Any) -> None:
@@ -79,7 +80,10 @@ def add_state_command(sub: Any) -> None:
         q.add_argument("--json", action="store_true", help="one JSON object per key")
         if action == "get":
             q.add_argument("--key", help="the key, as text")
-            q.add_argument("--key-json", help='the key as JSON (an int: 7, a tuple: ["a", 1])')
+            q.add_argument(
+                "--key-json",
+                help='the key as JSON: an int 7, a tuple ["a", 1], bytes {"hex": "7531"}',
+            )
         else:
             q.add_argument("--limit", type=int, help="at most this many keys")
         q.set_defaults(handler=cmd_state)

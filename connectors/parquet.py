@@ -15,7 +15,7 @@ from urllib.parse import quote
 from onceflow.connectors.base import Rejected, SinkConnector, SinkWriter, TaskInfo, element_row
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.files import is_shared
-from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
+from onceflow.connectors.staged import STAGING, StagedFilesWriter, compaction_lock, local_folder
 from onceflow.kernel.records import Record
 
 ID_COLUMN = "_onceflow_id"
@@ -71,10 +71,11 @@ class ParquetSink(SinkConnector):
         """Create the folders; a bounded run first removes the files an earlier one wrote."""
         os.makedirs(os.path.join(self.path, STAGING), exist_ok=True)
         if not streaming:
-            for folder, _dirs, files in os.walk(self.path):
-                for name in files:
-                    if name.startswith(("part-", "compacted-")) and name.endswith(".parquet"):
-                        os.unlink(os.path.join(folder, name))
+            with compaction_lock(self.path):  # not under a compaction's feet
+                for folder, _dirs, files in os.walk(self.path):
+                    for name in files:
+                        if name.startswith(("part-", "compacted-")) and name.endswith(".parquet"):
+                            os.unlink(os.path.join(folder, name))
 
     def local_paths(self) -> list[str]:
         """The folder the workers write, unless it is on shared storage."""

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -44,8 +45,26 @@ from onceflow.kernel.records import Record
 
 STAGING = "_onceflow_staging"
 MARKS = "_onceflow_marks"
+COMPACTION = "_onceflow_compaction"  # `onceflow compact`'s work folder and lock
 
 Row = tuple[bytes, Any]  # (record ID, what the file holds for the record)
+
+
+@contextlib.contextmanager
+def compaction_lock(root: str) -> Iterator[None]:
+    """An exclusive lock on a sink folder's compaction.
+
+    `onceflow compact` runs take turns, and a bounded run's clean-up of the folder waits for a
+    compaction under way.
+    """
+    work = os.path.join(root, COMPACTION)
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, ".lock"), "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def local_folder(path: str, sink: str) -> str:

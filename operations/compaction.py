@@ -2,17 +2,21 @@
 
 An exactly-once streaming run writes one file per delivery and folder (see
 :mod:`onceflow.connectors.staged`): a short trigger and many partitions make many small files.
-Only files that no retry can touch are merged: those of micro-batches up to the last one
-Spark committed, which the namespace's acknowledged batch says
-(:func:`onceflow.backup.store.acknowledged`; a Redis that went back says less, never more). A
-retry only ever looks at the files of the batch it runs again, and the sink's marks live
-elsewhere (``_onceflow_marks``), so merging never makes a retry write a delivery twice.
+Only files that no retry can touch are merged: this sink's files (its name is in theirs) of
+micro-batches up to the last one Spark committed, which the namespace's acknowledged batch
+says (:func:`onceflow.backup.store.acknowledged`, read under the lock; a Redis that went back
+says less, never more), and older than their sink partition's newest (whose delivery may be
+the pending one a retry asks about). A retry only ever looks at that delivery's files, and the
+sink's marks live elsewhere (``_onceflow_marks``), so merging never makes a retry write a
+delivery twice.
 
 Per folder (``country=FR/`` ...), files up to ``target_bytes`` in all are merged into one
-``compacted-<first batch>-<last batch>-<token>.parquet``, crash-safe at every step:
+``compacted-<first batch>-<last batch>-<sink>-<token>.parquet`` (with the sink's compression
+and row-group size), crash-safe at every step:
 
 1. the merged file is written and fsynced under ``<sink>/_onceflow_compaction/``;
-2. a manifest beside it names the merged file and its sources (fsynced: the intent);
+2. a manifest beside it names the merged file and its sources (written under a temporary
+   name, fsynced, renamed: the intent, whole or absent);
 3. the merged file is renamed into place, then the sources are deleted, then the manifest.
 
 A compaction killed anywhere is finished by the next one (:func:`recover`): a manifest whose
@@ -27,25 +31,45 @@ are, and said so.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from onceflow.backup.store import acknowledged
 from onceflow.connectors.parquet import ParquetSink
+from onceflow.connectors.staged import COMPACTION, compaction_lock
 from onceflow.kernel.keyspace import Keyspace
 
-WORK = "_onceflow_compaction"
-LOCK = ".lock"
+WORK = COMPACTION
 DEFAULT_TARGET_BYTES = 128 << 20
-_PART = re.compile(r"^part-(\d+)-.*\.parquet$")
-_MERGED = re.compile(r"^compacted-(\d+)-(\d+)-[0-9a-f]+\.parquet$")
+
+
+@dataclass(frozen=True)
+class _Names:
+    """The file names of one sink: its parts and its merged files.
+
+    Parts are ``part-<batch>-<partition>-<sink>-<digest>`` (see
+    :mod:`onceflow.connectors.staged`); another sink's files in the same folder are never
+    touched.
+    """
+
+    part: re.Pattern[str]
+    merged: re.Pattern[str]
+    sink: str
+
+    @classmethod
+    def of(cls, sink: str) -> _Names:
+        quoted = re.escape(quote(sink, safe=""))
+        return cls(
+            re.compile(rf"^part-(\d+)-(\d+)-{quoted}-[0-9a-f]+\.parquet$"),
+            re.compile(rf"^compacted-(\d+)-(\d+)-{quoted}-[0-9a-f]+\.parquet$"),
+            quote(sink, safe=""),
+        )
 
 
 @dataclass
@@ -94,30 +118,21 @@ def compact(
 
     ``crash``: a test's hook, called with the step's name before each step.
     """
-    up_to = acknowledged(client, Keyspace(namespace))
-    with _one_at_a_time(sink.path):
+    names = _Names.of(name)
+    with compaction_lock(sink.path):
+        # read under the lock: a compaction waited for may have taken long
+        up_to = acknowledged(client, Keyspace(namespace))
         done = Compaction(name, sink.path, up_to, finished=recover(sink.path))
-        for folder, files in _final_files(sink.path, up_to):
+        newest = _newest_batches(sink.path, names)
+        for folder, files in _final_files(sink.path, names, up_to, newest):
             for group in _groups(folder, files, target_bytes):
                 try:
-                    _merge(sink.path, folder, group, done, crash)
+                    _merge(sink, folder, group, names, done, crash)
                 except _Unmergeable:
-                    done.left.append(os.path.relpath(folder, sink.path) or ".")
-                    break
+                    where = os.path.relpath(folder, sink.path)
+                    if where not in done.left:
+                        done.left.append(where)
     return done
-
-
-@contextmanager
-def _one_at_a_time(root: str) -> Iterator[None]:
-    """An exclusive lock on the sink's compaction folder: cron runs that overlap take turns."""
-    work = os.path.join(root, WORK)
-    os.makedirs(work, exist_ok=True)
-    with open(os.path.join(work, LOCK), "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def recover(root: str) -> int:
@@ -128,13 +143,16 @@ def recover(root: str) -> int:
     found = 0
     for name in sorted(os.listdir(work)):
         path = os.path.join(work, name)
+        if name.endswith(".json.tmp"):
+            _unlink(path)  # a manifest cut while written: never renamed, nor its merge
+            continue
         if not name.endswith(".json"):
             if name.endswith(".parquet") and not os.path.exists(path[: -len(".parquet")] + ".json"):
                 _unlink(path)  # staged before its manifest was written: never renamed
             continue
         found += 1
         with open(path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
+            manifest = json.load(fh)  # whole: written to a temporary name, then renamed
         target = os.path.join(root, manifest["target"])
         staged = os.path.join(work, manifest["staged"])
         if os.path.exists(target) and not os.path.exists(staged):
@@ -151,14 +169,40 @@ class _Unmergeable(Exception):
     """The files' columns do not merge into one schema."""
 
 
-def _final_files(root: str, up_to: int) -> Iterator[tuple[str, list[str]]]:
-    """Per folder of the sink, its files of micro-batches up to ``up_to``, and merged ones."""
+def _newest_batches(root: str, names: _Names) -> dict[int, int]:
+    """Each sink partition's newest micro-batch with a file here.
+
+    Its delivery may be the one a retry of the partition still asks about (a pending delivery),
+    so it is never merged.
+    """
+    newest: dict[int, int] = {}
+    for _folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        for name in files:
+            part = names.part.match(name)
+            if part:
+                batch, partition = int(part.group(1)), int(part.group(2))
+                newest[partition] = max(newest.get(partition, -1), batch)
+    return newest
+
+
+def _final_files(
+    root: str, names: _Names, up_to: int, newest: dict[int, int]
+) -> Iterator[tuple[str, list[str]]]:
+    """Per folder of the sink, its files no retry can look at, and its merged ones.
+
+    Parts of micro-batches up to ``up_to`` and older than their partition's newest.
+    """
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
         final = []
         for name in sorted(files):
-            part = _PART.match(name)
-            if (part and int(part.group(1)) <= up_to) or _MERGED.match(name):
+            part = names.part.match(name)
+            if part:
+                batch, partition = int(part.group(1)), int(part.group(2))
+                if batch <= up_to and batch < newest[partition]:
+                    final.append(name)
+            elif names.merged.match(name):
                 final.append(name)
         if final:
             yield folder, final
@@ -182,10 +226,10 @@ def _groups(folder: str, files: Sequence[str], target_bytes: int) -> Iterator[li
         yield group
 
 
-def _batches(names: Sequence[str]) -> tuple[int, int]:
+def _batches(names: Sequence[str], patterns: _Names) -> tuple[int, int]:
     found: list[int] = []
     for name in names:
-        part, merged = _PART.match(name), _MERGED.match(name)
+        part, merged = patterns.part.match(name), patterns.merged.match(name)
         if part:
             found.append(int(part.group(1)))
         elif merged:
@@ -193,11 +237,14 @@ def _batches(names: Sequence[str]) -> tuple[int, int]:
     return min(found), max(found)
 
 
-def _merge(root: str, folder: str, names: list[str], done: Compaction, crash: Any) -> None:
+def _merge(
+    sink: ParquetSink, folder: str, names: list[str], patterns: _Names, done: Compaction, crash: Any
+) -> None:
     """Steps 1-3 of the module docstring for one group of files."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    root = sink.path
     try:
         tables = [pq.ParquetFile(os.path.join(folder, n)).read() for n in names]
         merged = pa.concat_tables(tables, promote_options="default")
@@ -206,12 +253,12 @@ def _merge(root: str, folder: str, names: list[str], done: Compaction, crash: An
     work = os.path.join(root, WORK)
     os.makedirs(work, exist_ok=True)
     token = uuid.uuid4().hex[:12]
-    first, last = _batches(names)
-    target = f"compacted-{first:06d}-{last:06d}-{token}.parquet"
+    first, last = _batches(names, patterns)
+    target = f"compacted-{first:06d}-{last:06d}-{patterns.sink}-{token}.parquet"
     staged = os.path.join(work, f"{token}.parquet")
     _step(crash, "write")
     with open(staged, "wb") as fh:
-        pq.write_table(merged, fh)
+        pq.write_table(merged, fh, compression=sink.compression, row_group_size=sink.row_group_size)
         fh.flush()
         os.fsync(fh.fileno())
     manifest = {
@@ -227,7 +274,7 @@ def _merge(root: str, folder: str, names: list[str], done: Compaction, crash: An
     _sync(work)
     for i, name in enumerate(names):
         _step(crash, f"delete {i}")
-        os.unlink(os.path.join(folder, name))
+        _unlink(os.path.join(folder, name))
     _sync(folder)
     _step(crash, "forget")
     os.unlink(os.path.join(work, f"{token}.json"))
@@ -241,10 +288,12 @@ def _step(crash: Any, name: str) -> None:
 
 
 def _write_synced(path: str, data: bytes) -> None:
-    with open(path, "wb") as fh:
+    """``data`` at ``path`` whole or not at all: written under a temporary name, renamed."""
+    with open(path + ".tmp", "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+    os.rename(path + ".tmp", path)
     _sync(os.path.dirname(path))
 
 

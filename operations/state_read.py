@@ -17,6 +17,7 @@ with the reason.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import PLAN_FIELD, Connect, node_keyspaces, tag_client
 
 SCAN_COUNT = 1000
-_COMBINE = re.compile(r"^(?P<name>\S+) \((?P<phase>\w+)\) ")
+_COMBINE = re.compile(r"^\((?P<phase>\w+)\) ")  # after the name: "(full) Sum", "(final) Mean"
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,34 @@ def stateful_steps(client: Any, namespace: str) -> dict[str, str]:
             "(default: the pipeline's name) and REDIS_URL"
         )
         raise ConfigError(msg)
+    layout = json.loads(raw)
+    # a step's name may hold spaces: each entry is matched against the plan's node names
+    nodes = sorted({n for members in layout.get("stages", {}).values() for n in members}, key=len)
     steps: dict[str, str] = {}
-    for text in json.loads(raw).get("state", []):
-        found = _COMBINE.match(text)
-        if found:
-            steps[found.group("name")] = "combine"
-        else:
-            steps[text.split(" ", 1)[0]] = "process"
+    for text in layout.get("state", []):
+        name = next((n for n in reversed(nodes) if text.startswith(n + " ")), None)
+        if name is None:
+            continue
+        rest = text[len(name) + 1 :]
+        steps[name] = "combine" if _COMBINE.match(rest) else "process"
     return steps
+
+
+def key_from_json(text: str) -> Any:
+    """A key given as JSON.
+
+    An int (``7``), text (``"u1"``), a tuple (``["a", 1]``, nested lists as tuples too), or
+    bytes (``{"hex": "7531"}``).
+    """
+    return _as_key(json.loads(text))
+
+
+def _as_key(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_as_key(v) for v in value)
+    if isinstance(value, dict) and set(value) == {"hex"}:
+        return bytes.fromhex(value["hex"])
+    return value
 
 
 def read_state(
@@ -84,9 +105,13 @@ def read_state(
                 yield StateEntry(key, _state(raw, kind), partition)
                 return
             continue
+        seen: set[bytes] = set()  # HSCAN may return a key twice (the hash grew meanwhile)
         for raw_key, raw in tag.hscan_iter(field_name, count=SCAN_COUNT):
+            if raw_key in seen:
+                continue
             if limit is not None and shown >= limit:
                 return
+            seen.add(raw_key)
             shown += 1
             yield StateEntry(_decoded(raw_key), _state(raw, kind), partition)
 
@@ -123,6 +148,8 @@ def _plain(value: Any) -> Any:
         return {str(_plain(k)): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN or infinity: "nan", "inf"
     if isinstance(value, str | int | float | bool) or value is None:
         return value
     fields = getattr(value, "__dict__", None)

@@ -16,8 +16,8 @@ address. It serves four things:
   pipeline has not started yet, or the name is wrong) it is ``{"namespace", "waiting"}``, the
   latter saying why, and the page says it waits; a failed read answers 503 and ``{"error"}``.
 - ``/plan.svg``: the drawing alone.
-- ``/state.json?step=NAME`` (``&key=TEXT``, or ``&limit=N``: 100 keys unless asked, 10,000 at
-  most): a stateful step's keyed state, as ``onceflow state`` reads it
+- ``/state.json?step=NAME`` (``&key=TEXT`` or ``&key_json=JSON``, or ``&limit=N``: 100 keys
+  unless asked, 10,000 at most): a stateful step's keyed state, as ``onceflow state`` reads it
   (:mod:`~.state_read`): ``{"namespace", "step", "entries": [{"key", "state",
   "partition"}]}``; a wrong step is a 400 naming the stateful ones.
 
@@ -61,7 +61,7 @@ from onceflow.kernel.keyspace import Kind
 from onceflow.kernel.scopes import Connect
 from onceflow.kernel.settings import RedisSettings, new_redis_client, retry_options
 from onceflow.operations.gc import NoStateError
-from onceflow.operations.state_read import read_state
+from onceflow.operations.state_read import key_from_json, read_state
 from onceflow.operations.status import Status, status
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ class StatusSource:
             self._last = (time.monotonic(), found)
             return found
 
-    def state(self, step: str, key: str | None, limit: int) -> list[dict[str, Any]]:
+    def state(self, step: str, key: Any, limit: int) -> list[dict[str, Any]]:
         """A stateful step's keyed state (see :mod:`~.state_read`): one key's, or ``limit``."""
         with self._lock:
             if self._client is None:
@@ -345,10 +345,12 @@ class UiHandler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, _JSON, json.dumps(found.as_dict()).encode())
 
     def _send_state(self, query: dict[str, list[str]]) -> None:
-        """``/state.json?step=NAME`` (``&key=TEXT`` or ``&limit=N``, default 100)."""
+        """``/state.json?step=NAME`` (``&key=``, ``&key_json=`` or ``&limit=N``, default 100)."""
         source = self.server.source
         step, key = query.get("step", [""])[0], query.get("key", [None])[0]
         try:
+            if "key_json" in query:  # an int, a tuple or bytes, as --key-json takes it
+                key = key_from_json(query["key_json"][0])
             limit = min(int(query.get("limit", [str(STATE_LIMIT)])[0]), STATE_MAX)
             entries = source.state(step, key, max(limit, 1))
         except (ValueError, OnceflowError) as exc:  # a wrong step or limit: the asker's error
@@ -359,8 +361,8 @@ class UiHandler(BaseHTTPRequestHandler):
             error = source.scrub(f"cannot read the state from Redis: {type(exc).__name__}: {exc}")
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, _JSON, json.dumps({"error": error}).encode())
             return
-        body = {"namespace": source.namespace, "step": step, "entries": entries}
-        self._send(HTTPStatus.OK, _JSON, json.dumps(body).encode())
+        found = {"namespace": source.namespace, "step": step, "entries": entries}
+        self._send(HTTPStatus.OK, _JSON, json.dumps(found).encode())
 
     def _send(self, code: HTTPStatus, content_type: str, body: bytes) -> None:
         self.send_response(code)

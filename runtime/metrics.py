@@ -7,6 +7,8 @@ codes of :class:`~onceflow.kernel.records.DeadLetter`), ``bloom_maybe``, ``redis
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pyspark.accumulators import AccumulatorParam
 
 DEAD_LETTERS = "dead_letters"
@@ -32,6 +34,19 @@ def deferred_counter(partition: int) -> str:
     (:func:`take_deferred`), so it delivers for exactly the stage partitions that held some.
     """
     return f"{DEFERRED}{partition}"
+
+
+def split_counter(key: str, stages: Iterable[str]) -> tuple[str, str]:
+    """A task counter ``<stage>/<name>`` as ``(stage, name)``.
+
+    By the longest stage name it starts with: a sibling-fused stage's name holds a ``/``
+    (``events/shuffled``); a counter of no known stage splits at its first ``/``.
+    """
+    for stage in sorted(stages, key=len, reverse=True):
+        if key.startswith(stage) and key[len(stage) : len(stage) + 1] == "/":
+            return stage, key[len(stage) + 1 :]
+    stage, _, name = key.partition("/")
+    return stage, name
 
 
 def take_deferred(counters: dict[str, int]) -> tuple[list[tuple[str, int]], dict[str, int]]:

@@ -54,7 +54,7 @@ from prometheus_client.registry import Collector
 
 from onceflow.dedup.batch import BatchParams
 from onceflow.kernel.errors import ConfigError
-from onceflow.runtime.metrics import DEAD_LETTERS, dead_letter_reason
+from onceflow.runtime.metrics import DEAD_LETTERS, dead_letter_reason, split_counter
 
 DURATION_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 _MS = 1000.0
@@ -233,7 +233,7 @@ class RunExporter(MetricsEndpoint, Collector):
         for stage in self.stages:  # every stage shows, with zeros before its first record
             own["in"].add_metric([self.pipeline, stage], counters.get(f"{stage}/in", 0))
         for key, value in sorted(counters.items()):
-            stage, _, name = key.partition("/")
+            stage, name = split_counter(key, self.stages)
             reason = dead_letter_reason(name)
             if name == "in":
                 continue

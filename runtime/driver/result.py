@@ -8,6 +8,7 @@ from typing import Any
 
 from onceflow.kernel.records import Guarantee
 from onceflow.runtime.errors import TASK_FAILURE_MARK
+from onceflow.runtime.metrics import split_counter
 from onceflow.runtime.spec import Job
 
 MAX_LINE = 800
@@ -49,7 +50,7 @@ class RunResult:
         """
         out: dict[str, int] = {}
         for key, n in self.counters.items():
-            _stage, _, name = key.partition("/")
+            _stage, name = split_counter(key, (stage.name for stage in self.job.stages))
             if name.startswith("restamped/"):
                 sink = name[len("restamped/") :]
                 out[sink] = out.get(sink, 0) + n

@@ -171,4 +171,37 @@ def test_compactions_beside_a_run_killed_mid_delivery_keep_every_event_once(
     assert merged, f"no compaction merged anything while the pipeline ran: {reports}"
     after = files(out)
     users = {f.split("/")[0] for f in after}
-    assert len(after) == len(users) == len(scn.expected), after  # one file per user folder
+    assert len(users) == len(scn.expected), after
+    merged = [f for f in after if "/compacted-" in f]
+    assert len(merged) == len(users), f"one merged file per user folder: {after}"
+    parts = [re.search(r"/part-(\d+)-(\d+)-", f) for f in after if "/part-" in f]
+    newest = {}
+    for m in parts:
+        newest[m.group(2)] = max(newest.get(m.group(2), ""), m.group(1))
+    left = {(m.group(1), m.group(2)) for m in parts}
+    assert all(batch == newest[p] for batch, p in left), f"only each partition's newest: {left}"
+
+
+@pytest.mark.redis
+def test_only_this_sinks_final_files_merge_and_a_cut_manifest_is_dropped(redis_server, tmp_path):
+    root = str(tmp_path / "out")
+    written = a_sink_folder(root, batches=4)
+    other = os.path.join(root, "user=u1", "part-000001-00000-elsewhere-00aa.parquet")
+    pq.write_table(pa.table({"_onceflow_id": ["x"]}), other)  # another sink, same folder
+    os.makedirs(os.path.join(root, WORK))
+    with open(os.path.join(root, WORK, "abc.json.tmp"), "wb"):
+        pass  # a manifest cut while written (kill -9, power loss)
+    namespace = f"compact-{uuid.uuid4().hex[:8]}"
+    acknowledge(redis_server.client(), Keyspace(namespace), 3)  # every batch committed
+    done = compact(redis_server.client(), namespace, "files", Parquet(root, compression="zstd"))
+    kept = files(root)
+    assert os.path.relpath(other, root) in kept, "another sink's file was merged"
+    newest = [f for f in kept if "part-000003-" in f]
+    assert len(newest) == 4, f"each partition's newest delivery must stay: {kept}"
+    merged = [f for f in kept if "compacted-" in f]
+    assert len(merged) == 2 and done.merged == 12, (done, kept)
+    codec = pq.ParquetFile(os.path.join(root, merged[0])).metadata.row_group(0).column(0)
+    assert codec.compression == "ZSTD", "the sink's compression"
+    counts = ids_in(root)
+    assert set(counts) == written | {"x"} and max(counts.values()) == 1
+    assert os.listdir(os.path.join(root, WORK)) == [".lock"]

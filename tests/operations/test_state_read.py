@@ -22,7 +22,9 @@ from urllib.request import urlopen
 import pytest
 
 from onceflow.connectors.kafka.topics import produce
+from onceflow.kernel import codec
 from onceflow.kernel.settings import KafkaSettings
+from onceflow.operations.state_read import key_from_json
 from onceflow.operations.ui import serve
 from onceflow.testing import keyed_state, run_pipeline
 
@@ -49,6 +51,7 @@ def test_state_scan_and_get_read_what_the_run_committed(broker, redis_server, tm
         "SIB_IN": topics["in"],
         "SIB_ALERTS": topics["alerts"],
         "SIB_OUT": topics["out"],
+        "ALERT_STEP": "every third",  # a step name may hold spaces
     }
     rng = random.Random(3)
     events = [
@@ -76,13 +79,14 @@ def test_state_scan_and_get_read_what_the_run_committed(broker, redis_server, tm
         count[e["user"]] += 1
     assert keyed_state(redis_server.url, name, "revenue") == dict(revenue)
 
-    scan = state_cli(redis_server.url, "scan", "--namespace", name, "--step", "alert", "--json")
+    third = ["--namespace", name, "--step", "every third"]
+    scan = state_cli(redis_server.url, "scan", *third, "--json")
     assert scan.returncode == 0, scan.stderr
     rows = [json.loads(line) for line in scan.stdout.splitlines()]
     counted = {r["key"]: r["state"]["state"]["count"] for r in rows}
     assert counted == dict(count), "the process step's count, as the scan shows it"
     assert {r["partition"] for r in rows} <= {0, 1, 2}
-    limited = state_cli(redis_server.url, "scan", "--namespace", name, "--step", "alert")
+    limited = state_cli(redis_server.url, "scan", *third)
     assert limited.returncode == 0 and len(limited.stdout.splitlines()) == len(count)
 
     revenue_of = ["get", "--namespace", name, "--step", "revenue", "--key"]
@@ -91,16 +95,34 @@ def test_state_scan_and_get_read_what_the_run_committed(broker, redis_server, tm
     none = state_cli(redis_server.url, *revenue_of, "x")
     assert none.returncode == 1 and "no state for key 'x'" in none.stdout
     wrong = state_cli(redis_server.url, "scan", "--namespace", name, "--step", "by-user")
-    assert wrong.returncode == 2 and "stateful steps: alert, revenue" in wrong.stderr, wrong.stderr
+    assert wrong.returncode == 2, wrong.stderr
+    assert "stateful steps: every third, revenue" in wrong.stderr, wrong.stderr
 
     server, url = serve(name, redis_server.url, "<svg/>")  # the live page's server
     try:
         page = json.loads(urlopen(f"{url}state.json?step=revenue&limit=1000").read())
         assert {e["key"]: e["state"] for e in page["entries"]} == dict(revenue)
-        one = json.loads(urlopen(f"{url}state.json?step=alert&key=u2").read())["entries"]
+        one = json.loads(urlopen(f"{url}state.json?step=every+third&key=u2").read())["entries"]
         assert [e["state"]["state"]["count"] for e in one] == [count["u2"]]
         with pytest.raises(HTTPError) as refused:
             urlopen(f"{url}state.json?step=by-user")
         assert refused.value.code == 400
     finally:
         server.stop()
+
+
+def test_keys_given_as_json_are_the_keys_the_state_holds():
+    assert key_from_json("7") == 7
+    assert key_from_json('"u1"') == "u1"
+    assert key_from_json('[["a", 1], 2]') == (("a", 1), 2)
+    assert key_from_json('{"hex": "7531"}') == b"u1"
+    for key in (7, "u1", (("a", 1), 2), b"u1"):  # what a run stores: the codec's bytes
+        assert codec.encode(key_from_json(json.dumps(_json(key)))) == codec.encode(key)
+
+
+def _json(key):
+    if isinstance(key, bytes):
+        return {"hex": key.hex()}
+    if isinstance(key, tuple):
+        return [_json(k) for k in key]
+    return key

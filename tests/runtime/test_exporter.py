@@ -186,3 +186,32 @@ def test_the_dashboard_uses_only_metrics_that_exist():
     used = {m for e in exprs for m in re.findall(r"onceflow_[a-z_]+", e)}
     assert used and used <= names, sorted(used - names)
     assert {"onceflow_kafka_consumer_lag", "onceflow_dead_letters_total"} <= used
+
+
+def test_a_fused_stage_whose_name_holds_a_slash_keeps_its_counters():
+    """A sibling-fused stage is named ``<producer>/shuffled``: its counters must show under it,
+    not under its producer with the rest of the name taken for the counter's."""
+    exporter = RunExporter("p", "p", "exactly-once", "0", ["events", "events/shuffled"])
+    counters = {
+        "events/in": 10,
+        "events/shuffled/in": 7,
+        "events/shuffled/out/revenue-out": 5,
+        "events/out/events/shuffled": 7,
+    }
+    exporter.observe(BatchView(batch=0, seconds=1.0, records=10, counters=counters))
+    text = generate_latest(exporter.registry).decode()
+    found = {
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("stage") is not None
+    }
+    stages = {dict(labels)["stage"] for _name, labels, _v in found}
+    assert stages == {"events", "events/shuffled"}, found
+    outputs = {
+        (dict(labels)["stage"], dict(labels).get("output"), v)
+        for name, labels, v in found
+        if name.startswith("onceflow_stage_records_out")
+    }
+    assert ("events/shuffled", "revenue-out", 5.0) in outputs, outputs
+    assert ("events", "events/shuffled", 7.0) in outputs, outputs
