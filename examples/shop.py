@@ -8,6 +8,7 @@ PostgreSQL table. With the environment of ``onceflow dev up --with postgres``::
     onceflow run examples/shop.py      # runs until Ctrl-C (or kill -9: it resumes exactly)
     python examples/shop.py feed       # in another terminal: customers, then orders
     python examples/shop.py resend     # every order sent again: totals do not move
+    python examples/shop.py move c0 JP # a customer moves: later orders count for JP
 
 Amounts are integer cents (a sum of floats depends on the order it is added in).
 """
@@ -95,24 +96,20 @@ def setup() -> None:
 
 
 def feed(n_orders: int, rate: float, seed: int) -> None:
-    """Customers first, then ``n_orders`` orders at ``rate`` per second; halfway one customer
-    moves to another country (orders before the move count for the old one)."""
+    """The customers not in the topic yet, then ``n_orders`` orders at ``rate`` per second."""
     from kafka import KafkaProducer
 
     rng = random.Random(seed)
     producer = KafkaProducer(bootstrap_servers=_bootstrap(), acks="all")
     names = [f"c{i}" for i in range(20)]
+    known = {key.decode() for _ts, key, _value in read_topic(CUSTOMERS) if key}
     for i, name in enumerate(names):
-        _customer(producer, name, COUNTRIES[i % len(COUNTRIES)])
+        if name not in known:  # a moved customer stays where it moved
+            _customer(producer, name, COUNTRIES[i % len(COUNTRIES)])
     producer.flush()
     time.sleep(0.5)
     run = uuid.uuid4().hex[:8]  # a second feed sends new orders, not copies
     for i in range(n_orders):
-        if i == n_orders // 2:
-            time.sleep(0.5)
-            _customer(producer, "c0", "JP")
-            producer.flush()
-            time.sleep(0.5)
         order = {
             "event_id": f"{run}-{i}",
             "customer": rng.choice(names),
@@ -122,7 +119,17 @@ def feed(n_orders: int, rate: float, seed: int) -> None:
         producer.send(ORDERS, json.dumps(order).encode())
         time.sleep(1 / rate)
     producer.flush()
-    print(f"sent {len(names)} customers and {n_orders} orders (c0 moved to JP halfway)")
+    print(f"sent {len(set(names) - known)} new customers and {n_orders} orders")
+
+
+def move(customer: str, country: str) -> None:
+    """A customer moves: a new row in the changelog (orders from now on count for ``country``)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=_bootstrap(), acks="all")
+    _customer(producer, customer, country)
+    producer.flush()
+    print(f"{customer} now lives in {country}")
 
 
 def resend() -> None:
@@ -170,9 +177,10 @@ def _bootstrap() -> str:
 
 
 def main() -> None:
-    """``python examples/shop.py setup|feed|resend``."""
+    """``python examples/shop.py setup|feed|resend|move CUSTOMER COUNTRY``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("setup", "feed", "resend"))
+    parser.add_argument("action", choices=("setup", "feed", "resend", "move"))
+    parser.add_argument("who", nargs="*", help="move: the customer and the new country")
     parser.add_argument("--orders", type=int, default=2000, help="feed: how many orders")
     parser.add_argument("--rate", type=float, default=200.0, help="feed: orders per second")
     parser.add_argument("--seed", type=int, default=7, help="feed: who orders what")
@@ -181,6 +189,10 @@ def main() -> None:
         setup()
     elif args.action == "feed":
         feed(args.orders, args.rate, args.seed)
+    elif args.action == "move":
+        if len(args.who) != 2:
+            parser.error("move takes a customer and a country: move c0 JP")
+        move(*args.who)
     else:
         resend()
 
