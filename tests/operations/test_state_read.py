@@ -9,13 +9,11 @@ distinct events: the sum per user, and the process step's count with its state's
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
 import uuid
 from collections import Counter
-from pathlib import Path
 from urllib.error import HTTPError
 from urllib.request import urlopen
 
@@ -27,10 +25,9 @@ from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.state_read import key_from_json
 from onceflow.operations.ui import serve
 from onceflow.testing import keyed_state, run_pipeline
+from tests.e2e_pipelines.siblings_run import PIPELINE, siblings_run
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
-
-PIPELINE = str(Path(__file__).resolve().parents[1] / "e2e_pipelines" / "siblings.py")
 
 
 def state_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -43,16 +40,9 @@ def state_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_state_scan_and_get_read_what_the_run_committed(broker, redis_server, tmp_path):
-    name = f"state-{uuid.uuid4().hex[:8]}"
-    topics = {k: f"{name}-{k}" for k in ("in", "alerts", "out")}
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "SIB_PIPELINE": name,
-        "SIB_IN": topics["in"],
-        "SIB_ALERTS": topics["alerts"],
-        "SIB_OUT": topics["out"],
-        "ALERT_STEP": "every third",  # a step name may hold spaces
-    }
+    run = siblings_run("state", broker.bootstrap, redis_server.url, tmp_path)
+    name, topics = run.name, run.topics
+    env = {**run.env, "ALERT_STEP": "every third"}  # a step name may hold spaces
     rng = random.Random(3)
     events = [
         {"event_id": uuid.uuid4().hex, "user": f"u{rng.randrange(6)}", "amount": rng.randrange(100)}
@@ -66,9 +56,7 @@ def test_state_scan_and_get_read_what_the_run_committed(broker, redis_server, tm
         [(None, json.dumps(e).encode(), None) for e in sent],
         partitions=4,
     )
-    args = ["--available-now", "--redis-url", redis_server.url, "--parallelism", "3"]
-    args += ["--checkpoint", os.path.join(str(tmp_path), "checkpoint")]
-    args += ["--output-dir", os.path.join(str(tmp_path), "out")]
+    args = [*run.args, "--parallelism", "3"]
     ran = run_pipeline(PIPELINE, args, env=env)
     assert ran.returncode == 0, ran.output[-3000:]
 

@@ -11,11 +11,9 @@ steps share (``events/shuffled``), and renaming the alert step leaves the revenu
 from __future__ import annotations
 
 import json
-import os
 import random
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -23,10 +21,10 @@ from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.status import status
 from onceflow.testing.harness import run_pipeline
+from tests.e2e_pipelines.siblings_run import PIPELINE, siblings_run
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
-PIPELINE = str(Path(__file__).resolve().parents[1] / "e2e_pipelines" / "siblings.py")
 BASE_TS = 1_700_000_000_000
 
 
@@ -43,25 +41,9 @@ def _events(rng: random.Random, n: int) -> list[dict]:
 
 
 def test_renaming_one_fused_step_leaves_the_other_steps_state(broker, redis_server, tmp_path):
-    name = f"siblings-{uuid.uuid4().hex[:8]}"
-    topics = {k: f"{name}-{k}" for k in ("in", "alerts", "out")}
+    run = siblings_run("siblings", broker.bootstrap, redis_server.url, tmp_path)
+    name, topics, env, args = run.name, run.topics, run.env, run.args
     settings = KafkaSettings(broker.bootstrap)
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "SIB_PIPELINE": name,
-        "SIB_IN": topics["in"],
-        "SIB_ALERTS": topics["alerts"],
-        "SIB_OUT": topics["out"],
-    }
-    args = [
-        "--available-now",
-        "--redis-url",
-        redis_server.url,
-        "--checkpoint",
-        os.path.join(str(tmp_path), "checkpoint"),
-        "--output-dir",
-        os.path.join(str(tmp_path), "out"),
-    ]
     rng = random.Random(5)
     first, second = _events(rng, 300), _events(rng, 300)
     copies = rng.sample(first, 30)  # sent again after the rename: still copies
