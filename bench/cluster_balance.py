@@ -43,10 +43,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import read_scopes
-from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
+from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.operations.gc import collect
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session

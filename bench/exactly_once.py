@@ -72,10 +72,11 @@ from typing import Any
 import page
 
 from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline, Sliding
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import Connect, read_scopes
-from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
+from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.redis_cluster import LocalRedisCluster

@@ -29,10 +29,10 @@ import uuid
 from typing import Any
 
 from onceflow import DedupConfig, KafkaSink, KafkaSource, Pipeline
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import read_scopes
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import collect
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.kafka import LocalKafka

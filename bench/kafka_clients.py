@@ -48,8 +48,8 @@ from onceflow.connectors.kafka.clients import (
     new_producer,
     new_reader,
 )
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 
 PARTITIONS = 2

@@ -37,9 +37,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from onceflow import KafkaSink, KafkaSource, Pipeline
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.spark_source import session_conf
 from onceflow.connectors.kafka.topics import produce, read_topic
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import LocalRedis

@@ -64,8 +64,8 @@ import page
 from exactly_once import services
 
 from onceflow.connectors.kafka.clients import ensure_topics
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.kernel import ids
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.runtime.task.deferred import DELIVERY_TIMES
 from onceflow.testing.harness import kill_session
 from onceflow.testing.services import LocalRedis, modern_redis_binary

@@ -36,7 +36,7 @@ from exactly_once import services  # noqa: E402
 from examples.nexmark.events import Config, to_kafka  # noqa: E402
 from examples.nexmark.queries import QUERIES, kafka_events, query_pipeline  # noqa: E402
 from onceflow import KafkaSink  # noqa: E402
-from onceflow.kernel.settings import KafkaSettings  # noqa: E402
+from onceflow.connectors.kafka.connection import KafkaSettings  # noqa: E402
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session  # noqa: E402
 
 # Flink 1.13, exactly-once, RocksDB, events/s per core (the Nexmark project's README).

@@ -45,9 +45,9 @@ from latency import Run, percentile  # noqa: E402
 
 from examples.nexmark.events import Config, generate  # noqa: E402
 from onceflow.connectors.kafka.clients import ensure_topics  # noqa: E402
+from onceflow.connectors.kafka.connection import KafkaSettings  # noqa: E402
 from onceflow.connectors.kafka.serialization import WINDOW_HEADER  # noqa: E402
 from onceflow.kernel import ids  # noqa: E402
-from onceflow.kernel.settings import KafkaSettings  # noqa: E402
 
 QUERIES_FILE = os.path.join(ROOT, "examples", "nexmark", "queries.py")
 GUARANTEES = ("at-least-once", "exactly-once")

@@ -88,7 +88,7 @@ from latency import Measured, _read_phases
 from peer_jobs import STEP_MS, WINDOW_MS, keep
 
 from onceflow.connectors.kafka.admin import ensure_topics
-from onceflow.kernel.settings import KafkaSettings
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.testing.harness import kill_session
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -33,7 +33,7 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from onceflow.kernel.settings import KafkaSettings
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER
 
 BENCH = Path(__file__).with_name("exactly_once.py")

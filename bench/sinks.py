@@ -36,9 +36,9 @@ import page  # noqa: E402
 from exactly_once import produce_bids, services  # noqa: E402
 
 from onceflow import EventTime, KafkaSink, KafkaSource, Pipeline  # noqa: E402
+from onceflow.connectors.kafka.connection import KafkaSettings  # noqa: E402
 from onceflow.connectors.kafka.topics import read_topic  # noqa: E402
 from onceflow.connectors.postgres import PostgresSink  # noqa: E402
-from onceflow.kernel.settings import KafkaSettings  # noqa: E402
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER, spark_session  # noqa: E402
 from onceflow.sinks import Iceberg, JsonLines, Parquet  # noqa: E402
 from onceflow.testing.postgres import PASSWORD, LocalPostgres  # noqa: E402

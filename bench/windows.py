@@ -35,10 +35,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import read_scopes
-from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
+from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.operations.gc import GcError, collect
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER
 from onceflow.testing.kafka import LocalKafka

@@ -163,8 +163,8 @@ def kafka_waits(config: RunConfig) -> None:
     builds them (their waits too: ``ONCEFLOW_KAFKA_START_WAIT``,
     ``ONCEFLOW_KAFKA_OUTAGE_WAIT``), so a flag is passed on there, checked first.
     """
+    from onceflow.connectors.kafka.connection import KAFKA_OUTAGE_WAIT_ENV, KAFKA_START_WAIT_ENV
     from onceflow.kernel.durations import parse_duration_ms
-    from onceflow.kernel.settings import KAFKA_OUTAGE_WAIT_ENV, KAFKA_START_WAIT_ENV
 
     for value, flag, variable in (
         (config.kafka_start_wait, "--kafka-start-wait", KAFKA_START_WAIT_ENV),

@@ -8,8 +8,9 @@ import sys
 import time
 from typing import Any
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.kernel.errors import ConfigError, ServiceError
-from onceflow.kernel.settings import KafkaSettings, RedisSettings, new_redis_client, retry_options
+from onceflow.kernel.settings import RedisSettings, new_redis_client, retry_options
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -1,11 +1,10 @@
-"""Connection settings for Redis and Kafka, with passwords and TLS passed straight through.
+"""Connection settings for Redis, with passwords and TLS passed straight through.
 
-Both read the environment when a value is not given: ``REDIS_URL`` (``rediss://`` for TLS),
-``REDIS_PASSWORD``, ``REDIS_SSL_CA_CERTS``, ``REDIS_SSL_CERTFILE``, ``REDIS_SSL_KEYFILE``;
-``KAFKA_BOOTSTRAP_SERVERS``, ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``,
-``KAFKA_SASL_USERNAME``, ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CAFILE``, ``KAFKA_SSL_CERTFILE``,
-``KAFKA_SSL_KEYFILE``. Anything else a client accepts goes in ``options``. Settings pickle to
-the workers; secrets are never printed (``repr`` masks them).
+:class:`RedisSettings` reads the environment when a value is not given: ``REDIS_URL``
+(``rediss://`` for TLS), ``REDIS_PASSWORD``, ``REDIS_SSL_CA_CERTS``, ``REDIS_SSL_CERTFILE``,
+``REDIS_SSL_KEYFILE``. Anything else a client accepts goes in ``options``. Settings pickle to
+the workers; secrets are never printed (``repr`` masks them). Kafka's settings are
+:class:`onceflow.connectors.kafka.connection.KafkaSettings`, built on the same helpers.
 """
 
 from __future__ import annotations
@@ -15,20 +14,20 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceflow.kernel.durations import parse_duration_ms
 from onceflow.kernel.errors import ConfigError, ServiceError
 
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
 
-def _from_environment(env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+def from_environment(env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
     """Client options from environment variables (``option -> VARIABLE``), then ``options``."""
     merged: dict[str, Any] = {k: os.environ[v] for k, v in env.items() if os.environ.get(v)}
     merged.update(options)
     return merged
 
 
-def _mask(options: dict[str, Any]) -> dict[str, Any]:
+def mask_secrets(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with every value whose name says secret (password, token, key) as ``***``."""
     return {k: ("***" if any(w in k for w in _SECRET_WORDS) else v) for k, v in options.items()}
 
 
@@ -57,7 +56,7 @@ class RedisSettings:
             "ssl_certfile": "REDIS_SSL_CERTFILE",
             "ssl_keyfile": "REDIS_SSL_KEYFILE",
         }
-        merged = _from_environment(env, options)
+        merged = from_environment(env, options)
         schemes = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
         if not url.startswith(schemes):
             msg = (
@@ -68,7 +67,7 @@ class RedisSettings:
         return cls(url, merged)
 
     def __repr__(self) -> str:
-        return f"RedisSettings({self.url.split('@')[-1]!r}, {_mask(self.options)})"
+        return f"RedisSettings({self.url.split('@')[-1]!r}, {mask_secrets(self.options)})"
 
 
 # The retry policy of every Redis client Onceflow makes (retry_options): exponential backoff
@@ -202,66 +201,3 @@ def check_durable(client: Any, allow_non_durable: bool) -> str:
         )
         raise ServiceError(msg)
     return found
-
-
-KAFKA_START_WAIT_ENV = "ONCEFLOW_KAFKA_START_WAIT"
-KAFKA_OUTAGE_WAIT_ENV = "ONCEFLOW_KAFKA_OUTAGE_WAIT"
-DEFAULT_KAFKA_START_WAIT_S = 60.0
-DEFAULT_KAFKA_OUTAGE_WAIT_S = 180.0
-
-
-@dataclass(frozen=True)
-class KafkaSettings:
-    """Where Kafka is and how to log in; ``options`` go to every kafka-python client.
-
-    ``start_wait_s``: how long a run waits for Kafka to answer at all when it starts
-    (``$ONCEFLOW_KAFKA_START_WAIT``); ``outage_wait_s``: how long a running pipeline's Kafka
-    step waits for a broker that went away, before the run stops
-    (``$ONCEFLOW_KAFKA_OUTAGE_WAIT``). See :mod:`onceflow.connectors.kafka.outage`.
-    """
-
-    bootstrap_servers: str
-    options: dict[str, Any] = field(default_factory=dict, hash=False)
-    start_wait_s: float = DEFAULT_KAFKA_START_WAIT_S
-    outage_wait_s: float = DEFAULT_KAFKA_OUTAGE_WAIT_S
-
-    @classmethod
-    def from_env(cls, bootstrap_servers: str | None = None, **options: Any) -> KafkaSettings:
-        """Settings from arguments, falling back to the environment."""
-        servers = bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        if not servers:
-            msg = (
-                "no Kafka configured: pass bootstrap_servers=... or set KAFKA_BOOTSTRAP_SERVERS "
-                "(host:9092)"
-            )
-            raise ConfigError(msg)
-        env = {
-            "security_protocol": "KAFKA_SECURITY_PROTOCOL",
-            "sasl_mechanism": "KAFKA_SASL_MECHANISM",
-            "sasl_plain_username": "KAFKA_SASL_USERNAME",
-            "sasl_plain_password": "KAFKA_SASL_PASSWORD",
-            "ssl_cafile": "KAFKA_SSL_CAFILE",
-            "ssl_certfile": "KAFKA_SSL_CERTFILE",
-            "ssl_keyfile": "KAFKA_SSL_KEYFILE",
-        }
-        return cls(
-            servers,
-            _from_environment(env, options),
-            _wait_from_env(KAFKA_START_WAIT_ENV, DEFAULT_KAFKA_START_WAIT_S),
-            _wait_from_env(KAFKA_OUTAGE_WAIT_ENV, DEFAULT_KAFKA_OUTAGE_WAIT_S),
-        )
-
-    def client_config(self) -> dict[str, Any]:
-        """Keyword arguments shared by producers, consumers and admin clients."""
-        return {"bootstrap_servers": self.bootstrap_servers.split(","), **self.options}
-
-    def __repr__(self) -> str:
-        return f"KafkaSettings({self.bootstrap_servers!r}, {_mask(self.options)})"
-
-
-def _wait_from_env(variable: str, default_s: float) -> float:
-    """A wait in seconds from a duration in the environment (``90s``, ``3m``), else the default."""
-    text = os.environ.get(variable)
-    if not text:
-        return default_s
-    return parse_duration_ms(text, variable) / 1000

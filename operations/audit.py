@@ -16,9 +16,9 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import TopicRecord, read_topic
 from onceflow.kernel.ids import ID_HEADER
-from onceflow.kernel.settings import KafkaSettings
 
 
 @dataclass

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.connectors.kafka import KafkaDeadLetterSink, KafkaSource
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.sink import (
     CODE_HEADER,
     ORIGIN_HEADER,
@@ -45,7 +46,6 @@ from onceflow.graph_optimizer.plan import Plan
 from onceflow.kernel import ids
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.pipeline.api import Pipeline
 
 # Letters of a record the source could not read: sent again as they were.

@@ -23,11 +23,12 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import node_state
-from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
+from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.operations.audit import audit
 from onceflow.runtime.spark_env.session import DEFAULT_MASTER
 from onceflow.testing.harness import Crash, compare_counts, crash_and_resume

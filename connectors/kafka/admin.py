@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.outage import Wait, describe, transient
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.settings import KafkaSettings
 
 DEFAULT_REPLICAS = 3  # replicas of a new topic, fewer only on a smaller cluster
 DEFAULT_MIN_INSYNC = 2  # ... of which an acks=all write must reach this many

@@ -15,7 +15,7 @@ sink's code is written once against what both expose (:mod:`.interface`, impleme
 
 The driver side (planning offsets, creating topics, consumer-group commits) always uses
 kafka-python: it is not on the per-record path. Connection settings are
-:class:`~onceflow.kernel.settings.KafkaSettings`, in kafka-python's option names, resolved on
+:class:`.connection.KafkaSettings`, in kafka-python's option names, resolved on
 the driver and pickled to the workers; :mod:`.confluent` maps them to librdkafka's names on
 the worker, when it creates a client. Clients are created lazily on the workers, never in a
 connector's ``__init__``. Topic administration lives in :mod:`.admin` (``ensure_topics`` is
@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 from onceflow.connectors.kafka.admin import await_kafka, ensure_topics
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.interface import (
     AUTO_CLIENT,
     CONFLUENT_CLIENT,
@@ -52,7 +53,6 @@ from onceflow.connectors.kafka.interface import (
     resolve_client,
 )
 from onceflow.connectors.kafka.kafka_python import PythonProducer, PythonReader
-from onceflow.kernel.settings import KafkaSettings
 
 __all__ = [
     "AUTO_CLIENT",

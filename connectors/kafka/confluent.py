@@ -36,6 +36,7 @@ from onceflow.connectors.kafka.confluent_config import (
     PRODUCER_NAMES,
     librdkafka_config,
 )
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.interface import (
     NOTHING,
     READ_BATCH,
@@ -49,7 +50,6 @@ from onceflow.connectors.kafka.interface import (
     RecordRefused,
 )
 from onceflow.connectors.kafka.outage import ATTEMPT_S
-from onceflow.kernel.settings import KafkaSettings
 
 LOG = logging.getLogger("onceflow.kafka.librdkafka")
 

@@ -1,6 +1,6 @@
 """confluent-kafka's settings: Onceflow's (kafka-python's names) translated to librdkafka's.
 
-**Settings.** :class:`~onceflow.kernel.settings.KafkaSettings` hold kafka-python's option names
+**Settings.** :class:`.connection.KafkaSettings` hold kafka-python's option names
 (the driver reads offsets and creates topics with kafka-python); :func:`librdkafka_config`
 maps them to librdkafka's (``sasl_plain_password`` -> ``sasl.password``, ``ssl_cafile`` ->
 ``ssl.ca.location`` ...). An option without an equivalent is refused, naming the option and
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.settings import KafkaSettings
 
 # kafka-python connection option -> librdkafka property (every client).
 CONNECTION_NAMES: Mapping[str, str] = {

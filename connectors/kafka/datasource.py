@@ -38,6 +38,7 @@ from pyspark.sql.streaming.datasource import (
 
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import PYTHON_CLIENT, KafkaUnavailable
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.kafka_python import ATTEMPT_MS, BOOTSTRAP
 from onceflow.connectors.kafka.offsets import (
     TICK,
@@ -49,7 +50,6 @@ from onceflow.connectors.kafka.offsets import (
 )
 from onceflow.connectors.kafka.outage import retrying, transient
 from onceflow.connectors.kafka.worker import RANGE_SCHEMA, RAW_SCHEMA, fetch_range, raw_rows
-from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
     from collections.abc import Callable

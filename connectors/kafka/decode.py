@@ -19,6 +19,7 @@ import msgpack
 from crc32c import crc32c
 
 from onceflow.connectors.decoded import Decoded, Decoder, RecordColumns
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.offsets import tp_key
 from onceflow.connectors.kafka.worker import RANGE_COLUMNS, fetch_range
 from onceflow.kernel import ids
@@ -26,7 +27,6 @@ from onceflow.kernel.codec import ValueCodec
 from onceflow.kernel.errors import ServiceError
 from onceflow.kernel.eventtime import as_event_time, as_event_times
 from onceflow.kernel.records import DeadLetter, Record, Redrive
-from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

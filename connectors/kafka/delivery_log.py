@@ -22,8 +22,8 @@ from typing import Any
 
 from onceflow.connectors.base import DeliveryMark, TaskInfo
 from onceflow.connectors.kafka.clients import PYTHON_CLIENT, Delivery, PartitionReader, new_reader
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.outage import Wait, transient
-from onceflow.kernel.settings import KafkaSettings
 
 MARK_SEPARATOR = "@"  # between a marker record's delivery id and its mark
 SCAN_POLL_MS = 500

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.interface import (
     NOTHING,
     READ_BATCH,
@@ -21,7 +22,6 @@ from onceflow.connectors.kafka.interface import (
     RecordRefused,
 )
 from onceflow.connectors.kafka.outage import ATTEMPT_S, transient
-from onceflow.kernel.settings import KafkaSettings
 
 # kafka-python's errors after which the same record would be refused again.
 POISON_ERRORS = frozenset(

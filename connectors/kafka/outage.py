@@ -4,10 +4,10 @@ A broker restarted (killed and back within a minute, or each node of a cluster i
 an outage, not a failure of the run: every Kafka step of a running pipeline (planning
 offsets on the driver, a task reading its range, the sinks' writes and transactions, the
 delivery markers, the dead letters) retries what failed for as long as
-:attr:`~onceflow.kernel.settings.KafkaSettings.outage_wait_s` (default 180 s,
+:attr:`~onceflow.connectors.kafka.connection.KafkaSettings.outage_wait_s` (default 180 s,
 ``$ONCEFLOW_KAFKA_OUTAGE_WAIT`` or ``onceflow run --kafka-outage-wait``) from the first
 failure, and a run's first connection for
-:attr:`~onceflow.kernel.settings.KafkaSettings.start_wait_s` (default 60 s,
+:attr:`~onceflow.connectors.kafka.connection.KafkaSettings.start_wait_s` (default 60 s,
 ``$ONCEFLOW_KAFKA_START_WAIT``, ``--kafka-start-wait``). Meanwhile a progress line goes to
 standard error (and the log) every :data:`PROGRESS_EVERY_S`; past the bound the step raises
 :class:`~.interface.KafkaUnavailable`, whose message is the one line the run ends with:
@@ -29,8 +29,12 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from onceflow.connectors.kafka.connection import (
+    KAFKA_OUTAGE_WAIT_ENV,
+    KAFKA_START_WAIT_ENV,
+    KafkaSettings,
+)
 from onceflow.connectors.kafka.interface import KafkaUnavailable
-from onceflow.kernel.settings import KAFKA_OUTAGE_WAIT_ENV, KAFKA_START_WAIT_ENV, KafkaSettings
 
 LOG = logging.getLogger("onceflow.kafka")
 # Kafka's own chatter while a broker is away (librdkafka logs through a child of this logger)

@@ -51,6 +51,7 @@ from onceflow.connectors.kafka.clients import (
     check_client,
     resolve_client,
 )
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.delivery_log import DELIVERY_LOG_CONFIG, DELIVERY_LOG_SUFFIX
 from onceflow.connectors.kafka.outage import ATTEMPT_S
 from onceflow.connectors.kafka.serialization import (
@@ -69,7 +70,6 @@ from onceflow.connectors.registry import RegistryCodec, bind_codec
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec
 from onceflow.kernel.records import Record
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.kernel.windows import Pane
 
 __all__ = [

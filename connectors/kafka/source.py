@@ -37,6 +37,7 @@ from onceflow.connectors.base import (
 from onceflow.connectors.decoded import Decoder
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import await_kafka, resolve_client
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.decode import kafka_decoder
 from onceflow.connectors.kafka.kafka_python import BOOTSTRAP
 from onceflow.connectors.kafka.offsets import partitions_of, split_tp
@@ -45,7 +46,6 @@ from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client
 from onceflow.connectors.kafka.worker import ON_DATA_LOSS
 from onceflow.connectors.registry import RegistryCodec, bind_codec
 from onceflow.kernel.codec import ValueCodec, value_codec
-from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

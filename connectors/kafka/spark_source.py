@@ -62,9 +62,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import check_client as check_worker_client
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.spark_jars import JARS_CONF, SPARK_CLIENT, session_conf
 from onceflow.connectors.kafka.worker import RAW_COLUMNS
-from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

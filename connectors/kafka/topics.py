@@ -10,7 +10,7 @@ from typing import Any
 
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.kafka.clients import ensure_topics
-from onceflow.kernel.settings import KafkaSettings
+from onceflow.connectors.kafka.connection import KafkaSettings
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from onceflow.connectors.kafka.clients import (
     renew_shared_reader,
     shared_reader,
 )
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.outage import Wait, retrying, transient
 from onceflow.kernel.ids import GAP_HEADER
-from onceflow.kernel.settings import KafkaSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

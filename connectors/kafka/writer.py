@@ -25,11 +25,11 @@ from onceflow.connectors.kafka.clients import (
     renew_shared_producer,
     shared_producer,
 )
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.outage import Wait, retrying, transient
 from onceflow.connectors.kafka.serialization import RECORD_OVERHEAD_BYTES, record_size, too_big
 from onceflow.kernel.errors import CodecError, ServiceError
 from onceflow.kernel.records import Record
-from onceflow.kernel.settings import KafkaSettings
 
 # A producer that answers no record for this long while some wait is replaced (see
 # KafkaWriter._await_answers); it is flushed in slices this long meanwhile.

@@ -15,10 +15,10 @@ import os
 import pytest
 
 from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.sink import ERROR_HEADER, ORIGIN_HEADER, STAGE_HEADER
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.pipeline import Pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark]

@@ -31,11 +31,11 @@ from onceflow.connectors.kafka.confluent_config import (
     PRODUCER_NAMES,
     librdkafka_config,
 )
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.connectors.kafka.transactional_producers import _TXN_PRODUCERS
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.records import Record
-from onceflow.kernel.settings import KafkaSettings
 
 SECRET = "s3cr3t-pa55"
 HOUR_MS = 3_600_000

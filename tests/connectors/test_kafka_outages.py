@@ -25,9 +25,9 @@ from onceflow.connectors.kafka.clients import (
     ensure_topics,
     new_producer,
 )
+from onceflow.connectors.kafka.connection import KAFKA_OUTAGE_WAIT_ENV, KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel.records import Record
-from onceflow.kernel.settings import KAFKA_OUTAGE_WAIT_ENV, KafkaSettings
 from onceflow.testing.kafka import LocalKafka
 from onceflow.testing.services import free_port
 

@@ -21,10 +21,10 @@ from kafka.admin import (
     NewTopic,
 )
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel import ids
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Crash, run_pipeline
 from tests.exactly_once.real_input import PIPELINE, Send, event, new_run, stats, verify
 

@@ -27,11 +27,11 @@ from onceflow.connectors.kafka.admin import (
     replication_notes,
 )
 from onceflow.connectors.kafka.clients import WORKER_CLIENTS
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel import ids
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.records import Record
-from onceflow.kernel.settings import KafkaSettings
 
 HOUR_MS = 3_600_000
 NOW = 1_800_000_000_000

@@ -25,10 +25,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from onceflow.codecs import Avro
 from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.serialization import CODE_HEADER, ERROR_HEADER
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.connectors.registry.wire import frame
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.pipeline import Pipeline
 from onceflow.testing.harness import Crash, crash_and_resume
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel.errors import ServiceError
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Crash, crash_and_resume
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

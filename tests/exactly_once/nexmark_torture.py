@@ -39,8 +39,8 @@ from typing import Any
 
 from examples.nexmark import reference
 from examples.nexmark.events import Config, generate
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import compare_counts
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.kafka import LocalKafka

@@ -19,12 +19,12 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.sink import ERROR_HEADER
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import node_state
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import compare_counts
 
 PIPELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e_pipelines", "totals.py")

@@ -15,12 +15,12 @@ import time
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.dedup.config import DedupConfig
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.seen_layout import FINGERPRINT_BYTES, LAYOUT_FIELD
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
 from onceflow.testing.services import modern_redis_binary
 from tests.exactly_once.scenario import (

@@ -22,13 +22,13 @@ from collections import Counter
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.dedup.batch import BatchParams
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import SCOPED_FIELD, read_scopes
 from onceflow.kernel.scripts import COMMIT, scripts_for
 from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import GcError, collect
 from onceflow.operations.reset import reset
 from onceflow.operations.status import status

@@ -20,9 +20,9 @@ import pytest
 
 from examples.nexmark import reference
 from examples.nexmark.events import Config, generate
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.serialization import PANE_HEADER, WINDOW_HEADER
 from onceflow.connectors.kafka.topics import produce, read_topic
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Crash, crash_and_resume
 from tests.exactly_once.scenario import BASE_TS
 

@@ -30,12 +30,13 @@ import pytest
 import redis as redis_py
 
 from onceflow.backup.store import replay
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import node_state, read_scopes, scope_name
-from onceflow.kernel.settings import KafkaSettings, RedisSettings, redis_client
+from onceflow.kernel.settings import RedisSettings, redis_client
 from onceflow.kernel.slots import namespace_slot
 from onceflow.testing import LocalRedisCluster
 from onceflow.testing.harness import Crash, compare_counts, crash_and_resume, run_pipeline

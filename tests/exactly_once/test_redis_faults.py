@@ -251,8 +251,8 @@ def _found_in_sink(run) -> int:
 
 def _copies(run) -> int:
     """Records of the copy topic (read_committed) beyond one per ID."""
+    from onceflow.connectors.kafka.connection import KafkaSettings
     from onceflow.connectors.kafka.topics import read_topic
-    from onceflow.kernel.settings import KafkaSettings
 
     records = read_topic(KafkaSettings(run.bootstrap), run.topics["copy"])
     return len(records) - len({r.headers["onceflow-id"] for r in records})

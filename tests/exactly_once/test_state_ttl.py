@@ -17,12 +17,12 @@ from collections import defaultdict
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.scripts import scripts_for
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc import collect
 from onceflow.operations.status import status
 from onceflow.testing.harness import run_pipeline

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel.ids import ID_HEADER
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.status import status
 from onceflow.testing.harness import Crash, crash_and_resume
 from tests.exactly_once.scenario import BASE_TS

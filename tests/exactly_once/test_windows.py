@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.sink import PANE_HEADER, WINDOW_HEADER
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel.ids import ID_HEADER
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.kernel.windows import Fixed, Sessions, Sliding
 from onceflow.testing.harness import Crash, crash_and_resume, run_pipeline
 from tests.exactly_once.scenario import BASE_TS

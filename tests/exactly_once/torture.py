@@ -61,8 +61,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import Outcome, compare_counts, run_pipeline
 from onceflow.testing.hostcrash import CrashableRedis
 from onceflow.testing.kafka import LocalKafka

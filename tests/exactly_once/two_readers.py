@@ -19,10 +19,10 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.scopes import node_state
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.testing.harness import compare_counts
 
 PIPELINE = os.path.join(

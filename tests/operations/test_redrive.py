@@ -18,10 +18,10 @@ import time
 import pytest
 
 from onceflow.connectors.kafka import KafkaSink, KafkaSource
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.sink import CODE_HEADER
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.redrive import replay
 from onceflow.pipeline import Pipeline
 

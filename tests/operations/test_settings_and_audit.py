@@ -10,9 +10,10 @@ import uuid
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel.errors import ServiceError
-from onceflow.kernel.settings import KafkaSettings, RedisSettings, check_durable, redis_client
+from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
 from onceflow.operations.audit import audit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

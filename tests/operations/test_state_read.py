@@ -19,9 +19,9 @@ from urllib.request import urlopen
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
 from onceflow.kernel import codec
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.state_read import key_from_json
 from onceflow.operations.ui import serve
 from onceflow.testing import keyed_state, run_pipeline

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from onceflow.cli.loader import load_pipeline
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.ui import pipeline_svg, redis_label, serve
 from onceflow.testing.harness import kill_session
 

@@ -21,9 +21,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from onceflow.cli.main import main
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
 from onceflow.dedup.batch import BatchParams
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.gc_metrics import GcMetrics
 from onceflow.operations.gc_report import GcPass, Removed
 from onceflow.runtime.driver.exporter import BatchView, RunExporter

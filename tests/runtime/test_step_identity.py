@@ -17,8 +17,8 @@ from collections import Counter
 
 import pytest
 
+from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
-from onceflow.kernel.settings import KafkaSettings
 from onceflow.operations.status import status
 from onceflow.testing.harness import run_pipeline
 from tests.e2e_pipelines.siblings_run import PIPELINE, siblings_run
