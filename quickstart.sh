@@ -80,7 +80,9 @@ ensure_python_packages() {
   want="$(sha256sum pyproject.toml | cut -d' ' -f1) $EXTRAS"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
   log "installing Python packages into $VENV (first time: a few minutes, PySpark is large)"
-  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
+  # setuptools warns at every editable install that folders named like a package may shadow
+  # it; ours install as onceflow's subpackages (package-dir), none is named onceflow
+  PYTHONWARNINGS="ignore:Editable installation" "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
   echo "$want" > "$stamp"
 }
 
