@@ -109,10 +109,25 @@ class SourceConnector(abc.ABC):
         """
         return self
 
-    def readable_ends(self) -> dict[str, int]:
-        """Where each partition's readable records end now (``capabilities().readable_ends``)."""
+    def readable_ends(self) -> dict[tuple[str, int], int]:
+        """Where each partition's readable records end now (``capabilities().readable_ends``).
+
+        Keyed as :meth:`positions` keys them: ``(topic or file, partition)``.
+        """
         msg = f"{type(self).__name__} cannot tell where its readable records end"
         raise NotImplementedError(msg)
+
+    def positions(self, offsets: Any) -> dict[tuple[str, int], int]:
+        """Where each partition ended in ``offsets``, this source's entry of a checkpoint.
+
+        ``(topic or file, partition) -> position``, for progress and consumer lag; ``{}`` when
+        the source cannot say (the default).
+        """
+        return {}
+
+    def spark_conf(self) -> dict[str, str]:
+        """Settings a new Spark session needs to read this source (``spark.jars``: joined)."""
+        return {}
 
     def dead_letter_sink(self, pipeline: str) -> SinkConnector | None:
         """Where a streaming run reading this source sends dead letters by default.

@@ -40,9 +40,9 @@ from onceflow.connectors.kafka.clients import await_kafka, resolve_client
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.decode import kafka_decoder
 from onceflow.connectors.kafka.kafka_python import BOOTSTRAP
-from onceflow.connectors.kafka.offsets import partitions_of, split_tp
+from onceflow.connectors.kafka.offsets import flat_offsets, partitions_of, split_tp
 from onceflow.connectors.kafka.outage import retrying
-from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client
+from onceflow.connectors.kafka.spark_source import SPARK_CLIENT, check_client, session_conf
 from onceflow.connectors.kafka.worker import ON_DATA_LOSS
 from onceflow.connectors.registry import RegistryCodec, bind_codec
 from onceflow.kernel.codec import ValueCodec, value_codec
@@ -219,8 +219,8 @@ class KafkaSource(SourceConnector):
         finally:
             consumer.close()
 
-    def readable_ends(self) -> dict[str, int]:
-        """Where each partition's readable records end now: ``{"topic:partition": offset}``.
+    def readable_ends(self) -> dict[tuple[str, int], int]:
+        """Where each partition's readable records end now: ``{(topic, partition): offset}``.
 
         On the driver, for consumer lag (the end of the last batch against this); one small
         probe consumer per process and settings. Raises when Kafka cannot answer.
@@ -236,7 +236,19 @@ class KafkaSource(SourceConnector):
         consumer = _probes.get(key)
         if consumer is None:
             consumer = _probes[key] = probe_consumer(settings)
-        return readable_ends(consumer, topic_partitions(consumer, settings, self.topics))
+        ends = readable_ends(consumer, topic_partitions(consumer, settings, self.topics))
+        return {split_tp(key): offset for key, offset in ends.items()}
+
+    def positions(self, offsets: Any) -> dict[tuple[str, int], int]:
+        """``(topic, partition) -> offset`` from a checkpoint's offsets of this source.
+
+        Reads both the Python source's (flat) and Spark's own connector's offsets.
+        """
+        return {split_tp(key): offset for key, offset in flat_offsets(offsets).items()}
+
+    def spark_conf(self) -> dict[str, str]:
+        """``spark.jars`` with Spark's Kafka connector when this source reads with Spark."""
+        return session_conf([self])
 
     def stream(self, session: SparkSession, pipeline: str, source: str) -> DataFrame:
         """The streaming DataFrame of raw records."""

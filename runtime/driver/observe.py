@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onceflow.connectors.kafka.offsets import flat_offsets, split_tp
 from onceflow.kernel.store import store_for
 from onceflow.runtime.driver.phases import Phases
 
@@ -98,15 +97,14 @@ def offsets(ctx: RunContext, batch_id: int) -> Offsets:
     out: Offsets = {}
     ends = ctx.checkpoint.end_offsets(batch_id)
     for (name, connector), value in zip(ctx.job.sources, ends, strict=False):
-        now: dict[str, int] = {}
+        now: dict[tuple[str, int], int] = {}
         if connector.capabilities().readable_ends:
             try:
                 now = connector.readable_ends()
             except Exception as exc:  # noqa: BLE001 - monitoring only
                 log.warning("metrics: no readable offsets for source %r: %s", name, exc)
-        for key, done in flat_offsets(value).items():
-            topic, partition = split_tp(key)
-            out[(name, topic, partition)] = (done, now.get(key))
+        for (topic, partition), done in connector.positions(value).items():
+            out[(name, topic, partition)] = (done, now.get((topic, partition)))
     return out
 
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.connectors.base import SourceRun
 from onceflow.connectors.files import JsonLinesSink
-from onceflow.connectors.kafka.spark_source import session_conf
 from onceflow.dedup.aof import settle_aof
 from onceflow.dedup.clock import BatchClock
 from onceflow.dedup.config import DedupConfig
@@ -69,6 +68,7 @@ from onceflow.runtime.metrics import CounterParam
 from onceflow.runtime.spec import Job
 
 log = logging.getLogger(__name__)
+JARS = "spark.jars"  # a setting several sources (and the user) may each add to
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -190,12 +190,14 @@ def _masters(scopes: Scopes, redis: RedisSettings) -> list[Any]:
 
 def spark_conf(job: Job, extra: dict[str, str] | None) -> dict[str, str]:
     """What the sources need of a new session, then the user's settings (jars joined)."""
-    conf = session_conf(c for _, c in job.sources)
-    for key, value in (extra or {}).items():
-        if key == "spark.jars" and conf.get(key):
-            conf[key] = ",".join(j for j in (conf[key], value) if j)
-        else:
-            conf[key] = value
+    conf: dict[str, str] = {}
+    for settings in [*(c.spark_conf() for _, c in job.sources), extra or {}]:
+        for key, value in settings.items():
+            if key == JARS and conf.get(key):
+                jars = conf[key].split(",")
+                conf[key] = ",".join(jars + [j for j in value.split(",") if j and j not in jars])
+            else:
+                conf[key] = value
     return conf
 
 
