@@ -41,10 +41,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 # Rooms inside a package, and what each may never import (see runtime/__init__.py): the driver
 # may import the task room, the task room the operators; a Spark task never reaches the
-# driver's code, the operators reach neither the task loop nor the exactly-once machinery.
+# driver's code, the operators reach neither the task loop nor the exactly-once machinery;
+# neither the driver nor the task loop knows one connector (Kafka) by its modules.
 _RT = "onceflow.runtime"
 ROOMS: dict[str, tuple[str, ...]] = {
-    f"{_RT}.task": (f"{_RT}.driver",),
+    # the driver and the task loop ask a source or sink through onceflow.connectors.base
+    f"{_RT}.driver": ("onceflow.connectors.kafka",),
+    f"{_RT}.task": (f"{_RT}.driver", "onceflow.connectors.kafka"),
     f"{_RT}.ops": (
         f"{_RT}.driver",
         f"{_RT}.task",

@@ -61,6 +61,7 @@ def test_the_runtime_rooms_are_kept():
         Edge("onceflow.runtime.ops.process", "onceflow.runtime", ("task",), "c:1"),
         Edge("onceflow.runtime.spec", "onceflow.runtime.ops.body", (), "d:1"),
         Edge("onceflow.runtime.driver.compile", "onceflow.runtime.task.loop", (), "e:1"),
+        Edge("onceflow.runtime.driver.observe", "onceflow.connectors.kafka.offsets", (), "f:1"),
     ]
     found = "\n".join(violations(graph))
     assert "a:1: onceflow.runtime.task.loop (room onceflow.runtime.task)" in found
@@ -70,3 +71,4 @@ def test_the_runtime_rooms_are_kept():
     assert "c:1" in found and "imports onceflow.runtime.task" in found
     assert "d:1" in found
     assert "e:1" not in found  # the driver may import the task room
+    assert "f:1" in found and "imports onceflow.connectors.kafka.offsets" in found
