@@ -35,6 +35,7 @@ from onceflow.connectors.base import Rejected, SinkConnector, SinkWriter, Source
 from onceflow.connectors.collections import split_frame, splits_of
 from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.local_files import is_shared, read_range
 from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
@@ -47,16 +48,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 DEFAULT_SPLIT_BYTES = 32 << 20
-SHARED_DIRS_ENV = "ONCEFLOW_SHARED_DIRS"
-
-
-def is_shared(path: str) -> bool:
-    """Whether ``path`` lies in a folder ``$ONCEFLOW_SHARED_DIRS`` says every machine mounts."""
-    full = os.path.abspath(path)
-    folders = [f for f in os.environ.get(SHARED_DIRS_ENV, "").split(os.pathsep) if f]
-    return any(
-        os.path.commonpath([full, os.path.abspath(f)]) == os.path.abspath(f) for f in folders
-    )
 
 
 def _expand(path: str) -> list[str]:
@@ -141,21 +132,6 @@ class LineFiles(SourceConnector):
         return decode
 
 
-def read_range(path: str, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` for every line starting in ``[start, end)``, without its newline."""
-    with open(path, "rb") as fh:
-        if start > 0:
-            fh.seek(start - 1)
-            fh.readline()  # finish the line that started before this range
-        pos = fh.tell()
-        while pos < end:
-            line = fh.readline()
-            if not line:
-                return
-            yield pos, line.rstrip(b"\r\n")
-            pos += len(line)
-
-
 def _decode_line(  # noqa: PLR0913 - one line and where it came from
     source: str,
     path: str,
@@ -185,28 +161,66 @@ def TextFile(  # noqa: N802
     split_bytes: int = DEFAULT_SPLIT_BYTES,
     shared: bool = False,
     timestamp: Callable[[Any], Any] | None = None,
-) -> LineFiles:
+    watch: bool = False,
+    max_files_per_batch: int | None = None,
+) -> SourceConnector:
     """Each line of the file(s) as a ``str`` (``shared``: see the module docstring).
 
     ``timestamp(line)`` gives a line's event time (epoch ms or an aware datetime); a line it
-    fails on is a dead letter (``no_time``).
+    fails on is a dead letter (``no_time``). ``watch=True``: ``path`` is a folder (or glob)
+    read as a stream, each new file once (:mod:`onceflow.connectors.file_stream`).
     """
+    if watch:
+        from onceflow.connectors.file_stream import FileStream
+
+        return FileStream(
+            path,
+            codec="utf-8",
+            skip_blank=False,
+            timestamp=timestamp,
+            max_files_per_batch=max_files_per_batch,
+            shared=shared,
+        )
+    if max_files_per_batch is not None:
+        msg = "max_files_per_batch= applies to a watched folder (watch=True)"
+        raise ConnectorError(msg)
     return LineFiles(
         path, codec="utf-8", split_bytes=split_bytes, shared=shared, timestamp=timestamp
     )
 
 
-def JsonLinesSource(  # noqa: N802
+def JsonLinesSource(  # noqa: N802, PLR0913 - a source's options, each with a default
     path: str,
     *,
     split_bytes: int = DEFAULT_SPLIT_BYTES,
     shared: bool = False,
     timestamp: Callable[[Any], Any] | None = None,
-) -> LineFiles:
+    watch: bool = False,
+    id: Callable[[Any], Any] | None = None,  # noqa: A002 - reads well at the call site
+    max_files_per_batch: int | None = None,
+) -> SourceConnector:
     """Each line of the file(s) parsed as JSON (blank lines are not records and are skipped).
 
-    ``timestamp(value)`` gives a record's event time, as for :func:`TextFile`.
+    ``timestamp(value)`` gives a record's event time, as for :func:`TextFile`. ``watch=True``:
+    ``path`` is a folder (or glob) read as a stream, each new file once, ``id(value)`` naming
+    a record's ID when given (else its file and offset), at most ``max_files_per_batch`` files
+    per micro-batch (:mod:`onceflow.connectors.file_stream`).
     """
+    if watch:
+        from onceflow.connectors.file_stream import FileStream
+
+        return FileStream(
+            path,
+            codec="json",
+            skip_blank=True,
+            id=id,
+            timestamp=timestamp,
+            max_files_per_batch=max_files_per_batch,
+            shared=shared,
+        )
+    if id is not None or max_files_per_batch is not None:
+        msg = "id= and max_files_per_batch= apply to a watched folder (watch=True)"
+        raise ConnectorError(msg)
     return LineFiles(
         path,
         codec="json",

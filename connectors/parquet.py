@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from onceflow.connectors.base import Rejected, SinkConnector, SinkWriter, TaskInfo, element_row
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.files import is_shared
+from onceflow.connectors.local_files import is_shared
 from onceflow.connectors.staged import STAGING, StagedFilesWriter, compaction_lock, local_folder
 from onceflow.kernel.records import Record
 

@@ -104,7 +104,8 @@ def check_sources(job: Job) -> None:
         if connector.bounded:
             msg = (
                 f"source {name!r} ({connector.describe()}) is bounded; a streaming "
-                "pipeline reads only streams (Kafka): run bounded pipelines separately"
+                "pipeline reads only streams (Kafka, a folder watched with watch=True): run "
+                "bounded pipelines separately"
             )
             raise ConfigError(msg)
     for connector in [c for _, c in job.sources] + list(job.sinks):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.files import read_range
+from onceflow.connectors.local_files import read_range
 
 
 @settings(max_examples=60, deadline=None)

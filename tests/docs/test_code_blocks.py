@@ -134,6 +134,14 @@ def spread(ns: dict[str, Any]) -> None:
     assert_that(run_test(p)["out"]).contains_exactly([("k", 7), ("j", 0)])
 
 
+def landing_totals(ns: dict[str, Any]) -> None:
+    """The watched-folder example sums per user; a line delivered again (same ID) is a copy."""
+    line = {"event_id": "e1", "user": "u1", "amount": 5, "ts": 1}
+    later = {"event_id": "e2", "user": "u1", "amount": 2, "ts": 2}
+    out = run_test(ns["pipeline"], {"landing": [line, line, later]})
+    assert_that(out["totals"]).contains_exactly([("u1", 7)])
+
+
 def crash_test(ns: dict[str, Any]) -> None:
     """The crash-and-resume test the page shows, run where its ``orders.py`` is."""
     import os
@@ -196,10 +204,11 @@ ENTRIES: dict[str, Entry] = {
     ),
     "docs/guide/pipelines.md:2": Entry(FRAGMENT, spread),
     "docs/guide/sources-sinks.md:0": Entry(check=built(KafkaSource)),
-    "docs/guide/sources-sinks.md:1": Entry(
+    "docs/guide/sources-sinks.md:1": Entry(check=landing_totals),
+    "docs/guide/sources-sinks.md:2": Entry(
         FRAGMENT + ORDERS_PRELUDE + "p = pipeline\n", stages("lake")
     ),
-    "docs/guide/sources-sinks.md:2": Entry(FRAGMENT + KEYED, stages("db")),
+    "docs/guide/sources-sinks.md:3": Entry(FRAGMENT + KEYED, stages("db")),
     "docs/guide/state.md:0": Entry(
         FRAGMENT
         + "p = Pipeline('docs-state')\nstream = p.read('in', KafkaSource('in'))\noutput = {}\n",

@@ -1,0 +1,237 @@
+"""A folder as a stream: new files' lines read as they land, exactly once across restarts.
+
+``JsonLinesSource(folder, watch=True)`` and ``TextFile(folder, watch=True)`` make a
+:class:`FileStream`. Which files are new is Spark's own file stream source's business: it lists
+the folder (or glob) at each micro-batch and keeps the names it has handed out in the query's
+checkpoint, so a replayed micro-batch reads the same files and a restarted query never reads
+a file twice nor skips one, whatever the files' clocks say. It hands over one row per file
+(its path and length when found, never its content); the source stage's task reads the file
+itself, a slice at a time, so a large file never sits in one row.
+
+A record's ID is its file and byte offset (or the ``id`` function's key): a file copied under
+another name is another file, unless an ``id`` function names the records. A line that does
+not decode is a dead letter naming ``path@offset`` (``undecodable``); a file that cannot be
+read is one dead letter naming the file (``unreadable``); a file found shorter than when it
+was listed (``truncated``) or longer (``file_grew``: what was appended is not read) says so in
+a dead letter, never silently. Files must be complete when they appear: write them elsewhere
+(or under a name starting with ``.`` or ``_``, which is never read) and rename them into the
+folder, as for Spark's file source.
+
+Files are read with plain file I/O by the workers, so on a cluster the folder must be on
+storage every machine mounts at the same place (``shared=True``, or ``$ONCEFLOW_SHARED_DIRS``;
+see :mod:`onceflow.connectors.files`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+from onceflow.connectors.base import SourceCapabilities, SourceConnector, SourceRun
+from onceflow.connectors.decoded import Decoded, Decoder
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.local_files import is_shared, read_range
+from onceflow.kernel import ids
+from onceflow.kernel.codec import ValueCodec, value_codec
+from onceflow.kernel.eventtime import as_event_time
+from onceflow.kernel.records import DeadLetter, Record
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+# Spark's binaryFile source, asked for no content: one row per new file (content never read).
+LISTING_SCHEMA = "path string, modificationTime timestamp, length long, content binary"
+# What a file stream hands the source stage: Kafka's range columns (a query may union both).
+RANGE_COLUMNS = ("topic", "partition", "lo", "hi")
+# Spark forgets files older than this (relative to the newest) and would not read them: far
+# enough that a file copied with its old time kept is read, not silently skipped.
+MAX_FILE_AGE = "36500d"
+
+
+def local_path(uri: str) -> str:
+    """A local path from what Spark lists (``file:/data/in/a.jsonl``, ``file:///...``)."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        msg = f"a watched folder is read with plain file I/O; {uri!r} is not a local path"
+        raise ConnectorError(msg)
+    return unquote(parsed.path)
+
+
+class FileStream(SourceConnector):
+    """New files of a folder or glob, a line at a time, decoded by a codec (see the module)."""
+
+    bounded = False
+
+    def __init__(  # noqa: PLR0913 - a source's options, each with a default
+        self,
+        path: str,
+        *,
+        codec: str | ValueCodec = "json",
+        skip_blank: bool = True,
+        id: Callable[[Any], Any] | None = None,  # noqa: A002 - reads well at the call site
+        timestamp: Callable[[Any], Any] | None = None,
+        max_files_per_batch: int | None = None,
+        shared: bool = False,
+    ) -> None:
+        if max_files_per_batch is not None and max_files_per_batch < 1:
+            msg = f"max_files_per_batch must be 1 or more, got {max_files_per_batch}"
+            raise ConnectorError(msg)
+        self.path = path
+        self.codec = value_codec(codec) if isinstance(codec, str) else codec
+        self.skip_blank = skip_blank
+        self.id_fn = id
+        self.ts_fn = timestamp
+        self.max_files_per_batch = max_files_per_batch
+        self.shared = shared
+
+    @property
+    def folder(self) -> str:
+        """The folder watched (a glob's folder): the source's one lane of event time."""
+        parts = os.path.abspath(self.path).split(os.sep)
+        plain = [
+            p for p in parts[: next((i for i, p in enumerate(parts) if glob.has_magic(p)), None)]
+        ]
+        return os.sep.join(plain) or os.sep
+
+    def describe(self) -> str:
+        """One line for plans."""
+        return f"{self.codec.name} lines of new files in {self.path}"
+
+    def capabilities(self) -> SourceCapabilities:
+        """Its task reads each file; Spark plans which task reads which file (not stable)."""
+        return SourceCapabilities(reads_in_task=True, stable_partitions=False)
+
+    def for_run(self, run: SourceRun) -> FileStream:
+        """The same source; refused beside a source whose raw rows the query carries."""
+        if not run.read_in_task:
+            msg = (
+                f"a watched folder ({self.path}) is read by its own stage's task; it cannot be "
+                "one query with a source read outside the task (KafkaSource(read_in_task=False))"
+            )
+            raise ConnectorError(msg)
+        return self
+
+    def prepare(self, pipeline: str, streaming: bool) -> None:
+        """The folder must exist; its files may come later."""
+        if not os.path.isdir(self.folder):
+            msg = f"the watched folder {self.folder!r} does not exist; create it first"
+            raise ConnectorError(msg)
+
+    def local_paths(self) -> list[str]:
+        """The folder, unless it is on shared storage."""
+        return [] if self.shared or is_shared(self.path) else [self.folder]
+
+    def positions(self, offsets: Any) -> dict[tuple[str, int], int]:
+        """How many listings Spark has logged: ``{(folder, 0): n}``."""
+        if isinstance(offsets, dict) and isinstance(offsets.get("logOffset"), int):
+            return {(self.folder, 0): offsets["logOffset"]}
+        return {}
+
+    def stream(self, session: SparkSession, pipeline: str, source: str) -> DataFrame:
+        """One row per new file: its path and length as Kafka's range columns."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        reader = session.readStream.format("binaryFile").schema(LISTING_SCHEMA)
+        reader = reader.option("maxFileAge", MAX_FILE_AGE)
+        if self.max_files_per_batch is not None:
+            reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_batch))
+        listed = reader.load(self.path)
+        return listed.select(
+            F.col("path").alias("topic"),
+            F.lit(0).cast("int").alias("partition"),
+            F.lit(0).cast("long").alias("lo"),
+            F.col("length").alias("hi"),
+        )
+
+    def decoder(self, source: str, with_ids: bool) -> Decoder:
+        """Each listed file's lines, read in the task, to records."""
+        reading = _Reading(source, with_ids, self.codec, self.skip_blank, self.id_fn, self.ts_fn)
+        lane = self.folder
+
+        def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
+            columns = batch.to_pydict()
+            for uri, length in zip(columns[RANGE_COLUMNS[0]], columns["hi"], strict=True):
+                yield from reading.file(lane, uri, int(length))
+
+        return decode
+
+
+class _Reading:
+    """How one source stage reads a listed file (picklable: it travels to the workers)."""
+
+    def __init__(  # noqa: PLR0913 - what decoding a line needs
+        self,
+        source: str,
+        with_ids: bool,
+        codec: ValueCodec,
+        skip_blank: bool,
+        id_fn: Callable[[Any], Any] | None,
+        ts_fn: Callable[[Any], Any] | None,
+    ) -> None:
+        self.source, self.with_ids, self.codec = source, with_ids, codec
+        self.skip_blank, self.id_fn, self.ts_fn = skip_blank, id_fn, ts_fn
+
+    def file(self, lane: str, uri: str, length: int) -> Iterator[Decoded]:
+        """The lines of ``[0, length)``; dead letters for a file unreadable, cut or grown."""
+        try:
+            path = local_path(uri)
+            size = os.path.getsize(path)
+            yield from self._lines(lane, path, min(size, length))
+        except OSError as exc:
+            yield self._file_letter(uri, f"cannot read the file: {exc}", "unreadable")
+            return
+        if size < length:
+            why = f"the file is {size} bytes, {length} when it was found: the rest is lost"
+            yield self._file_letter(path, why, "truncated", at=size)
+        elif size > length:
+            why = (
+                f"the file grew from {length} to {size} bytes after it was found; bytes after "
+                f"{length} are not read (write files elsewhere and rename them into the folder)"
+            )
+            yield self._file_letter(path, why, "file_grew", at=length)
+
+    def _lines(self, lane: str, path: str, end: int) -> Iterator[Decoded]:
+        skip_blank = self.skip_blank
+        for offset, line in read_range(path, 0, end):
+            if skip_blank and not line.strip():
+                continue
+            yield self._line(lane, path, offset, line)
+
+    def _line(self, lane: str, path: str, offset: int, line: bytes) -> Decoded:
+        where = f"{path}@{offset}"
+        rid = ids.from_position(self.source, path, 0, offset) if self.with_ids else b""
+        try:
+            value = self.codec.decode(line)
+        except Exception as exc:  # noqa: BLE001 - undecodable input becomes a dead letter
+            error = f"cannot decode as {self.codec.name}: {type(exc).__name__}: {exc}"
+            return DeadLetter(rid, 0, self.source, error, where, raw=line, code="undecodable")
+        printed = 0
+        if self.with_ids and self.id_fn is not None:
+            try:
+                rid = ids.from_user_key(self.id_fn(value))
+            except Exception as exc:  # noqa: BLE001 - the user's id function failed
+                error = f"no record ID: {type(exc).__name__}: {exc}"
+                return DeadLetter(rid, 0, self.source, error, where, raw=line, code="no_id")
+            printed = _fingerprint(line)
+        try:
+            ts = as_event_time(self.ts_fn(value)) if self.ts_fn is not None else 0
+        except Exception as exc:  # noqa: BLE001 - the user's timestamp function failed
+            error = f"no event time: {type(exc).__name__}: {exc}"
+            return DeadLetter(rid, 0, self.source, error, where, raw=line, code="no_time")
+        return Record(rid, ts, value, lane, offset, False, len(line), printed)
+
+    def _file_letter(self, path: str, error: str, code: str, at: int = 0) -> DeadLetter:
+        """A letter for the file itself: an ID no line of it has (partition 1, not 0)."""
+        rid = ids.from_position(self.source, path, 1, at) if self.with_ids else b""
+        return DeadLetter(rid, 0, self.source, error, f"{path}@{at}", code=code)
+
+
+def _fingerprint(line: bytes) -> int:
+    """A line's checksum (an ID conflict is two lines under one ID); never 0."""
+    from crc32c import crc32c
+
+    return crc32c(line) or 1

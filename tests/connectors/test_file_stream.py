@@ -1,0 +1,244 @@
+"""A watched folder as a stream (``JsonLinesSource(folder, watch=True)``).
+
+The decoder's cases without services: lines, undecodable lines, a file unreadable, cut short
+or grown after it was found, an ``id`` function. Then real runs: files renamed into the
+folder between runs and during one, copies of files under new names (dropped by an ``id``
+field), kill -9 of every process of the run mid-stream and a rerun; the totals read back from
+Kafka equal an independent count of the lines written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.file_stream import FileStream, local_path
+from onceflow.connectors.files import JsonLinesSource, LineFiles
+from onceflow.connectors.kafka.connection import KafkaSettings
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.kernel import ids
+from onceflow.kernel.records import DeadLetter, Record
+from onceflow.testing.harness import Crash, run_pipeline
+
+PIPELINE = str(Path(__file__).resolve().parents[1] / "e2e_pipelines" / "landing.py")
+BASE_TS = 1_700_000_000_000
+
+
+def _listed(*files: tuple[str, int]) -> pa.RecordBatch:
+    """What Spark's file listing hands the source stage: a file's URI and length."""
+    names = ["topic", "partition", "lo", "hi"]
+    rows = [[f"file:{p}" for p, _ in files], [0] * len(files), [0] * len(files)]
+    return pa.record_batch([*map(pa.array, rows), pa.array([n for _, n in files])], names=names)
+
+
+def _decode(source: FileStream, *files: tuple[str, int]) -> list:
+    return list(source.decoder("landing", True)(_listed(*files)))
+
+
+def test_a_listed_file_s_lines_are_records_and_bad_ones_dead_letters(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"n": 1}\n\nnot json\n{"n": 2}\n')
+    size = path.stat().st_size
+    out = _decode(FileStream(str(tmp_path)), (str(path), size))
+    records = [r for r in out if isinstance(r, Record)]
+    assert [r.elem for r in records] == [{"n": 1}, {"n": 2}]
+    assert records[0].id == ids.from_position("landing", str(path), 0, 0)
+    assert not records[0].positional, "Spark plans the files' tasks: IDs are deduplicated"
+    [letter] = [r for r in out if isinstance(r, DeadLetter)]
+    assert letter.code == "undecodable" and letter.origin == f"{path}@10"
+
+
+def test_a_file_gone_cut_or_grown_is_a_dead_letter_never_silence(tmp_path):
+    whole = tmp_path / "whole.jsonl"
+    whole.write_bytes(b'{"n": 1}\n{"n": 2}\n')
+    n = whole.stat().st_size
+    source = FileStream(str(tmp_path))
+    [gone] = _decode(source, (str(tmp_path / "gone.jsonl"), 10))
+    assert isinstance(gone, DeadLetter) and gone.code == "unreadable"
+    *lines, cut = _decode(source, (str(whole), n + 5))  # listed longer than it is now
+    assert len(lines) == 2 and cut.code == "truncated" and "the rest is lost" in cut.error
+    *lines, grew = _decode(source, (str(whole), 9))  # listed when one line long
+    assert [r.elem for r in lines] == [{"n": 1}]
+    assert grew.code == "file_grew" and grew.origin == f"{whole}@9"
+    assert grew.id != lines[0].id and gone.id != lines[0].id
+
+
+def test_an_id_function_names_a_record_wherever_its_line_is(tmp_path):
+    for name in ("a.jsonl", "copy-of-a.jsonl"):
+        (tmp_path / name).write_bytes(b'\n{"event_id": "e1", "n": 1}\n{"n": 2}\n')
+    source = FileStream(str(tmp_path), id=lambda e: e["event_id"])
+    a, copy = (_decode(source, (str(tmp_path / f), 40)) for f in ("a.jsonl", "copy-of-a.jsonl"))
+    assert a[0].id == copy[0].id == ids.from_user_key("e1")
+    assert isinstance(a[1], DeadLetter) and a[1].code == "no_id"
+
+
+def test_options_are_checked_and_paths_read():
+    assert isinstance(JsonLinesSource("x"), LineFiles)
+    with pytest.raises(ConnectorError, match="watch=True"):
+        JsonLinesSource("x", id=lambda e: e)
+    with pytest.raises(ConnectorError, match="1 or more"):
+        JsonLinesSource("x", watch=True, max_files_per_batch=0)
+    assert local_path("file:/data/in/a%20b.jsonl") == "/data/in/a b.jsonl"
+    assert local_path("file:///data/in/a.jsonl") == "/data/in/a.jsonl"
+    with pytest.raises(ConnectorError, match="plain file I/O"):
+        local_path("s3a://bucket/a.jsonl")
+    assert FileStream("/data/in/*/day-*.jsonl").folder == "/data/in"
+    assert FileStream("/data/in/").folder == "/data/in"
+
+
+# -- real runs ------------------------------------------------------------------------------
+
+
+class Landing:
+    """A landing folder and what was written into it: lines per user, by event ID."""
+
+    def __init__(self, root: Path, rng: random.Random) -> None:
+        self.dir = root / "landing"
+        self.dir.mkdir()
+        self.rng = rng
+        self.files = 0
+        self.events: dict[str, tuple[str, int]] = {}  # event_id -> (user, amount)
+
+    def land(self, lines: int, bad: int = 0) -> Path:
+        """A new file, written under a hidden name and renamed into the folder."""
+        rows = []
+        for _ in range(lines):
+            event_id = uuid.uuid4().hex
+            user, amount = f"u{self.rng.randrange(7)}", self.rng.randrange(1, 100)
+            self.events[event_id] = (user, amount)
+            row = {"event_id": event_id, "user": user, "amount": amount, "ts": BASE_TS}
+            rows.append(json.dumps(row))
+        rows += ["{cut"] * bad
+        self.files += 1
+        hidden = self.dir / f".part-{self.files:05d}.jsonl"
+        hidden.write_text("\n".join(rows) + "\n")
+        final = self.dir / f"batch-{self.files:05d}.jsonl"
+        os.rename(hidden, final)
+        return final
+
+    def totals(self) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for user, amount in self.events.values():
+            out[user] += amount
+        return dict(out)
+
+
+def _latest(settings: KafkaSettings, topic: str) -> dict[str, int]:
+    latest = {}
+    for record in read_topic(settings, topic):
+        latest[record.key.decode()] = json.loads(record.value)
+    return latest
+
+
+def _run_env(broker, landing: Landing, tag: str) -> tuple[dict[str, str], str]:
+    name = f"landing-{tag}-{uuid.uuid4().hex[:6]}"
+    out = f"{name}-out"
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "LANDING_PIPELINE": name,
+        "LANDING_DIR": str(landing.dir),
+        "LANDING_OUT": out,
+    }
+    return env, out
+
+
+def _args(redis_server, tmp_path: Path, *more: str) -> list[str]:
+    return [
+        "--redis-url",
+        redis_server.url,
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        *more,
+    ]
+
+
+@pytest.mark.kafka
+@pytest.mark.redis
+def test_files_landing_between_runs_and_copies_under_new_names_count_once(
+    broker, redis_server, tmp_path
+):
+    landing = Landing(tmp_path, random.Random(11))
+    first = [landing.land(200) for _ in range(3)] + [landing.land(50, bad=3)]
+    env, out = _run_env(broker, landing, "ids")
+    env["LANDING_IDS"] = "field"
+    args = _args(redis_server, tmp_path, "--available-now")
+    ran = run_pipeline(PIPELINE, args, env=env)
+    assert ran.returncode == 0, ran.output[-3000:]
+    settings = KafkaSettings(broker.bootstrap)
+    assert _latest(settings, out) == landing.totals()
+
+    for path in first[:2]:  # an upstream job delivered two files again, under new names
+        shutil.copy(path, landing.dir / f"again-{path.name}")
+    landing.land(300)
+    ran = run_pipeline(PIPELINE, args, env=env)
+    assert ran.returncode == 0, ran.output[-3000:]
+    assert _latest(settings, out) == landing.totals(), "a copy counted, or a new file was missed"
+    letters = [
+        json.loads(line)
+        for p in (tmp_path / "out").rglob("*.jsonl")
+        for line in p.read_text().splitlines()
+    ]
+    cut = [d for d in letters if d.get("value", d).get("code") == "undecodable"]
+    assert len(cut) == 3, letters[:5]
+
+
+@pytest.mark.kafka
+@pytest.mark.redis
+def test_kill_9_while_files_land_and_reruns_count_every_line_once(broker, redis_server, tmp_path):
+    """Position IDs (file and offset): a replayed micro-batch reads the same files again.
+
+    Run 1 is killed -9 in micro-batch 3, after the source stage committed its part; run 2 at
+    a random moment 0.5-2 s after its first micro-batch; run 3 reads what is left. Files keep
+    landing meanwhile, two per micro-batch at most.
+    """
+    rng = random.Random(12)
+    landing = Landing(tmp_path, rng)
+    for _ in range(10):
+        landing.land(150)
+    env, out = _run_env(broker, landing, "kill")
+    env["LANDING_FILES_PER_BATCH"] = "2"
+    stop = threading.Event()
+
+    def keep_landing() -> None:
+        while not stop.is_set() and landing.files < 50:
+            landing.land(150)
+            time.sleep(0.2)
+
+    feeder = threading.Thread(target=keep_landing)
+    feeder.start()
+    args = _args(redis_server, tmp_path, "--trigger-seconds", "0")
+    try:
+        crash = Crash("after_commit", stage="landing", batch=3)
+        first = run_pipeline(PIPELINE, args, env=env, crash=crash)
+        assert first.crashed, first.output[-3000:]
+        started: list[float] = []
+        delay = rng.uniform(0.5, 2.0)
+
+        def when() -> bool:
+            return bool(started) and time.monotonic() > started[0] + delay
+
+        def echo(line: str) -> None:
+            if not started and "] batch " in line:
+                started.append(time.monotonic())
+
+        second = run_pipeline(PIPELINE, args, env=env, kill_when=when, echo=echo)
+        assert second.crashed, second.output[-3000:]
+    finally:
+        stop.set()
+        feeder.join()
+    ran = run_pipeline(PIPELINE, _args(redis_server, tmp_path, "--available-now"), env=env)
+    assert ran.returncode == 0, ran.output[-3000:]
+    assert _latest(KafkaSettings(broker.bootstrap), out) == landing.totals()
