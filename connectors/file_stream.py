@@ -13,7 +13,8 @@ another name is another file, unless an ``id`` function names the records. A lin
 not decode is a dead letter naming ``path@offset`` (``undecodable``); a file that cannot be
 read is one dead letter naming the file (``unreadable``); a file found shorter than when it
 was listed (``truncated``) or longer (``file_grew``: what was appended is not read) says so in
-a dead letter, never silently. Files must be complete when they appear: write them elsewhere
+a dead letter, never silently; so does a line over ``max_line_bytes`` (256 MiB: a binary
+file with no newline), skipped without being held whole. Files must be complete when they appear: write them elsewhere
 (or under a name starting with ``.`` or ``_``, which is never read) and rename them into the
 folder, as for Spark's file source.
 
@@ -33,10 +34,11 @@ from urllib.parse import unquote, urlparse
 from onceflow.connectors.base import SourceCapabilities, SourceConnector, SourceRun
 from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.local_files import is_shared, read_range
+from onceflow.connectors.local_files import is_shared
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
 from onceflow.kernel.eventtime import as_event_time
+from onceflow.kernel.limits import MAX_CHUNK_BYTES
 from onceflow.kernel.records import DeadLetter, Record
 
 if TYPE_CHECKING:
@@ -50,6 +52,10 @@ RANGE_COLUMNS = ("topic", "partition", "lo", "hi")
 # Spark forgets files older than this (relative to the newest) and would not read them: far
 # enough that a file copied with its old time kept is read, not silently skipped.
 MAX_FILE_AGE = "36500d"
+# The longest line read (FileStream(max_line_bytes=...)): the largest max_record_bytes a
+# pipeline may set. A longer line (a binary file with no newline) is a dead letter without
+# being held whole; shorter ones meet the pipeline's own max_record_bytes.
+MAX_LINE_BYTES = MAX_CHUNK_BYTES
 
 
 def local_path(uri: str) -> str:
@@ -76,6 +82,7 @@ class FileStream(SourceConnector):
         timestamp: Callable[[Any], Any] | None = None,
         max_files_per_batch: int | None = None,
         shared: bool = False,
+        max_line_bytes: int = MAX_LINE_BYTES,
     ) -> None:
         if max_files_per_batch is not None and max_files_per_batch < 1:
             msg = f"max_files_per_batch must be 1 or more, got {max_files_per_batch}"
@@ -87,6 +94,7 @@ class FileStream(SourceConnector):
         self.ts_fn = timestamp
         self.max_files_per_batch = max_files_per_batch
         self.shared = shared
+        self.max_line_bytes = max_line_bytes
 
     @property
     def folder(self) -> str:
@@ -150,6 +158,7 @@ class FileStream(SourceConnector):
     def decoder(self, source: str, with_ids: bool) -> Decoder:
         """Each listed file's lines, read in the task, to records."""
         reading = _Reading(source, with_ids, self.codec, self.skip_blank, self.id_fn, self.ts_fn)
+        reading.cap = self.max_line_bytes
         lane = self.folder
 
         def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
@@ -174,6 +183,7 @@ class _Reading:
     ) -> None:
         self.source, self.with_ids, self.codec = source, with_ids, codec
         self.skip_blank, self.id_fn, self.ts_fn = skip_blank, id_fn, ts_fn
+        self.cap = MAX_LINE_BYTES
 
     def file(self, lane: str, uri: str, length: int) -> Iterator[Decoded]:
         """The lines of ``[0, length)``; dead letters for a file unreadable, cut or grown."""
@@ -196,10 +206,17 @@ class _Reading:
 
     def _lines(self, lane: str, path: str, end: int) -> Iterator[Decoded]:
         skip_blank = self.skip_blank
-        for offset, line in read_range(path, 0, end):
-            if skip_blank and not line.strip():
-                continue
-            yield self._line(lane, path, offset, line)
+        for offset, line, size in read_lines(path, end, self.cap):
+            if line is None:
+                yield self._too_long(path, offset, size)
+            elif not (skip_blank and not line.strip()):
+                yield self._line(lane, path, offset, line)
+
+    def _too_long(self, path: str, offset: int, size: int) -> DeadLetter:
+        """A line over ``max_line_bytes``: a letter, never held in memory whole."""
+        rid = ids.from_position(self.source, path, 0, offset) if self.with_ids else b""
+        error = f"the line is {size} bytes, over the {self.cap} bytes a line may be"
+        return DeadLetter(rid, 0, self.source, error, f"{path}@{offset}", code="too_large")
 
     def _line(self, lane: str, path: str, offset: int, line: bytes) -> Decoded:
         where = f"{path}@{offset}"
@@ -228,6 +245,31 @@ class _Reading:
         """A letter for the file itself: an ID no line of it has (partition 1, not 0)."""
         rid = ids.from_position(self.source, path, 1, at) if self.with_ids else b""
         return DeadLetter(rid, 0, self.source, error, f"{path}@{at}", code=code)
+
+
+def read_lines(path: str, end: int, cap: int) -> Iterator[tuple[int, bytes | None, int]]:
+    """``(offset, line, bytes)`` of every line starting before ``end``; ``None`` over ``cap``.
+
+    A line longer than ``cap`` is skipped a MiB at a time, never read whole.
+    """
+    with open(path, "rb") as fh:
+        pos = 0
+        while pos < end:
+            line = fh.readline(cap + 1)
+            if not line:
+                return
+            if len(line) > cap and not line.endswith(b"\n"):
+                size = len(line)
+                while not line.endswith(b"\n"):
+                    line = fh.readline(1 << 20)
+                    if not line:
+                        break
+                    size += len(line)
+                yield pos, None, size
+                pos += size
+                continue
+            yield pos, line.rstrip(b"\r\n"), len(line)
+            pos += len(line)
 
 
 def _fingerprint(line: bytes) -> int:

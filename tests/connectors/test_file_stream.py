@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.file_stream import FileStream, local_path
+from onceflow.connectors.file_stream import FileStream, local_path, read_lines
 from onceflow.connectors.files import JsonLinesSource, LineFiles
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
@@ -72,6 +72,19 @@ def test_a_file_gone_cut_or_grown_is_a_dead_letter_never_silence(tmp_path):
     assert [r.elem for r in lines] == [{"n": 1}]
     assert grew.code == "file_grew" and grew.origin == f"{whole}@9"
     assert grew.id != lines[0].id and gone.id != lines[0].id
+
+
+def test_a_line_too_long_to_hold_is_a_dead_letter_and_the_next_lines_are_read(tmp_path):
+    path = tmp_path / "blob.jsonl"
+    path.write_bytes(b'{"n": 1}\n' + b"x" * 5000 + b'\n{"n": 2}')  # the last line: no newline
+    lines = list(read_lines(str(path), path.stat().st_size, cap=1000))
+    assert [(o, n) for o, _, n in lines] == [(0, 9), (9, 5001), (5010, 8)]
+    assert [line for _, line, _ in lines] == [b'{"n": 1}', None, b'{"n": 2}']
+    big = tmp_path / "sparse.jsonl"
+    with open(big, "wb") as fh:  # 64 MiB of zeros, no newline: a binary file dropped in
+        fh.truncate(64 << 20)
+    [letter] = _decode(FileStream(str(tmp_path), max_line_bytes=1 << 20), (str(big), 64 << 20))
+    assert letter.code == "too_large" and f"{64 << 20} bytes" in letter.error
 
 
 def test_an_id_function_names_a_record_wherever_its_line_is(tmp_path):
