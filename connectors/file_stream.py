@@ -14,9 +14,9 @@ not decode is a dead letter naming ``path@offset`` (``undecodable``); a file tha
 read is one dead letter naming the file (``unreadable``); a file found shorter than when it
 was listed (``truncated``) or longer (``file_grew``: what was appended is not read) says so in
 a dead letter, never silently; so does a line over ``max_line_bytes`` (256 MiB: a binary
-file with no newline), skipped without being held whole. Files must be complete when they appear: write them elsewhere
-(or under a name starting with ``.`` or ``_``, which is never read) and rename them into the
-folder, as for Spark's file source.
+file with no newline), skipped without being held whole. Files must be complete when they
+appear: write them elsewhere (or under a name starting with ``.`` or ``_``, which is never
+read) and rename them into the folder, as for Spark's file source.
 
 Files are read with plain file I/O by the workers, so on a cluster the folder must be on
 storage every machine mounts at the same place (``shared=True``, or ``$ONCEFLOW_SHARED_DIRS``;
