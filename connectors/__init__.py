@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from onceflow.connectors.base import SinkConnector, SinkWriter, SourceConnector, TaskInfo
     from onceflow.connectors.collect import Collect
     from onceflow.connectors.collections import Collection, Generate
+    from onceflow.connectors.file_stream import FileStream, ParquetSource
     from onceflow.connectors.files import JsonLinesSink, JsonLinesSource, LineFiles, TextFile
     from onceflow.connectors.iceberg import IcebergSink
     from onceflow.connectors.parquet import ParquetSink
@@ -28,6 +29,8 @@ _EXPORTS = {
     "Collect": "onceflow.connectors.collect",
     "Collection": "onceflow.connectors.collections",
     "Generate": "onceflow.connectors.collections",
+    "FileStream": "onceflow.connectors.file_stream",
+    "ParquetSource": "onceflow.connectors.file_stream",
     "JsonLinesSink": "onceflow.connectors.files",
     "JsonLinesSource": "onceflow.connectors.files",
     "LineFiles": "onceflow.connectors.files",
@@ -43,12 +46,14 @@ if not TYPE_CHECKING:  # mypy sees the names above, and flags a misspelt one
 __all__ = [
     "Collect",
     "Collection",
+    "FileStream",
     "Generate",
     "IcebergSink",
     "JsonLinesSink",
     "JsonLinesSource",
     "LineFiles",
     "ParquetSink",
+    "ParquetSource",
     "SinkConnector",
     "SinkWriter",
     "SourceConnector",

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.file_stream import FileStream, local_path, read_lines
+from onceflow.connectors.file_stream import FileStream, ParquetSource, local_path, read_lines
 from onceflow.connectors.files import JsonLinesSource, LineFiles
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
@@ -96,13 +96,41 @@ def test_an_id_function_names_a_record_wherever_its_line_is(tmp_path):
     assert isinstance(a[1], DeadLetter) and a[1].code == "no_id"
 
 
+def test_parquet_rows_keep_the_ids_an_onceflow_sink_wrote_and_their_folders_values(tmp_path):
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "user=u%201"
+    folder.mkdir()
+    written = ids.from_user_key("e1")
+    table = pa.table({"_onceflow_id": [written.hex(), None], "n": [1, 2]})
+    pq.write_table(table, folder / "part-0.parquet")
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"n": [3]}), plain)
+    source = ParquetSource(str(tmp_path), watch=True)
+    part = folder / "part-0.parquet"
+    out = _decode(source, (str(part), part.stat().st_size))
+    first, second = out
+    assert first.elem == {"user": "u 1", "n": 1} and first.id == written
+    assert second.id == ids.from_position("landing", str(folder / "part-0.parquet"), 0, 1)
+    [row] = _decode(source, (str(plain), plain.stat().st_size))
+    assert row.elem == {"n": 3} and row.offset == 0
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(plain.read_bytes()[:-20])
+    [letter] = _decode(source, (str(cut), cut.stat().st_size))
+    assert letter.code == "unreadable" and "Parquet" in letter.error
+    [changed] = _decode(source, (str(plain), 5))
+    assert changed.code == "file_changed"
+    with pytest.raises(ConnectorError, match="watch=True"):
+        ParquetSource(str(tmp_path))
+
+
 def test_options_are_checked_and_paths_read():
     assert isinstance(JsonLinesSource("x"), LineFiles)
     with pytest.raises(ConnectorError, match="watch=True"):
         JsonLinesSource("x", id=lambda e: e)
     with pytest.raises(ConnectorError, match="1 or more"):
         JsonLinesSource("x", watch=True, max_files_per_batch=0)
-    assert local_path("file:/data/in/a%20b.jsonl") == "/data/in/a b.jsonl"
+    assert local_path("file:/data/in/a b%20c.jsonl") == "/data/in/a b%20c.jsonl"  # as on disk
     assert local_path("file:///data/in/a.jsonl") == "/data/in/a.jsonl"
     with pytest.raises(ConnectorError, match="plain file I/O"):
         local_path("s3a://bucket/a.jsonl")
@@ -136,7 +164,7 @@ class Landing:
         self.files += 1
         hidden = self.dir / f".part-{self.files:05d}.jsonl"
         hidden.write_text("\n".join(rows) + "\n")
-        final = self.dir / f"batch-{self.files:05d}.jsonl"
+        final = self.dir / f"batch-{self.files:05d} a%20b.jsonl"  # names as users write them
         os.rename(hidden, final)
         return final
 
