@@ -15,10 +15,12 @@ same user) and to create the delivery table once (or have it created for it).
 The sink never creates or alters the user's table: it must exist before the run. A row is a
 dict (or a dataclass) element; on a keyed stream the key is the ``key`` column unless the
 element has it. ``mode="upsert"`` updates rows whose ``key_columns`` exist (the last of a
-delivery's rows for a key wins) and needs a unique constraint (or primary key) on exactly
-those columns; ``"insert"`` adds rows. Before the run the table's columns, their types and its
-unique constraints are read (:mod:`.postgres_table`): a missing table, key column or upsert
-constraint stops the run with one line. Each value is fitted to its column's type (a
+delivery's rows for a key wins; on a keyed stream a ``None`` element deletes the row its key
+names: ``(key, None)``, the key being the one key column's value or a tuple of them) and
+needs a unique constraint (or primary key) on exactly those columns; ``"insert"`` adds rows.
+Before the run the table's columns, their types and its unique constraints are read
+(:mod:`.postgres_table`): a missing table, key column or upsert constraint stops the run with
+one line. Each value is fitted to its column's type (a
 ``datetime``, or epoch milliseconds, for a ``timestamptz``; any JSON value for ``jsonb`` ...);
 a row with a column the table lacks or a value its column cannot take is a dead letter before
 anything is sent. A row the server refuses (a constraint, a value out of range) is found by
@@ -178,6 +180,8 @@ class PostgresWriter(TransactionalWriter):
         key: Any = None
         if self.task.keyed:
             key, elem = elem
+            if elem is None:
+                return self._delete_row(key)
         row = element_row(elem)
         if row is None:
             msg = f"a row must be a dict or a dataclass, got {type(elem).__name__}"
@@ -190,6 +194,19 @@ class PostgresWriter(TransactionalWriter):
             raise ValueError(msg)
         assert self.sink.shape is not None  # read by the sink's prepare, on the driver
         return self.sink.shape.fit(row)
+
+    def _delete_row(self, key: Any) -> dict[str, Any]:
+        """``(key, None)``: delete the row the stream's key names (its ``key_columns``)."""
+        keys = self.sink.key_columns
+        if self.sink.mode != "upsert":
+            msg = "a None row deletes the key's row, which needs mode='upsert' and key_columns"
+            raise ValueError(msg)
+        values = key if len(keys) > 1 and isinstance(key, tuple) else (key,)
+        if len(values) != len(keys):
+            msg = f"a delete's key {key!r} does not name the row's key_columns {list(keys)}"
+            raise ValueError(msg)
+        assert self.sink.shape is not None  # read by the sink's prepare, on the driver
+        return _Delete(self.sink.shape.fit(dict(zip(keys, values, strict=True))))
 
     # -- the transaction -----------------------------------------------------------------
 
@@ -342,7 +359,10 @@ class PostgresWriter(TransactionalWriter):
             last[tuple(row.get(c) for c in self.sink.key_columns)] = (rec, row)
         return list(last.values())
 
-    def _statement(self, columns: Sequence[str]) -> str:
+    def _statement(self, columns: Sequence[str], delete: bool = False) -> str:
+        if delete:
+            where = " AND ".join(f'"{c}" = %s' for c in columns)
+            return f'DELETE FROM "{self.sink.table}" WHERE {where}'
         cols = ", ".join(f'"{c}"' for c in columns)
         marks = ", ".join(["%s"] * len(columns))
         sql = f'INSERT INTO "{self.sink.table}" ({cols}) VALUES ({marks})'
@@ -354,13 +374,14 @@ class PostgresWriter(TransactionalWriter):
         return sql
 
     def _insert(self, rows: list[tuple[Record, dict[str, Any]]]) -> None:
-        by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        """Each row, in statements by shape: deletes (one per key, see _last_per_key) first."""
+        by_columns: dict[tuple[bool, tuple[str, ...]], list[tuple[Any, ...]]] = {}
         for _rec, row in rows:
-            columns = tuple(row)
-            by_columns.setdefault(columns, []).append(tuple(row[c] for c in columns))
+            shape = (isinstance(row, _Delete), tuple(row))
+            by_columns.setdefault(shape, []).append(tuple(row.values()))
         with self.conn.cursor() as cur:
-            for columns, values in by_columns.items():
-                cur.executemany(self._statement(columns), values)
+            for (delete, columns), values in sorted(by_columns.items(), key=lambda i: not i[0][0]):
+                cur.executemany(self._statement(columns, delete), values)
 
     def _refused(self, rows: list[tuple[Record, dict[str, Any]]]) -> list[Rejected]:
         """The rows the table refuses, each tried alone under a savepoint (then rolled back)."""
@@ -371,10 +392,15 @@ class PostgresWriter(TransactionalWriter):
             for rec, row in rows:
                 cur.execute("SAVEPOINT onceflow_row")
                 try:
-                    cur.execute(self._statement(tuple(row)), tuple(row.values()))
+                    statement = self._statement(tuple(row), isinstance(row, _Delete))
+                    cur.execute(statement, tuple(row.values()))
                 except (psycopg.DataError, psycopg.IntegrityError) as e:
                     cur.execute("ROLLBACK TO SAVEPOINT onceflow_row")
                     first = str(e).strip().splitlines()[0]
                     refused.append((rec, f"{self.sink.table} refused the row: {first}"))
         self.conn.rollback()
         return refused
+
+
+class _Delete(dict[str, Any]):
+    """A row to delete: its key columns' values (``(key, None)`` on a keyed stream)."""

@@ -97,7 +97,9 @@ class KafkaSink(SinkConnector):
 
     Only the elements of a keyed stream (after ``key_by`` or a combine per key: the plan says
     so, see :class:`~onceflow.connectors.base.TaskInfo`) are split into record key and value;
-    an unkeyed stream's element is the value whatever its type, a tuple included.
+    an unkeyed stream's element is the value whatever its type, a tuple included. On a keyed
+    stream ``(k, None)`` is a tombstone (a record with no value: a compacted topic then drops
+    ``k``), as Kafka's own tools read it.
 
     ``transactional`` (default True): in exactly-once runs records become visible to
     ``read_committed`` readers exactly once (see the module docstring); False writes plainly
@@ -306,5 +308,6 @@ class KafkaSink(SinkConnector):
         if self.key_fn is not None:
             return key_bytes(self.key_fn(elem)), self.codec.encode(elem), []
         if pair and keyed:
-            return key_bytes(elem[0]), self.codec.encode(elem[1]), []
+            value = None if elem[1] is None else self.codec.encode(elem[1])  # None: a tombstone
+            return key_bytes(elem[0]), value, []
         return None, self.codec.encode(elem), []

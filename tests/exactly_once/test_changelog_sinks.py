@@ -1,0 +1,107 @@
+"""Deletes reach the sinks exactly once: a PostgreSQL upsert deletes, Kafka gets tombstones.
+
+Sets and deletes of the same users in quick succession (a key's events in order on its
+partition, 5% re-sent later), a run killed -9 at a random moment mid-stream and a rerun. The
+table and the topic's compacted view (last record per key, a tombstone removing it) must
+equal an independent replay of the events sent: each user's last event, a delete leaving no
+row.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+
+import pytest
+
+from onceflow.connectors.kafka.connection import KafkaSettings
+from onceflow.connectors.kafka.topics import produce, read_topic
+from onceflow.testing.harness import run_pipeline
+
+pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
+
+PIPELINE = __file__.rsplit("/", 2)[0] + "/e2e_pipelines/changes.py"
+BASE_TS = 1_700_000_000_000
+
+
+def _changes(rng: random.Random, n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        op = "delete" if rng.random() < 0.3 else "set"
+        user = f"u{rng.randrange(40)}"
+        out.append(
+            {"event_id": uuid.uuid4().hex, "user": user, "op": op, "total": i, "ts": BASE_TS + i}
+        )
+    return out
+
+
+def _expected(events: list[dict]) -> dict[str, int]:
+    state: dict[str, int] = {}
+    for e in events:
+        if e["op"] == "delete":
+            state.pop(e["user"], None)
+        else:
+            state[e["user"]] = e["total"]
+    return state
+
+
+def test_deletes_reach_a_table_and_a_compacted_topic_once_across_kill_9(
+    broker, redis_server, postgres_server, tmp_path
+):
+    rng = random.Random(41)
+    name = f"chg-{uuid.uuid4().hex[:8]}"
+    table = f"t_{name.replace('-', '_')}"
+    with postgres_server.connect() as conn:
+        conn.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, total bigint)")
+    events = _changes(rng, 3000)
+    sends = list(events)
+    for e in rng.sample(events[:2000], 150):  # re-sent later, out of order: copies
+        sends.insert(rng.randrange(sends.index(e) + 1, len(sends) + 1), e)
+    settings = KafkaSettings(broker.bootstrap)
+    topic_in = f"{name}-in"
+    records = [(e["user"].encode(), json.dumps(e).encode(), None) for e in sends]
+    produce(settings, topic_in, records, partitions=4)  # by user: a user's changes in order
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "CHG_PIPELINE": name,
+        "CHG_IN": topic_in,
+        "CHG_OUT": f"{name}-out",
+        "PG_TABLE": table,
+        **postgres_server.env,
+    }
+    args = ["--redis-url", redis_server.url, "--checkpoint", str(tmp_path / "ckpt")]
+    args += ["--output-dir", str(tmp_path / "out"), "--max-records-per-batch", "150"]
+    started: list[float] = []
+    delay = rng.uniform(1.0, 3.0)
+
+    def echo(line: str) -> None:
+        if not started and "] batch " in line:
+            started.append(time.monotonic())
+
+    def when() -> bool:
+        return bool(started) and time.monotonic() > started[0] + delay
+
+    killed = run_pipeline(
+        PIPELINE, [*args, "--trigger-seconds", "0"], env=env, kill_when=when, echo=echo
+    )
+    assert killed.crashed, killed.output[-3000:]
+    ran = run_pipeline(PIPELINE, [*args, "--available-now"], env=env)
+    assert ran.returncode == 0, ran.output[-3000:]
+
+    expected = _expected(events)
+    assert 0 < len(expected) < 40, "some users end deleted, some not"
+    with postgres_server.connect() as conn:
+        rows = dict(conn.execute(f"SELECT key, total FROM {table}").fetchall())
+    assert rows == expected, "the table is not the events' last state"
+    compacted: dict[str, int] = {}
+    tombstones = 0
+    for record in read_topic(settings, f"{name}-out"):
+        key = record.key.decode()
+        if record.value is None:
+            tombstones += 1
+            compacted.pop(key, None)
+        else:
+            compacted[key] = json.loads(record.value)["total"]
+    assert tombstones > 0 and compacted == expected
