@@ -181,7 +181,7 @@ class PostgresWriter(TransactionalWriter):
         if self.task.keyed:
             key, elem = elem
             if elem is None:
-                return self._delete_row(key)
+                return delete_row(self.sink, key)
         row = element_row(elem)
         if row is None:
             msg = f"a row must be a dict or a dataclass, got {type(elem).__name__}"
@@ -194,19 +194,6 @@ class PostgresWriter(TransactionalWriter):
             raise ValueError(msg)
         assert self.sink.shape is not None  # read by the sink's prepare, on the driver
         return self.sink.shape.fit(row)
-
-    def _delete_row(self, key: Any) -> dict[str, Any]:
-        """``(key, None)``: delete the row the stream's key names (its ``key_columns``)."""
-        keys = self.sink.key_columns
-        if self.sink.mode != "upsert":
-            msg = "a None row deletes the key's row, which needs mode='upsert' and key_columns"
-            raise ValueError(msg)
-        values = key if len(keys) > 1 and isinstance(key, tuple) else (key,)
-        if len(values) != len(keys):
-            msg = f"a delete's key {key!r} does not name the row's key_columns {list(keys)}"
-            raise ValueError(msg)
-        assert self.sink.shape is not None  # read by the sink's prepare, on the driver
-        return _Delete(self.sink.shape.fit(dict(zip(keys, values, strict=True))))
 
     # -- the transaction -----------------------------------------------------------------
 
@@ -359,20 +346,6 @@ class PostgresWriter(TransactionalWriter):
             last[tuple(row.get(c) for c in self.sink.key_columns)] = (rec, row)
         return list(last.values())
 
-    def _statement(self, columns: Sequence[str], delete: bool = False) -> str:
-        if delete:
-            where = " AND ".join(f'"{c}" = %s' for c in columns)
-            return f'DELETE FROM "{self.sink.table}" WHERE {where}'
-        cols = ", ".join(f'"{c}"' for c in columns)
-        marks = ", ".join(["%s"] * len(columns))
-        sql = f'INSERT INTO "{self.sink.table}" ({cols}) VALUES ({marks})'
-        if self.sink.mode == "upsert":
-            keys = ", ".join(f'"{c}"' for c in self.sink.key_columns)
-            rest = [c for c in columns if c not in self.sink.key_columns]
-            update = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in rest)
-            sql += f" ON CONFLICT ({keys}) " + (f"DO UPDATE SET {update}" if rest else "DO NOTHING")
-        return sql
-
     def _insert(self, rows: list[tuple[Record, dict[str, Any]]]) -> None:
         """Each row, in statements by shape: deletes (one per key, see _last_per_key) first."""
         by_columns: dict[tuple[bool, tuple[str, ...]], list[tuple[Any, ...]]] = {}
@@ -381,7 +354,7 @@ class PostgresWriter(TransactionalWriter):
             by_columns.setdefault(shape, []).append(tuple(row.values()))
         with self.conn.cursor() as cur:
             for (delete, columns), values in sorted(by_columns.items(), key=lambda i: not i[0][0]):
-                cur.executemany(self._statement(columns, delete), values)
+                cur.executemany(statement(self.sink, columns, delete), values)
 
     def _refused(self, rows: list[tuple[Record, dict[str, Any]]]) -> list[Rejected]:
         """The rows the table refuses, each tried alone under a savepoint (then rolled back)."""
@@ -392,8 +365,8 @@ class PostgresWriter(TransactionalWriter):
             for rec, row in rows:
                 cur.execute("SAVEPOINT onceflow_row")
                 try:
-                    statement = self._statement(tuple(row), isinstance(row, _Delete))
-                    cur.execute(statement, tuple(row.values()))
+                    sql = statement(self.sink, tuple(row), isinstance(row, _Delete))
+                    cur.execute(sql, tuple(row.values()))
                 except (psycopg.DataError, psycopg.IntegrityError) as e:
                     cur.execute("ROLLBACK TO SAVEPOINT onceflow_row")
                     first = str(e).strip().splitlines()[0]
@@ -404,3 +377,33 @@ class PostgresWriter(TransactionalWriter):
 
 class _Delete(dict[str, Any]):
     """A row to delete: its key columns' values (``(key, None)`` on a keyed stream)."""
+
+
+def delete_row(sink: PostgresSink, key: Any) -> dict[str, Any]:
+    """``(key, None)``: the row to delete, named by the stream's key (its ``key_columns``)."""
+    keys = sink.key_columns
+    if sink.mode != "upsert":
+        msg = "a None row deletes the key's row, which needs mode='upsert' and key_columns"
+        raise ValueError(msg)
+    values = key if len(keys) > 1 and isinstance(key, tuple) else (key,)
+    if len(values) != len(keys):
+        msg = f"a delete's key {key!r} does not name the row's key_columns {list(keys)}"
+        raise ValueError(msg)
+    assert sink.shape is not None  # read by the sink's prepare, on the driver
+    return _Delete(sink.shape.fit(dict(zip(keys, values, strict=True))))
+
+
+def statement(sink: PostgresSink, columns: Sequence[str], delete: bool = False) -> str:
+    """The SQL of one row of these ``columns``: an insert, an upsert or a delete."""
+    if delete:
+        where = " AND ".join(f'"{c}" = %s' for c in columns)
+        return f'DELETE FROM "{sink.table}" WHERE {where}'
+    cols = ", ".join(f'"{c}"' for c in columns)
+    marks = ", ".join(["%s"] * len(columns))
+    sql = f'INSERT INTO "{sink.table}" ({cols}) VALUES ({marks})'
+    if sink.mode == "upsert":
+        keys = ", ".join(f'"{c}"' for c in sink.key_columns)
+        rest = [c for c in columns if c not in sink.key_columns]
+        update = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in rest)
+        sql += f" ON CONFLICT ({keys}) " + (f"DO UPDATE SET {update}" if rest else "DO NOTHING")
+    return sql
