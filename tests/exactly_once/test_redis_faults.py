@@ -172,7 +172,12 @@ def test_a_host_crash_right_after_a_kafka_commit_delivers_once(broker, tmp_path)
 
 @pytest.mark.parametrize(
     "redis",
-    ["7.0-unconfirmed", "8-waitaof"],
+    [
+        # CI time (~27 s): the Redis 8 variant reads the same sinks' marks back after the
+        # same crash; 7.0 with --allow-unconfirmed-fsync is an opt-in configuration
+        pytest.param("7.0-unconfirmed", marks=pytest.mark.long),
+        "8-waitaof",
+    ],
     ids=["redis-7.0-allow-unconfirmed-fsync", "redis-8-waitaof-once-per-batch"],
 )
 def test_a_host_crash_that_takes_a_committed_deliverys_record_never_copies(redis, broker, tmp_path):
