@@ -1,22 +1,28 @@
 """A folder as a stream: new files' lines read as they land, exactly once across restarts.
 
-``JsonLinesSource(folder, watch=True)`` and ``TextFile(folder, watch=True)`` make a
-:class:`FileStream`. Which files are new is Spark's own file stream source's business: it lists
-the folder (or glob) at each micro-batch and keeps the names it has handed out in the query's
-checkpoint, so a replayed micro-batch reads the same files and a restarted query never reads
-a file twice nor skips one, whatever the files' clocks say. It hands over one row per file
-(its path and length when found, never its content); the source stage's task reads the file
-itself, a slice at a time, so a large file never sits in one row.
+``JsonLinesSource(folder, watch=True)``, ``TextFile(folder, watch=True)`` and
+``ParquetSource(folder, watch=True)`` make a :class:`FileStream`. Which files are new is
+Spark's own file stream source's business: it lists the folder (or glob) at each micro-batch
+and keeps the names it has handed out in the query's checkpoint, so a replayed micro-batch
+reads the same files and a restarted query never reads a file twice nor skips one, whatever
+the files' clocks say. It hands over one row per file (its path, time and length, never its
+content); the source stage's task reads the file itself, a slice at a time.
 
 A record's ID is its file and byte offset (or the ``id`` function's key): a file copied under
-another name is another file, unless an ``id`` function names the records. A line that does
-not decode is a dead letter naming ``path@offset`` (``undecodable``); a file that cannot be
-read is one dead letter naming the file (``unreadable``); a file found shorter than when it
-was listed (``truncated``) or longer (``file_grew``: what was appended is not read) says so in
-a dead letter, never silently; so does a line over ``max_line_bytes`` (256 MiB: a binary
-file with no newline), skipped without being held whole. Files must be complete when they
-appear: write them elsewhere (or under a name starting with ``.`` or ``_``, which is never
-read) and rename them into the folder, as for Spark's file source.
+another name is another file, unless an ``id`` function names the records. Its event time is
+``timestamp(value)``, else the file's modification time. A line that does not decode is a
+dead letter naming ``path@offset`` (``undecodable``); a file that is gone or forbidden when its
+task reads it is one letter naming the file (``unreadable``; other I/O errors fail the task,
+which Spark retries); a file shorter or longer than Spark's scan measured it says so in a
+letter (``truncated``, ``file_grew``: nothing after that length is read); so does a line over
+``max_line_bytes`` (256 MiB: a binary file with no newline), skipped without being held whole.
+
+What the folder's writers must do (as for Spark's file source): a file is complete when it
+appears (write it elsewhere, or under a name starting with ``.`` or ``_``, never read, and
+rename it in); it is never appended to or rewritten afterwards (Spark never lists a path
+twice: what is appended later is never read, and a file made again under a name already read
+is not read); it is not deleted or moved before its micro-batch committed (Spark's replay of
+that micro-batch drops a vanished file with only a warning in its log).
 
 Files are read with plain file I/O by the workers, so on a cluster the folder must be on
 storage every machine mounts at the same place (``shared=True``, or ``$ONCEFLOW_SHARED_DIRS``;
@@ -25,6 +31,7 @@ see :mod:`onceflow.connectors.files`).
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 from collections.abc import Callable, Iterator
@@ -53,12 +60,21 @@ RANGE_COLUMNS = ("topic", "partition", "lo", "hi")
 # Spark forgets files older than this (relative to the newest) and would not read them: far
 # enough that a file copied with its old time kept is read, not silently skipped.
 MAX_FILE_AGE = "36500d"
+# Errors that say the file itself is not readable (a letter); any other fails the task.
+FILE_GONE = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR})
 # The longest line read (FileStream(max_line_bytes=...)): the largest max_record_bytes a
 # pipeline may set. A longer line (a binary file with no newline) is a dead letter without
 # being held whole; shorter ones meet the pipeline's own max_record_bytes.
 MAX_LINE_BYTES = MAX_CHUNK_BYTES
 PARQUET = "parquet"  # FileStream(codec=...): rows of Parquet files, not lines
 PARQUET_ROWS = 2048  # rows decoded at a time
+
+
+def watched_folder(path: str) -> str:
+    """The folder of ``path``: itself, or a glob's folder (its parts before the first pattern)."""
+    parts = os.path.abspath(path).split(os.sep)
+    magic = next((i for i, p in enumerate(parts) if glob.has_magic(p) or "{" in p), len(parts))
+    return os.sep.join(parts[:magic]) or os.sep
 
 
 def local_path(uri: str) -> str:
@@ -109,15 +125,9 @@ class FileStream(SourceConnector):
         self.max_files_per_batch = max_files_per_batch
         self.shared = shared
         self.max_line_bytes = max_line_bytes
-
-    @property
-    def folder(self) -> str:
-        """The folder watched (a glob's folder): the source's one lane of event time."""
-        parts = os.path.abspath(self.path).split(os.sep)
-        plain = [
-            p for p in parts[: next((i for i, p in enumerate(parts) if glob.has_magic(p)), None)]
-        ]
-        return os.sep.join(plain) or os.sep
+        # the folder watched (a glob's folder), the source's one lane of event time: made
+        # absolute here, on the driver (a worker's current folder may be another)
+        self.folder = watched_folder(path)
 
     def describe(self) -> str:
         """One line for plans."""
@@ -165,10 +175,10 @@ class FileStream(SourceConnector):
         if self.max_files_per_batch is not None:
             reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_batch))
         listed = reader.load(self.path)
-        return listed.select(
+        return listed.select(  # "lo" carries the file's time: its records' default event time
             F.col("path").alias("topic"),
             F.lit(0).cast("int").alias("partition"),
-            F.lit(0).cast("long").alias("lo"),
+            F.expr("unix_millis(modificationTime)").alias("lo"),
             F.col("length").alias("hi"),
         )
 
@@ -180,8 +190,9 @@ class FileStream(SourceConnector):
 
         def decode(batch: pa.RecordBatch) -> Iterator[Decoded]:
             columns = batch.to_pydict()
-            for uri, length in zip(columns[RANGE_COLUMNS[0]], columns["hi"], strict=True):
-                yield from reading.file(lane, uri, int(length))
+            listed = zip(columns[RANGE_COLUMNS[0]], columns["lo"], columns["hi"], strict=True)
+            for uri, mtime, length in listed:
+                yield from reading.file(lane, uri, int(length), int(mtime or 0))
 
         return decode
 
@@ -202,18 +213,26 @@ class _Reading:
         self.skip_blank, self.id_fn, self.ts_fn = skip_blank, id_fn, ts_fn
         self.cap = MAX_LINE_BYTES
         self.parquet = False
+        self.file_ms = 0  # the file being read's modification time: the default event time
 
-    def file(self, lane: str, uri: str, length: int) -> Iterator[Decoded]:
-        """The lines of ``[0, length)``; dead letters for a file unreadable, cut or grown."""
+    def file(self, lane: str, uri: str, length: int, mtime_ms: int = 0) -> Iterator[Decoded]:
+        """The lines of ``[0, length)``; dead letters for a file unreadable, cut or grown.
+
+        A file that is gone, forbidden or not a file is a letter; any other error (an NFS
+        server that does not answer, EIO) fails the task, which Spark retries.
+        """
+        path = local_path(uri)
+        self.file_ms = mtime_ms
         try:
-            path = local_path(uri)
             size = os.path.getsize(path)
             if self.parquet:
                 yield from self._parquet(lane, path, size, length)
                 return
             yield from self._lines(lane, path, min(size, length))
         except OSError as exc:
-            yield self._file_letter(uri, f"cannot read the file: {exc}", "unreadable")
+            if exc.errno not in FILE_GONE:
+                raise
+            yield self._file_letter(path, f"cannot read the file: {exc}", "unreadable")
             return
         if size < length:
             why = f"the file is {size} bytes, {length} when it was found: the rest is lost"
@@ -237,14 +256,15 @@ class _Reading:
         row = 0
         try:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_ROWS):
+                size = batch.nbytes // max(batch.num_rows, 1) or 1  # for the byte budgets
                 for elem in batch.to_pylist():
-                    yield self._row(lane, path, row, {**folders, **elem})
+                    yield self._row(lane, path, row, {**folders, **elem}, size)
                     row += 1
         except Exception as exc:  # noqa: BLE001 - a cut or foreign file: one letter, named
             why = f"cannot read the Parquet file after {row} rows: {type(exc).__name__}: {exc}"
             yield self._file_letter(path, why, "unreadable", at=row)
 
-    def _row(self, lane: str, path: str, row: int, elem: dict[str, Any]) -> Decoded:
+    def _row(self, lane: str, path: str, row: int, elem: dict[str, Any], size: int) -> Decoded:
         """One Parquet row: its ID from the column Onceflow's sink wrote, ``id``, or its place."""
         where = f"{path}#{row}"
         written = elem.pop(ID_COLUMN, None)
@@ -254,19 +274,23 @@ class _Reading:
             try:
                 if written is not None:
                     rid = bytes.fromhex(written)
+                    if len(rid) != ids.ID_BYTES:
+                        msg = f"{ID_COLUMN} holds {len(rid)} bytes, not {ids.ID_BYTES}"
+                        raise ValueError(msg)
                 elif self.id_fn is not None:
                     rid = ids.from_user_key(self.id_fn(elem))
             except Exception as exc:  # noqa: BLE001 - the user's id function, or a bad column
                 error = f"no record ID: {type(exc).__name__}: {exc}"
                 return DeadLetter(rid, 0, self.source, error, where, value=repr(elem), code="no_id")
-            if written is not None or self.id_fn is not None:
-                printed = _fingerprint(repr(sorted(elem.items())).encode())
+            if written is not None or self.id_fn is not None:  # columns a merge added: None
+                present = sorted((k, v) for k, v in elem.items() if v is not None)
+                printed = _fingerprint(repr(present).encode())
         try:
-            ts = as_event_time(self.ts_fn(elem)) if self.ts_fn is not None else 0
+            ts = as_event_time(self.ts_fn(elem)) if self.ts_fn is not None else self.file_ms
         except Exception as exc:  # noqa: BLE001 - the user's timestamp function failed
             error = f"no event time: {type(exc).__name__}: {exc}"
             return DeadLetter(rid, 0, self.source, error, where, value=repr(elem), code="no_time")
-        return Record(rid, ts, elem, lane, row, False, 0, printed)
+        return Record(rid, ts, elem, lane, row, False, size, printed)
 
     def _lines(self, lane: str, path: str, end: int) -> Iterator[Decoded]:
         skip_blank = self.skip_blank
@@ -299,7 +323,7 @@ class _Reading:
                 return DeadLetter(rid, 0, self.source, error, where, raw=line, code="no_id")
             printed = _fingerprint(line)
         try:
-            ts = as_event_time(self.ts_fn(value)) if self.ts_fn is not None else 0
+            ts = as_event_time(self.ts_fn(value)) if self.ts_fn is not None else self.file_ms
         except Exception as exc:  # noqa: BLE001 - the user's timestamp function failed
             error = f"no event time: {type(exc).__name__}: {exc}"
             return DeadLetter(rid, 0, self.source, error, where, raw=line, code="no_time")
@@ -321,15 +345,16 @@ def hive_values(folder: str, path: str) -> dict[str, str]:
 def read_lines(path: str, end: int, cap: int) -> Iterator[tuple[int, bytes | None, int]]:
     """``(offset, line, bytes)`` of every line starting before ``end``; ``None`` over ``cap``.
 
-    A line longer than ``cap`` is skipped a MiB at a time, never read whole.
+    Nothing at or after ``end`` is read into a line (a line that runs on past it, in a file that
+    grew, ends there). A line longer than ``cap`` is skipped a MiB at a time, never read whole.
     """
     with open(path, "rb") as fh:
         pos = 0
         while pos < end:
-            line = fh.readline(cap + 1)
+            line = fh.readline(min(cap + 1, end - pos))
             if not line:
                 return
-            if len(line) > cap and not line.endswith(b"\n"):
+            if len(line) > cap and not line.endswith(b"\n"):  # over the cap (not at ``end``)
                 size = len(line)
                 while not line.endswith(b"\n"):
                     line = fh.readline(1 << 20)

@@ -386,7 +386,7 @@ def delete_row(sink: PostgresSink, key: Any) -> dict[str, Any]:
         msg = "a None row deletes the key's row, which needs mode='upsert' and key_columns"
         raise ValueError(msg)
     values = key if len(keys) > 1 and isinstance(key, tuple) else (key,)
-    if len(values) != len(keys):
+    if len(values) != len(keys) or any(v is None for v in values):
         msg = f"a delete's key {key!r} does not name the row's key_columns {list(keys)}"
         raise ValueError(msg)
     assert sink.shape is not None  # read by the sink's prepare, on the driver

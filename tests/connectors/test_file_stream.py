@@ -35,10 +35,10 @@ PIPELINE = str(Path(__file__).resolve().parents[1] / "e2e_pipelines" / "landing.
 BASE_TS = 1_700_000_000_000
 
 
-def _listed(*files: tuple[str, int]) -> pa.RecordBatch:
-    """What Spark's file listing hands the source stage: a file's URI and length."""
+def _listed(*files: tuple[str, int], mtime_ms: int = 0) -> pa.RecordBatch:
+    """What Spark's file listing hands the source stage: a file's URI, time and length."""
     names = ["topic", "partition", "lo", "hi"]
-    rows = [[f"file:{p}" for p, _ in files], [0] * len(files), [0] * len(files)]
+    rows = [[f"file:{p}" for p, _ in files], [0] * len(files), [mtime_ms] * len(files)]
     return pa.record_batch([*map(pa.array, rows), pa.array([n for _, n in files])], names=names)
 
 
@@ -57,6 +57,12 @@ def test_a_listed_file_s_lines_are_records_and_bad_ones_dead_letters(tmp_path):
     assert not records[0].positional, "Spark plans the files' tasks: IDs are deduplicated"
     [letter] = [r for r in out if isinstance(r, DeadLetter)]
     assert letter.code == "undecodable" and letter.origin == f"{path}@10"
+    timed = list(
+        FileStream(str(tmp_path)).decoder("landing", True)(
+            _listed((str(path), size), mtime_ms=1234)
+        )
+    )
+    assert {r.ts for r in timed if isinstance(r, Record)} == {1234}, "no timestamp=: the file's"
 
 
 def test_a_file_gone_cut_or_grown_is_a_dead_letter_never_silence(tmp_path):
@@ -71,7 +77,12 @@ def test_a_file_gone_cut_or_grown_is_a_dead_letter_never_silence(tmp_path):
     *lines, grew = _decode(source, (str(whole), 9))  # listed when one line long
     assert [r.elem for r in lines] == [{"n": 1}]
     assert grew.code == "file_grew" and grew.origin == f"{whole}@9"
-    assert grew.id != lines[0].id and gone.id != lines[0].id
+    assert grew.id != ids.from_position("landing", str(whole), 0, 9), "the line at 9's ID"
+    *lines, grew = _decode(source, (str(whole), 13))  # measured mid-way through line two
+    assert [type(r).__name__ for r in lines] == ["Record", "DeadLetter"]  # the cut line only
+    assert lines[1].raw == b'{"n"' and grew.code == "file_grew"
+    [folder] = _decode(source, (str(tmp_path), 10))
+    assert folder.code == "unreadable" and folder.origin == f"{tmp_path}@0"
 
 
 def test_a_line_too_long_to_hold_is_a_dead_letter_and_the_next_lines_are_read(tmp_path):
@@ -91,7 +102,9 @@ def test_an_id_function_names_a_record_wherever_its_line_is(tmp_path):
     for name in ("a.jsonl", "copy-of-a.jsonl"):
         (tmp_path / name).write_bytes(b'\n{"event_id": "e1", "n": 1}\n{"n": 2}\n')
     source = FileStream(str(tmp_path), id=lambda e: e["event_id"])
-    a, copy = (_decode(source, (str(tmp_path / f), 40)) for f in ("a.jsonl", "copy-of-a.jsonl"))
+    size = (tmp_path / "a.jsonl").stat().st_size
+    a, copy = (_decode(source, (str(tmp_path / f), size)) for f in ("a.jsonl", "copy-of-a.jsonl"))
+    assert len(a) == len(copy) == 2, "no letter but the line without an ID"
     assert a[0].id == copy[0].id == ids.from_user_key("e1")
     assert isinstance(a[1], DeadLetter) and a[1].code == "no_id"
 
@@ -102,16 +115,17 @@ def test_parquet_rows_keep_the_ids_an_onceflow_sink_wrote_and_their_folders_valu
     folder = tmp_path / "user=u%201"
     folder.mkdir()
     written = ids.from_user_key("e1")
-    table = pa.table({"_onceflow_id": [written.hex(), None], "n": [1, 2]})
+    table = pa.table({"_onceflow_id": [written.hex(), None, "00" * 8], "n": [1, 2, 3]})
     pq.write_table(table, folder / "part-0.parquet")
     plain = tmp_path / "plain.parquet"
     pq.write_table(pa.table({"n": [3]}), plain)
     source = ParquetSource(str(tmp_path), watch=True)
     part = folder / "part-0.parquet"
-    out = _decode(source, (str(part), part.stat().st_size))
-    first, second = out
+    first, second, short = _decode(source, (str(part), part.stat().st_size))
     assert first.elem == {"user": "u 1", "n": 1} and first.id == written
     assert second.id == ids.from_position("landing", str(folder / "part-0.parquet"), 0, 1)
+    assert isinstance(short, DeadLetter) and short.code == "no_id", "an 8-byte ID is refused"
+    assert first.size > 0, "rows weigh something in the byte budgets"
     [row] = _decode(source, (str(plain), plain.stat().st_size))
     assert row.elem == {"n": 3} and row.offset == 0
     cut = tmp_path / "cut.parquet"

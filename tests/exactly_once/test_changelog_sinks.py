@@ -13,11 +13,13 @@ import json
 import random
 import time
 import uuid
+from collections import Counter
 
 import pytest
 
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
+from onceflow.kernel import ids
 from onceflow.testing.harness import run_pipeline
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
@@ -97,7 +99,9 @@ def test_deletes_reach_a_table_and_a_compacted_topic_once_across_kill_9(
     assert rows == expected, "the table is not the events' last state"
     compacted: dict[str, int] = {}
     tombstones = 0
+    written: Counter[bytes] = Counter()
     for record in read_topic(settings, f"{name}-out"):
+        written[dict(record.headers)[ids.ID_HEADER]] += 1
         key = record.key.decode()
         if record.value is None:
             tombstones += 1
@@ -105,3 +109,5 @@ def test_deletes_reach_a_table_and_a_compacted_topic_once_across_kill_9(
         else:
             compacted[key] = json.loads(record.value)["total"]
     assert tombstones > 0 and compacted == expected
+    assert max(written.values()) == 1, "a record written twice"
+    assert len(written) == len(events), "every distinct event wrote one record"
