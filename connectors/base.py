@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -66,6 +66,8 @@ class SourceCapabilities:
     (consumer lag). ``batch_cap``: it honours :attr:`SourceRun.max_records_per_batch`.
     ``python_data_source``: its stream is a Spark Python data source (the run has Spark look
     those up early, see ``onceflow.runtime.spark_env.session.prime_data_sources``).
+    ``checks_batches``: :meth:`SourceConnector.check_batch` checks each micro-batch before it
+    runs.
     """
 
     ticks: bool = False
@@ -74,6 +76,7 @@ class SourceCapabilities:
     readable_ends: bool = False
     batch_cap: bool = False
     python_data_source: bool = False
+    checks_batches: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,17 @@ class SourceConnector(abc.ABC):
         the source cannot say (the default).
         """
         return {}
+
+    def check_batch(  # noqa: B027 - optional hook
+        self, read: Callable[[str], str | None], start: Any, end: Any
+    ) -> None:
+        """Driver, before a micro-batch runs: raise if it can no longer be read whole.
+
+        ``read(name)`` reads a file of this source's folder of the query's checkpoint
+        (``sources/<n>/``; None if there is none); ``start`` and ``end`` are the source's offsets
+        before and at the end of the micro-batch (``start`` None for the first).
+        ``capabilities().checks_batches`` says whether a source has this check.
+        """
 
     def spark_conf(self) -> dict[str, str]:
         """Settings a new Spark session needs to read this source (``spark.jars``: joined)."""

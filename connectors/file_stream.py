@@ -21,8 +21,9 @@ What the folder's writers must do (as for Spark's file source): a file is comple
 appears (write it elsewhere, or under a name starting with ``.`` or ``_``, never read, and
 rename it in); it is never appended to or rewritten afterwards (Spark never lists a path
 twice: what is appended later is never read, and a file made again under a name already read
-is not read); it is not deleted or moved before its micro-batch committed (Spark's replay of
-that micro-batch drops a vanished file with only a warning in its log).
+is not read); it is not deleted or moved before its micro-batch committed (Spark would skip
+it on a replay with only a warning in its log: the run stops instead, naming the file, until
+it is back; see :meth:`FileStream.check_batch`).
 
 Files are read with plain file I/O by the workers, so on a cluster the folder must be on
 storage every machine mounts at the same place (``shared=True``, or ``$ONCEFLOW_SHARED_DIRS``;
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import json
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -68,6 +70,30 @@ FILE_GONE = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, er
 MAX_LINE_BYTES = MAX_CHUNK_BYTES
 PARQUET = "parquet"  # FileStream(codec=...): rows of Parquet files, not lines
 PARQUET_ROWS = 2048  # rows decoded at a time
+
+
+def logged_files(read: Callable[[str], str | None], offset: int) -> list[str]:
+    """The local paths Spark's file source log lists for one of its log offsets.
+
+    Each offset is a file ``<offset>`` of ``v1`` then JSON entries (``path`` a percent-encoded
+    URI); every ``compact_interval``-th (10) is ``<offset>.compact`` with every entry so far,
+    and the single files before it are deleted after a while: the entries are then found in
+    the next compacted file. ``[]`` when neither is found.
+    """
+    text = read(str(offset))
+    if text is None:
+        for name in (f"{offset}.compact", f"{(offset // 10 + 1) * 10 - 1}.compact"):
+            text = read(name)
+            if text is not None:
+                break
+    if text is None:
+        return []
+    paths = []
+    for line in text.splitlines()[1:]:
+        entry = json.loads(line) if line.strip() else {}
+        if entry.get("batchId", offset) == offset and "path" in entry:
+            paths.append(unquote(urlparse(entry["path"]).path))
+    return paths
 
 
 def watched_folder(path: str) -> str:
@@ -136,7 +162,7 @@ class FileStream(SourceConnector):
 
     def capabilities(self) -> SourceCapabilities:
         """Its task reads each file; Spark plans which task reads which file (not stable)."""
-        return SourceCapabilities(reads_in_task=True, stable_partitions=False)
+        return SourceCapabilities(reads_in_task=True, stable_partitions=False, checks_batches=True)
 
     def for_run(self, run: SourceRun) -> FileStream:
         """The same source; refused beside a source whose raw rows the query carries."""
@@ -163,6 +189,35 @@ class FileStream(SourceConnector):
         if isinstance(offsets, dict) and isinstance(offsets.get("logOffset"), int):
             return {(self.folder, 0): offsets["logOffset"]}
         return {}
+
+    def check_batch(self, read: Callable[[str], str | None], start: Any, end: Any) -> None:
+        """Stop before a micro-batch one of whose files is gone (Spark would skip it silently).
+
+        The files of a micro-batch are those Spark's source log lists for its log offsets
+        ``(start, end]``; a file removed since it was listed (before its micro-batch committed)
+        stops the run with one line naming it, instead of being dropped with a log warning.
+        """
+        first = start.get("logOffset", -1) if isinstance(start, dict) else -1
+        last = end.get("logOffset") if isinstance(end, dict) else None
+        if not isinstance(last, int):
+            return
+        missing = [
+            path
+            for offset in range(int(first) + 1, last + 1)
+            for path in logged_files(read, offset)
+            if not os.path.exists(path)
+        ]
+        if missing:
+            shown = ", ".join(missing[:3]) + (
+                f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            )
+            msg = (
+                f"{len(missing)} file(s) of the watched folder {self.folder} were listed for "
+                f"this micro-batch and are gone before it committed: {shown}. Put them back "
+                "(a file may be removed once its micro-batch committed), or start the pipeline "
+                "over with a new checkpoint and namespace to go on without them"
+            )
+            raise ConnectorError(msg)
 
     def stream(self, session: SparkSession, pipeline: str, source: str) -> DataFrame:
         """One row per new file: its path and length as Kafka's range columns."""
@@ -232,23 +287,23 @@ class _Reading:
         except OSError as exc:
             if exc.errno not in FILE_GONE:
                 raise
-            yield self._file_letter(path, f"cannot read the file: {exc}", "unreadable")
+            yield self._letter(path, f"cannot read the file: {exc}", "unreadable")
             return
         if size < length:
             why = f"the file is {size} bytes, {length} when it was found: the rest is lost"
-            yield self._file_letter(path, why, "truncated", at=size)
+            yield self._letter(path, why, "truncated", at=size)
         elif size > length:
             why = (
                 f"the file grew from {length} to {size} bytes after it was found; bytes after "
                 f"{length} are not read (write files elsewhere and rename them into the folder)"
             )
-            yield self._file_letter(path, why, "file_grew", at=length)
+            yield self._letter(path, why, "file_grew", at=length)
 
     def _parquet(self, lane: str, path: str, size: int, length: int) -> Iterator[Decoded]:
         """A Parquet file's rows, read whole; one letter if it changed or cannot be read."""
         if size != length:
             why = f"the file is {size} bytes, {length} when found: a Parquet file is read whole"
-            yield self._file_letter(path, why, "file_changed")
+            yield self._letter(path, why, "file_changed")
             return
         import pyarrow.parquet as pq
 
@@ -262,7 +317,7 @@ class _Reading:
                     row += 1
         except Exception as exc:  # noqa: BLE001 - a cut or foreign file: one letter, named
             why = f"cannot read the Parquet file after {row} rows: {type(exc).__name__}: {exc}"
-            yield self._file_letter(path, why, "unreadable", at=row)
+            yield self._letter(path, why, "unreadable", at=row)
 
     def _row(self, lane: str, path: str, row: int, elem: dict[str, Any], size: int) -> Decoded:
         """One Parquet row: its ID from the column Onceflow's sink wrote, ``id``, or its place."""
@@ -329,10 +384,10 @@ class _Reading:
             return DeadLetter(rid, 0, self.source, error, where, raw=line, code="no_time")
         return Record(rid, ts, value, lane, offset, False, len(line), printed)
 
-    def _file_letter(self, path: str, error: str, code: str, at: int = 0) -> DeadLetter:
+    def _letter(self, path: str, error: str, code: str, at: int = 0) -> DeadLetter:
         """A letter for the file itself: an ID no line of it has (partition 1, not 0)."""
         rid = ids.from_position(self.source, path, 1, at) if self.with_ids else b""
-        return DeadLetter(rid, 0, self.source, error, f"{path}@{at}", code=code)
+        return DeadLetter(rid, 0, self.source, error, f"{path}@{at}", None, None, code)
 
 
 def hive_values(folder: str, path: str) -> dict[str, str]:

@@ -68,6 +68,7 @@ class MicroBatches:
         if self.batches == 0:
             first_batch(ctx)
         self._check_epoch()
+        check_sources(ctx, batch_id)
         if batch_id > 0 and ctx.mode is Guarantee.EXACTLY_ONCE:
             acknowledge(ctx.client, ctx.keyspace, batch_id - 1)
         before = dict(ctx.metrics.value)
@@ -220,3 +221,22 @@ class MicroBatches:
 def server_changed(exc: BaseException) -> bool:
     """Whether a batch failed because a Redis server changed (in the driver or a task)."""
     return isinstance(exc, ServerChangedError) or ServerChangedError.__name__ in str(exc)
+
+
+def check_sources(ctx: RunContext, batch_id: int) -> None:
+    """Each source that checks its micro-batches (a watched folder: its files still there)."""
+    checking = [
+        (i, c) for i, (_, c) in enumerate(ctx.job.sources) if c.capabilities().checks_batches
+    ]
+    if not checking:
+        return
+    ends = ctx.checkpoint.end_offsets(batch_id)
+    starts = ctx.checkpoint.end_offsets(batch_id - 1) if batch_id > 0 else []
+    for i, connector in checking:
+        start = starts[i] if i < len(starts) else None
+        end = ends[i] if i < len(ends) else None
+
+        def read(name: str, n: int = i) -> str | None:
+            return ctx.checkpoint.read("sources", str(n), name)
+
+        connector.check_batch(read, start, end)

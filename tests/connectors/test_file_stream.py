@@ -18,12 +18,19 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pytest
 
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.file_stream import FileStream, ParquetSource, local_path, read_lines
+from onceflow.connectors.file_stream import (
+    FileStream,
+    ParquetSource,
+    local_path,
+    logged_files,
+    read_lines,
+)
 from onceflow.connectors.files import JsonLinesSource, LineFiles
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
@@ -136,6 +143,27 @@ def test_parquet_rows_keep_the_ids_an_onceflow_sink_wrote_and_their_folders_valu
     assert changed.code == "file_changed"
     with pytest.raises(ConnectorError, match="watch=True"):
         ParquetSource(str(tmp_path))
+
+
+def test_the_files_of_a_log_offset_are_read_from_spark_s_log_single_or_compacted(tmp_path):
+    def entry(path: str, batch: int) -> str:
+        return json.dumps({"path": f"file://{path}", "timestamp": 1, "batchId": batch})
+
+    logs = {
+        "3": "v1\n" + entry("/in/a%20b%2520c.jsonl", 3),  # Spark's log: percent-encoded
+        "9.compact": "v1\n" + "\n".join(entry(f"/in/{k}.jsonl", k) for k in range(10)),
+    }
+    assert logged_files(logs.get, 3) == ["/in/a b%20c.jsonl"]  # the name on disk
+    assert logged_files(logs.get, 5) == ["/in/5.jsonl"], "single file deleted: the compacted"
+    assert logged_files(logs.get, 12) == []
+    kept = tmp_path / "5.jsonl"
+    kept.write_text("{}\n")
+    source = FileStream(str(tmp_path))
+    moved = {"5": "v1\n" + entry(str(kept), 5) + "\n" + entry(str(tmp_path / "gone.jsonl"), 5)}
+    source.check_batch(moved.get, {"logOffset": 5}, {"logOffset": 5})  # nothing new: no check
+    with pytest.raises(ConnectorError, match="gone.jsonl") as stop:
+        source.check_batch(moved.get, {"logOffset": 4}, {"logOffset": 5})
+    assert str(kept) not in str(stop.value)
 
 
 def test_options_are_checked_and_paths_read():
@@ -295,5 +323,34 @@ def test_kill_9_while_files_land_and_reruns_count_every_line_once(broker, redis_
         stop.set()
         feeder.join()
     ran = run_pipeline(PIPELINE, _args(redis_server, tmp_path, "--available-now"), env=env)
+    assert ran.returncode == 0, ran.output[-3000:]
+    assert _latest(KafkaSettings(broker.bootstrap), out) == landing.totals()
+
+
+@pytest.mark.kafka
+@pytest.mark.redis
+def test_a_file_removed_before_its_micro_batch_committed_stops_the_run_until_it_is_back(
+    broker, redis_server, tmp_path
+):
+    """Spark's replay of a micro-batch skips a vanished file with a log warning; we stop."""
+    landing = Landing(tmp_path, random.Random(13))
+    for _ in range(6):
+        landing.land(100)
+    env, out = _run_env(broker, landing, "gone")
+    env["LANDING_FILES_PER_BATCH"] = "2"
+    args = _args(redis_server, tmp_path, "--available-now")
+    first = run_pipeline(
+        PIPELINE, args, env=env, crash=Crash("after_commit", stage="landing", batch=1)
+    )
+    assert first.crashed, first.output[-3000:]
+    log = (tmp_path / "checkpoint" / "sources" / "0" / "1").read_text().splitlines()[1:]
+    victim = Path(unquote(urlparse(json.loads(log[0])["path"]).path))
+    kept = victim.read_bytes()
+    victim.unlink()
+    stopped = run_pipeline(PIPELINE, args, env=env)
+    assert stopped.returncode != 0 and str(victim) in stopped.output, stopped.output[-3000:]
+    assert "Put them back" in stopped.output and "Traceback" not in stopped.output[-2000:]
+    victim.write_bytes(kept)
+    ran = run_pipeline(PIPELINE, args, env=env)
     assert ran.returncode == 0, ran.output[-3000:]
     assert _latest(KafkaSettings(broker.bootstrap), out) == landing.totals()
