@@ -43,7 +43,7 @@ from urllib.parse import unquote, urlparse
 from onceflow.connectors.base import SourceCapabilities, SourceConnector, SourceRun
 from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.local_files import is_shared
+from onceflow.connectors.local_files import hive_values, is_shared, read_lines
 from onceflow.connectors.parquet import ID_COLUMN
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
@@ -388,39 +388,6 @@ class _Reading:
         """A letter for the file itself: an ID no line of it has (partition 1, not 0)."""
         rid = ids.from_position(self.source, path, 1, at) if self.with_ids else b""
         return DeadLetter(rid, 0, self.source, error, f"{path}@{at}", None, None, code)
-
-
-def hive_values(folder: str, path: str) -> dict[str, str]:
-    """``{"user": "u1"}`` from a file's folders below ``folder`` named ``user=u1`` (Hive style)."""
-    below = os.path.relpath(os.path.dirname(path), folder)
-    pairs = [part.split("=", 1) for part in below.split(os.sep) if "=" in part]
-    return {unquote(k): unquote(v) for k, v in pairs}
-
-
-def read_lines(path: str, end: int, cap: int) -> Iterator[tuple[int, bytes | None, int]]:
-    """``(offset, line, bytes)`` of every line starting before ``end``; ``None`` over ``cap``.
-
-    Nothing at or after ``end`` is read into a line (a line that runs on past it, in a file that
-    grew, ends there). A line longer than ``cap`` is skipped a MiB at a time, never read whole.
-    """
-    with open(path, "rb") as fh:
-        pos = 0
-        while pos < end:
-            line = fh.readline(min(cap + 1, end - pos))
-            if not line:
-                return
-            if len(line) > cap and not line.endswith(b"\n"):  # over the cap (not at ``end``)
-                size = len(line)
-                while not line.endswith(b"\n"):
-                    line = fh.readline(1 << 20)
-                    if not line:
-                        break
-                    size += len(line)
-                yield pos, None, size
-                pos += size
-                continue
-            yield pos, line.rstrip(b"\r\n"), len(line)
-            pos += len(line)
 
 
 def _fingerprint(line: bytes) -> int:

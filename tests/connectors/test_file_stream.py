@@ -29,11 +29,11 @@ from onceflow.connectors.file_stream import (
     ParquetSource,
     local_path,
     logged_files,
-    read_lines,
 )
 from onceflow.connectors.files import JsonLinesSource, LineFiles
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
+from onceflow.connectors.local_files import read_lines
 from onceflow.kernel import ids
 from onceflow.kernel.records import DeadLetter, Record
 from onceflow.testing.harness import Crash, run_pipeline
