@@ -117,6 +117,11 @@ def main() -> None:
     parser.add_argument("--workloads", default="keyed-count")
     parser.add_argument("--batch", type=int, help="records per micro-batch (the benchmark's)")
     parser.add_argument(
+        "--client",
+        choices=("python", "confluent"),
+        help="Kafka client of both sides (default: each benchmark's own default)",
+    )
+    parser.add_argument(
         "--this-bench", action="store_true", help="this checkout's benchmark on the ref's code"
     )
     args = parser.parse_args()
@@ -129,6 +134,8 @@ def main() -> None:
     sizes = ["--records", str(args.records), "--repeat", str(args.repeat)]
     if args.batch:
         sizes += ["--batch", str(args.batch)]
+    if args.client:  # the two benchmarks' defaults may differ: one client for both sides
+        sizes += ["--client", args.client]
     logs = Path(tempfile.mkdtemp(prefix="onceflow-baseline-"))
     worktree = logs / "baseline"
     subprocess.run(

@@ -43,7 +43,13 @@ from urllib.parse import unquote, urlparse
 from onceflow.connectors.base import SourceCapabilities, SourceConnector, SourceRun
 from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.local_files import hive_values, is_shared, read_lines
+from onceflow.connectors.local_files import (
+    checksum,
+    decode_line,
+    hive_values,
+    is_shared,
+    read_lines,
+)
 from onceflow.connectors.parquet import ID_COLUMN
 from onceflow.kernel import ids
 from onceflow.kernel.codec import ValueCodec, value_codec
@@ -339,7 +345,7 @@ class _Reading:
                 return DeadLetter(rid, 0, self.source, error, where, value=repr(elem), code="no_id")
             if written is not None or self.id_fn is not None:  # columns a merge added: None
                 present = sorted((k, v) for k, v in elem.items() if v is not None)
-                printed = _fingerprint(repr(present).encode())
+                printed = checksum(repr(present).encode())
         try:
             ts = as_event_time(self.ts_fn(elem)) if self.ts_fn is not None else self.file_ms
         except Exception as exc:  # noqa: BLE001 - the user's timestamp function failed
@@ -353,7 +359,18 @@ class _Reading:
             if line is None:
                 yield self._too_long(path, offset, size)
             elif not (skip_blank and not line.strip()):
-                yield self._line(lane, path, offset, line)
+                yield decode_line(
+                    self.source,
+                    path,
+                    offset,
+                    line,
+                    self.codec,
+                    self.with_ids,
+                    self.ts_fn,
+                    id_fn=self.id_fn,
+                    lane=lane,
+                    default_ts=self.file_ms,
+                )
 
     def _too_long(self, path: str, offset: int, size: int) -> DeadLetter:
         """A line over ``max_line_bytes``: a letter, never held in memory whole."""
@@ -361,40 +378,10 @@ class _Reading:
         error = f"the line is {size} bytes, over the {self.cap} bytes a line may be"
         return DeadLetter(rid, 0, self.source, error, f"{path}@{offset}", code="too_large")
 
-    def _line(self, lane: str, path: str, offset: int, line: bytes) -> Decoded:
-        where = f"{path}@{offset}"
-        rid = ids.from_position(self.source, path, 0, offset) if self.with_ids else b""
-        try:
-            value = self.codec.decode(line)
-        except Exception as exc:  # noqa: BLE001 - undecodable input becomes a dead letter
-            error = f"cannot decode as {self.codec.name}: {type(exc).__name__}: {exc}"
-            return DeadLetter(rid, 0, self.source, error, where, raw=line, code="undecodable")
-        printed = 0
-        if self.with_ids and self.id_fn is not None:
-            try:
-                rid = ids.from_user_key(self.id_fn(value))
-            except Exception as exc:  # noqa: BLE001 - the user's id function failed
-                error = f"no record ID: {type(exc).__name__}: {exc}"
-                return DeadLetter(rid, 0, self.source, error, where, raw=line, code="no_id")
-            printed = _fingerprint(line)
-        try:
-            ts = as_event_time(self.ts_fn(value)) if self.ts_fn is not None else self.file_ms
-        except Exception as exc:  # noqa: BLE001 - the user's timestamp function failed
-            error = f"no event time: {type(exc).__name__}: {exc}"
-            return DeadLetter(rid, 0, self.source, error, where, raw=line, code="no_time")
-        return Record(rid, ts, value, lane, offset, False, len(line), printed)
-
     def _letter(self, path: str, error: str, code: str, at: int = 0) -> DeadLetter:
         """A letter for the file itself: an ID no line of it has (partition 1, not 0)."""
         rid = ids.from_position(self.source, path, 1, at) if self.with_ids else b""
         return DeadLetter(rid, 0, self.source, error, f"{path}@{at}", None, None, code)
-
-
-def _fingerprint(line: bytes) -> int:
-    """A line's checksum (an ID conflict is two lines under one ID); never 0."""
-    from crc32c import crc32c
-
-    return crc32c(line) or 1
 
 
 def ParquetSource(  # noqa: N802, PLR0913 - a source's options, each with a default

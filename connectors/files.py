@@ -35,12 +35,10 @@ from onceflow.connectors.base import Rejected, SinkConnector, SinkWriter, Source
 from onceflow.connectors.collections import split_frame, splits_of
 from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.local_files import is_shared, read_range
+from onceflow.connectors.local_files import decode_line, is_shared, read_range
 from onceflow.connectors.staged import STAGING, StagedFilesWriter, local_folder
-from onceflow.kernel import ids
-from onceflow.kernel.codec import ValueCodec, value_codec
-from onceflow.kernel.eventtime import as_event_time
-from onceflow.kernel.records import DeadLetter, Record
+from onceflow.kernel.codec import value_codec
+from onceflow.kernel.records import Record
 from onceflow.kernel.windows import Pane
 
 if TYPE_CHECKING:
@@ -127,32 +125,9 @@ class LineFiles(SourceConnector):
                 for offset, line in read_range(path, start, end):
                     if skip_blank and not line.strip():
                         continue
-                    yield _decode_line(source, path, offset, line, codec, with_ids, ts_fn)
+                    yield decode_line(source, path, offset, line, codec, with_ids, ts_fn)
 
         return decode
-
-
-def _decode_line(  # noqa: PLR0913 - one line and where it came from
-    source: str,
-    path: str,
-    offset: int,
-    line: bytes,
-    codec: ValueCodec,
-    with_ids: bool,
-    ts_fn: Callable[[Any], Any] | None = None,
-) -> Decoded:
-    rid = ids.from_position(source, path, 0, offset) if with_ids else b""
-    try:
-        value = codec.decode(line)
-    except Exception as exc:  # noqa: BLE001 - undecodable input becomes a dead letter
-        error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
-        return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line, code="undecodable")
-    try:
-        ts = as_event_time(ts_fn(value)) if ts_fn is not None else 0
-    except Exception as exc:  # noqa: BLE001 - the user's timestamp function failed
-        error = f"no event time: {type(exc).__name__}: {exc}"
-        return DeadLetter(rid, 0, source, error, f"{path}@{offset}", raw=line, code="no_time")
-    return Record(rid, ts, value, path, offset, size=len(line))
 
 
 def TextFile(  # noqa: N802

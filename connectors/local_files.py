@@ -1,10 +1,19 @@
-"""Plain file I/O shared by the file sources and sinks: shared folders, lines, Hive folders."""
+"""What the file sources and sinks share: shared folders, reading and decoding lines."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
+
+from onceflow.kernel import ids
+from onceflow.kernel.eventtime import as_event_time
+from onceflow.kernel.records import DeadLetter, Record
+
+if TYPE_CHECKING:
+    from onceflow.connectors.decoded import Decoded
+    from onceflow.kernel.codec import ValueCodec
 
 SHARED_DIRS_ENV = "ONCEFLOW_SHARED_DIRS"
 
@@ -64,3 +73,52 @@ def read_lines(path: str, end: int, cap: int) -> Iterator[tuple[int, bytes | Non
                 continue
             yield pos, line.rstrip(b"\r\n"), len(line)
             pos += len(line)
+
+
+def decode_line(  # noqa: PLR0913 - one line, where it came from and how to read it
+    source: str,
+    path: str,
+    offset: int,
+    line: bytes,
+    codec: ValueCodec,
+    with_ids: bool,
+    ts_fn: Callable[[Any], Any] | None = None,
+    *,
+    id_fn: Callable[[Any], Any] | None = None,
+    lane: str | None = None,
+    default_ts: int = 0,
+) -> Decoded:
+    """One line of a file as a record, or a dead letter naming ``path@offset``.
+
+    Its ID is its file and offset, or ``id_fn(value)``'s key (then with the line's checksum,
+    so another line under the same ID is an ID conflict, not a copy); its event time
+    ``ts_fn(value)``, else ``default_ts``; its lane ``lane``, else the file.
+    """
+    where = f"{path}@{offset}"
+    rid = ids.from_position(source, path, 0, offset) if with_ids else b""
+    try:
+        value = codec.decode(line)
+    except Exception as exc:  # noqa: BLE001 - undecodable input becomes a dead letter
+        error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
+        return DeadLetter(rid, 0, source, error, where, raw=line, code="undecodable")
+    printed = 0
+    if with_ids and id_fn is not None:
+        try:
+            rid = ids.from_user_key(id_fn(value))
+        except Exception as exc:  # noqa: BLE001 - the user's id function failed
+            error = f"no record ID: {type(exc).__name__}: {exc}"
+            return DeadLetter(rid, 0, source, error, where, raw=line, code="no_id")
+        printed = checksum(line)
+    try:
+        ts = as_event_time(ts_fn(value)) if ts_fn is not None else default_ts
+    except Exception as exc:  # noqa: BLE001 - the user's timestamp function failed
+        error = f"no event time: {type(exc).__name__}: {exc}"
+        return DeadLetter(rid, 0, source, error, where, raw=line, code="no_time")
+    return Record(rid, ts, value, path if lane is None else lane, offset, False, len(line), printed)
+
+
+def checksum(data: bytes) -> int:
+    """A record's content checksum (see :class:`~onceflow.kernel.records.Record`); never 0."""
+    from crc32c import crc32c
+
+    return crc32c(data) or 1
