@@ -70,6 +70,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import page
+from teardown import own_session, started, stopping_on_signals
 
 from onceflow import DedupConfig, EventTime, KafkaSink, KafkaSource, Pipeline, Sliding
 from onceflow.connectors.kafka.connection import KafkaSettings
@@ -90,6 +91,8 @@ MODES = {
     "exactly-once": ("exactly-once", True),
 }
 
+
+CHILD_TIMEOUT_S = 900  # a measured run's process, warm-up included
 
 READ_IN_TASK_ENV = "ONCEFLOW_BENCH_READ_IN_TASK"  # "0": KafkaSource(read_in_task=False)
 
@@ -237,18 +240,19 @@ def redis_footprint(client: Any, namespace: str, connect: Connect) -> tuple[int,
 
 @contextlib.contextmanager
 def services(redis_cluster: bool) -> Any:
+    """Redis (or a Redis Cluster) and Kafka, stopped on every way out (``bench/teardown.py``)."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(stopping_on_signals())
         cluster = None
         if redis_cluster:
-            cluster = LocalRedisCluster().start()
-            stack.callback(cluster.stop)
+            cluster = started(stack, LocalRedisCluster())
             seeds = ",".join(f"127.0.0.1:{port}" for port in cluster.ports)
             redis_url = f"redis+cluster://{seeds}"
         else:
-            redis_url = os.environ.get("REDIS_URL") or stack.enter_context(LocalRedis()).url
+            redis_url = os.environ.get("REDIS_URL") or started(stack, LocalRedis()).url
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
         if not bootstrap:
-            kafka = stack.enter_context(LocalKafka())
+            kafka = started(stack, LocalKafka())
             bootstrap = kafka.bootstrap
             if kafka.proc is not None:  # its CPU is measured beside the run's
                 os.environ[BROKER_PID_ENV] = str(kafka.proc.pid)
@@ -515,9 +519,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(sorted(unknown))}")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(stopping_on_signals())
         masters = [args.master]
         if args.spark_cluster:
-            spark_cluster = stack.enter_context(LocalSparkCluster(workers=2, cores=1))
+            spark_cluster = started(stack, LocalSparkCluster(workers=2, cores=1))
             masters.append(spark_cluster.master_url)
         redis_url, bootstrap, cluster = stack.enter_context(services(args.redis_cluster))
         for master in masters:
@@ -745,13 +750,19 @@ def child_command(guarantee: str, args: argparse.Namespace) -> list[str]:
 
 
 def spawn(guarantee: str, args: argparse.Namespace, env: dict[str, str]) -> Any:
-    """Run one measured query in a fresh process; return its result."""
+    """Run one measured query in a fresh process tree; return its result.
+
+    The tree (the child, its Spark JVM and Python workers) is killed whole when the child
+    ends, times out or the benchmark is stopped.
+    """
     cmd = child_command(guarantee, args)
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=900)
-    for line in out.stdout.splitlines():
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with own_session(cmd, env=env, **pipes) as proc:
+        stdout, stderr = proc.communicate(timeout=CHILD_TIMEOUT_S)
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
-    msg = f"benchmark child failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    msg = f"benchmark child failed ({proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}"
     raise RuntimeError(msg)
 
 

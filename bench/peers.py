@@ -77,7 +77,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,10 +86,10 @@ import page
 from exactly_once import BROKER_PID_ENV, PeakRss, redis_cpu, services
 from latency import Measured, _read_phases
 from peer_jobs import STEP_MS, WINDOW_MS, keep
+from teardown import own_session
 
 from onceflow.connectors.kafka.admin import ensure_topics
 from onceflow.connectors.kafka.connection import KafkaSettings
-from onceflow.testing.harness import kill_session
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 USERS = 100
@@ -270,6 +270,18 @@ class Reader(threading.Thread):
         self.consumer.close()
 
 
+@contextlib.contextmanager
+def reading(bootstrap: str, topic: str, on_record: Callable[[Any, float], None]) -> Iterator[None]:
+    """Inside: a :class:`Reader` of ``topic`` hands its records to ``on_record``."""
+    reader = Reader(bootstrap, topic, on_record)
+    reader.start()
+    try:
+        yield
+    finally:
+        reader.stop.set()
+        reader.join(10)
+
+
 class Check:
     """A run's output against the independent answers: progress over time, and when right."""
 
@@ -369,15 +381,22 @@ class Result:
     latencies: list[float] = field(default_factory=list)  # ms (latency runs)
 
 
-def launch(system: System, workload: str, ctx: dict[str, str], out: str, work: str) -> Any:
+@contextlib.contextmanager
+def launched(
+    system: System, workload: str, ctx: dict[str, str], out: str, work: str
+) -> Iterator[subprocess.Popen[Any]]:
+    """The system's program, output to ``work``/run.log, in a session killed on leaving."""
     python = flink_peer.flink_python() if system.program == "flink" else sys.executable
     cmd = [python, os.path.join(HERE, "peer_jobs.py"), system.program, workload]
     cmd += ["--bootstrap", ctx["bootstrap"], "--input", ctx["topic"], "--output", out]
     cmd += ["--work", work, "--redis-url", ctx["redis_url"], "--batch", ctx["batch"]]
     cmd += ["--checkpoint-ms", ctx["flink_checkpoint_ms"]] * (system.program == "flink")
     cmd += list(system.options)
-    log = open(os.path.join(work, "run.log"), "w")  # noqa: SIM115 - closed with the run
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with (
+        open(os.path.join(work, "run.log"), "w") as log,
+        own_session(cmd, stdout=log, stderr=subprocess.STDOUT) as proc,
+    ):
+        yield proc
 
 
 def tail(work: str, lines: int = 3) -> str:
@@ -410,24 +429,17 @@ def measure_run(system: System, workload: str, ctx: dict[str, str], answers: Inp
     out = f"peers-out-{uuid.uuid4().hex[:8]}"
     ensure_topics(KafkaSettings(ctx["bootstrap"]), [out], PARTITIONS)
     check = check_for(workload, answers)
-    reader = Reader(ctx["bootstrap"], out, check)
-    reader.start()
     redis_before = redis_cpu(ctx["redis_url"]) or {"total": 0.0}
     broker = os.environ.get(BROKER_PID_ENV)
-    started = time.monotonic()
-    proc = launch(system, workload, ctx, out, work)
-    peak = PeakRss(proc.pid, others={"broker": int(broker)} if broker else {})
-    deadline = started + float(ctx["timeout"])
-    try:
-        with peak:
-            while check.done_at is None and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-    finally:
-        ended = proc.poll() is not None
-        kill_session(proc.pid)
-        proc.wait()
-        reader.stop.set()
-        reader.join(10)
+    with reading(ctx["bootstrap"], out, check):
+        started = time.monotonic()
+        with launched(system, workload, ctx, out, work) as proc:
+            peak = PeakRss(proc.pid, others={"broker": int(broker)} if broker else {})
+            deadline = started + float(ctx["timeout"])
+            with peak:
+                while check.done_at is None and proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            ended = proc.poll() is not None
     if check.done_at is None:
         why = "ended" if ended else "timed out"
         err = f"{why} before the output was right ({check.status()}): {tail(work)}"
@@ -470,32 +482,36 @@ def measure_latency(system: System, ctx: dict[str, str], args: argparse.Namespac
         now = time.time() * 1000
         arrivals.append((value["sent_ms"] / 1000, now - value["sent_ms"]))
 
-    reader = Reader(ctx["bootstrap"], out, on_record)
-    reader.start()
-    proc = launch(system, "copy", {**ctx, "topic": topic}, out, work)
-    stop = threading.Event()
-    feeder = threading.Thread(target=feed, args=(ctx["bootstrap"], topic, args.rate, stop))
-    feeder.start()
-    deadline = time.monotonic() + float(ctx["timeout"])
     window_start: float | None = None  # wall-clock time the measured window starts
-    try:
+    with (
+        reading(ctx["bootstrap"], out, on_record),
+        launched(system, "copy", {**ctx, "topic": topic}, out, work) as proc,
+        feeding(ctx["bootstrap"], topic, args.rate),
+    ):
+        deadline = time.monotonic() + float(ctx["timeout"])
         while not arrivals and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         if arrivals:
             window_start = time.time() + args.warmup
             time.sleep(args.warmup + args.seconds + args.drain)
-    finally:
-        stop.set()
-        feeder.join()
-        kill_session(proc.pid)
-        proc.wait()
-        reader.stop.set()
-        reader.join(10)
     if window_start is None:
         return Result(system.key, False, error=f"no record came out: {tail(work)}")
     end = window_start + args.seconds
     window = [lat for sent, lat in list(arrivals) if window_start <= sent < end]
     return Result(system.key, bool(window), latencies=window)
+
+
+@contextlib.contextmanager
+def feeding(bootstrap: str, topic: str, rate: int) -> Iterator[None]:
+    """Inside: :func:`feed` sends to ``topic`` in a thread of its own."""
+    stop = threading.Event()
+    feeder = threading.Thread(target=feed, args=(bootstrap, topic, rate, stop))
+    feeder.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        feeder.join()
 
 
 def feed(bootstrap: str, topic: str, rate: int, stop: threading.Event) -> None:
