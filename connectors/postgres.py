@@ -13,11 +13,12 @@ database user needs to be allowed to end its own sessions (any user can, for ses
 same user) and to create the delivery table once (or have it created for it).
 
 The sink never creates or alters the user's table: it must exist before the run. A row is a
-dict (or a dataclass) element; on a keyed stream the key is the ``key`` column unless the
-element has it. ``mode="upsert"`` updates rows whose ``key_columns`` exist (the last of a
-delivery's rows for a key wins; on a keyed stream a ``None`` element deletes the row its key
-names: ``(key, None)``, the key being the one key column's value or a tuple of them) and
-needs a unique constraint (or primary key) on exactly those columns; ``"insert"`` adds rows.
+dict (or a dataclass) element; on a keyed stream the key fills the ``key_columns`` the
+element lacks, else the ``key`` column unless the element has it. ``mode="upsert"`` updates
+rows whose ``key_columns`` exist (the last of a delivery's rows for a key wins; on a keyed
+stream a ``None`` element deletes the row its key names: ``(key, None)``, the key being the
+one key column's value or a tuple of them) and needs a unique constraint (or primary key) on
+exactly those columns; ``"insert"`` adds rows.
 Before the run the table's columns, their types and its unique constraints are read
 (:mod:`.postgres_table`): a missing table, key column or upsert constraint stops the run with
 one line. Each value is fitted to its column's type (a
@@ -186,8 +187,8 @@ class PostgresWriter(TransactionalWriter):
         if row is None:
             msg = f"a row must be a dict or a dataclass, got {type(elem).__name__}"
             raise TypeError(msg)
-        if self.task.keyed and "key" not in row:
-            row["key"] = key
+        if self.task.keyed:
+            keyed_row(self.sink, row, key)
         unknown = [c for c in row if c not in self.sink.columns]
         if unknown:
             msg = f"no column(s) {', '.join(map(repr, unknown))}"
@@ -373,6 +374,23 @@ class PostgresWriter(TransactionalWriter):
                     refused.append((rec, f"{self.sink.table} refused the row: {first}"))
         self.conn.rollback()
         return refused
+
+
+def keyed_row(sink: PostgresSink, row: dict[str, Any], key: Any) -> None:
+    """A keyed stream's key into its row: the ``key_columns`` the row lacks, else ``key``.
+
+    A tuple key fills several key columns in order. Without ``key_columns`` (or when the row
+    has them all) the key is the ``key`` column, unless the row has one (or, with
+    ``key_columns``, the table has none).
+    """
+    keys = sink.key_columns
+    if keys and any(c not in row for c in keys):
+        values = key if len(keys) > 1 and isinstance(key, tuple) else (key,)
+        if len(values) == len(keys):
+            row.update({c: v for c, v in zip(keys, values, strict=True) if c not in row})
+            return
+    if "key" not in row and (not keys or "key" in sink.columns):
+        row["key"] = key
 
 
 class _Delete(dict[str, Any]):

@@ -25,10 +25,12 @@ from typing import Any
 
 import msgpack
 
-from onceflow.kernel import record_types
+from onceflow.kernel import changes, record_types
 from onceflow.kernel.errors import CodecError
 from onceflow.kernel.windows import Pane
 
+# Change (change data capture) is a record type every worker can read: registered on import
+_RECORD_TYPES_OF_ONCEFLOW = (changes.Change,)
 _EXT_TUPLE = 1
 _EXT_PANE = 2
 _EXT_RECORD = 3  # a dataclass, named tuple or pydantic model (see kernel.record_types)

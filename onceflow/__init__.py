@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from onceflow.connectors.kafka import KafkaSink, KafkaSource
     from onceflow.dedup.config import DedupConfig
+    from onceflow.kernel.changes import Change
     from onceflow.kernel.errors import ConfigError, OnceflowError
     from onceflow.kernel.eventtime import EventTime
     from onceflow.pipeline import codecs, combiners, sinks, sources, state, windows
@@ -53,6 +54,7 @@ _EXPORTS = {
     "KafkaSink": "onceflow.connectors.kafka",
     "KafkaSource": "onceflow.connectors.kafka",
     "DedupConfig": "onceflow.dedup.config",
+    "Change": "onceflow.kernel.changes",
     "ConfigError": "onceflow.kernel.errors",
     "OnceflowError": "onceflow.kernel.errors",
     "EventTime": "onceflow.kernel.eventtime",
@@ -125,6 +127,7 @@ if not any(isinstance(finder, _Aliases) for finder in sys.meta_path):
     sys.meta_path.append(_Aliases())
 
 __all__ = [
+    "Change",
     "CoGroup",
     "CombineFn",
     "ConfigError",

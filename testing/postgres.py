@@ -2,7 +2,7 @@
 
 It runs as the ``postgres`` user when started by root (PostgreSQL refuses to run as root),
 in a fresh data directory, with password (SCRAM) authentication over TCP, the way a sink
-meets a production server.
+meets a production server, and ``wal_level=logical`` so that change data capture can read it.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class LocalPostgres:
             "-c", f"port={self.port}", "-c", "listen_addresses=127.0.0.1",
             "-c", f"unix_socket_directories={self.folder}", "-c", "fsync=on",
             "-c", "max_connections=100",
+            "-c", "wal_level=logical",  # change data capture (Debezium, a replication slot)
         ]  # fmt: skip
         cmd = [*self._as_postgres(), f"{binaries}/postgres", "-D", data, *settings]
         log = open(os.path.join(self.folder, "server.log"), "ab")  # noqa: SIM115

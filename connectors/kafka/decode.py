@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from crc32c import crc32c
 
+from onceflow.connectors import debezium
 from onceflow.connectors.decoded import Decoded, Decoder, RecordColumns
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.offsets import tp_key
@@ -43,10 +44,20 @@ def kafka_decoder(
     envelope: bool,
     by_position: bool,
     reader: tuple[KafkaSettings, str, str],
+    changes: bool = False,
 ) -> Decoder:
-    """The decoder of a Kafka source (see :meth:`.source.KafkaSource.decoder`)."""
+    """The decoder of a Kafka source (see :meth:`.source.KafkaSource.decoder`).
+
+    ``changes``: the values are Debezium change events (:mod:`onceflow.connectors.debezium`):
+    each becomes a :class:`~onceflow.kernel.changes.Change`, identified by its place in the
+    database's log unless ``id`` says otherwise, timed by its commit unless ``timestamp``
+    does; Debezium's tombstones are skipped.
+    """
     codec, key_codec = codecs
     id_fn, ts_fn = functions
+    if changes:
+        id_fn = id_fn or debezium.change_id
+        ts_fn = ts_fn or debezium.change_time
     settings, on_data_loss, client = reader
 
     lanes: dict[tuple[str, int], str] = {}
@@ -59,16 +70,19 @@ def kafka_decoder(
 
     def records(rows: Iterable[tuple[Any, ...]], unpack: bool) -> Iterator[Decoded]:
         """``(topic, partition, offset, ts, key, value, headers)`` rows, decoded one by one."""
+        shape = CHANGES if changes else ENVELOPE if envelope else PLAIN
         for topic, part, offset, kts, key, value, headers in rows:
             if unpack:  # Arrow rows carry headers as MessagePack
                 hdrs = dict(msgpack.unpackb(headers, raw=False)) if headers else {}
             else:
                 hdrs = dict(headers) if headers else {}
+            if changes and value is None and _gap_of(offset, kts, key, value, hdrs) is None:
+                continue  # a Debezium tombstone: the delete before it said it all
             yield _decode_one(
                 (source, lane_of(topic, part), topic, part, offset, kts, key, value, hdrs),
                 codec,
                 key_codec,
-                envelope,
+                shape,
                 id_fn if with_ids else None,
                 ts_fn,
                 with_ids,
@@ -81,7 +95,7 @@ def kafka_decoder(
         Else one by one, each bad record a dead letter saying what was wrong with it.
         """
         found = None
-        if not envelope:
+        if not envelope and not changes:
             found = plain_columns(
                 (source, lane_of(topic, part), topic, part),
                 cols,
@@ -113,6 +127,8 @@ def kafka_decoder(
     return decode
 
 
+# What a source's values are: plain values, envelopes with the Kafka metadata, Debezium events.
+PLAIN, ENVELOPE, CHANGES = "plain", "envelope", "changes"
 RawRecord = tuple[str, str, str, int, int, int, "bytes | None", "bytes | None", dict[str, bytes]]
 # One lane's raw records as columns: offsets, Kafka timestamps, keys, values, headers.
 Columns = tuple[list[int], list[int], list[Any], list[Any], list[Any]]
@@ -261,7 +277,7 @@ def _decode_one(
     raw: RawRecord,
     codec: ValueCodec,
     key_codec: ValueCodec,
-    envelope: bool,
+    shape: str,
     id_fn: Callable[[Any], Any] | None,
     ts_fn: Callable[[Any], int] | None,
     with_ids: bool,
@@ -269,8 +285,9 @@ def _decode_one(
 ) -> Decoded:
     """One raw Kafka record as a record, or as a dead letter saying what was wrong with it.
 
-    ``by_position``: a record whose ID is its position is ``positional`` (see
-    :meth:`KafkaSource.decoder`). The position ID is only computed where it is used.
+    ``shape``: :data:`PLAIN`, :data:`ENVELOPE` or :data:`CHANGES`. ``by_position``: a record
+    whose ID is its position is ``positional`` (see :meth:`KafkaSource.decoder`). The
+    position ID is only computed where it is used.
     """
     source, lane, topic, part, offset, kts, key, value, hdrs = raw
     origin = f"{lane}@{offset}"
@@ -279,9 +296,12 @@ def _decode_one(
         return _gap_letter(source, origin, _position(raw, with_ids), *gap)
     if ids.REDRIVE_HEADER in hdrs:
         return _replayed(raw, origin, with_ids)
+    changes = shape == CHANGES
     try:
         elem = codec.decode(value) if value is not None else None
-        if envelope:
+        if changes:
+            elem = debezium.to_change(key_codec.decode(key) if key is not None else None, elem)
+        elif shape == ENVELOPE:
             elem = {
                 "key": key_codec.decode(key) if key is not None else None,
                 "value": elem,
@@ -294,7 +314,8 @@ def _decode_one(
     except ServiceError:  # a schema registry out of reach: the task fails, and is retried
         raise
     except Exception as exc:  # noqa: BLE001 - undecodable: dead letter
-        error = f"cannot decode as {codec.name}: {type(exc).__name__}: {exc}"
+        what = f"a Debezium change event ({codec.name})" if changes else codec.name
+        error = f"cannot decode as {what}: {type(exc).__name__}: {exc}"
         return DeadLetter(
             _position(raw, with_ids),
             kts,
@@ -314,7 +335,9 @@ def _decode_one(
         )
     rid = _position(raw, with_ids) if found is None else found
     positional = found is None and by_position
-    printed = fingerprint(key, value) if found else 0  # b"": IDs are off; None: a position
+    printed = 0  # b"": IDs are off; None: a position
+    if found:
+        printed = debezium.content_print(elem) if changes else fingerprint(key, value)
     try:
         ts = _event_time(hdrs, ts_fn, elem, kts)
     except Exception as exc:  # noqa: BLE001 - a bad header, or the user's timestamp function

@@ -15,6 +15,9 @@ user's ``timestamp`` function, else the Kafka record timestamp. Values decode th
 (``json``, ``utf-8``, ``raw``, ``msgpack``, or a schema registry's Avro or Protobuf:
 ``codec=onceflow.codecs.Avro(registry_url, schema)``, see :mod:`onceflow.connectors.registry`);
 a value that does not decode becomes a dead letter with its topic, partition and offset.
+``format="debezium"`` reads Debezium's change events as
+:class:`~onceflow.kernel.changes.Change` records, identified by their place in the database's
+log (see :mod:`onceflow.connectors.debezium`).
 
 The sink writes each record with its ID in the ``onceflow-id`` header (and its event time in
 ``onceflow-ts``), so an Onceflow pipeline reading this topic stays exactly-once end to end.
@@ -78,7 +81,8 @@ class KafkaSource(SourceConnector):
         group_id: str | None = None,
         max_records_per_batch: int | None = 10_000,
         envelope: bool = False,
-        key_codec: str = "raw",
+        key_codec: str | None = None,
+        format: str = "plain",  # noqa: A002 - reads well at the call site
         on_data_loss: str = "fail",
         connection: dict[str, Any] | None = None,
         client: str = "auto",
@@ -114,7 +118,8 @@ class KafkaSource(SourceConnector):
         self._connection = dict(connection or {})
         self._resolved: KafkaSettings | None = None
         self.codec = bind_codec(codec, self.topics[0])
-        self.key_codec = value_codec(key_codec)
+        self.format = _check_format(format, envelope)
+        self.key_codec = _key_codec(key_codec, self.codec, self.format)
         self.id_fn = id
         self.ts_fn = timestamp
         self.starting_offsets = starting_offsets
@@ -143,7 +148,8 @@ class KafkaSource(SourceConnector):
 
     def describe(self) -> str:
         """One line for plans."""
-        return f"kafka {','.join(self.topics)} ({self.codec.name})"
+        shape = f"{self.format}, {self.codec.name}" if self.format != PLAIN else self.codec.name
+        return f"kafka {','.join(self.topics)} ({shape})"
 
     def capabilities(self) -> SourceCapabilities:
         """Read through the Python data source, it ticks and plans its own ranges."""
@@ -295,4 +301,26 @@ class KafkaSource(SourceConnector):
             envelope=self.envelope,
             by_position=with_ids and self.positional_ids,
             reader=(self.settings, self.on_data_loss, self.client),
+            changes=self.format == DEBEZIUM,
         )
+
+
+PLAIN, DEBEZIUM = "plain", "debezium"
+
+
+def _key_codec(name: str | None, codec: ValueCodec, shape: str) -> ValueCodec:
+    """The key's codec: as named; by default raw, or a Debezium event's value's (one converter)."""
+    if name is not None:
+        return value_codec(name)
+    return codec if shape == DEBEZIUM else value_codec("raw")
+
+
+def _check_format(value: str, envelope: bool) -> str:
+    """``plain`` or ``debezium`` (change events as :class:`~onceflow.kernel.changes.Change`)."""
+    if value not in (PLAIN, DEBEZIUM):
+        msg = f"format must be 'plain' or 'debezium', got {value!r}"
+        raise ConnectorError(msg)
+    if value == DEBEZIUM and envelope:
+        msg = "format='debezium' gives change records, envelope=True raw ones: choose one"
+        raise ConnectorError(msg)
+    return value

@@ -282,3 +282,14 @@ def test_a_pipeline_upserting_into_a_table_without_the_constraint_does_not_start
     with pytest.raises(ConnectorError, match=r"needs a unique constraint on exactly \(user_name\)"):
         p.run(session=spark, output_dir=str(tmp_path), progress=False)
     assert _read(postgres_server, table) == []
+
+
+def test_a_keyed_streams_key_fills_the_key_columns_the_row_lacks(postgres_server, table):
+    sink = _sink(postgres_server, table, mode="upsert", key_columns=["id"])
+    w = sink.open(TaskInfo("p", "db", 1, 0, 0, exactly_once=True, keyed=True))
+    rows = [(1, {"user_name": "u1", "n": 5}), (2, {"id": 2, "user_name": "u2", "n": 6})]
+    assert w.write([Record(bytes([i]) * 16, 0, r) for i, r in enumerate(rows)]) == []
+    w.prepare()
+    w.commit()
+    assert _read(postgres_server, table) == [(1, "u1", 5), (2, "u2", 6)]
+    w.close()

@@ -88,7 +88,7 @@ def _reference(rows, first, with_ids, id_fn, ts_fn):
         raw = ("src", lane, "t", 2, first + i, 1000 + i, key, value, dict(HEADERS[h]))
         codec = value_codec("json")
         fn = id_fn if with_ids else None
-        out.append(_decode_one(raw, codec, value_codec("raw"), False, fn, ts_fn, with_ids, True))
+        out.append(_decode_one(raw, codec, value_codec("raw"), "plain", fn, ts_fn, with_ids, True))
     return out
 
 

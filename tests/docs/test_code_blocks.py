@@ -174,7 +174,24 @@ def clicks_windows(ns: dict[str, Any]) -> None:
 ORDERS_PRELUDE = ORDERS_EXAMPLE[ORDERS_EXAMPLE.index("from onceflow") :]
 KEYED = "p = Pipeline('docs-sinks')\ntotals = p.read('in', KafkaSource('in')).key_by('k', len)\n"
 FRAGMENT = "from onceflow import *\nfrom onceflow import sinks, sources\n"
+
+
+def users_copy(ns: dict[str, Any]) -> None:
+    """The change data capture example: a table's rows, a delete removing one."""
+    from onceflow import Change
+
+    def change(op: str, key: int, after: dict[str, Any] | None, t: int) -> Change:
+        return Change(op, "public.users", {"id": key}, None, after, t, f"lsn={t}")
+
+    one, two = {"id": 1, "name": "a"}, {"id": 2, "name": "b"}
+    changes = [change("read", 1, one, 1), change("insert", 2, two, 2), change("delete", 1, None, 3)]
+    out = run_test(ns["pipeline"], {"changes": changes})
+    assert_that(out["topic"]).contains_exactly([(1, one), (2, two), (1, None)])
+    assert_that(out["table"]).contains_exactly([(1, one), (2, two), (1, None)])
+
+
 ENTRIES: dict[str, Entry] = {
+    "docs/guide/cdc.md:0": Entry(check=users_copy),
     "README.md:0": Entry(check=the_orders_example),
     "docs/index.md:0": Entry(check=the_orders_example),
     "docs/guide/pipelines.md:0": Entry(check=the_orders_example),

@@ -1,0 +1,209 @@
+"""Change data capture end to end, exactly once: PostgreSQL -> Debezium -> Kafka -> Onceflow
+-> a PostgreSQL table (upserts and deletes) and a Kafka topic (tombstones).
+
+A table of 300 rows is snapshotted, then inserts, updates and deletes of the same keys follow
+in quick succession in small transactions, and one large transaction inserts and then updates
+a block of rows. Kafka Connect is killed -9 mid-stream and started again (it re-sends what
+came after its last stored offset: the test checks that it did), and the Onceflow run is
+killed -9 (every process) at a random moment and run again. Then the copy must equal the
+source table, and the output topic must hold one record per row change made in the database
+(counted by the statements' row counts, not by the pipeline), each ID once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from onceflow.connectors.kafka.admin import ensure_topics
+from onceflow.connectors.kafka.connection import KafkaSettings
+from onceflow.connectors.kafka.topics import read_topic
+from onceflow.kernel import ids
+from onceflow.testing.harness import run_pipeline
+from onceflow.testing.kafka_connect import LocalDebezium
+from onceflow.testing.postgres import PASSWORD, USER
+
+pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
+
+PIPELINE = __file__.rsplit("/", 2)[0] + "/e2e_pipelines/cdc.py"
+KEYS = 120  # the keys the small transactions change, again and again
+SNAPSHOT = 300
+FLUSH_MS = 4000  # how often Connect stores its offsets: a kill re-sends what came after
+END = -1  # the last row inserted: once its change is in Kafka, every change is
+
+
+class Workload:
+    """Row changes made in the source table, counted by the database's row counts."""
+
+    def __init__(self, postgres, table: str, rng: random.Random) -> None:
+        self.postgres, self.table, self.rng = postgres, table, rng
+        self.changed = 0
+        self.live: set[int] = set(range(SNAPSHOT))
+
+    def small(self, statements: int) -> None:
+        """Inserts, updates and deletes of KEYS keys, 1-5 statements per transaction."""
+        with self.postgres.connect() as conn:
+            conn.autocommit = False
+            left = statements
+            while left > 0:
+                with conn.transaction():
+                    for _ in range(min(left, self.rng.randint(1, 5))):
+                        self.changed += self._one(conn, self.rng.randrange(KEYS))
+                        left -= 1
+
+    def _one(self, conn, key: int) -> int:
+        t = self.table
+        if key not in self.live:
+            self.live.add(key)
+            cur = conn.execute(f"INSERT INTO {t} VALUES (%s, %s, %s)", (key, f"n{key}", 0))
+        elif self.rng.random() < 0.3:
+            self.live.discard(key)
+            cur = conn.execute(f"DELETE FROM {t} WHERE id = %s", (key,))
+        else:
+            score = self.rng.randrange(10**6)
+            cur = conn.execute(f"UPDATE {t} SET score = %s WHERE id = %s", (score, key))
+        return cur.rowcount
+
+    def large(self, rows: int) -> None:
+        """One transaction: a block of new rows inserted, then every one of them updated."""
+        with self.postgres.connect() as conn:
+            conn.autocommit = False
+            with conn.transaction():
+                first = 10_000
+                block = (first, first + rows - 1)
+                cur = conn.execute(
+                    f"INSERT INTO {self.table} SELECT g, 'big' || g, g "
+                    "FROM generate_series(%s::int, %s::int) g",
+                    block,
+                )
+                self.changed += cur.rowcount
+                cur = conn.execute(
+                    f"UPDATE {self.table} SET score = score + 1 WHERE id >= %s", (first,)
+                )
+                self.changed += cur.rowcount
+
+    def end(self) -> None:
+        with self.postgres.connect() as conn:
+            cur = conn.execute(f"INSERT INTO {self.table} VALUES (%s, 'end', 0)", (END,))
+            self.changed += cur.rowcount
+
+
+def _wait_for_key(settings, topic: str, key: int, timeout: float = 120) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = read_topic(settings, topic)
+        if any(r.key and json.loads(r.key)["payload"] == {"id": key} for r in records):
+            return records
+        time.sleep(0.5)
+    pytest.fail(f"Debezium did not write the change of key {key} to {topic}")
+
+
+def _identity(record) -> tuple:
+    """A change's identity, read from the raw event (for counting Connect's re-sends)."""
+    event = json.loads(record.value)["payload"]
+    key = json.loads(record.key)["payload"]["id"]
+    if event["op"] == "r":
+        return ("r", key, json.dumps(event["after"], sort_keys=True))
+    return (event["op"], key, event["source"]["lsn"], event["source"]["txId"])
+
+
+@pytest.mark.parametrize(
+    "large",
+    [pytest.param(3_000, id="3k"), pytest.param(100_000, id="100k", marks=pytest.mark.long)],
+)
+def test_a_table_copied_through_debezium_is_identical_across_kill_9(
+    broker, redis_server, postgres_server, tmp_path, large
+):
+    rng = random.Random(large)
+    name = f"cdc-{uuid.uuid4().hex[:8]}"
+    source, copy = f"src_{name[4:]}", f"dst_{name[4:]}"
+    with postgres_server.connect() as conn:
+        for table in (source, copy):
+            conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text, score bigint)")
+        conn.execute(
+            f"INSERT INTO {source} SELECT g, 'n' || g, 0 FROM generate_series(0, %s::int) g",
+            (SNAPSHOT - 1,),
+        )
+    settings = KafkaSettings(broker.bootstrap)
+    topic_in = f"{name}.public.{source}"
+    ensure_topics(settings, [topic_in], 4)  # Debezium keys by primary key: a row's changes in order
+    server = postgres_server.server
+    database = ("127.0.0.1", server.port, "postgres", USER, PASSWORD)
+    connect = LocalDebezium(
+        broker.bootstrap, database, [f"public.{source}"], name, flush_ms=FLUSH_MS
+    )
+    workload = Workload(postgres_server, source, rng)
+    try:
+        connect.start()
+        _wait_for_key(settings, topic_in, SNAPSHOT - 1)  # the snapshot is in Kafka
+        # Connect stores the snapshot's offsets (else a restart takes a new snapshot, whose
+        # reads of rows changed meanwhile are new events: tests/connectors/test_debezium.py)
+        time.sleep(FLUSH_MS / 1000 + 1)
+
+        def changes() -> None:
+            workload.small(600)
+            time.sleep(1.0)  # sent, and likely not yet stored as Connect's offset
+            connect.kill()
+            connect.start()
+            workload.small(600)
+            workload.large(large)
+            workload.small(300)
+            workload.end()
+
+        writer = threading.Thread(target=changes)
+        writer.start()
+        env = {
+            "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+            "CDC_PIPELINE": name,
+            "CDC_IN": topic_in,
+            "CDC_OUT": f"{name}-out",
+            "PG_TABLE": copy,
+            **postgres_server.env,
+        }
+        args = ["--redis-url", redis_server.url, "--checkpoint", str(tmp_path / "ckpt")]
+        args += ["--output-dir", str(tmp_path / "out"), "--max-records-per-batch", "500"]
+        started: list[float] = []
+        delay = rng.uniform(1.0, 4.0)
+
+        def echo(line: str) -> None:
+            if not started and "] batch " in line:
+                started.append(time.monotonic())
+
+        def when() -> bool:
+            return bool(started) and time.monotonic() > started[0] + delay
+
+        killed = run_pipeline(
+            PIPELINE, [*args, "--trigger-seconds", "0"], env=env, kill_when=when, echo=echo
+        )
+        assert killed.crashed, killed.output[-3000:]
+        writer.join(600)
+        records = _wait_for_key(settings, topic_in, END, timeout=300)
+    finally:
+        connect.stop()
+    ran = run_pipeline(PIPELINE, [*args, "--available-now"], env=env, timeout=900)
+    assert ran.returncode == 0, ran.output[-3000:]
+
+    events = [r for r in records if r.value is not None]
+    resent = len(events) - len({_identity(r) for r in events})
+    assert resent > 0, "Connect's restart re-sent nothing: the test did not test copies"
+    with postgres_server.connect() as conn:
+        want = conn.execute(f"SELECT id, name, score FROM {source} ORDER BY id").fetchall()
+        got = conn.execute(f"SELECT id, name, score FROM {copy} ORDER BY id").fetchall()
+    letters = read_topic(settings, f"{name}.dead-letters", committed=False)
+    assert not letters, f"dead letters: {letters[0].value[:1500]!r}"
+    assert got == want, f"the copy differs from the source table: {ran.output[-3000:]}"
+    written: Counter[bytes] = Counter()
+    tombstones = 0
+    for record in read_topic(settings, f"{name}-out"):
+        written[dict(record.headers)[ids.ID_HEADER]] += 1
+        tombstones += record.value is None
+    assert max(written.values()) == 1, "a change written twice"
+    assert tombstones > 0
+    made = SNAPSHOT + workload.changed
+    assert sum(written.values()) == made, f"{sum(written.values())} records, {made} changes"
