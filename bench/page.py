@@ -15,6 +15,7 @@ GENERATED_SECTIONS = (
     "## Nexmark latency",
     "## Latency and recovery",
     "## Soak",  # written by tests/exactly_once/soak.py --markdown
+    "## Change data capture",  # bench/cdc.py
 )
 
 
