@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from crc32c import crc32c
-
 from onceflow.kernel import changes
-from onceflow.kernel.changes import Change
+from onceflow.kernel.changes import Change, change_id, change_time, content_print
+
+__all__ = ["OPS", "change_id", "change_time", "content_print", "to_change", "unwrap"]
 
 OPS = {
     "c": changes.INSERT,
@@ -104,31 +104,3 @@ def _position(source: dict[str, Any]) -> str:
         return ",".join(f"{f}={source.get(f)}" for f in fields)
     stable = {k: v for k, v in source.items() if k not in _UNSTABLE}
     return json.dumps(stable, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def change_id(change: Any) -> str | None:
-    """What identifies a change, as text (made an ID by :func:`onceflow.kernel.ids.from_user_key`).
-
-    Only a :class:`Change` has one: for anything else the source's default ID applies.
-    """
-    if not isinstance(change, Change):
-        return None
-    key = _canonical(change.key)
-    if change.op == changes.READ:
-        return _canonical(("debezium-read", change.table, key, _canonical(change.after)))
-    return _canonical(("debezium", change.table, change.position, key, change.op))
-
-
-def change_time(change: Any) -> int:
-    """A change's event time: when its database committed it (milliseconds)."""
-    return change.ts_ms  # type: ignore[no-any-return]
-
-
-def content_print(change: Any) -> int:
-    """A checksum of what a :class:`Change` says (never 0): tells an ID conflict from a copy."""
-    text = _canonical((change.op, change.table, change.key, change.before, change.after))
-    return crc32c(text.encode()) or 1

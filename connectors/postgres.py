@@ -51,7 +51,7 @@ from onceflow.connectors.base import (
     element_row,
 )
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.postgres_table import TableShape, check_upsert, read_table
+from onceflow.connectors.postgres_table import TableShape, check_upsert, connect, read_table
 from onceflow.kernel.records import Record
 
 DELIVERIES = "onceflow_deliveries"
@@ -90,17 +90,7 @@ class PostgresSink(SinkConnector):
 
     def connect_db(self, **extra: Any) -> Any:
         """A new connection (psycopg 3), with the sink's settings."""
-        try:
-            import psycopg
-        except ImportError as exc:
-            msg = "PostgresSink needs psycopg: pip install 'onceflow[postgres]'"
-            raise ConnectorError(msg) from exc
-        try:
-            return psycopg.connect(self.conninfo, **{**self.connection, **extra})
-        except psycopg.OperationalError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            msg = f"cannot connect to PostgreSQL for {self.describe()}: {first}"
-            raise ConnectorError(msg) from None
+        return connect(self.conninfo, self.connection, self.describe(), **extra)
 
     @property
     def columns(self) -> tuple[str, ...]:

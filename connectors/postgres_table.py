@@ -81,6 +81,21 @@ class TableShape:
         return {name: fit_value(name, types[name], value) for name, value in row.items()}
 
 
+def connect(conninfo: str, connection: dict[str, Any], what: str, **extra: Any) -> Any:
+    """A new connection (psycopg 3) for ``what`` (a connector's one line); one line if it fails."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        msg = f"{what.split(maxsplit=1)[0]} needs psycopg: pip install 'onceflow[postgres]'"
+        raise ConnectorError(msg) from exc
+    try:
+        return psycopg.connect(conninfo, **{**connection, **extra})
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = f"cannot connect to PostgreSQL for {what}: {first}"
+        raise ConnectorError(msg) from None
+
+
 def read_table(conn: Any, table: str) -> TableShape | None:
     """The table's shape (None: no such table in the search path)."""
     found = conn.execute("SELECT to_regclass(%s)", (_quoted(table),)).fetchone()

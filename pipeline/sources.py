@@ -1,9 +1,9 @@
 """Sources a pipeline can read (re-exported from :mod:`connectors`): every source Onceflow has.
 
-``Kafka`` is imported when first used (PEP 562): its codecs (Avro, Protobuf) cost ~0.07 s
-that a pipeline without Kafka does not pay. It is ``onceflow.KafkaSource`` under another
-name. ``FileStream`` is what ``JsonLines``, ``TextFile`` and ``Parquet`` make with
-``watch=True``.
+``Kafka`` and ``PostgresChanges`` are imported when first used (PEP 562): Kafka's codecs
+(Avro, Protobuf) cost ~0.07 s that a pipeline without Kafka does not pay. ``Kafka`` is
+``onceflow.KafkaSource`` under another name. ``FileStream`` is what ``JsonLines``,
+``TextFile`` and ``Parquet`` make with ``watch=True``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ from onceflow.connectors.files import LineFiles, TextFile
 
 if TYPE_CHECKING:
     from onceflow.connectors.kafka.source import KafkaSource as Kafka
+    from onceflow.connectors.postgres_changes import PostgresChanges
 
 # name -> (the module that defines it, its name there), imported on first use
-_LAZY = {"Kafka": ("onceflow.connectors.kafka.source", "KafkaSource")}
+_LAZY = {
+    "Kafka": ("onceflow.connectors.kafka.source", "KafkaSource"),
+    "PostgresChanges": ("onceflow.connectors.postgres_changes", "PostgresChanges"),
+}
 
 __all__ = [
     "Collection",
@@ -31,12 +35,13 @@ __all__ = [
     "Kafka",
     "LineFiles",
     "Parquet",
+    "PostgresChanges",
     "TextFile",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """The Kafka source, imported on first use (see the module docstring)."""
+    """The Kafka and PostgreSQL change sources, imported on first use (see the docstring)."""
     if name not in _LAZY:
         msg = f"module {__name__!r} has no attribute {name!r}"
         raise AttributeError(msg)

@@ -28,70 +28,12 @@ from onceflow.kernel import ids
 from onceflow.testing.harness import run_pipeline
 from onceflow.testing.kafka_connect import LocalDebezium
 from onceflow.testing.postgres import PASSWORD, USER
+from tests.exactly_once.cdc_workload import END, SNAPSHOT, Workload, create_tables, read_both
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
 PIPELINE = __file__.rsplit("/", 2)[0] + "/e2e_pipelines/cdc.py"
-KEYS = 120  # the keys the small transactions change, again and again
-SNAPSHOT = 300
 FLUSH_MS = 4000  # how often Connect stores its offsets: a kill re-sends what came after
-END = -1  # the last row inserted: once its change is in Kafka, every change is
-
-
-class Workload:
-    """Row changes made in the source table, counted by the database's row counts."""
-
-    def __init__(self, postgres, table: str, rng: random.Random) -> None:
-        self.postgres, self.table, self.rng = postgres, table, rng
-        self.changed = 0
-        self.live: set[int] = set(range(SNAPSHOT))
-
-    def small(self, statements: int) -> None:
-        """Inserts, updates and deletes of KEYS keys, 1-5 statements per transaction."""
-        with self.postgres.connect() as conn:
-            conn.autocommit = False
-            left = statements
-            while left > 0:
-                with conn.transaction():
-                    for _ in range(min(left, self.rng.randint(1, 5))):
-                        self.changed += self._one(conn, self.rng.randrange(KEYS))
-                        left -= 1
-
-    def _one(self, conn, key: int) -> int:
-        t = self.table
-        if key not in self.live:
-            self.live.add(key)
-            cur = conn.execute(f"INSERT INTO {t} VALUES (%s, %s, %s)", (key, f"n{key}", 0))
-        elif self.rng.random() < 0.3:
-            self.live.discard(key)
-            cur = conn.execute(f"DELETE FROM {t} WHERE id = %s", (key,))
-        else:
-            score = self.rng.randrange(10**6)
-            cur = conn.execute(f"UPDATE {t} SET score = %s WHERE id = %s", (score, key))
-        return cur.rowcount
-
-    def large(self, rows: int) -> None:
-        """One transaction: a block of new rows inserted, then every one of them updated."""
-        with self.postgres.connect() as conn:
-            conn.autocommit = False
-            with conn.transaction():
-                first = 10_000
-                block = (first, first + rows - 1)
-                cur = conn.execute(
-                    f"INSERT INTO {self.table} SELECT g, 'big' || g, g "
-                    "FROM generate_series(%s::int, %s::int) g",
-                    block,
-                )
-                self.changed += cur.rowcount
-                cur = conn.execute(
-                    f"UPDATE {self.table} SET score = score + 1 WHERE id >= %s", (first,)
-                )
-                self.changed += cur.rowcount
-
-    def end(self) -> None:
-        with self.postgres.connect() as conn:
-            cur = conn.execute(f"INSERT INTO {self.table} VALUES (%s, 'end', 0)", (END,))
-            self.changed += cur.rowcount
 
 
 def _wait_for_key(settings, topic: str, key: int, timeout: float = 120) -> list:
@@ -123,13 +65,7 @@ def test_a_table_copied_through_debezium_is_identical_across_kill_9(
     rng = random.Random(large)
     name = f"cdc-{uuid.uuid4().hex[:8]}"
     source, copy = f"src_{name[4:]}", f"dst_{name[4:]}"
-    with postgres_server.connect() as conn:
-        for table in (source, copy):
-            conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text, score bigint)")
-        conn.execute(
-            f"INSERT INTO {source} SELECT g, 'n' || g, 0 FROM generate_series(0, %s::int) g",
-            (SNAPSHOT - 1,),
-        )
+    create_tables(postgres_server, source, copy)
     settings = KafkaSettings(broker.bootstrap)
     topic_in = f"{name}.public.{source}"
     ensure_topics(settings, [topic_in], 4)  # Debezium keys by primary key: a row's changes in order
@@ -192,9 +128,7 @@ def test_a_table_copied_through_debezium_is_identical_across_kill_9(
     events = [r for r in records if r.value is not None]
     resent = len(events) - len({_identity(r) for r in events})
     assert resent > 0, "Connect's restart re-sent nothing: the test did not test copies"
-    with postgres_server.connect() as conn:
-        want = conn.execute(f"SELECT id, name, score FROM {source} ORDER BY id").fetchall()
-        got = conn.execute(f"SELECT id, name, score FROM {copy} ORDER BY id").fetchall()
+    want, got = read_both(postgres_server, source, copy)
     letters = read_topic(settings, f"{name}.dead-letters", committed=False)
     assert not letters, f"dead letters: {letters[0].value[:1500]!r}"
     assert got == want, f"the copy differs from the source table: {ran.output[-3000:]}"
