@@ -4,7 +4,8 @@ A 5,000-row table is snapshotted by a run killed -9 (every process) at a random 
 after it starts (mostly mid-snapshot: the next run takes a new snapshot on a new slot); a
 second run streams while inserts, updates and deletes of the same keys follow in quick
 succession in small transactions and one large transaction inserts then updates 3,000 rows
-(100,000 with ``--long``), and is killed -9 at a random moment mid-stream; a third run reads
+(100,000 with ``--long``, which also kills the Kafka broker -9 and starts it again meanwhile),
+and is killed -9 at a random moment mid-stream; a third run reads
 to the end. 100 row changes are made while the pipeline is down after its first run. The copy
 must equal the source table; the output must hold one record per row change made (counted by
 the statements' row counts, not by the pipeline) and the snapshot's rows, each ID once.
@@ -51,12 +52,17 @@ def _killed_after(started_line: str, rng: random.Random, low: float, high: float
 
 
 @pytest.mark.parametrize(
-    "large",
-    [pytest.param(3_000, id="3k"), pytest.param(100_000, id="100k", marks=pytest.mark.long)],
+    ("large", "broker_restart"),
+    [
+        pytest.param(3_000, False, id="3k"),
+        pytest.param(100_000, True, id="100k-broker-restart", marks=pytest.mark.long),
+    ],
 )
 def test_a_table_copied_from_a_replication_slot_is_identical_across_kill_9(
-    broker, redis_server, postgres_server, tmp_path, large
+    request, redis_server, postgres_server, tmp_path, large, broker_restart
 ):
+    # the long variant also kills the Kafka broker (the sinks' and dead letters') mid-stream
+    broker = request.getfixturevalue("own_broker" if broker_restart else "broker")
     rng = random.Random(large + 1)
     name = f"pgc-{uuid.uuid4().hex[:8]}"
     source, copy = f"src_{name[4:]}", f"dst_{name[4:]}"
@@ -83,6 +89,10 @@ def test_a_table_copied_from_a_replication_slot_is_identical_across_kill_9(
 
     def changes() -> None:
         workload.small(600)
+        if broker_restart:
+            broker.kill()
+            time.sleep(3.0)
+            broker.start()
         workload.large(large)
         workload.small(600)
         workload.end()
