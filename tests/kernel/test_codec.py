@@ -126,7 +126,10 @@ def test_the_json_codec_reads_what_json_reads(value, ascii_only):
 @pytest.mark.parametrize(
     "raw",
     [b"123456789012345678901234567890", b'{"n": -98765432109876543210}', b"NaN", b"[Infinity]",
-     b"1e999", b"\xef\xbb\xbf{}", b'"\\ud800"', b"0.12345678901234567890123"],
+     b"1e999", b"\xef\xbb\xbf{}", b'"\\ud800"', b"0.12345678901234567890123",
+     b"-9223372036854775809", b"-9223372036854775808", b"9223372036854775808",
+     b"18446744073709551615", b"18446744073709551616", b'{"ts_ns": 1795971863405709000}',
+     b"1234567890123456789.5", b"-1234567890123456789.5e3", b"[1,-99999999999999999999]"],
 )  # fmt: skip
 def test_the_json_codec_reads_what_orjson_would_read_otherwise_like_json(raw):
     assert repr(value_codec("json").decode(raw)) == repr(json.loads(raw))
