@@ -184,8 +184,19 @@ def ensure_publication(conn: Any, name: str, tables: list[str]) -> None:
     """The publication of ``tables``: created if missing, else checked to publish them."""
     found = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
     if found is None:
+        import psycopg
+
         listed = ", ".join(_quoted(t) for t in tables)
-        conn.execute(f"CREATE PUBLICATION {_quoted(name)} FOR TABLE {listed}")
+        try:
+            conn.execute(f"CREATE PUBLICATION {_quoted(name)} FOR TABLE {listed}")
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0]
+            msg = (
+                f"cannot create the publication {name!r} ({first}): create it as the tables' "
+                f"owner (CREATE PUBLICATION {name} FOR TABLE {', '.join(tables)}) and pass "
+                "publication=, or grant the user ownership of the tables"
+            )
+            raise ConnectorError(msg) from None
         return
     published = {
         f"{schema}.{table}"

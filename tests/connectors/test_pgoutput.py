@@ -116,3 +116,16 @@ def test_settings_errors_are_one_line(postgres_server):
         source.prepare("p", streaming=True)
     with pytest.raises(ConnectorError, match="streaming run"):
         source.prepare("p", streaming=False)
+
+
+def test_a_publication_the_user_cannot_create_is_one_line_saying_what_to_do(postgres_server):
+    table = f"t_{uuid.uuid4().hex[:8]}"
+    user = f"u_{uuid.uuid4().hex[:8]}"
+    with postgres_server.connect() as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+        conn.execute(f"CREATE ROLE {user} LOGIN PASSWORD 'pw'")
+        conn.execute(f"GRANT SELECT ON {table} TO {user}")
+    conninfo = postgres_server.conninfo.replace("user=onceflow", f"user={user}")
+    source = PostgresChanges(table, conninfo=conninfo, connection={"password": "pw"})
+    with pytest.raises(ConnectorError, match="cannot create the publication .* pass publication="):
+        source.prepare("p", streaming=True)
