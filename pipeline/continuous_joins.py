@@ -14,20 +14,27 @@ interval join ..."), never joined partially.
 
 **Temporal join** (``stream.join_table(name, table, how="left")``): the table side is a
 stream of versions of each key's row (a compacted Kafka topic read with
-``KafkaSource(..., envelope=True)``, keyed by the Kafka key; a row of None — a tombstone —
-deletes the key from that time on). Each stream record is joined with the row the table held
-**as of the record's event time**: the newest version with a time at or before it. To be
-sure every version up to that time has arrived, a record waits until the watermark passes
-its time (an event-time timer), then leaves as ``(key, (value, row))``; with ``how="left"``
-``row`` is None when the table had none, with ``"inner"`` such records are not emitted.
-The documented choice for a late table side: a version that arrives behind the watermark
-applies to the records that have not left yet (those at or after its time), never to
-records already emitted (no retraction). A stream record that arrives behind the watermark
-leaves at once, joined with what the table holds; if the version of its time has been pruned
-(versions older than the newest one at or before the time of the last record that left are
-pruned) it is a dead letter ("late for the table join ..."), never joined with a wrong
-row. A key's versions and waiting records are its state: keyed by the table's key, they
-live as long as the key has a row (a tombstone's version is pruned like any other).
+``KafkaSource(..., envelope=True)``, keyed by the Kafka key, or a change stream keyed by its
+rows' key, a :class:`~onceflow.kernel.changes.Change` standing for its row); a row of None —
+a tombstone, a deleted row — deletes the key from that time on. Each stream record is joined
+with the row the table held **as of the record's event time**: the newest version with a
+time at or before it. To be sure every version up to that time has arrived, a record waits
+until the watermark passes its time (an event-time timer), then leaves as
+``(key, (value, row))``; with ``how="left"`` ``row`` is None when the table had none, with
+``"inner"`` such records are not emitted. The documented choice for a late table side: a
+version that arrives behind the watermark applies to the records that have not left yet
+(those at or after its time), never to records already emitted (no retraction). A stream
+record that arrives behind the watermark leaves at once, joined with what the table holds;
+if the version of its time has been pruned it is a dead letter ("late for the table join
+..."), never joined with a wrong row.
+
+A key's versions and waiting records are its state, keyed by the table's key. A version is
+pruned once a newer one is at or before the time of the last record that left, or, while no
+record of the key waits, the watermark (a timer, armed only when there is something to
+prune); a deletion once it is itself at or before that time. Then, with no record waiting,
+nothing of a deleted key is kept: its state is deleted in the commit of that step. A record
+that arrives later still, behind the watermark, with a time before the deletion, joins as
+with a key never in the table: what was deleted is no longer known.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Any
 
+from onceflow.kernel.changes import MESSAGE, TRUNCATE, Change
 from onceflow.kernel.durations import Duration, parse_duration_ms
 from onceflow.pipeline.errors import PipelineError
 from onceflow.pipeline.key_types import KeySides, check_declared
@@ -56,7 +64,7 @@ RIGHT = BagSpec[list[Any]]("right")
 VERSIONS = MapSpec[int, Any]("versions")  # version time -> row (None: deleted)
 WAITING = BagSpec[list[Any]]("waiting")  # [ts, value] of stream records waiting for the watermark
 FLOOR = ValueSpec[int]("floor")  # versions before this time were pruned
-PRUNE = "prune"
+PRUNE = "prune"  # the timer at the first time something kept can go (both joins)
 DUE = "due"  # join_table: the timer at a key's earliest waiting record
 
 
@@ -189,7 +197,15 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
         sides.see(side, key)
         ts = ctx.timestamp
         if side == 1:
-            ctx.state(VERSIONS).put(ts, value)
+            row = _table_row(name, value)
+            versions = ctx.state(VERSIONS)
+            versions.put(ts, row)
+            # something can go once the watermark passes this version: arm the prune timer
+            # there, or keep it if earlier (records waiting: their release prunes)
+            if (row is None or len(versions) > 1) and not len(ctx.state(WAITING)):
+                armed = ctx.timers.get(PRUNE)
+                if armed is None or ts < armed.time:
+                    ctx.timers.set_event_time(ts, PRUNE)
             return
         if ts < ctx.watermark:  # late: it leaves now, with what the table holds
             yield from emit(key, ts, value, ctx, sorted(ctx.state(VERSIONS).keys()))
@@ -199,7 +215,12 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
         if armed is None or ts < armed.time:
             ctx.timers.set_event_time(ts, DUE)
 
-    def on_timer(key: Any, timer: Timer, ctx: Context) -> Iterator[Any]:  # noqa: ARG001
+    def on_timer(key: Any, timer: Timer, ctx: Context) -> Iterator[Any]:
+        if timer.tag == PRUNE:  # a key without waiting records: what the watermark passed
+            if not len(ctx.state(WAITING)):
+                _prune(ctx, ctx.watermark)
+                _arm_prune(ctx)
+            return
         # One timer per key, at its earliest waiting record: a firing releases every record
         # the watermark has passed (each with its own time), in time order, then moves on.
         waiting = ctx.state(WAITING)
@@ -212,7 +233,9 @@ def join_table(stream: Stream, name: str, table: Stream, how: str = "left") -> S
         times = sorted(ctx.state(VERSIONS).keys())
         for ts, value in due:
             yield from emit(key, ts, value, ctx, times)
-        _prune(ctx, times, due[-1][0])
+        _prune(ctx, due[-1][0])
+        if not rest:
+            _arm_prune(ctx)
 
     joined = tagged_both.process(
         f"{name}.as-of", on_element, states=[VERSIONS, WAITING, FLOOR], on_timer=on_timer
@@ -235,16 +258,60 @@ def _as_of(ctx: Context, times: list[int], ts: int) -> Any:
     return ctx.state(VERSIONS).get(times[at - 1]) if at else None
 
 
-def _prune(ctx: Context, times: list[int], upto: int) -> None:
-    """Versions older than the newest one at or before ``upto`` can no longer be read.
+def _table_row(name: str, value: Any) -> Any:
+    """A table side's value as the key's row: a :class:`Change` gives its row (a delete: None).
 
-    ``upto`` is the time of the last record released: records still waiting are later, and
-    records still to come are at or after the watermark (or late, and then checked against
-    the floor).
+    A truncate or a message changes no one key's row: a dead letter saying so.
+    """
+    if not isinstance(value, Change):
+        return value
+    if value.op in (TRUNCATE, MESSAGE):
+        msg = (
+            f"join_table {name!r}: the table side got a {value.op} change of {value.table!r}, "
+            "which is not a change of one key's row; leave it out before the join "
+            "(.filter(..., lambda c: c.op not in ('truncate', 'message')))"
+        )
+        raise ValueError(msg)
+    return value.row
+
+
+def _prune(ctx: Context, upto: int) -> None:
+    """Forget the versions no record can read any more, and the key once nothing is left.
+
+    No record will read a version older than the newest one at or before ``upto``: records
+    still waiting are later, and records still to come are at or after the watermark (or
+    late, and then checked against the floor). ``upto`` is the time of the last record
+    released, or, with none waiting, the watermark. A deletion (a None row) that is that
+    newest version goes too: a record after it finds no row, as if the key had never been in
+    the table. When no version and no waiting record is left, the floor goes as well, and
+    with it the key's state (deleted in the commit of this call's changes).
     """
     versions = ctx.state(VERSIONS)
+    times = sorted(versions.keys())
     older = times[: bisect_right(times, upto)]
-    for t in older[:-1]:
+    gone = older if older and versions.get(older[-1]) is None else older[:-1]
+    for t in gone:
         versions.remove(t)
-    if len(older) > 1:
-        ctx.state(FLOOR).write(older[-1])
+    floor = ctx.state(FLOOR)
+    kept = floor.read()
+    if gone and (kept is None or older[-1] > kept):  # (a late version's pruning: not lower)
+        floor.write(older[-1])
+    if not len(versions) and not len(ctx.state(WAITING)):
+        floor.clear()
+
+
+def _arm_prune(ctx: Context) -> None:
+    """The prune timer at the first time a version can go: a newer one's, or a deletion's.
+
+    None when there is nothing to prune (one row, no deletion): a key whose row never changes
+    costs no timer. (A version that arrives arms it at its own time if that is earlier: a
+    timer early is a firing that prunes nothing, then this.)
+    """
+    versions = ctx.state(VERSIONS)
+    times = sorted(versions.keys())
+    deleted = [t for t in times if versions.get(t) is None]
+    when = min(times[1:2] + deleted[:1], default=None)
+    if when is None:
+        ctx.timers.clear(PRUNE)
+    else:
+        ctx.timers.set_event_time(when, PRUNE)

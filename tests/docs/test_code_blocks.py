@@ -190,8 +190,26 @@ def users_copy(ns: dict[str, Any]) -> None:
     assert_that(out["table"]).contains_exactly([(1, one), (2, two), (1, None)])
 
 
+def orders_with_users(ns: dict[str, Any]) -> None:
+    """A user's row as of each order: none once deleted, the new one once inserted again."""
+    from onceflow import Change
+
+    def change(op: str, after: dict[str, Any] | None, t: int) -> tuple[Change, int]:
+        return Change(op, "public.users", {"id": 7}, None, after, t, f"lsn={t}"), t
+
+    ann, again = {"id": 7, "name": "Ann"}, {"id": 7, "name": "Ann B."}
+    changes = [change("insert", ann, 1_000), change("delete", None, 3_000)]
+    users = TestStream().add_timestamped([*changes, change("insert", again, 5_000)])
+    orders = [{"order": n, "user_id": 7, "ts": t} for n, t in [(1, 2_000), (2, 4_000), (3, 6_000)]]
+    inputs = {"users": users.advance_watermark_to_end(), "orders": orders}
+    out = run_test(ns["pipeline"], inputs)
+    got = sorted((o["order"], row) for _user, (o, row) in out["out"])
+    assert got == [(1, ann), (2, None), (3, again)], got
+
+
 ENTRIES: dict[str, Entry] = {
     "docs/guide/cdc.md:0": Entry(check=users_copy),
+    "docs/guide/cdc.md:1": Entry(check=orders_with_users),
     "README.md:0": Entry(check=the_orders_example),
     "docs/index.md:0": Entry(check=the_orders_example),
     "docs/guide/pipelines.md:0": Entry(check=the_orders_example),
