@@ -210,6 +210,7 @@ def orders_with_users(ns: dict[str, Any]) -> None:
 ENTRIES: dict[str, Entry] = {
     "docs/guide/cdc.md:0": Entry(check=users_copy),
     "docs/guide/cdc.md:1": Entry(check=orders_with_users),
+    "docs/guide/cdc.md:2": Entry(check=built(Pipeline, "users-direct")),
     "README.md:0": Entry(check=the_orders_example),
     "docs/index.md:0": Entry(check=the_orders_example),
     "docs/guide/pipelines.md:0": Entry(check=the_orders_example),
