@@ -6,6 +6,11 @@ durable, referenced by no snapshot, so invisible), then appends them in one snap
 summary carries the delivery's marker (``onceflow.delivery``, with ``onceflow.pipeline``).
 Whether a delivery happened is a question the table answers: a snapshot names it.
 
+With ``mode="upsert"`` a delivery's snapshot also removes the table's rows that have one of the
+delivery's keys (the last row per key is then added; ``(key, None)`` only removes): copy-on-write,
+its data files rewritten at commit time on the head the commit asserts (:mod:`.iceberg_upserts`).
+The marker, the looking and the void are the same, so a delivery applies once.
+
 An Iceberg commit is a compare-and-swap of the table's metadata pointer, and the sink makes
 every commit assert that the branch head is the one it looked at. Before each try it looks
 through the table's snapshots for its delivery; on a conflict it refreshes the table and looks
@@ -31,7 +36,6 @@ never printed (they may hold credentials).
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -47,19 +51,27 @@ from onceflow.connectors.base import (
     element_row,
 )
 from onceflow.connectors.errors import ConnectorError
-from onceflow.connectors.iceberg_rows import ID_COLUMN, convert, fault, inferred
+from onceflow.connectors.iceberg_catalog import create_table, open_catalog, secret_free
+from onceflow.connectors.iceberg_rows import ID_COLUMN, fitting, inferred
 from onceflow.connectors.iceberg_snapshots import (
     DELIVERY,
     VOID,
     append_once,
+    delete_files,
     delivered_marks,
     ensure_base,
     head,
 )
+from onceflow.connectors.iceberg_upserts import (
+    MODES,
+    Changes,
+    Delete,
+    delete_row,
+    keyed_row,
+    rewrites,
+    upsert_row,
+)
 from onceflow.kernel.records import Record
-
-_SECRET = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
-_CATALOGS: dict[str, Any] = {}  # one per process and configuration (opening one costs queries)
 
 
 class IcebergSink(SinkConnector):
@@ -71,9 +83,11 @@ class IcebergSink(SinkConnector):
     ``pyarrow.Schema``) or else the types of the first delivery's rows, partitioned by the
     columns of ``partition_by`` (identity). An element that is a dict (or a dataclass) is a
     row; any other element is ``{"value": element}``; on a keyed stream a row also has the
-    ``key``. ``with_ids`` writes the record's ID (hex) in ``_onceflow_id`` when the table has
-    that column (a table the sink creates does). A row the table's schema cannot take becomes
-    a dead letter with the reason.
+    ``key`` (or, with ``key_columns``, the key fills those the row lacks). ``with_ids`` writes
+    the record's ID (hex) in ``_onceflow_id`` when the table has that column (a table the sink
+    creates does). A row the table's schema cannot take becomes a dead letter with the reason.
+    ``mode="upsert"`` replaces the rows whose ``key_columns`` equal a row's (the last of a
+    delivery's rows for a key wins) and, on a keyed stream, ``(key, None)`` deletes them.
     """
 
     def __init__(
@@ -86,10 +100,20 @@ class IcebergSink(SinkConnector):
         partition_by: Sequence[str] = (),
         create: bool = True,
         with_ids: bool = True,
+        mode: str = "append",
+        key_columns: Sequence[str] = (),
     ) -> None:
         if "." not in table:
             msg = f"IcebergSink table must be 'namespace.name', got {table!r}"
             raise ConnectorError(msg)
+        if mode not in MODES:
+            msg = f"IcebergSink mode must be one of {', '.join(MODES)}, got {mode!r}"
+            raise ConnectorError(msg)
+        if mode == "upsert" and not key_columns:
+            msg = "IcebergSink(mode='upsert') needs key_columns: the columns that name a row"
+            raise ConnectorError(msg)
+        self.mode = mode
+        self.key_columns = tuple(key_columns)
         self.table = table
         self.catalog = dict(catalog or {})
         self.catalog_name = catalog_name
@@ -100,41 +124,20 @@ class IcebergSink(SinkConnector):
 
     def describe(self) -> str:
         """One line for plans (never the catalog's properties)."""
-        return f"iceberg {self.table} (catalog {self.catalog_name})"
+        upsert = ", upsert" if self.mode == "upsert" else ""
+        return f"iceberg {self.table} (catalog {self.catalog_name}{upsert})"
 
     def load_catalog(self) -> Any:
         """The pyiceberg catalog (one per process and configuration)."""
-        try:
-            from pyiceberg.catalog import load_catalog
-        except ImportError as exc:
-            msg = "IcebergSink needs pyiceberg: pip install 'onceflow[iceberg]'"
-            raise ConnectorError(msg) from exc
-        key = json.dumps([self.catalog_name, sorted(self.catalog.items())])
-        if key not in _CATALOGS:
-            try:
-                _CATALOGS[key] = load_catalog(self.catalog_name, **self.catalog)
-            except Exception as exc:  # noqa: BLE001 - any catalog's errors, said in one line
-                msg = (
-                    f"cannot open the Iceberg catalog of {self.describe()}: {self.secret_free(exc)}"
-                )
-                raise ConnectorError(msg) from None
-        return _CATALOGS[key]
+        return open_catalog(self.catalog_name, self.catalog, self.describe())
 
     def secret_free(self, exc: BaseException) -> str:
         """An error's first line without the catalog's property values or URL passwords."""
-        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        for value in self.catalog.values():
-            if len(value) >= 4:
-                text = text.replace(value, "***")
-        return _SECRET.sub(r"\1***@", text)
+        return secret_free(exc, self.catalog)
 
     def load_table(self, rows: Any = None) -> Any:
         """The table; created if missing (from ``schema``, else ``rows``' Arrow schema)."""
-        from pyiceberg.exceptions import (
-            CommitFailedException,
-            NoSuchTableError,
-            TableAlreadyExistsError,
-        )
+        from pyiceberg.exceptions import NoSuchTableError
 
         catalog = self.load_catalog()
         try:
@@ -146,40 +149,26 @@ class IcebergSink(SinkConnector):
                     msg = f"{self.describe()}: no such table (create it, or pass create=True)"
                     raise ConnectorError(msg) from None
                 return None
-        try:
-            _ensure_namespace(catalog, self.table.rsplit(".", 1)[0])
-            tx = catalog.create_table_transaction(self.table, schema=schema)
-            if self.partition_by:
-                with tx.update_spec() as spec:
-                    for column in self.partition_by:
-                        spec.add_identity(column)
-            tx.commit_transaction()
-        except (TableAlreadyExistsError, CommitFailedException):
-            pass  # another writer created it first: its schema it is
+        create_table(catalog, self.table, schema, self.partition_by)
         return catalog.load_table(self.table)
 
     def prepare(self, pipeline: str, streaming: bool) -> None:
         """Check the catalog; create the table now if its schema is known; give it a snapshot."""
         table = self.load_table()
         if table is not None:
+            self.check_keys(table)
             ensure_base(table)
+
+    def check_keys(self, table: Any) -> None:
+        """Stop if the table lacks one of the ``key_columns``."""
+        missing = [c for c in self.key_columns if c not in table.schema().column_names]
+        if missing:
+            msg = f"Iceberg table {self.table!r} has no key column(s) {', '.join(missing)}"
+            raise ConnectorError(msg)
 
     def open(self, task: TaskInfo) -> SinkWriter:
         """A writer for one task."""
         return IcebergWriter(self, task)
-
-
-def _ensure_namespace(catalog: Any, namespace: str) -> None:
-    """Create the namespace unless it exists; two tasks may race to create it.
-
-    A SQL catalog's loser fails on the unique key (``IntegrityError``, not pyiceberg's
-    ``NamespaceAlreadyExistsError``): the namespace is there, which is all that was asked.
-    """
-    try:
-        catalog.create_namespace_if_not_exists(namespace)
-    except Exception:
-        if not catalog.namespace_exists(namespace):
-            raise
 
 
 class IcebergWriter(TransactionalWriter):
@@ -192,7 +181,9 @@ class IcebergWriter(TransactionalWriter):
         self.task = task
         self.token = uuid.uuid4().hex[:12]
         self.batches: list[Any] = []  # Arrow tables of the table's schema, one per write
+        self.changes = Changes(sink.key_columns) if sink.mode == "upsert" else None
         self.files: list[Any] = []  # the prepared delivery's data files (pyiceberg DataFile)
+        self.removing: Any = None  # the prepared upsert's keys (an Arrow table)
         self.marker: dict[str, Any] | None = None
         self.deliveries = 0
         self.prepared = False
@@ -209,6 +200,7 @@ class IcebergWriter(TransactionalWriter):
         if self._table is None:
             self._table = self.sink.load_table(rows)
             if self._table is not None:
+                self.sink.check_keys(self._table)
                 ensure_base(self._table)
         return self._table
 
@@ -218,51 +210,53 @@ class IcebergWriter(TransactionalWriter):
         """Turn records into rows; rows the table's schema cannot take are refused.
 
         The records are checked together (one Arrow table); only if that fails is each tried
-        alone, to find the ones at fault.
+        alone, to find the ones at fault. A delete before the table exists deletes nothing.
         """
-        rows = [(rec, self._row(rec)) for rec in records]
-        if not rows:
-            return []
-        table = self.table([row for _rec, row in rows])
+        rows: list[tuple[Record, dict[str, Any]]] = []
+        rejected: list[Rejected] = []
+        for rec in records:
+            try:
+                rows.append((rec, self._row(rec)))
+            except ValueError as exc:
+                rejected.append((rec, f"cannot be a row of {self.sink.table}: {exc}"))
+        upserts = [row for _rec, row in rows if not isinstance(row, Delete)]
+        table = self.table(upserts) if rows else None
         if table is None:
             why = f"cannot be a row of {self.sink.table}: no row to make the new table's types of"
-            return [(rec, why) for rec, _row in rows]
+            return rejected + [(rec, why) for rec, row in rows if not isinstance(row, Delete)]
         schema = table.schema().as_arrow()
         if self.sink.with_ids and ID_COLUMN in schema.names:
             for rec, row in rows:
-                if rec.id:
+                if rec.id and not isinstance(row, Delete):
                     row[ID_COLUMN] = rec.id.hex()
-        arrow = convert([row for _rec, row in rows], schema)
-        if arrow is not None:
-            self.batches.append(arrow)
-            return []
-        rejected: list[Rejected] = []
-        good: list[dict[str, Any]] = []
-        for rec, row in rows:
-            reason = fault(row, schema)
-            if reason is None:
-                good.append(row)
+        try:
+            if self.changes is not None:
+                faults = self.changes.put([row for _rec, row in rows], schema)
             else:
-                rejected.append((rec, f"cannot be a row of {self.sink.table}: {reason}"))
-        together = convert(good, schema) if good else None
-        if good and together is None:  # each fits alone, not together: not a row's fault
-            msg = f"{self.sink.describe()}: rows that fit the table alone do not fit it together"
-            raise ConnectorError(msg)
-        if together is not None:
-            self.batches.append(together)
-        return rejected
+                arrow, _kept, faults = fitting([row for _rec, row in rows], schema)
+                if arrow is not None:
+                    self.batches.append(arrow)
+        except ValueError as exc:  # rows that fit alone, not together: not a row's fault
+            msg = f"{self.sink.describe()}: {exc}"
+            raise ConnectorError(msg) from None
+        return rejected + [
+            (rows[i][0], f"cannot be a row of {self.sink.table}: {why}") for i, why in faults
+        ]
 
     def _row(self, rec: Record) -> dict[str, Any]:
         elem = rec.elem
         key: Any = None
+        keys = self.sink.key_columns
         if self.task.keyed:
             key, elem = elem
+            if elem is None and self.changes is not None:
+                return delete_row(key, keys)
         row = element_row(elem)
         if row is None:
             row = {"value": elem}
-        if self.task.keyed and "key" not in row:
-            row = {"key": key, **row}
-        return row
+        if self.task.keyed:
+            row = keyed_row(row, key, keys)
+        return upsert_row(row, keys) if self.changes is not None else row
 
     # -- the transaction -----------------------------------------------------------------
 
@@ -281,20 +275,31 @@ class IcebergWriter(TransactionalWriter):
             delivery += f"@{mark.text()}"
         self.deliveries += 1
         self.prepared = True
-        if not self.batches:  # every record refused: nothing to commit, nothing to look for
+        rows, self.removing = self._taken()
+        if rows is None and self.removing is None:  # every record refused: nothing to look for
             self.marker = {"delivery": delivery, "empty": True}
             return json.dumps(self.marker)
-        import pyarrow as pa
-
         table = self.table()
-        arrow = pa.concat_tables(self.batches)
-        self.batches = []
-        self.files = list(_dataframe_to_data_files(table.metadata, arrow, table.io))
+        if rows is not None:
+            self.files = list(_dataframe_to_data_files(table.metadata, rows, table.io))
         self.marker = {"delivery": delivery, "base": head(table)}
         return json.dumps(self.marker)
 
+    def _taken(self) -> tuple[Any, Any]:
+        """The delivery's rows to add and keys to remove (None: none); the writer forgets them."""
+        if self.changes is not None:
+            return self.changes.take()
+        import pyarrow as pa
+
+        rows = pa.concat_tables(self.batches) if self.batches else None
+        self.batches = []
+        return rows, None
+
     def commit(self) -> None:
-        """Append the data files in one snapshot that names the delivery (if none does yet).
+        """Add the data files in one snapshot that names the delivery (if none does yet).
+
+        An upsert's snapshot also replaces the table's data files that hold the delivery's
+        keys by files of their other rows (found at each try, on the head it asserts).
 
         A delivery a retry declared void was taken over by that retry: this attempt is a late
         one, and its transaction is broken (see :class:`TransactionBroken`).
@@ -310,6 +315,7 @@ class IcebergWriter(TransactionalWriter):
             msg = f"delivery {self.marker['delivery']} was voided by a retry"
             raise TransactionBroken(msg)
         self.files = []
+        self.removing = None
         self.prepared = False
 
     def settle(self, identities: Sequence[str]) -> None:
@@ -359,19 +365,19 @@ class IcebergWriter(TransactionalWriter):
             return False
         happened = self.committed(json.dumps(self.marker))
         self.files = []
+        self.removing = None
         self.prepared = False
         return happened
 
     def abort(self) -> None:
         """Drop the rows; data files no commit was tried with are deleted (else orphans)."""
         self.batches = []
+        if self.changes is not None:
+            self.changes.clear()
         if self.files and not self.committing and self._table is not None:
-            for data_file in self.files:
-                try:
-                    self._table.io.delete(data_file.file_path)
-                except Exception:  # noqa: BLE001, S110 - an orphan file is invisible; GC takes it
-                    pass
+            delete_files(self._table, self.files)
         self.files = []
+        self.removing = None
 
     def aborted_cleanly(self) -> bool:
         """Nothing was prepared: no marker was handed out, nothing can appear."""
@@ -380,8 +386,8 @@ class IcebergWriter(TransactionalWriter):
     # -- without transactions (bounded and at-least-once runs) ---------------------------
 
     def flush(self) -> list[Rejected]:
-        """Append what is buffered in one snapshot of its own."""
-        if self.batches:
+        """Commit what is buffered in one snapshot of its own."""
+        if self.batches or (self.changes is not None and self.changes.last):
             self.prepare()
             self.commit()
         return []
@@ -394,9 +400,17 @@ class IcebergWriter(TransactionalWriter):
         """:func:`append_once` on the table; a commit of unknown outcome breaks the transaction."""
         from pyiceberg.exceptions import CommitStateUnknownException
 
+        keys, columns = self.removing, self.sink.key_columns
+        rewrite = None if void or keys is None else (lambda head: rewrites(head, keys, columns))
         try:
             return append_once(
-                self.table(), delivery, self.task.pipeline, files, void, self.sink.describe()
+                self.table(),
+                delivery,
+                self.task.pipeline,
+                files,
+                void,
+                self.sink.describe(),
+                rewrite,
             )
         except (CommitStateUnknownException, OSError) as exc:
             raise TransactionBroken(self.sink.secret_free(exc)) from exc

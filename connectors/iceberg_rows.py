@@ -28,6 +28,37 @@ def convert(rows: list[dict[str, Any]], schema: Any) -> Any:
     return arrow
 
 
+Fitted = tuple[Any, list[int], list[tuple[int, str]]]  # Arrow rows, their places, faults
+
+
+def fitting(rows: list[dict[str, Any]], schema: Any) -> Fitted:
+    """The rows that fit ``schema`` (one Arrow table; None: none), where, and why not the rest.
+
+    The result is the Arrow table, the place in ``rows`` of each of its rows, and for each
+    other row its place and why it does not fit. The rows are converted together; only if
+    that fails is each tried alone, to find the ones at fault. Raises ``ValueError`` if rows
+    that each fit alone do not fit together (no row's fault).
+    """
+    arrow = convert(rows, schema)
+    if arrow is not None:
+        return arrow, list(range(len(rows))), []
+    kept: list[int] = []
+    faults: list[tuple[int, str]] = []
+    for i, row in enumerate(rows):
+        reason = fault(row, schema)
+        if reason is None:
+            kept.append(i)
+        else:
+            faults.append((i, reason))
+    if not kept:
+        return None, [], faults
+    together = convert([rows[i] for i in kept], schema)
+    if together is None:
+        msg = "rows that fit the table alone do not fit it together"
+        raise ValueError(msg)
+    return together, kept, faults
+
+
 def fault(row: dict[str, Any], schema: Any) -> str | None:
     """Why ``row`` does not fit ``schema`` (None if it does)."""
     import pyarrow as pa

@@ -4,13 +4,16 @@ The compare-and-swap loop of :class:`~onceflow.connectors.iceberg.IcebergWriter`
 module's docstring), apart from rows and catalogs: each try looks through the refreshed table's
 snapshots for the delivery, then commits asserting that the branch head is still the one it
 looked at. pyiceberg's own commit retry is not used: it would rebase the snapshot onto a
-conflicting commit without looking, and so append a delivery a retry had voided.
+conflicting commit without looking, and so append a delivery a retry had voided. An upsert's
+snapshot also replaces the data files that hold its keys (:mod:`.iceberg_upserts`), found on
+the very head the try asserts: a rebase would also keep rows of files changed since.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from onceflow.connectors.base import DeliveryMark
@@ -22,15 +25,26 @@ VOID = "onceflow.void"  # ... the delivery a retry declared never to commit
 BASE = "onceflow.base"  # the table's first snapshot, committed by the sink when it had none
 COMMIT_TIMEOUT_S = 120.0  # conflicts with the other partitions' commits are retried this long
 
+#: An upsert's rewrite: given the table at its head, the data files to remove from it and the
+#: files (already written) of their rows to keep, added in their place.
+Rewrite = Callable[[Any], tuple[list[Any], list[Any]]]
+
 
 def append_once(
-    table: Any, delivery: str, pipeline: str, files: list[Any], void: bool, what: str
+    table: Any,
+    delivery: str,
+    pipeline: str,
+    files: list[Any],
+    void: bool,
+    what: str,
+    rewrite: Rewrite | None = None,
 ) -> str:
     """Commit a snapshot for ``delivery`` unless one names it; what names it in the end.
 
     ``void``: a snapshot without files saying the delivery never commits, else one appending
-    ``files``. A conflict (another partition's commit, or the delivery's other attempt) is
-    waited out with jitter and looked at again; :data:`DELIVERY` or :data:`VOID` is returned.
+    ``files`` (and replacing the files ``rewrite`` names, see :func:`swap`). A conflict
+    (another partition's commit, or the delivery's other attempt) is waited out with jitter
+    and looked at again; :data:`DELIVERY` or :data:`VOID` is returned.
     """
     from pyiceberg.exceptions import CommitFailedException
 
@@ -43,7 +57,7 @@ def append_once(
         if found is not None:
             return found
         try:
-            swap(table, properties, files)
+            swap(table, properties, files, rewrite)
             return VOID if void else DELIVERY
         except CommitFailedException:
             if time.monotonic() > deadline:
@@ -53,20 +67,43 @@ def append_once(
         wait = min(wait * 2, 1.0)
 
 
-def swap(table: Any, properties: dict[str, str], files: list[Any]) -> None:
+def swap(
+    table: Any, properties: dict[str, str], files: list[Any], rewrite: Rewrite | None = None
+) -> None:
     """One compare-and-swap: a snapshot of ``files`` on the head ``table`` is at, or a conflict.
 
-    Raises pyiceberg's ``CommitFailedException`` when the branch head moved (nothing landed).
+    ``rewrite`` (an upsert's) is asked, on that head, which data files to remove and which to
+    add in their place: the snapshot then does both (an overwrite) besides adding ``files``.
+    Raises pyiceberg's ``CommitFailedException`` when the branch head moved (nothing landed:
+    the files ``rewrite`` wrote are deleted, the next try writes its own).
     """
+    from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table.update import AssertTableUUID
 
     view = head_view(table)
+    removed, added = rewrite(view) if rewrite is not None else ([], [])
     tx = view.transaction()
-    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
-        for data_file in files:
-            append.append_data_file(data_file)
-    requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
-    table.catalog.commit_table(view, requirements, tx._updates)
+    update = tx.update_snapshot(snapshot_properties=properties)
+    try:
+        with update.overwrite() if removed else update.fast_append() as snapshot:
+            for data_file in removed:
+                snapshot.delete_data_file(data_file)
+            for data_file in [*added, *files]:
+                snapshot.append_data_file(data_file)
+        requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
+        table.catalog.commit_table(view, requirements, tx._updates)
+    except CommitFailedException:
+        delete_files(table, added)
+        raise
+
+
+def delete_files(table: Any, files: list[Any]) -> None:
+    """Delete data files no snapshot references (one that cannot be deleted is an orphan)."""
+    for data_file in files:
+        try:
+            table.io.delete(data_file.file_path)
+        except Exception:  # noqa: BLE001, S110 - an orphan file is invisible; GC takes it
+            pass
 
 
 def head_view(table: Any) -> Any:
