@@ -39,6 +39,7 @@ def _detail(node: Node) -> str:
             text += f" | {node.windowing.describe()}"
         if node.ttl_ms is not None:
             text += f" | state ttl {node.ttl_ms} ms"
+            text += ", then a delete" if node.expiry_deletes else ""
         return text
     if isinstance(node, Process) and node.process is not None:
         states = ", ".join(spec.describe() for spec in node.process.states) or "none"

@@ -46,6 +46,8 @@ def _state(node: Combine) -> str:
         text += f" {node.windowing.fn.describe()}"
     if node.ttl_ms is not None:
         text += " ttl"
+    if node.expiry_deletes:  # its expiries are timers the pipeline fires, not GC's
+        text += " expiry-deletes"
     return text
 
 

@@ -95,13 +95,15 @@ class Combine(Node):
     """Folds the values of each key with a :class:`CombineFn`.
 
     With ``windowing``, per key and event-time window, emitting panes; with ``ttl_ms``, a
-    key's state is forgotten that long after its last update (streaming runs).
+    key's state is forgotten that long after its last update (streaming runs), and with
+    ``expiry_deletes`` the key's expiry is sent on as ``(key, None)``, a delete to the sinks.
     """
 
     combine_fn: CombineFn | None = None
     phase: Phase = Phase.FULL
     windowing: Windowing | None = None
     ttl_ms: int | None = None
+    expiry_deletes: bool = False
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ def stage_spec(
                     phase=node.phase,
                     windowing=node.windowing,
                     ttl_ms=node.ttl_ms,
+                    expiry_deletes=node.expiry_deletes,
                 )
             )
         elif isinstance(node, Process):

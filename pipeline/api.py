@@ -428,7 +428,12 @@ class Stream:
         return stream
 
     def combine_per_key(
-        self, name: str, combiner: CombineFn | str, *, ttl: Duration | None = None
+        self,
+        name: str,
+        combiner: CombineFn | str,
+        *,
+        ttl: Duration | None = None,
+        on_expiry: str = "forget",
     ) -> Stream:
         """Fold the values of each key: ``(key, result)``.
 
@@ -438,7 +443,10 @@ class Stream:
         a streaming run, the result is updated every micro-batch and emitted for the keys
         that changed; ``ttl`` (``"7d"``, or seconds) forgets a key's state once it has not
         changed for that long (processing time), so state of keys that stop appearing does
-        not stay in Redis forever (``onceflow gc`` reclaims it).
+        not stay in Redis forever (``onceflow gc`` reclaims it). ``on_expiry="delete"``
+        sends ``(key, None)`` on when a key's state expires, exactly once, and deletes the
+        state itself (not left to ``onceflow gc``): a sink downstream deletes the key's row
+        (a PostgreSQL upsert) or writes a tombstone (Kafka).
         """
         _check_stage_name(name)
         self._need_keyed(name, "combine_per_key")
@@ -452,6 +460,15 @@ class Stream:
                 )
                 raise PipelineError(msg)
             ttl_ms = _ttl_ms(name, ttl)
+        if on_expiry not in ("forget", "delete"):
+            msg = (
+                f"combine_per_key {name!r}: on_expiry must be 'forget' or 'delete', "
+                f"got {on_expiry!r}"
+            )
+            raise PipelineError(msg)
+        if on_expiry == "delete" and ttl_ms is None:
+            msg = f"combine_per_key {name!r}: on_expiry='delete' needs a ttl"
+            raise PipelineError(msg)
         exchange = name + EXCHANGE_SUFFIX
         self.pipeline._add(Exchange(exchange, (self.name,), label="exchange by key"))
         self.pipeline._add(
@@ -462,6 +479,7 @@ class Stream:
                 combine_fn=fn,
                 windowing=self.windowing,
                 ttl_ms=ttl_ms,
+                expiry_deletes=on_expiry == "delete",
             )
         )
         stream = Stream(self.pipeline, name, keyed=True)

@@ -96,7 +96,8 @@ class OpSpec:
     called as ``fn(element, event_time_ms)``. A combine with
     ``windowing`` folds per key and window (:mod:`onceflow.runtime.ops.windowed_combine`); one
     with a
-    ``ttl_ms`` forgets a key's state that long (of batch time) after its last update. A
+    ``ttl_ms`` forgets a key's state that long (of batch time) after its last update (and
+    sends ``(key, None)`` on then, with ``expiry_deletes``). A
     process op runs ``process`` (:mod:`onceflow.runtime.ops.process`).
     """
 
@@ -110,6 +111,7 @@ class OpSpec:
     phase: Phase = Phase.FULL
     windowing: Windowing | None = None
     ttl_ms: int | None = None
+    expiry_deletes: bool = False
     process: ProcessSpec | None = None
     restamp: bool = False  # a flat map that gives its element a new event time: fn(element)
     each: Each = Each.FLAT

@@ -50,7 +50,8 @@ class Ticker:
         self.nodes = [
             (spec.name, op.name)
             for spec, op in job.stateful_ops()
-            if op.windowing is not None or op.process is not None  # they have timers
+            # they have timers: windows, process ops, combines whose expiry is a delete
+            if op.windowing is not None or op.process is not None or op.expiry_deletes
         ]
         self.parallelism = parallelism
         self.path = path

@@ -16,14 +16,19 @@ from onceflow.kernel.records import StateWrite
 from onceflow.runtime.spec import OpSpec, Phase
 
 StateReader = Callable[[str, Sequence[bytes]], Mapping[bytes, bytes | None]]
-EXPIRY_TIMERS = "expiry"
+EXPIRY_TIMERS = "expiry"  # expiries onceflow gc deletes
+# expiries the pipeline fires itself, sending (key, None) on (the processing-time timers of
+# window_panes.PROCESSING_TIMERS: the ticker and the timer reader find them)
+EXPIRY_DELETES = "processing"
 
 
 class CombineOp:
     """Per-key accumulators of one combine node.
 
     With a time-to-live, a stateful combine stores ``[accumulator, expiry]`` and treats a key
-    whose expiry (batch time) has passed as new; ``onceflow gc`` deletes such keys.
+    whose expiry (batch time) has passed as new; ``onceflow gc`` deletes such keys, unless
+    the expiry is a delete (``expiry_deletes``): then its timer is one the end of a task
+    fires (:meth:`expired`).
     """
 
     def __init__(self, spec: OpSpec, stateful: bool, chunked: bool, now: int | None) -> None:
@@ -34,6 +39,7 @@ class CombineOp:
         self.chunked = chunked  # a partial whose per-chunk deltas are committed with the chunk
         self.merging = spec.phase is Phase.FINAL
         self.ttl_ms = spec.ttl_ms if stateful else None
+        self.expiry_timers = EXPIRY_DELETES if spec.expiry_deletes else EXPIRY_TIMERS
         self.now = now or 0
         self.acc: dict[bytes, list[Any]] = {}  # key bytes -> [key, accumulator, max ts]
         self.running: dict[bytes, list[Any]] = {}  # chunked: deltas of committed chunks
@@ -124,8 +130,28 @@ class CombineOp:
                 timers[kb] = expiry
             self.pending[kb] = [key, ts]
         if timers:
-            write.timers[EXPIRY_TIMERS] = timers
+            write.timers[self.expiry_timers] = timers
         return write
+
+    def expired(self, reader: StateReader, due: Sequence[bytes]) -> tuple[list[bytes], StateWrite]:
+        """Of the keys whose expiry timer is due, those whose state expired, and its deletion.
+
+        A key updated since its timer was read has a later expiry: it stays.
+        """
+        write = StateWrite()
+        if not due:
+            return [], write
+        current = reader(self.spec.name, list(due))
+        gone = [
+            kb for kb in due if (raw := current.get(kb)) is not None and self.stored(raw) is None
+        ]
+        timers: dict[bytes, int | None] = {}
+        for kb in gone:
+            write.values[kb] = None
+            timers[kb] = None
+        if timers:
+            write.timers[self.expiry_timers] = timers
+        return gone, write
 
     def chunk_committed(self) -> None:
         """The chunk is durable: its keys count as touched, its deltas join the running sum."""

@@ -27,6 +27,8 @@ from onceflow.runtime.spec import OpSpec, Phase, StageSpec
 Push = Callable[[Any], None]
 # Part of the IDs of partial accumulators flushed at the end of a task (a data format: keep).
 PARTIAL_FLUSH = "end"
+# Part of the IDs of the deletes a key's expiry sends (a data format: keep).
+EXPIRED = "expired"
 # Keys of a combine node whose timers are due: (node, watermark, batch time) -> keys
 TimerReader = Callable[[str, int, int], Sequence[bytes]]
 Fail = Callable[[str, BaseException, Any], None]
@@ -89,6 +91,8 @@ class CombineFlush:
         if combine.stateful:
             assert reader is not None
             self._emit_state(combine, reader)
+            if combine.spec.expiry_deletes and timers is not None:
+                return self._emit_expired(combine, reader, timers)
         elif op.phase is Phase.PARTIAL:
             self._emit_accumulators(combine)
         else:
@@ -180,6 +184,27 @@ class CombineFlush:
                 continue
             out((key, result))
         combine.touched.clear()
+
+    def _emit_expired(
+        self, combine: CombineOp, reader: StateReader, timers: TimerReader
+    ) -> StateWrite | None:
+        """``(key, None)`` for every key whose state expired; the state deleted with it.
+
+        Committed with the task's end-of-task step: a retry before it finds the same keys
+        and sends the same deletes (IDs from batch, key and :data:`EXPIRED`), after it none.
+        """
+        wm = self.watermark if self.watermark is not None else 0
+        due = timers(combine.spec.name, wm, self.now or 0)
+        gone, write = combine.expired(reader, due)
+        out = self.outlet(combine.spec)
+        deriver = self.op_derivers.get(combine.spec.name)
+        cursor = self.cursor
+        for kb in gone:
+            if deriver is not None:
+                cursor.parent = deriver.of(self.batch, kb, EXPIRED)
+            cursor.ts = max(wm, 0)
+            out((codec.decode(kb), None))
+        return write if gone else None
 
 
 def chunk_deltas(spec: StageSpec, combines: Combines) -> list[Output]:

@@ -13,19 +13,19 @@ import json
 import os
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
-from onceflow.kernel import codec
+from onceflow.kernel import codec, ids
 from onceflow.kernel.keyspace import Keyspace, Kind
 from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.scripts import scripts_for
 from onceflow.operations.gc import collect
 from onceflow.operations.status import status
-from onceflow.testing.harness import run_pipeline
+from onceflow.testing.harness import Crash, run_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -127,3 +127,54 @@ def test_a_key_updated_after_gc_read_its_expiry_is_kept(redis_server):
     assert gone == 1
     assert client.hkeys(hkey) == [b"a"]
     assert client.zrange(zkey, 0, -1) == [b"a"]
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [pytest.param(None, marks=pytest.mark.long), "before_finish", "after_finish"],
+)
+def test_an_expiry_that_is_a_delete_reaches_the_sink_once(
+    kafka_broker, redis_server, tmp_path, crash
+):
+    """``on_expiry="delete"``: a user idle past the time-to-live gets one tombstone (its
+    count's delete), even when the run is killed -9 where the end of a task stores it (before
+    or after) and run again; the pipeline deletes the state itself, no GC needed."""
+    name = f"ttld-{uuid.uuid4().hex[:8]}"
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap,
+        "TTL_PIPELINE": name,
+        "TTL_IN": f"{name}-in",
+        "TTL_OUT": f"{name}-out",
+        "TTL_SECONDS": str(TTL_S),
+        "TTL_ON_EXPIRY": "delete",
+    }
+    args = ["--available-now", "--redis-url", redis_server.url, "--master", "local[2]"]
+    args += ["--checkpoint", str(tmp_path / "checkpoint"), "--output-dir", str(tmp_path / "out")]
+    settings = KafkaSettings(kafka_broker.bootstrap)
+
+    def send(users, each):
+        events = [{"event_id": str(uuid.uuid4()), "user": u} for u in users for _ in range(each)]
+        produce(settings, env["TTL_IN"], [(None, json.dumps(e).encode(), None) for e in events])
+
+    send([f"u{i}" for i in range(10)], 3)
+    run_pipeline(PIPELINE, args, env=env, timeout=300).check()
+    time.sleep(TTL_S + 1)
+    send([f"u{i}" for i in range(5)], 2)
+    if crash is not None:
+        killed = run_pipeline(
+            PIPELINE, args, env=env, timeout=300, crash=Crash(crash, stage="count")
+        )
+        assert killed.crashed, killed.output[-3000:]
+    run_pipeline(PIPELINE, args, env=env, timeout=300).check()
+
+    records = read_topic(settings, env["TTL_OUT"])
+    written = Counter(dict(r.headers)[ids.ID_HEADER] for r in records)
+    assert max(written.values()) == 1, "a record written twice"
+    tombstones = Counter(r.key.decode() for r in records if r.value is None)
+    assert tombstones == {f"u{i}": 1 for i in range(5, 10)}, tombstones
+    last = {r.key.decode(): r.value for r in records}
+    assert {u: json.loads(v) for u, v in last.items() if v is not None} == {
+        f"u{i}": 2 for i in range(5)
+    }
+    counts, expiries = _state(redis_server.client(), Keyspace(name))
+    assert set(counts) == {f"u{i}" for i in range(5)}, "expired state deleted by the pipeline"
