@@ -21,8 +21,9 @@ below it is durable and decodable, never skipped by a batch planned too early.
 transaction and the change's number in it): a replay reads the same IDs. A snapshot's row is
 identified by its table, key and row. The first micro-batch replayed after a crash (the
 exported snapshot died with the run) reads a new snapshot, while the slot still starts where
-the first one did: no change is lost, an unchanged row is a copy, and a row changed in between
-is read in its new state besides its changes being streamed. The slot is made when missing
+the first one did: no change is lost, an unchanged row is a copy, a row changed in between is
+read in its new state besides its changes being streamed, one deleted in between is not read
+again (its delete is streamed). The slot is made when missing
 and never dropped by a run: a new checkpoint finds an old slot of the same name and reads on
 from where it stands, nothing lost (``pg_drop_replication_slot`` it to start over).
 
