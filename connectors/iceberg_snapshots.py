@@ -86,6 +86,7 @@ def swap(
     update = tx.update_snapshot(snapshot_properties=properties)
     try:
         with update.overwrite() if removed else update.fast_append() as snapshot:
+            live_manifests_only(snapshot)
             for data_file in removed:
                 snapshot.delete_data_file(data_file)
             for data_file in [*added, *files]:
@@ -95,6 +96,30 @@ def swap(
     except CommitFailedException:
         delete_files(table, added)
         raise
+
+
+def live_manifests_only(snapshot: Any) -> None:
+    """Make ``snapshot`` (a pyiceberg snapshot producer) leave out dead manifests.
+
+    A manifest whose files an earlier snapshot all deleted lists only deleted entries: no scan
+    of a later snapshot reads anything from it. pyiceberg carries it into every later snapshot
+    anyway; Iceberg's Java writer drops it. An upsert deletes in every delivery, and every
+    commit reads every manifest (its rewrite's scan, the overwrite's deleted entries): carried
+    along, they made a delivery of 150 changes to 40 keys take 0.9 s after 90 deliveries.
+    """
+    process = snapshot._process_manifests
+
+    def live(manifests: list[Any]) -> list[Any]:
+        mine = snapshot.snapshot_id
+        kept = [
+            m
+            for m in manifests
+            if m.has_added_files() or m.has_existing_files() or m.added_snapshot_id == mine
+        ]
+        processed: list[Any] = process(kept)
+        return processed
+
+    snapshot._process_manifests = live
 
 
 def delete_files(table: Any, files: list[Any]) -> None:
