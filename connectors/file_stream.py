@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from onceflow.connectors.base import SourceCapabilities, SourceConnector, SourceRun
+from onceflow.connectors.csv_rows import CsvRows
 from onceflow.connectors.decoded import Decoded, Decoder
 from onceflow.connectors.errors import ConnectorError
 from onceflow.connectors.local_files import (
@@ -133,7 +134,7 @@ class FileStream(SourceConnector):
         self,
         path: str,
         *,
-        codec: str | ValueCodec = "json",
+        codec: str | ValueCodec | CsvRows = "json",
         skip_blank: bool = True,
         id: Callable[[Any], Any] | None = None,  # noqa: A002 - reads well at the call site
         timestamp: Callable[[Any], Any] | None = None,
@@ -265,7 +266,7 @@ class _Reading:
         self,
         source: str,
         with_ids: bool,
-        codec: ValueCodec,
+        codec: ValueCodec | CsvRows,
         skip_blank: bool,
         id_fn: Callable[[Any], Any] | None,
         ts_fn: Callable[[Any], Any] | None,
@@ -354,8 +355,11 @@ class _Reading:
         return Record(rid, ts, elem, lane, row, False, size, printed)
 
     def _lines(self, lane: str, path: str, end: int) -> Iterator[Decoded]:
-        skip_blank = self.skip_blank
-        for offset, line, size in read_lines(path, end, self.cap):
+        skip_blank, codec = self.skip_blank, self.codec
+        lines = read_lines(path, end, self.cap)
+        if isinstance(codec, CsvRows):  # records that may span lines, a header per file
+            lines, codec = codec.file(lines)
+        for offset, line, size in lines:
             if line is None:
                 yield self._too_long(path, offset, size)
             elif not (skip_blank and not line.strip()):
@@ -364,7 +368,7 @@ class _Reading:
                     path,
                     offset,
                     line,
-                    self.codec,
+                    codec,
                     self.with_ids,
                     self.ts_fn,
                     id_fn=self.id_fn,

@@ -365,3 +365,40 @@ class _JsonLinesWriter(SinkWriter):
             os.fsync(fh.fileno())
         os.replace(tmp, final)
         self.written.append(final)
+
+
+def Csv(  # noqa: N802, PLR0913 - a source's options, each with a default
+    path: str,
+    *,
+    watch: bool = False,
+    header: bool = True,
+    columns: list[str] | None = None,
+    delimiter: str = ",",
+    id: Callable[[Any], Any] | None = None,  # noqa: A002 - reads well at the call site
+    timestamp: Callable[[Any], Any] | None = None,
+    max_files_per_batch: int | None = None,
+    shared: bool = False,
+) -> SourceConnector:
+    """Each record of each new CSV file in a folder, as a dict (:mod:`.csv_rows`).
+
+    ``watch=True`` is required (a bounded CSV source is not built). ``header``: each file's
+    first record names the fields (default); ``columns``: the names, for files without a
+    header; neither: a list per record. ``id``, ``timestamp``, ``max_files_per_batch`` and
+    ``shared`` as for :func:`~onceflow.connectors.files.JsonLinesSource`.
+    """
+    from onceflow.connectors.csv_rows import CsvRows
+    from onceflow.connectors.file_stream import FileStream
+
+    if not watch:
+        msg = "a CSV folder is read as a stream: sources.Csv(path, watch=True)"
+        raise ConnectorError(msg)
+    rows = CsvRows(header, tuple(columns) if columns else None, delimiter)
+    return FileStream(
+        path,
+        codec=rows,
+        skip_blank=True,
+        id=id,
+        timestamp=timestamp,
+        max_files_per_batch=max_files_per_batch,
+        shared=shared,
+    )

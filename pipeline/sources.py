@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from onceflow.connectors.collections import Collection, Generate
 from onceflow.connectors.file_stream import FileStream
 from onceflow.connectors.file_stream import ParquetSource as Parquet
+from onceflow.connectors.files import Csv, LineFiles, TextFile
 from onceflow.connectors.files import JsonLinesSource as JsonLines
-from onceflow.connectors.files import LineFiles, TextFile
 
 if TYPE_CHECKING:
     from onceflow.connectors.kafka.source import KafkaSource as Kafka
@@ -29,6 +29,7 @@ _LAZY = {
 
 __all__ = [
     "Collection",
+    "Csv",
     "FileStream",
     "Generate",
     "JsonLines",

@@ -186,10 +186,11 @@ def test_options_are_checked_and_paths_read():
 class Landing:
     """A landing folder and what was written into it: lines per user, by event ID."""
 
-    def __init__(self, root: Path, rng: random.Random) -> None:
+    def __init__(self, root: Path, rng: random.Random, csv: bool = False) -> None:
         self.dir = root / "landing"
         self.dir.mkdir()
         self.rng = rng
+        self.csv = csv  # CSV files with a header and a quoted note over two lines
         self.files = 0
         self.events: dict[str, tuple[str, int]] = {}  # event_id -> (user, amount)
 
@@ -201,12 +202,19 @@ class Landing:
             user, amount = f"u{self.rng.randrange(7)}", self.rng.randrange(1, 100)
             self.events[event_id] = (user, amount)
             row = {"event_id": event_id, "user": user, "amount": amount, "ts": BASE_TS}
-            rows.append(json.dumps(row))
-        rows += ["{cut"] * bad
+            if self.csv:
+                rows.append(f'{event_id},{user},{amount},{BASE_TS},"a, ""b""\nc"')
+            else:
+                rows.append(json.dumps(row))
+        if self.csv:
+            rows = ["event_id,user,amount,ts,note", *rows, *["cut,short"] * bad]
+        else:
+            rows += ["{cut"] * bad
         self.files += 1
-        hidden = self.dir / f".part-{self.files:05d}.jsonl"
+        kind = "csv" if self.csv else "jsonl"
+        hidden = self.dir / f".part-{self.files:05d}.{kind}"
         hidden.write_text("\n".join(rows) + "\n")
-        final = self.dir / f"batch-{self.files:05d} a%20b.jsonl"  # names as users write them
+        final = self.dir / f"batch-{self.files:05d} a%20b.{kind}"  # names as users write them
         os.rename(hidden, final)
         return final
 
@@ -250,13 +258,15 @@ def _args(redis_server, tmp_path: Path, *more: str) -> list[str]:
 
 @pytest.mark.kafka
 @pytest.mark.redis
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
 def test_files_landing_between_runs_and_copies_under_new_names_count_once(
-    broker, redis_server, tmp_path
+    broker, redis_server, tmp_path, kind
 ):
-    landing = Landing(tmp_path, random.Random(11))
+    landing = Landing(tmp_path, random.Random(11), csv=kind == "csv")
     first = [landing.land(200) for _ in range(3)] + [landing.land(50, bad=3)]
     env, out = _run_env(broker, landing, "ids")
     env["LANDING_IDS"] = "field"
+    env["LANDING_FORMAT"] = kind
     args = _args(redis_server, tmp_path, "--available-now")
     ran = run_pipeline(PIPELINE, args, env=env)
     assert ran.returncode == 0, ran.output[-3000:]
