@@ -96,6 +96,11 @@ ensure_registry() {
   "$VENV/bin/python" -c 'from onceflow.testing.registry import fetch_registry; fetch_registry()'
 }
 
+ensure_connect() {
+  # Kafka Connect and Debezium's PostgreSQL connector (the change data capture tests), once.
+  "$VENV/bin/python" -c 'from onceflow.testing.kafka_connect import fetch_connect; fetch_connect()'
+}
+
 ensure_jvm_cache() {
   # The Spark driver's class-data archive (~20 s once): runs and restarts start ~1.5 s sooner.
   # Only an optimization: without it everything works, a little slower.
@@ -126,7 +131,7 @@ main() {
     test)
       ensure_debian_packages "${DEBIAN_PACKAGES[@]}" "${TEST_DEBIAN_PACKAGES[@]}"
       ensure_java; ensure_venv; ensure_python_packages; ensure_kafka; ensure_registry
-      ensure_jvm_cache
+      ensure_connect; ensure_jvm_cache
       if [ $# -eq 0 ]; then run_suite; else exec "$VENV/bin/python" -m pytest "$@"; fi ;;
     bench)
       VENV=.venv-bench; EXTRAS=bench
