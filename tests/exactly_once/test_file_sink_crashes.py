@@ -98,6 +98,6 @@ def test_kill_9_at_each_delivery_point_leaves_every_event_once(
     assert users == scn.expected, "an event is in the wrong user's folder"
     left = [f for _d, _s, fs in os.walk(os.path.join(str(out), "_onceflow_staging")) for f in fs]
     assert left == [], f"staged files left behind: {left}"
-    if fmt != "postgres":  # the run lists its staging folder for `onceflow gc`
+    if fmt not in ("postgres", "iceberg"):  # a file sink lists its staging folder for gc
         listed = redis_server.client().hget(Keyspace(scn.name).meta, STAGING_FIELD)
         assert os.path.join(out, "_onceflow_staging") in json.loads(listed)
