@@ -62,16 +62,17 @@ from onceflow.connectors.iceberg_snapshots import (
     ensure_base,
     head,
 )
-from onceflow.connectors.iceberg_upserts import (
-    MODES,
-    Changes,
+from onceflow.connectors.iceberg_upserts import Changes, rewrites
+from onceflow.connectors.keyed_rows import (
     Delete,
+    check_mode,
     delete_row,
     keyed_row,
-    rewrites,
     upsert_row,
 )
 from onceflow.kernel.records import Record
+
+MODES = ("append", "upsert")
 
 
 class IcebergSink(SinkConnector):
@@ -106,13 +107,8 @@ class IcebergSink(SinkConnector):
         if "." not in table:
             msg = f"IcebergSink table must be 'namespace.name', got {table!r}"
             raise ConnectorError(msg)
-        if mode not in MODES:
-            msg = f"IcebergSink mode must be one of {', '.join(MODES)}, got {mode!r}"
-            raise ConnectorError(msg)
-        if mode == "upsert" and not key_columns:
-            msg = "IcebergSink(mode='upsert') needs key_columns: the columns that name a row"
-            raise ConnectorError(msg)
-        self.mode = mode
+        check_mode("IcebergSink", mode, MODES, key_columns)
+        self.mode = mode  # one of MODES
         self.key_columns = tuple(key_columns)
         self.table = table
         self.catalog = dict(catalog or {})

@@ -21,50 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from onceflow.connectors.iceberg_rows import fitting
+from onceflow.connectors.keyed_rows import Delete
 
-MODES = ("append", "upsert")
 Key = tuple[Any, ...]
-
-
-class Delete(dict[str, Any]):
-    """``(key, None)`` on a keyed stream: the key columns' values of the row to delete."""
-
-
-def key_values(key: Any, key_columns: Sequence[str]) -> Key:
-    """A stream's key as the values of ``key_columns`` (a tuple key fills several, in order)."""
-    return key if len(key_columns) > 1 and isinstance(key, tuple) else (key,)
-
-
-def keyed_row(row: dict[str, Any], key: Any, key_columns: Sequence[str]) -> dict[str, Any]:
-    """A keyed stream's row with its key: in the ``key_columns`` it lacks, else in ``key``.
-
-    Without ``key_columns`` the key is the ``key`` column, unless the row has one.
-    """
-    if not key_columns:
-        return row if "key" in row else {"key": key, **row}
-    values = key_values(key, key_columns)
-    if len(values) != len(key_columns):
-        return row  # the row lacks key columns the key cannot fill: said by upsert_row
-    filled = {c: v for c, v in zip(key_columns, values, strict=True) if c not in row}
-    return {**filled, **row}
-
-
-def upsert_row(row: dict[str, Any], key_columns: Sequence[str]) -> dict[str, Any]:
-    """``row`` if it names its key (raises ``ValueError`` saying which key columns it lacks)."""
-    missing = [c for c in key_columns if row.get(c) is None]
-    if missing:
-        msg = f"key column(s) {', '.join(map(repr, missing))} missing: an upsert names its row"
-        raise ValueError(msg)
-    return row
-
-
-def delete_row(key: Any, key_columns: Sequence[str]) -> Delete:
-    """``(key, None)``: the row to delete, named by the stream's key (its ``key_columns``)."""
-    values = key_values(key, key_columns)
-    if len(values) != len(key_columns) or any(v is None for v in values):
-        msg = f"a delete's key {key!r} does not name the row's key_columns {list(key_columns)}"
-        raise ValueError(msg)
-    return Delete(zip(key_columns, values, strict=True))
 
 
 class Changes:

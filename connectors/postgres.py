@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from onceflow.connectors import keyed_rows
 from onceflow.connectors.base import (
     DeliveryMark,
     PoisonInTransaction,
@@ -51,6 +52,7 @@ from onceflow.connectors.base import (
     element_row,
 )
 from onceflow.connectors.errors import ConnectorError
+from onceflow.connectors.keyed_rows import check_mode, keyed_row
 from onceflow.connectors.postgres_table import TableShape, check_upsert, connect, read_table
 from onceflow.kernel.records import Record
 
@@ -71,12 +73,7 @@ class PostgresSink(SinkConnector):
         key_columns: Sequence[str] = (),
         connection: dict[str, Any] | None = None,
     ) -> None:
-        if mode not in MODES:
-            msg = f"PostgresSink mode must be one of {', '.join(MODES)}, got {mode!r}"
-            raise ConnectorError(msg)
-        if mode == "upsert" and not key_columns:
-            msg = "PostgresSink(mode='upsert') needs key_columns: the columns that name a row"
-            raise ConnectorError(msg)
+        check_mode("PostgresSink", mode, MODES, key_columns)
         self.table = table
         self.conninfo = conninfo
         self.mode = mode
@@ -178,7 +175,7 @@ class PostgresWriter(TransactionalWriter):
             msg = f"a row must be a dict or a dataclass, got {type(elem).__name__}"
             raise TypeError(msg)
         if self.task.keyed:
-            keyed_row(self.sink, row, key)
+            row = keyed_row(row, key, self.sink.key_columns)
         unknown = [c for c in row if c not in self.sink.columns]
         if unknown:
             msg = f"no column(s) {', '.join(map(repr, unknown))}"
@@ -366,39 +363,18 @@ class PostgresWriter(TransactionalWriter):
         return refused
 
 
-def keyed_row(sink: PostgresSink, row: dict[str, Any], key: Any) -> None:
-    """A keyed stream's key into its row: the ``key_columns`` the row lacks, else ``key``.
-
-    A tuple key fills several key columns in order. Without ``key_columns`` (or when the row
-    has them all) the key is the ``key`` column, unless the row has one (or, with
-    ``key_columns``, the table has none).
-    """
-    keys = sink.key_columns
-    if keys and any(c not in row for c in keys):
-        values = key if len(keys) > 1 and isinstance(key, tuple) else (key,)
-        if len(values) == len(keys):
-            row.update({c: v for c, v in zip(keys, values, strict=True) if c not in row})
-            return
-    if "key" not in row and (not keys or "key" in sink.columns):
-        row["key"] = key
-
-
 class _Delete(dict[str, Any]):
     """A row to delete: its key columns' values (``(key, None)`` on a keyed stream)."""
 
 
 def delete_row(sink: PostgresSink, key: Any) -> dict[str, Any]:
     """``(key, None)``: the row to delete, named by the stream's key (its ``key_columns``)."""
-    keys = sink.key_columns
     if sink.mode != "upsert":
         msg = "a None row deletes the key's row, which needs mode='upsert' and key_columns"
         raise ValueError(msg)
-    values = key if len(keys) > 1 and isinstance(key, tuple) else (key,)
-    if len(values) != len(keys) or any(v is None for v in values):
-        msg = f"a delete's key {key!r} does not name the row's key_columns {list(keys)}"
-        raise ValueError(msg)
+    named = keyed_rows.delete_row(key, sink.key_columns)
     assert sink.shape is not None  # read by the sink's prepare, on the driver
-    return _Delete(sink.shape.fit(dict(zip(keys, values, strict=True))))
+    return _Delete(sink.shape.fit(dict(named)))
 
 
 def statement(sink: PostgresSink, columns: Sequence[str], delete: bool = False) -> str:

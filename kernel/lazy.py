@@ -14,12 +14,12 @@ from typing import Any
 
 
 def exports(
-    namespace: dict[str, Any], names: Mapping[str, str]
+    namespace: dict[str, Any], names: Mapping[str, str | tuple[str, str]]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for the package whose globals are ``namespace``.
 
-    ``names``: exported name -> the module defining it. A name imported once is kept in the
-    package's namespace, so the next use does not come here.
+    ``names``: exported name -> the module defining it, or ``(module, its name there)``. A
+    name imported once is kept in the package's namespace, so the next use does not come here.
     """
     package = namespace["__name__"]
 
@@ -27,7 +27,9 @@ def exports(
         if name not in names:
             msg = f"module {package!r} has no attribute {name!r}"
             raise AttributeError(msg)
-        value = getattr(importlib.import_module(names[name]), name)
+        where = names[name]
+        module, defined = where if isinstance(where, tuple) else (where, name)
+        value = getattr(importlib.import_module(module), defined)
         namespace[name] = value
         return value
 

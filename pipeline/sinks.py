@@ -8,14 +8,14 @@ another name; ``KafkaDeadLetters`` is the sink for ``Pipeline(dead_letters=...)`
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onceflow.connectors.collect import Collect
 from onceflow.connectors.files import JsonLinesSink as JsonLines
 from onceflow.connectors.iceberg import IcebergSink as Iceberg
 from onceflow.connectors.parquet import ParquetSink as Parquet
 from onceflow.connectors.postgres import PostgresSink as Postgres
+from onceflow.kernel.lazy import exports
 
 if TYPE_CHECKING:
     from onceflow.connectors.kafka.dead_letters import KafkaDeadLetterSink as KafkaDeadLetters
@@ -30,17 +30,5 @@ _LAZY = {
 __all__ = ["Collect", "Iceberg", "JsonLines", "Kafka", "KafkaDeadLetters", "Parquet", "Postgres"]
 
 
-def __getattr__(name: str) -> Any:
-    """A Kafka sink, imported on first use (see the module docstring)."""
-    if name not in _LAZY:
-        msg = f"module {__name__!r} has no attribute {name!r}"
-        raise AttributeError(msg)
-    module, defined = _LAZY[name]
-    value = getattr(importlib.import_module(module), defined)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """Every name, the lazy ones included (a notebook's completion lists them)."""
-    return sorted(set(globals()) | set(__all__))
+if not TYPE_CHECKING:  # mypy sees the names above
+    __getattr__, __dir__ = exports(globals(), _LAZY)

@@ -8,14 +8,14 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onceflow.connectors.collections import Collection, Generate
 from onceflow.connectors.file_stream import FileStream
 from onceflow.connectors.file_stream import ParquetSource as Parquet
 from onceflow.connectors.files import Csv, LineFiles, TextFile
 from onceflow.connectors.files import JsonLinesSource as JsonLines
+from onceflow.kernel.lazy import exports
 
 if TYPE_CHECKING:
     from onceflow.connectors.kafka.source import KafkaSource as Kafka
@@ -41,17 +41,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The Kafka and PostgreSQL change sources, imported on first use (see the docstring)."""
-    if name not in _LAZY:
-        msg = f"module {__name__!r} has no attribute {name!r}"
-        raise AttributeError(msg)
-    module, defined = _LAZY[name]
-    value = getattr(importlib.import_module(module), defined)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """Every name, the lazy ones included (a notebook's completion lists them)."""
-    return sorted(set(globals()) | set(__all__))
+if not TYPE_CHECKING:  # mypy sees the names above
+    __getattr__, __dir__ = exports(globals(), _LAZY)

@@ -21,6 +21,7 @@ from onceflow.testing.asserts import Assertion, assert_that, equal_to, is_empty
 from onceflow.testing.errors import TestingError, TestInputError
 from onceflow.testing.harness import (
     Crash,
+    KillAfter,
     Outcome,
     Report,
     compare_counts,
@@ -43,6 +44,7 @@ __all__ = [
     "POINTS",
     "Assertion",
     "Crash",
+    "KillAfter",
     "LocalBroker",
     "LocalKafka",
     "LocalKafkaCluster",

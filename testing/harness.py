@@ -142,6 +142,32 @@ def kill_session(sid: int) -> None:
         time.sleep(0.1)
 
 
+@dataclass
+class KillAfter:
+    """A power cut at a chosen moment of a run, for :func:`run_pipeline`'s ``kill_when``.
+
+    ``delay`` seconds after the ``nth`` output line holding ``marker`` (``"] batch "``: a
+    micro-batch ended; ``"first micro-batch starts"``):
+    ``run_pipeline(file, args, echo=k.echo, kill_when=k.when)``, ``k.echo`` perhaps called
+    from another ``echo``.
+    """
+
+    marker: str
+    delay: float
+    nth: int = 1
+    seen: list[float] = field(default_factory=list)
+
+    def echo(self, line: str) -> None:
+        """Note when a line holds the marker."""
+        if self.marker in line:
+            self.seen.append(time.monotonic())
+
+    def when(self) -> bool:
+        """Whether the moment has come."""
+        n = self.nth
+        return len(self.seen) >= n and time.monotonic() > self.seen[n - 1] + self.delay
+
+
 def run_pipeline(
     pipeline_file: str,
     args: Sequence[str] = (),

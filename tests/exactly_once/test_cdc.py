@@ -25,7 +25,7 @@ from onceflow.connectors.kafka.admin import ensure_topics
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.kernel import ids
-from onceflow.testing.harness import run_pipeline
+from onceflow.testing.harness import KillAfter, run_pipeline
 from onceflow.testing.kafka_connect import LocalDebezium
 from onceflow.testing.postgres import PASSWORD, USER
 from tests.exactly_once.cdc_workload import END, SNAPSHOT, Workload, create_tables, read_both
@@ -104,18 +104,9 @@ def test_a_table_copied_through_debezium_is_identical_across_kill_9(
         }
         args = ["--redis-url", redis_server.url, "--checkpoint", str(tmp_path / "ckpt")]
         args += ["--output-dir", str(tmp_path / "out"), "--max-records-per-batch", "500"]
-        started: list[float] = []
-        delay = rng.uniform(1.0, 4.0)
-
-        def echo(line: str) -> None:
-            if not started and "] batch " in line:
-                started.append(time.monotonic())
-
-        def when() -> bool:
-            return bool(started) and time.monotonic() > started[0] + delay
-
+        cut = KillAfter("] batch ", rng.uniform(1.0, 4.0))
         killed = run_pipeline(
-            PIPELINE, [*args, "--trigger-seconds", "0"], env=env, kill_when=when, echo=echo
+            PIPELINE, [*args, "--trigger-seconds", "0"], env=env, kill_when=cut.when, echo=cut.echo
         )
         assert killed.crashed, killed.output[-3000:]
         writer.join(600)

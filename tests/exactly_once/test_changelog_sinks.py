@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 import uuid
 from collections import Counter
 
@@ -20,7 +19,7 @@ import pytest
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel import ids
-from onceflow.testing.harness import run_pipeline
+from onceflow.testing.harness import KillAfter, run_pipeline
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
@@ -75,18 +74,9 @@ def test_deletes_reach_a_table_and_a_compacted_topic_once_across_kill_9(
     }
     args = ["--redis-url", redis_server.url, "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--output-dir", str(tmp_path / "out"), "--max-records-per-batch", "150"]
-    started: list[float] = []
-    delay = rng.uniform(1.0, 3.0)
-
-    def echo(line: str) -> None:
-        if not started and "] batch " in line:
-            started.append(time.monotonic())
-
-    def when() -> bool:
-        return bool(started) and time.monotonic() > started[0] + delay
-
+    cut = KillAfter("] batch ", rng.uniform(1.0, 3.0))
     killed = run_pipeline(
-        PIPELINE, [*args, "--trigger-seconds", "0"], env=env, kill_when=when, echo=echo
+        PIPELINE, [*args, "--trigger-seconds", "0"], env=env, kill_when=cut.when, echo=cut.echo
     )
     assert killed.crashed, killed.output[-3000:]
     ran = run_pipeline(PIPELINE, [*args, "--available-now"], env=env)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 import uuid
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from onceflow.connectors.iceberg_snapshots import DELIVERY
 from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce
-from onceflow.testing.harness import run_pipeline
+from onceflow.testing.harness import KillAfter, run_pipeline
 from tests.exactly_once.test_changelog_sinks import _changes, _expected
 
 pytest.importorskip("pyiceberg")
@@ -63,18 +62,10 @@ def test_upserts_and_deletes_reach_an_iceberg_table_once_across_kill_9(
     }
     args = ["--redis-url", redis_server.url, "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--output-dir", str(tmp_path / "out"), "--max-records-per-batch", "250"]
-    batches: list[float] = []  # when each micro-batch ended
-    after, delay = rng.randrange(1, 6), rng.uniform(0.0, 1.5)  # mid-stream, mid-batch
-
-    def echo(line: str) -> None:
-        if "] batch " in line:
-            batches.append(time.monotonic())
-
-    def when() -> bool:
-        return len(batches) >= after and time.monotonic() > batches[after - 1] + delay
-
+    # mid-stream, mid-batch: after a random micro-batch and up to 1.5 s
+    cut = KillAfter("] batch ", rng.uniform(0.0, 1.5), nth=rng.randrange(1, 6))
     killed = run_pipeline(
-        PIPELINE, [*args, "--trigger-seconds", "0"], env=env, kill_when=when, echo=echo
+        PIPELINE, [*args, "--trigger-seconds", "0"], env=env, kill_when=cut.when, echo=cut.echo
     )
     assert killed.crashed, killed.output[-3000:]
     table = _table(folder)

@@ -27,7 +27,7 @@ from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import read_topic
 from onceflow.connectors.postgres_changes import slot_name
 from onceflow.kernel import ids
-from onceflow.testing.harness import run_pipeline
+from onceflow.testing.harness import KillAfter, run_pipeline
 from tests.exactly_once.cdc_workload import Workload, create_tables, read_both
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
@@ -35,21 +35,6 @@ pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 PIPELINE = __file__.rsplit("/", 2)[0] + "/e2e_pipelines/pg_changes.py"
 ROWS = 5000
 DOWN = 100  # row changes made while the pipeline is down, after its first run
-
-
-def _killed_after(started_line: str, rng: random.Random, low: float, high: float):
-    """``(echo, when)`` for run_pipeline: kill a random time after ``started_line`` shows."""
-    started: list[float] = []
-    delay = rng.uniform(low, high)
-
-    def echo(line: str) -> None:
-        if not started and started_line in line:
-            started.append(time.monotonic())
-
-    def when() -> bool:
-        return bool(started) and time.monotonic() > started[0] + delay
-
-    return echo, when
 
 
 @pytest.mark.parametrize(
@@ -86,8 +71,8 @@ def test_a_table_copied_from_a_replication_slot_is_identical_across_kill_9(
     args += ["--output-dir", str(tmp_path / "out")]
     streaming = [*args, "--trigger-seconds", "0"]
 
-    echo, when = _killed_after("first micro-batch starts", rng, 0.2, 2.5)
-    first = run_pipeline(PIPELINE, streaming, env=env, kill_when=when, echo=echo)
+    cut = KillAfter("first micro-batch starts", rng.uniform(0.2, 2.5))
+    first = run_pipeline(PIPELINE, streaming, env=env, kill_when=cut.when, echo=cut.echo)
     assert first.crashed, first.output[-3000:]
 
     workload = Workload(postgres_server, source, rng)
@@ -106,14 +91,14 @@ def test_a_table_copied_from_a_replication_slot_is_identical_across_kill_9(
         workload.end()
 
     writer = threading.Thread(target=changes)
-    echo, when = _killed_after("] batch ", rng, 2.0, 6.0)
+    cut = KillAfter("] batch ", rng.uniform(2.0, 6.0))
 
     def start_writing(line: str) -> None:  # once the run's slot exists: its snapshot is read
-        if "] batch " in line and not writer.is_alive() and writer.ident is None:
+        if "] batch " in line and writer.ident is None:
             writer.start()
-        echo(line)
+        cut.echo(line)
 
-    second = run_pipeline(PIPELINE, streaming, env=env, kill_when=when, echo=start_writing)
+    second = run_pipeline(PIPELINE, streaming, env=env, kill_when=cut.when, echo=start_writing)
     assert second.crashed, second.output[-3000:]
     writer.join(600)
     ran = run_pipeline(PIPELINE, [*args, "--available-now"], env=env, timeout=900)

@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections import Counter, defaultdict
+from functools import partial
 
 import pytest
 
@@ -31,6 +32,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
 PIPELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e_pipelines", "ttl.py")
 TTL_S = 4
+
+
+def _send(settings, topic, users, each):
+    """``each`` events of every user, each with its own ID."""
+    events = [{"event_id": str(uuid.uuid4()), "user": u} for u in users for _ in range(each)]
+    produce(settings, topic, [(None, json.dumps(e).encode(), None) for e in events])
 
 
 def _state(client, ks):
@@ -72,9 +79,7 @@ def test_idle_keys_start_afresh_and_gc_reclaims_their_state(kafka_broker, redis_
     ]
     settings = KafkaSettings(kafka_broker.bootstrap)
 
-    def send(users, each):
-        events = [{"event_id": str(uuid.uuid4()), "user": u} for u in users for _ in range(each)]
-        produce(settings, env["TTL_IN"], [(None, json.dumps(e).encode(), None) for e in events])
+    send = partial(_send, settings, env["TTL_IN"])
 
     client = redis_server.client()
     ks = Keyspace(name)
@@ -152,9 +157,7 @@ def test_an_expiry_that_is_a_delete_reaches_the_sink_once(
     args += ["--checkpoint", str(tmp_path / "checkpoint"), "--output-dir", str(tmp_path / "out")]
     settings = KafkaSettings(kafka_broker.bootstrap)
 
-    def send(users, each):
-        events = [{"event_id": str(uuid.uuid4()), "user": u} for u in users for _ in range(each)]
-        produce(settings, env["TTL_IN"], [(None, json.dumps(e).encode(), None) for e in events])
+    send = partial(_send, settings, env["TTL_IN"])
 
     send([f"u{i}" for i in range(10)], 3)
     run_pipeline(PIPELINE, args, env=env, timeout=300).check()
