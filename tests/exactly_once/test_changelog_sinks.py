@@ -1,8 +1,9 @@
-"""Deletes reach the sinks exactly once: a PostgreSQL upsert deletes, Kafka gets tombstones.
+"""Deletes reach the sinks exactly once: a PostgreSQL and an Iceberg upsert delete, Kafka gets
+tombstones.
 
 Sets and deletes of the same users in quick succession (a key's events in order on its
 partition, 5% re-sent later), a run killed -9 at a random moment mid-stream and a rerun. The
-table and the topic's compacted view (last record per key, a tombstone removing it) must
+tables and the topic's compacted view (last record per key, a tombstone removing it) must
 equal an independent replay of the events sent: each user's last event, a delete leaving no
 row.
 """
@@ -48,6 +49,35 @@ def _expected(events: list[dict]) -> dict[str, int]:
     return state
 
 
+def iceberg_table(folder):
+    """The onceflow.users table of the SQL catalog (SQLite) in ``folder``."""
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog(
+        "default",  # the sink's catalog_name: a SQL catalog keeps its tables under it
+        type="sql",
+        uri=f"sqlite:///{folder}/catalog.db",
+        warehouse=f"file://{folder}/warehouse",
+    )
+    return catalog.load_table("onceflow.users")
+
+
+def check_iceberg(table, expected: dict[str, int]) -> None:
+    """The table holds each user's last state, one row each, no delivery committed twice."""
+    from onceflow.connectors.iceberg_snapshots import DELIVERY
+
+    rows = table.scan().to_arrow().to_pylist()
+    users = [r["key"] for r in rows]
+    assert len(users) == len(set(users)), "a user has two rows"
+    assert {r["key"]: r["total"] for r in rows} == expected, "the table is not the last state"
+    deliveries = [
+        s.summary.additional_properties[DELIVERY]
+        for s in table.metadata.snapshots
+        if DELIVERY in s.summary.additional_properties
+    ]
+    assert len(deliveries) == len(set(deliveries)), "a delivery committed twice"
+
+
 def test_deletes_reach_a_table_and_a_compacted_topic_once_across_kill_9(
     broker, redis_server, postgres_server, tmp_path
 ):
@@ -70,6 +100,7 @@ def test_deletes_reach_a_table_and_a_compacted_topic_once_across_kill_9(
         "CHG_IN": topic_in,
         "CHG_OUT": f"{name}-out",
         "PG_TABLE": table,
+        "CHG_ICEBERG": str(tmp_path / "iceberg"),
         **postgres_server.env,
     }
     args = ["--redis-url", redis_server.url, "--checkpoint", str(tmp_path / "ckpt")]
@@ -87,6 +118,7 @@ def test_deletes_reach_a_table_and_a_compacted_topic_once_across_kill_9(
     with postgres_server.connect() as conn:
         rows = dict(conn.execute(f"SELECT key, total FROM {table}").fetchall())
     assert rows == expected, "the table is not the events' last state"
+    check_iceberg(iceberg_table(tmp_path / "iceberg"), expected)
     compacted: dict[str, int] = {}
     tombstones = 0
     written: Counter[bytes] = Counter()

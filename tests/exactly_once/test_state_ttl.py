@@ -136,7 +136,12 @@ def test_a_key_updated_after_gc_read_its_expiry_is_kept(redis_server):
 
 @pytest.mark.parametrize(
     "crash",
-    [pytest.param(None, marks=pytest.mark.long), "before_finish", "after_finish"],
+    [
+        pytest.param(None, marks=pytest.mark.long),
+        # CI time: a kill after the end-of-task commit is where a delete could go out twice
+        pytest.param("before_finish", marks=pytest.mark.long),
+        "after_finish",
+    ],
 )
 def test_an_expiry_that_is_a_delete_reaches_the_sink_once(
     kafka_broker, redis_server, tmp_path, crash
