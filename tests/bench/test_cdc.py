@@ -36,6 +36,8 @@ def cdc() -> ModuleType:
         sys.path.remove(str(BENCH))
 
 
+# CI time: with --long (the CDC pipelines' exactness is tests/exactly_once/test_cdc.py's)
+@pytest.mark.long
 def test_every_pipeline_writes_one_record_per_row_change(
     cdc, spark, broker, redis_server, postgres_server, tmp_path
 ):

@@ -2,8 +2,9 @@
 
 changes (Kafka, Debezium's events read as Change records) -> by primary key -> the row, None
 once deleted -> a PostgreSQL upsert (a None deletes the row) and a Kafka topic (a None is a
-tombstone). Names come from the environment (``CDC_PIPELINE``, ``CDC_IN``, ``CDC_OUT``,
-``PG_TABLE``, ``PG_CONNINFO``; the password in ``PGPASSWORD``).
+tombstone), and with ``CDC_ICEBERG`` (a folder) an Iceberg upsert too. Names come from the
+environment (``CDC_PIPELINE``, ``CDC_IN``, ``CDC_OUT``, ``PG_TABLE``, ``PG_CONNINFO``; the
+password in ``PGPASSWORD``).
 """
 
 import os
@@ -27,3 +28,16 @@ rows.write(
     ),
 )
 rows.write("topic", KafkaSink(os.environ["CDC_OUT"]))
+if os.environ.get("CDC_ICEBERG"):  # and an Iceberg upsert (a SQL catalog in that folder)
+    from onceflow.sinks import Iceberg
+
+    folder = os.environ["CDC_ICEBERG"]
+    os.makedirs(os.path.join(folder, "warehouse"), exist_ok=True)
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{os.path.join(folder, 'catalog.db')}",
+        "warehouse": f"file://{os.path.join(folder, 'warehouse')}",
+    }
+    rows.write(
+        "lake", Iceberg("onceflow.users", catalog=catalog, mode="upsert", key_columns=["id"])
+    )

@@ -1,11 +1,12 @@
 """Change data capture end to end, exactly once: PostgreSQL -> Debezium -> Kafka -> Onceflow
--> a PostgreSQL table (upserts and deletes) and a Kafka topic (tombstones).
+-> a PostgreSQL table and an Iceberg table (upserts and deletes) and a Kafka topic
+(tombstones).
 
 A table of 300 rows is snapshotted, then inserts, updates and deletes of the same keys follow
 in quick succession in small transactions, and one large transaction inserts and then updates
 a block of rows. Kafka Connect is killed -9 mid-stream and started again (it re-sends what
 came after its last stored offset: the test checks that it did), and the Onceflow run is
-killed -9 (every process) at a random moment and run again. Then the copy must equal the
+killed -9 (every process) at a random moment and run again. Then both copies must equal the
 source table, and the output topic must hold one record per row change made in the database
 (counted by the statements' row counts, not by the pipeline), each ID once.
 """
@@ -29,6 +30,7 @@ from onceflow.testing.harness import KillAfter, run_pipeline
 from onceflow.testing.kafka_connect import LocalDebezium
 from onceflow.testing.postgres import PASSWORD, USER
 from tests.exactly_once.cdc_workload import END, SNAPSHOT, Workload, create_tables, read_both
+from tests.exactly_once.test_changelog_sinks import iceberg_table
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
@@ -99,6 +101,7 @@ def test_a_table_copied_through_debezium_is_identical_across_kill_9(
             "CDC_PIPELINE": name,
             "CDC_IN": topic_in,
             "CDC_OUT": f"{name}-out",
+            "CDC_ICEBERG": str(tmp_path / "iceberg"),
             "PG_TABLE": copy,
             **postgres_server.env,
         }
@@ -120,6 +123,8 @@ def test_a_table_copied_through_debezium_is_identical_across_kill_9(
     resent = len(events) - len({_identity(r) for r in events})
     assert resent > 0, "Connect's restart re-sent nothing: the test did not test copies"
     want, got = read_both(postgres_server, source, copy)
+    lake = iceberg_table(tmp_path / "iceberg").scan().to_arrow().to_pylist()
+    assert sorted((r["id"], r["name"], r["score"]) for r in lake) == want, "the Iceberg copy"
     letters = read_topic(settings, f"{name}.dead-letters", committed=False)
     assert not letters, f"dead letters: {letters[0].value[:1500]!r}"
     assert got == want, f"the copy differs from the source table: {ran.output[-3000:]}"

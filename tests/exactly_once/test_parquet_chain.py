@@ -41,6 +41,10 @@ def _counts(bootstrap: str, topic: str) -> dict[str, int]:
     return latest
 
 
+# CI time (~40 s): with --long. The default suite keeps its parts: Parquet rows keep the
+# _onceflow_id a sink wrote (test_file_stream's decoder test), a watched folder under kill -9
+# (test_file_stream), the Parquet sink under kill -9 (test_file_sink_crashes)
+@pytest.mark.long
 def test_a_pipeline_watching_another_s_parquet_files_counts_each_event_once(
     broker, redis_server, tmp_path
 ):
