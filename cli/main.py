@@ -25,6 +25,7 @@ from onceflow.cli.config import (
 )
 from onceflow.cli.dev import add_dev_command
 from onceflow.cli.ops import add_commands
+from onceflow.cli.rescale import add_rescale_command
 from onceflow.cli.state import add_state_command
 from onceflow.kernel.errors import ConfigError, OnceflowError
 from onceflow.runtime.driver.run_config import (
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dev_command(sub)
     add_compact_command(sub)
     add_state_command(sub)
+    add_rescale_command(sub)
     for command in sub.choices.values():
         _add_config_arg(command)
     return parser

@@ -45,7 +45,7 @@ def operator_redis(args: argparse.Namespace, namespace: str | None = None) -> An
     return client
 
 
-def _tags(args: argparse.Namespace) -> Any:
+def tag_clients(args: argparse.Namespace) -> Any:
     """Clients of partition scopes by hash tag on a Redis Cluster; None on one Redis."""
     if not RedisSettings.from_env(args.redis_url).cluster:
         return None
@@ -89,7 +89,7 @@ def _gc_pass(args: argparse.Namespace, metrics: Any = None) -> int:
                 horizon=args.horizon,
                 scan_count=args.scan_count,
                 delete_batch=args.delete_batch,
-                connect=_tags(args),
+                connect=tag_clients(args),
                 staging_age_s=parse_duration_ms(args.staging_age, "--staging-age") / 1000,
             )
         except GcError as exc:
@@ -181,7 +181,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     from onceflow.operations.reset import reset, running_message
 
     client = operator_redis(args, args.namespace)
-    tags = _tags(args)
+    tags = tag_clients(args)
     preview = reset(client, args.namespace, args.checkpoint, dry_run=True, connect=tags)
     where = f" and the checkpoint {args.checkpoint}" if args.checkpoint else ""
     print(f"namespace {args.namespace!r}: {preview.keys:,} Redis keys{where}")
@@ -209,7 +209,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     statuses, refused = [], []
     for name in _targets(operator_redis(args), args):
         try:
-            statuses.append(status(operator_redis(args, name), name, connect=_tags(args)))
+            statuses.append(status(operator_redis(args, name), name, connect=tag_clients(args)))
         except ConfigError as exc:  # one namespace (an older build's ...) must not hide the rest
             refused.append(str(exc))
     if args.json:

@@ -91,6 +91,22 @@ class Batch:
         """Queue ``HSET`` of several fields."""
         self._pipe.hset(key, mapping={k: v for k, v in mapping.items()})
 
+    def set(self, key: str, value: Value) -> None:
+        """Queue ``SET``."""
+        self._pipe.set(key, value)
+
+    def delete(self, *keys: str) -> None:
+        """Queue ``DEL`` (of at least one key)."""
+        self._pipe.delete(*keys)
+
+    def rename(self, key: str, new: str) -> None:
+        """Queue ``RENAME`` (both keys in one hash tag on a cluster)."""
+        self._pipe.rename(key, new)
+
+    def zrange_all(self, key: str) -> None:
+        """Queue ``ZRANGE key 0 -1 WITHSCORES``: every member and its score."""
+        self._pipe.zrange(key, 0, -1, withscores=True)
+
     def hdel(self, key: str, *fields: Field) -> None:
         """Queue ``HDEL``."""
         self._pipe.hdel(key, *fields)
@@ -154,6 +170,14 @@ class Store:
     def batch(self) -> Batch:
         """Commands to send in one round trip."""
         return Batch(self.client.pipeline(transaction=False), self.scripts)
+
+    def transaction(self) -> Batch:
+        """Commands to send in one round trip and apply at once (``MULTI``/``EXEC``)."""
+        return Batch(self.client.pipeline(transaction=True), self.scripts)
+
+    def delete(self, *keys: str) -> None:
+        """``DEL`` (of at least one key)."""
+        self.client.delete(*keys)
 
     def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a registered script (EVALSHA; loaded again after a Redis restart).

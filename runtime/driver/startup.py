@@ -48,6 +48,7 @@ from onceflow.kernel.settings import RedisSettings, check_durable, redis_client
 from onceflow.kernel.store import store_for
 from onceflow.runtime.driver.bounded import prepare_sinks
 from onceflow.runtime.driver.checkpoint import Checkpoint, choose_manager
+from onceflow.runtime.driver.heartbeat import TTL_MS as HEARTBEAT_TTL_MS
 from onceflow.runtime.driver.observe import exporter
 from onceflow.runtime.driver.phases import Phases
 from onceflow.runtime.driver.pinning import (
@@ -59,6 +60,7 @@ from onceflow.runtime.driver.pinning import (
 )
 from onceflow.runtime.driver.placement import check_paths
 from onceflow.runtime.driver.query import trigger_seconds_of
+from onceflow.runtime.driver.rescale import print_step, rescale
 from onceflow.runtime.driver.run_config import RunConfig
 from onceflow.runtime.driver.run_context import RunContext
 from onceflow.runtime.driver.stopping import StopRequest
@@ -143,6 +145,15 @@ def pin_namespace(
         settle_aof(client)  # a torn transaction its AOF may end in goes before any write
         _durability(opts, [client])
     new = not store_for(client).hexists(keyspace.meta, "parallelism")
+    if not new:  # another parallelism, or a rescale cut short: move the state first
+        rescale(
+            client,
+            keyspace.namespace,
+            opts.parallelism,
+            connect=lambda tag: redis_client(redis, tag),
+            wait_s=HEARTBEAT_TTL_MS / 1000 + 5,
+            say=print_step,
+        )
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
     pin_settings(client, keyspace, opts.parallelism, config)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)

@@ -1,0 +1,152 @@
+"""Time and Redis memory of a rescale (``onceflow rescale``) of N keys, beside a plain copy.
+
+Builds a stopped pipeline's namespace in a fresh local Redis, as a run at parallelism 4 leaves
+it: one keyed stage (``count``) whose N keys each hold a count in the partition the exchange
+sends them to, an event-time timer for every tenth key, and ``--ids`` seen-IDs spread over
+the partitions' scopes. Then it rescales 4 -> 7 -> 2 and prints, for each move, the seconds,
+Redis ``used_memory`` before and after (seen-IDs are copied into every new partition), and the
+Python process's peak RSS. The baseline beside it is the floor of any move of that data: a
+plain copy of every state, timer and seen-ID key to new names (DUMP + RESTORE, one pipeline
+per 1,000 keys), then deleting the originals, on the same Redis.
+
+    python bench/rescale.py [--keys 1000000] [--ids 200000] [--rounds 3]
+
+Prints numbers only; always starts its own Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import time
+from typing import Any
+
+import redis
+
+from onceflow.dedup.config import DedupConfig
+from onceflow.kernel import codec
+from onceflow.kernel.key_hash import exchange_partition
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import PLAN_FIELD, SCOPED_FIELD, Scopes
+from onceflow.kernel.seen_layout import seen_field, shard_of
+from onceflow.runtime.driver.rescale import rescale
+from onceflow.runtime.driver.rescale_staging import Layout, scope_shards
+from onceflow.testing.services import LocalRedis
+
+STAGE = "count"
+GENERATION = 7
+TS = 1_790_000_000_000
+
+
+def build(client: Any, namespace: str, keys: int, ids: int, parallelism: int = 4) -> None:
+    """A stopped namespace at ``parallelism`` with ``keys`` counts and ``ids`` seen-IDs."""
+    home = Keyspace(namespace)
+    shards = DedupConfig().shards
+    plan = {"stages": {"events": ["events"], STAGE: [STAGE]}, "parallelism": parallelism}
+    client.hset(
+        home.meta,
+        mapping={
+            "parallelism": parallelism,
+            "shards": shards,
+            "bucket_ms": DedupConfig().bucket_ms,
+            SCOPED_FIELD: json.dumps([STAGE]),
+            PLAN_FIELD: json.dumps(plan, sort_keys=True),
+        },
+    )
+    scopes = Scopes(namespace, frozenset([STAGE]), parallelism)
+    per_scope = scope_shards(Layout(shards, parallelism), parallelism)
+    rng = random.Random(3)
+    pipe = client.pipeline(transaction=False)
+    for i in range(keys):
+        kb = codec.encode(f"user-{i}")
+        p = exchange_partition(kb, parallelism)
+        ks = scopes.keyspace(STAGE, p)
+        pipe.hset(ks.state(STAGE, p), kb, codec.encode(i % 1000))
+        if i % 10 == 0:
+            pipe.zadd(ks.timers("event", STAGE, p), {kb: TS + i})
+        if i % 5000 == 4999:
+            pipe.execute()
+    for _ in range(ids):
+        rid = rng.randbytes(16)
+        p = rng.randrange(parallelism)
+        ks = scopes.keyspace(STAGE, p)
+        seen = ks.seen(STAGE, GENERATION, shard_of(rid, per_scope))
+        pipe.hset(seen, seen_field(rid, per_scope), b"1")
+    for p in range(parallelism):
+        ks = scopes.keyspace(STAGE, p)
+        pipe.set(ks.filter_seq(STAGE), 10 + p)
+        pipe.hset(ks.generations, str(GENERATION), TS)
+        pipe.hset(ks.stats(STAGE), mapping={"records": 100, "duplicates": 3})
+    pipe.execute()
+
+
+def _used(client: Any) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def _plain_copy(client: Any, namespace: str) -> float:
+    """The baseline: DUMP + RESTORE every scope key to a new name, then delete the old."""
+    started = time.perf_counter()
+    keys = list(client.scan_iter(f"of:{{{namespace}:*", count=1000))
+    for i in range(0, len(keys), 1000):
+        step = keys[i : i + 1000]
+        pipe = client.pipeline(transaction=False)
+        for k in step:
+            pipe.dump(k)
+        dumps = pipe.execute()
+        pipe = client.pipeline(transaction=False)
+        for k, blob in zip(step, dumps, strict=True):
+            pipe.restore(k + b":copy", 0, blob, replace=True)
+        pipe.delete(*step)
+        pipe.execute()
+    return time.perf_counter() - started
+
+
+def _round(keys: int, ids: int) -> list[dict[str, Any]]:
+    rows = []
+    with LocalRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        build(client, "bench", keys, ids)
+        for target in (7, 2):
+            before = _used(client)
+            started = time.perf_counter()
+            report = rescale(client, "bench", target)
+            seconds = time.perf_counter() - started
+            rows.append(
+                {
+                    "move": f"{report.before} -> {report.after}",
+                    "seconds": seconds,
+                    "keys": report.keys,
+                    "before_mb": before / 1e6,
+                    "after_mb": _used(client) / 1e6,
+                }
+            )
+        rows.append({"move": "plain copy (baseline)", "seconds": _plain_copy(client, "bench")})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--ids", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    runs = [_round(args.keys, args.ids) for _ in range(args.rounds)]
+    print(f"rescale of {args.keys:,} keys (+ every 10th a timer), {args.ids:,} seen-IDs")
+    print(f"{'move':24} {'seconds, median (min-max)':>28} {'Redis MB before/after':>22}")
+    for i, first in enumerate(runs[0]):
+        secs = [r[i]["seconds"] for r in runs]
+        spread = f"{statistics.median(secs):.2f} ({min(secs):.2f}-{max(secs):.2f})"
+        mem = ""
+        if "before_mb" in first:
+            mem = f"{first['before_mb']:.0f} / {first['after_mb']:.0f}"
+        print(f"{first['move']:24} {spread:>28} {mem:>22}")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this process (builder and rescales): {rss:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

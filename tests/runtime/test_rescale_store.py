@@ -1,0 +1,135 @@
+"""``rescale`` against a real Redis, on a namespace built as a run at parallelism 4 leaves it.
+
+Every key's state and timer must land in the partition the exchange sends it to at the new
+parallelism, with its value; every new partition must hold every seen-ID; counters are summed
+once; what cannot be moved is refused before anything is written. The crash-and-rerun proof
+with real runs is ``tests/exactly_once/test_rescale.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from onceflow.kernel.errors import ConfigError
+from onceflow.kernel.key_hash import exchange_partition
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import read_scopes
+from onceflow.kernel.seen_layout import seen_id
+from onceflow.runtime.driver.rescale import rescale
+from onceflow.runtime.driver.rescale_staging import Layout, scope_shards
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from rescale import STAGE, build  # noqa: E402
+
+sys.path.pop(0)
+
+pytestmark = pytest.mark.redis
+KEYS, IDS = 3000, 2000
+
+
+def _contents(client, namespace):
+    """state {key: value}, timers {key: score}, seen-ID sets per partition, stats of p0."""
+    home = Keyspace(namespace)
+    scopes = read_scopes(client, home)
+    shards = scope_shards(Layout(int(client.hget(home.meta, "shards")), 0), scopes.parallelism)
+    state, timers, seen = {}, {}, []
+    for p in range(scopes.parallelism):
+        ks = scopes.keyspace(STAGE, p)
+        for k, v in client.hgetall(ks.state(STAGE, p)).items():
+            assert exchange_partition(k, scopes.parallelism) == p and k not in state
+            state[k] = v
+        for k, score in client.zrange(ks.timers("event", STAGE, p), 0, -1, withscores=True):
+            assert exchange_partition(k, scopes.parallelism) == p
+            timers[k] = score
+        ids = set()
+        for key in client.scan_iter(ks.seen_pattern()):
+            q = ks.parse(key)
+            ids |= {(q.generation, seen_id(f, q.shard, shards)) for f in client.hkeys(key)}
+        seen.append(ids)
+    stats = client.hgetall(scopes.keyspace(STAGE, 0).stats(STAGE))
+    return state, timers, seen, stats
+
+
+@pytest.mark.parametrize("target", [3, 8, 1])
+def test_every_key_moves_to_its_new_partition_with_its_state(redis_server, target):
+    client = redis_server.client()
+    name = f"rescale-{target}"
+    build(client, name, KEYS, IDS)
+    state, timers, seen, _ = _contents(client, name)
+    report = rescale(client, name, target)
+    assert (report.before, report.after, report.keys) == (4, target, KEYS + KEYS // 10)
+    state2, timers2, seen2, stats2 = _contents(client, name)
+    assert state2 == state and len(state) == KEYS
+    assert timers2 == timers and len(timers) == KEYS // 10
+    everything = set().union(*seen)
+    assert len(everything) == IDS and all(ids == everything for ids in seen2)
+    assert stats2 == {b"records": b"400", b"duplicates": b"12"}, "summed once, into p0"
+    home = Keyspace(name)
+    assert client.hget(home.meta, "parallelism") == str(target).encode()
+    assert json.loads(client.hget(home.meta, "plan"))["parallelism"] == target
+    assert client.hget(home.meta, "rescaling") is None
+    tags = {k.split(b"}")[0] for k in client.scan_iter(f"of:{{{name}:*")}
+    assert len(tags) == target, "scopes past the new parallelism are gone"
+    assert not list(client.scan_iter(f"of:{{{name}:*:rs*")), "nothing staged is left"
+    # filters rebuild: every new partition's commit count is past every old one's
+    seqs = [int(client.get(read_scopes(client, home).keyspace(STAGE, p).filter_seq(STAGE)))
+            for p in range(target)]  # fmt: skip
+    assert min(seqs) > 10 + 3
+
+
+def test_a_rescale_cut_short_while_staging_starts_over_from_the_live_keys(redis_server):
+    client = redis_server.client()
+    build(client, "cut", KEYS, IDS)
+    state, timers, seen, _ = _contents(client, "cut")
+    home = Keyspace("cut")
+    # what a killed attempt to 6 leaves: its record, and garbage staged in a scope
+    record = {"phase": "staging", "target": 6, "reach": 6}
+    client.hset(home.meta, "rescaling", json.dumps(record))
+    stray = read_scopes(client, home).keyspace(STAGE, 5)
+    client.hset(f"{stray.root}:rs:st:{STAGE}:5", b"\xa4junk", b"\x01")
+    rescale(client, "cut", 2)
+    state2, timers2, seen2, _ = _contents(client, "cut")
+    assert state2 == state and timers2 == timers
+    assert all(ids == set().union(*seen) for ids in seen2)
+
+
+def test_what_cannot_move_is_refused_before_any_write(redis_server):
+    client = redis_server.client()
+    build(client, "refused", 200, 50)
+    home = Keyspace("refused")
+    scopes = read_scopes(client, home)
+    def dumps():
+        read = {
+            b"hash": client.hgetall,
+            b"zset": lambda k: client.zrange(k, 0, -1, withscores=True),
+            b"string": client.get,
+        }
+        return {k: read[client.type(k)](k) for k in client.scan_iter("of:{refused*")}
+
+    def refused(match):
+        before = dumps()
+        with pytest.raises(ConfigError, match=match):
+            rescale(client, "refused", 3)
+        assert dumps() == before, "a refused rescale wrote something"
+
+    client.set(home.driver, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    refused("a driver of namespace 'refused' is running")
+    client.delete(home.driver)
+    client.hset(home.batch(5), "time", 1)  # started, never acknowledged
+    refused("micro-batch 5 in flight")
+    client.delete(home.batch(5))
+    client.hset(scopes.keyspace(STAGE, 1).pending("out/delivered", 1), "marker", "x")
+    refused("sink 'out/delivered' of partition 1 has a delivery pending")
+    client.delete(scopes.keyspace(STAGE, 1).pending("out/delivered", 1))
+    client.hset(home.state("legacy", 0), b"k", b"v")
+    refused("keeps the state of 'legacy' per partition outside a partition scope")
+    client.delete(home.state("legacy", 0))
+    with pytest.raises(ConfigError, match="parallelism must be at least 1"):
+        rescale(client, "refused", 0)
+    assert rescale(client, "refused", 4).keys == 0, "the same parallelism: nothing to do"
