@@ -16,6 +16,7 @@ GENERATED_SECTIONS = (
     "## Latency and recovery",
     "## Soak",  # written by tests/exactly_once/soak.py --markdown
     "## Change data capture",  # bench/cdc.py
+    "## Rescale",  # bench/rescale.py
 )
 
 

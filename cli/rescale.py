@@ -13,9 +13,17 @@ from typing import Any
 def cmd_rescale(args: argparse.Namespace) -> int:
     """Move the namespace's keyed state, timers and seen-IDs to ``--parallelism`` partitions."""
     from onceflow.cli.ops import operator_redis, tag_clients
-    from onceflow.runtime.driver.rescale import rescale
+    from onceflow.kernel.errors import ConfigError
+    from onceflow.runtime.driver.rescale import abort, rescale
 
     client = operator_redis(args, args.namespace)
+    if args.abort:
+        dropped = abort(client, args.namespace, connect=tag_clients(args))
+        print("dropped the rescale cut short" if dropped else "no rescale under way")
+        return 0
+    if args.parallelism is None:
+        msg = "onceflow rescale needs --parallelism N (or --abort)"
+        raise ConfigError(msg)
     done = rescale(
         client,
         args.namespace,
@@ -45,7 +53,12 @@ def add_rescale_command(sub: Any) -> None:
         "itself before it starts.",
     )
     p.add_argument("--namespace", required=True, help="pipeline namespace (its name)")
-    p.add_argument("--parallelism", type=int, required=True, help="the new parallelism")
+    p.add_argument("--parallelism", type=int, help="the new parallelism")
+    p.add_argument(
+        "--abort",
+        action="store_true",
+        help="drop a rescale cut short while staging (nothing live had changed yet)",
+    )
     p.add_argument("--redis-url", help="Redis (default $REDIS_URL)")
     p.add_argument(
         "--force",

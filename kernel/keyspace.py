@@ -65,6 +65,7 @@ class Kind(enum.Enum):
     PENDING = "pend"  # hash per sink receiver and partition: a delivery not yet marked
     DRIVER = "driver"  # string with a time-to-live: the running driver (host, pid, epoch)
     REDRIVE = "redrive"  # hash: dead letters replayed so far (code:partition -> next offset)
+    RESCALE = "rescale"  # string with a time-to-live: the rescale under way (host, pid)
 
 
 # Kinds whose key is just the kind word (one per namespace).
@@ -80,6 +81,7 @@ _SINGLE = frozenset(
         Kind.GC,
         Kind.DRIVER,
         Kind.REDRIVE,
+        Kind.RESCALE,
     }
 )
 # Kinds keyed by a name only.
@@ -210,6 +212,11 @@ class Keyspace:
     def driver(self) -> str:
         """The running driver, refreshed while it runs (it ends by itself when it does not)."""
         return self._key(Kind.DRIVER)
+
+    @property
+    def rescale(self) -> str:
+        """The rescale under way, with a time-to-live (see ``runtime.driver.rescale_checks``)."""
+        return self._key(Kind.RESCALE)
 
     @property
     def redrive(self) -> str:

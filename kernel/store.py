@@ -99,6 +99,10 @@ class Batch:
         """Queue ``DEL`` (of at least one key)."""
         self._pipe.delete(*keys)
 
+    def unlink(self, *keys: str) -> None:
+        """Queue ``UNLINK`` (``DEL``, the memory freed in the background)."""
+        self._pipe.unlink(*keys)
+
     def rename(self, key: str, new: str) -> None:
         """Queue ``RENAME`` (both keys in one hash tag on a cluster)."""
         self._pipe.rename(key, new)
@@ -200,6 +204,23 @@ class Store:
     def set(self, key: str, value: Value, px: int | None = None) -> None:
         """``SET`` (with a time-to-live in ms, ``px``)."""
         self.client.set(key, value, px=px)
+
+    def waitaof(self, timeout_ms: int) -> bool | None:
+        """``WAITAOF 1 0``: whether the writes before it reached the local AOF in time.
+
+        None when it cannot be asked (a Redis before 7.2, or without an AOF).
+        """
+        import redis
+
+        try:
+            reply = self.client.execute_command("WAITAOF", 1, 0, timeout_ms)
+        except redis.exceptions.ResponseError:
+            return None
+        return int(reply[0]) >= 1
+
+    def set_nx(self, key: str, value: Value, px: int) -> bool:
+        """``SET NX PX``: whether ``key`` was absent (and now holds ``value``)."""
+        return bool(self.client.set(key, value, px=px, nx=True))
 
     def incr(self, key: str) -> int:
         """``INCR``: the value after it (the driver epoch)."""

@@ -15,9 +15,10 @@ from urllib.parse import urlparse
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.keyspace import Keyspace
-from onceflow.kernel.scopes import Connect, read_scopes, tag_client
+from onceflow.kernel.scopes import Connect, Scopes, read_scopes, tag_client
 from onceflow.operations.gc import DEFAULT_DELETE_BATCH, DEFAULT_SCAN_COUNT, scan_steps
 from onceflow.runtime.driver.heartbeat import running_driver
+from onceflow.runtime.driver.rescale import scopes_reach
 
 
 @dataclass
@@ -54,7 +55,9 @@ def reset(
     if driver is not None and not dry_run and not force:
         raise ConfigError(running_message(namespace, driver))
     keys = 0
-    for ks in [*read_scopes(client, home).partition_keyspaces(), home]:
+    stored = read_scopes(client, home)  # with the scopes a rescale cut short may have made
+    scopes = Scopes(namespace, stored.stages, scopes_reach(client, home))
+    for ks in [*scopes.partition_keyspaces(), home]:
         scoped = tag_client(client, ks, connect)
         for step in scan_steps(scoped, ks.pattern(), scan_count):
             keys += len(step)

@@ -37,8 +37,6 @@ or a run (the namespace's meta ``rescaling`` says one is under way, and in which
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -46,16 +44,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.dedup.config import DedupConfig
-from onceflow.dedup.durability import inherit_markers
+from onceflow.dedup.durability import DEFAULT_TIMEOUT_MS, inherit_markers
 from onceflow.kernel.errors import ConfigError
-from onceflow.kernel.keyspace import Keyspace, Kind
-from onceflow.kernel.scopes import PLAN_FIELD, Connect, Scopes, raise_epochs, read_scopes
+from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.scopes import (
+    PLAN_FIELD,
+    Connect,
+    Scopes,
+    distinct,
+    raise_epochs,
+    read_scopes,
+)
 from onceflow.kernel.store import store_for
-from onceflow.runtime.driver.heartbeat import running_driver
-from onceflow.runtime.driver.pinning import in_flight
+from onceflow.runtime.driver.rescale_checks import (
+    RESCALING_FIELD,
+    check,
+    release_lock,
+    renew_lock,
+    take_lock,
+    underway,
+    wait_for_driver,
+)
 from onceflow.runtime.driver.rescale_staging import (
     KEPT,
-    KEYED,
     READY,
     SCAN,
     STAGED,
@@ -65,7 +76,6 @@ from onceflow.runtime.driver.rescale_staging import (
     stage_scope,
 )
 
-RESCALING_FIELD = "rescaling"  # meta: JSON of a rescale under way (phase, target, reach)
 _STAGING, _SWITCHING = "staging", "switching"  # its phases
 
 
@@ -94,19 +104,38 @@ def rescale(
     """Move a stopped namespace's exchange stages to ``parallelism`` partitions.
 
     ``connect`` gives the client of a hash tag (a Redis Cluster); without it ``client`` serves
-    every tag. A driver of the namespace that still says it runs (:func:`_wait_for_driver`) is
-    waited for up to ``wait_s``, then refused unless ``force``. ``say`` is told of each step
-    (a line a person can read).
+    every tag. A driver of the namespace that still says it runs is waited for up to
+    ``wait_s``, then refused unless ``force`` (which also takes over the lock of a rescale
+    whose process is gone). ``say`` is told of each step (a line a person can read).
     """
-    started = time.monotonic()
     home = Keyspace(namespace)
-    tell = say or (lambda _line: None)
     tag = _tag_client(client, connect)
-    scopes, record = _check(client, home, parallelism, tag)
+    scopes, record = check(client, home, parallelism, tag)
     report = RescaleReport(namespace, scopes.parallelism, parallelism)
     if scopes.parallelism == parallelism and record is None:
         return report
-    _wait_for_driver(client, home, wait_s, force, tell)
+    tell = say or (lambda _line: None)
+    wait_for_driver(client, home, wait_s, force, tell)
+    token = take_lock(client, home, force)
+    try:
+        return _move(client, home, scopes, record, parallelism, tag, report, tell, token)
+    finally:
+        release_lock(client, home, token)
+
+
+def _move(  # noqa: PLR0913 - the steps of one rescale share these
+    client: Any,
+    home: Keyspace,
+    scopes: Scopes,
+    record: dict[str, Any] | None,
+    parallelism: int,
+    tag: Connect,
+    report: RescaleReport,
+    tell: Callable[[str], None],
+    token: str,
+) -> RescaleReport:
+    started = time.monotonic()
+    namespace = home.namespace
     reach = max(scopes.parallelism, parallelism, int((record or {}).get("reach", 0)))
     wide = Scopes(namespace, scopes.stages, reach)
     epoch = store_for(client).incr(home.epoch)  # older drivers' tasks can no longer commit
@@ -115,7 +144,8 @@ def rescale(
     if record is None or record.get("phase") != _SWITCHING:
         tell(f"rescaling {namespace!r} from {scopes.parallelism} to {parallelism} partitions")
         _set_record(client, home, _STAGING, parallelism, reach)
-        _stage_all(client, tag, wide, parallelism, report, tell)
+        _stage_all(client, tag, wide, parallelism, report, tell, token)
+        durable(client, wide, tag)  # staged for good before anything live changes
         _set_record(client, home, _SWITCHING, parallelism, reach)
     else:  # cut short while switching: everything is staged; switch the rest first
         target = int(record["target"])
@@ -125,16 +155,72 @@ def rescale(
     inherit_markers((home, client), [(ks, tag(ks.tag)) for ks in added])
     for i, ks in enumerate(new.partition_keyspaces()):
         _switch_scope(tag(ks.tag), ks)
+        renew_lock(client, home, token)
         tell(f"scope {i + 1} of {len(new.partition_keyspaces())} switched")
     for stage in sorted(scopes.stages):
         for p in range(target, reach):
             _drop_scope(tag, wide.keyspace(stage, p))
+    durable(client, wide, tag)  # every scope switched for good before the namespace says so
     _finish(client, home, target)
     report.seconds = time.monotonic() - started
     tell(f"rescaled {namespace!r} to {target} partitions in {report.seconds:.1f} s")
     if target != parallelism:  # the rescale cut short went elsewhere: now to this one
-        return rescale(client, namespace, parallelism, connect=connect, force=True, say=say)
+        release_lock(client, home, token)
+        return rescale(client, namespace, parallelism, connect=tag, force=True, say=tell)
     return report
+
+
+def durable(client: Any, wide: Scopes, tag: Connect) -> None:
+    """Wait until every master holding the namespace fsynced what it was sent (``WAITAOF``).
+
+    A Redis without ``WAITAOF`` (before 7.2) or without an AOF answers an error: nothing to
+    wait for there (its runs are refused or warned about at start, see ``dedup.durability``).
+    """
+    for ks, master in distinct([(ks, tag(ks.tag)) for ks in wide.keyspaces()]):
+        if store_for(master).waitaof(DEFAULT_TIMEOUT_MS) is False:
+            msg = (
+                f"the Redis holding {ks.tag!r} did not confirm its fsync within "
+                f"{DEFAULT_TIMEOUT_MS // 1000} s: the rescale stopped before the next step "
+                "(run it again once that Redis answers)"
+            )
+            raise ConfigError(msg)
+
+
+def abort(client: Any, namespace: str, *, connect: Connect | None = None) -> bool:
+    """Drop a rescale cut short while staging (nothing live had changed); whether there was one.
+
+    One cut short while switching cannot be undone (some scopes are switched): finish it.
+    """
+    home = Keyspace(namespace)
+    record = underway(client, home)
+    if record is None:
+        return False
+    if record.get("phase") == _SWITCHING:
+        msg = (
+            f"the rescale of namespace {namespace!r} to {record['target']} partitions was cut "
+            "short while switching: it cannot be undone, finish it with onceflow rescale "
+            f"--namespace {namespace} --parallelism {record['target']}"
+        )
+        raise ConfigError(msg)
+    tag = _tag_client(client, connect)
+    token = take_lock(client, home, force=False)
+    try:
+        stored = read_scopes(client, home)
+        wide = Scopes(namespace, stored.stages, scopes_reach(client, home))
+        for ks in wide.partition_keyspaces():
+            clear_staged(tag, ks)
+        cmds = store_for(client).batch()
+        cmds.hdel(home.meta, RESCALING_FIELD)
+        cmds.execute()
+    finally:
+        release_lock(client, home, token)
+    return True
+
+
+def scopes_reach(client: Any, home: Keyspace) -> int:
+    """How many partition scopes a namespace may have: its parallelism, or a rescale's reach."""
+    record = underway(client, home) or {}
+    return max(read_scopes(client, home).parallelism, int(record.get("reach", 0)))
 
 
 def _set_record(client: Any, home: Keyspace, phase: str, target: int, reach: int) -> None:
@@ -149,6 +235,7 @@ def _stage_all(
     parallelism: int,
     report: RescaleReport,
     tell: Callable[[str], None],
+    token: str,
 ) -> None:
     """Stage every exchange stage's new partitions beside the live keys (nothing live moves).
 
@@ -166,113 +253,13 @@ def _stage_all(
             report.keys += stage_scope(
                 tag, new.keyspace(stage, p), p, move, Layout(base, parallelism)
             )
+            renew_lock(client, home, token)
             tell(f"stage {stage!r}: partition {p + 1} of {parallelism} staged")
         report.seen_ids += len({rid for ids in move.seen.values() for rid in ids})
 
 
 def _tag_client(client: Any, connect: Connect | None) -> Connect:
     return connect if connect is not None else (lambda _tag: client)
-
-
-def _wait_for_driver(
-    client: Any, home: Keyspace, wait_s: float, force: bool, tell: Callable[[str], None]
-) -> None:
-    """Return once no driver of the namespace runs; raise if one still does after ``wait_s``.
-
-    A driver killed -9 leaves its heartbeat to expire (30 s); one on this host whose process
-    is gone is known dead at once. Its tasks, wherever they still run, are fenced by the epoch
-    the rescale takes before it moves anything.
-    """
-    deadline = time.monotonic() + wait_s
-    told = False
-    while (driver := running_driver(client, home)) is not None and not force:
-        if _dead_here(driver):
-            return
-        if time.monotonic() >= deadline:
-            msg = (
-                f"a driver of namespace {home.namespace!r} is running (process "
-                f"{driver.get('pid', '?')} on {driver.get('host', '?')}): stop it before a "
-                "rescale. If it is gone for good (its machine was lost), its heartbeat "
-                "expires within 30 s, or pass --force"
-            )
-            raise ConfigError(msg)
-        if not told:
-            tell(f"waiting for the last driver's heartbeat to expire ({driver.get('host')})")
-            told = True
-        time.sleep(1.0)
-
-
-def _dead_here(driver: dict[str, Any]) -> bool:
-    """Whether the driver ran on this host and its process is gone."""
-    if driver.get("host") != socket.gethostname() or not isinstance(driver.get("pid"), int):
-        return False
-    try:
-        os.kill(driver["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def _check(
-    client: Any, home: Keyspace, parallelism: int, tag: Connect
-) -> tuple[Scopes, dict[str, Any] | None]:
-    """The namespace's scopes and a rescale under way; refuse what cannot be rescaled."""
-    if parallelism < 1:
-        msg = f"parallelism must be at least 1, got {parallelism}"
-        raise ConfigError(msg)
-    scopes = read_scopes(client, home)
-    if scopes.parallelism < 1:
-        msg = f"namespace {home.namespace!r} holds no pipeline (nothing to rescale)"
-        raise ConfigError(msg)
-    raw = store_for(client).hget(home.meta, RESCALING_FIELD)
-    record: dict[str, Any] | None = json.loads(raw) if raw else None
-    if scopes.parallelism == parallelism and record is None:
-        return scopes, None
-    batch = in_flight(client, home)
-    if batch is not None and record is None:
-        msg = (
-            f"namespace {home.namespace!r} has micro-batch {batch} in flight (the last run "
-            f"stopped in it): it must be replayed with parallelism={scopes.parallelism}, the "
-            "partitions its first attempt had. Finish it (run the pipeline once more with "
-            f"--parallelism {scopes.parallelism} --stop-after-batches 1), then rescale"
-        )
-        raise ConfigError(msg)
-    if record is None:
-        _refuse_unscoped_state(client, home)
-        _refuse_pending(tag, scopes)
-    return scopes, record
-
-
-def _refuse_pending(tag: Connect, scopes: Scopes) -> None:
-    """A sink delivery a partition began and did not mark belongs to an unfinished batch."""
-    for ks in scopes.partition_keyspaces():
-        client = tag(ks.tag)
-        for key in store_for(client).scan_iter(ks.pattern(Kind.PENDING), SCAN):
-            q = ks.parse(key)
-            if q is not None and set(store_for(client).hgetall(key.decode())) - {b"last"}:
-                msg = (
-                    f"sink {q.name!r} of partition {q.partition} has a delivery pending: a "
-                    "micro-batch did not finish. Run the pipeline once more with "
-                    f"--parallelism {scopes.parallelism} --stop-after-batches 1, then rescale"
-                )
-                raise ConfigError(msg)
-
-
-def _refuse_unscoped_state(client: Any, home: Keyspace) -> None:
-    """Keyed state kept per partition in the namespace's own tag cannot be moved by key."""
-    for kind in sorted(KEYED, key=lambda k: k.value):
-        for key in store_for(client).scan_iter(home.pattern(kind), SCAN):
-            parsed = home.parse(key)
-            name = parsed.name if parsed is not None else key
-            msg = (
-                f"namespace {home.namespace!r} keeps the state of {name!r} per partition "
-                "outside a partition scope (a namespace made by an Onceflow before 0.9, or a "
-                "stage keyed by its input partition): it cannot be moved by key. Keep "
-                "its parallelism, or start a new namespace"
-            )
-            raise ConfigError(msg)
 
 
 def _switch_scope(client: Any, ks: Keyspace) -> None:
@@ -294,7 +281,7 @@ def _switch_scope(client: Any, ks: Keyspace) -> None:
             live.append(name)
     cmds = store.transaction()
     for i in range(0, len(live), SCAN):
-        cmds.delete(*live[i : i + SCAN])
+        cmds.unlink(*live[i : i + SCAN])
     for name in staged:
         cmds.rename(name, f"{ks.root}:{name[len(prefix) :]}")
     cmds.delete(ready)

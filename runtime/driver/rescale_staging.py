@@ -28,6 +28,8 @@ _WRITE_STEP = 2000  # fields per HSET/ZADD
 KEYED = {Kind.STATE, *TIMER_KINDS.values()}  # moved field by field, by key
 KEPT = {Kind.EPOCH, Kind.CLOCK}  # a scope's fencing epoch and durability marker stay
 _DROPPED = {Kind.TOKEN, Kind.FILTER_JOURNAL, Kind.FILTER_SNAPSHOT, Kind.BACKUP}
+_CARRIED = {Kind.SEEN, Kind.STATS, Kind.GENERATIONS, Kind.PENDING, Kind.FILTER_SEQ, Kind.GC}
+HANDLED = KEYED | KEPT | _DROPPED | _CARRIED  # every kind a partition scope may hold
 _TIMER_WORDS = {kind: word for word, kind in TIMER_KINDS.items()}
 
 
@@ -40,6 +42,7 @@ class StageMove:
     filter_seq: dict[str, int] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
     generations: dict[bytes, int] = field(default_factory=dict)
+    gc: dict[bytes, int] = field(default_factory=dict)  # a scope's GC floor (numeric fields)
     last_delivery: dict[tuple[str, int], bytes] = field(default_factory=dict)
 
 
@@ -63,7 +66,7 @@ def gather(tag: Connect, wide: Scopes, stage: str, parallelism: int, layout: Lay
     namespace's parallelism (``layout``): they are read back as whole IDs.
     """
     move = StageMove()
-    for p in range(wide.parallelism):
+    for p in range(layout.parallelism):  # the live scopes (past them: staged keys at most)
         ks = wide.keyspace(stage, p)
         client = tag(ks.tag)
         shards = scope_shards(layout, layout.parallelism)
@@ -78,7 +81,7 @@ def gather(tag: Connect, wide: Scopes, stage: str, parallelism: int, layout: Lay
 
 def _read(cmds: Batch, key: str, q: ParsedKey) -> bool:
     """Queue the read of a key worth carrying; False for keys that stay or go."""
-    if q.kind in (Kind.STATE, Kind.SEEN, Kind.STATS, Kind.GENERATIONS, Kind.PENDING):
+    if q.kind in (Kind.STATE, Kind.SEEN, Kind.STATS, Kind.GENERATIONS, Kind.PENDING, Kind.GC):
         cmds.hgetall(key)
     elif q.kind in KEYED:
         cmds.zrange_all(key)
@@ -113,16 +116,23 @@ def _take(  # noqa: PLR0913 - one key's reply and where it came from
     elif q.kind is Kind.FILTER_SEQ:
         name = str(q.name)
         move.filter_seq[name] = max(move.filter_seq.get(name, 0), int(reply or 0))
-    elif q.kind is Kind.STATS:
-        counters = move.stats.setdefault(str(q.name), {})
-        for k, v in reply.items():
-            if v.lstrip(b"-").isdigit():
-                counters[k.decode()] = counters.get(k.decode(), 0) + int(v)
-    elif q.kind is Kind.GENERATIONS:
-        for g, ts in reply.items():
-            move.generations[g] = max(move.generations.get(g, -1), int(ts))
+    elif q.kind in (Kind.STATS, Kind.GENERATIONS, Kind.GC):
+        _take_numbers(move, q, reply)
     elif q.kind is Kind.PENDING:
         _take_pending(move, q, reply, p)
+
+
+def _take_numbers(move: StageMove, q: ParsedKey, reply: dict[bytes, bytes]) -> None:
+    """Counters add up; generations keep their newest event time; GC floors their highest."""
+    numbers = {f: int(v) for f, v in reply.items() if v.lstrip(b"-").isdigit()}
+    if q.kind is Kind.STATS:
+        counters = move.stats.setdefault(str(q.name), {})
+        for f, n in numbers.items():
+            counters[f.decode()] = counters.get(f.decode(), 0) + n
+        return
+    kept = move.generations if q.kind is Kind.GENERATIONS else move.gc
+    for f, n in numbers.items():
+        kept[f] = max(kept.get(f, n), n)
 
 
 def _take_pending(move: StageMove, q: ParsedKey, reply: dict[bytes, bytes], p: int) -> None:
@@ -174,6 +184,8 @@ def stage_scope(tag: Connect, ks: Keyspace, p: int, move: StageMove, layout: Lay
             cmds.hset_many(_staged(ks, ks.stats(receiver)), counters)
     if move.generations:
         cmds.hset_many(_staged(ks, ks.generations), move.generations)
+    if move.gc:
+        cmds.hset_many(_staged(ks, ks.gc), move.gc)
     for (sink, partition), last in move.last_delivery.items():
         if partition == p:
             cmds.hset(_staged(ks, ks.pending(sink, p)), b"last", last)

@@ -177,6 +177,13 @@ class RunConfig:
         flag="--accept-plan-change",
         switch=True,
     )
+    rescale: bool = _option(
+        False,
+        "move the keyed state to this run's --parallelism first when the namespace has "
+        "another (or finish a rescale cut short); without it another parallelism is refused",
+        flag="--rescale",
+        switch=True,
+    )
     dedup: DedupConfig | None = _option(
         None, "how long duplicates are recognised (default: the pipeline's own)"
     )

@@ -61,6 +61,7 @@ from onceflow.runtime.driver.pinning import (
 from onceflow.runtime.driver.placement import check_paths
 from onceflow.runtime.driver.query import trigger_seconds_of
 from onceflow.runtime.driver.rescale import print_step, rescale
+from onceflow.runtime.driver.rescale_checks import refuse_while_rescaling, underway
 from onceflow.runtime.driver.run_config import RunConfig
 from onceflow.runtime.driver.run_context import RunContext
 from onceflow.runtime.driver.stopping import StopRequest
@@ -145,15 +146,8 @@ def pin_namespace(
         settle_aof(client)  # a torn transaction its AOF may end in goes before any write
         _durability(opts, [client])
     new = not store_for(client).hexists(keyspace.meta, "parallelism")
-    if not new:  # another parallelism, or a rescale cut short: move the state first
-        rescale(
-            client,
-            keyspace.namespace,
-            opts.parallelism,
-            connect=lambda tag: redis_client(redis, tag),
-            wait_s=HEARTBEAT_TTL_MS / 1000 + 5,
-            say=print_step,
-        )
+    if not new:
+        _rescale_first(job, opts, redis, client, keyspace, exactly_once)
     previous = stored_stages(client, keyspace)  # before a changed plan replaces them
     pin_settings(client, keyspace, opts.parallelism, config)
     pin_plan(client, keyspace, job, opts.parallelism, opts.accept_plan_change, exactly_once)
@@ -180,6 +174,47 @@ def pin_namespace(
         if exactly_once:
             settle_aof(master)
     return scopes, _durability(opts, masters) if exactly_once else None
+
+
+def _rescale_first(
+    job: Job,
+    opts: RunConfig,
+    redis: RedisSettings,
+    client: Any,
+    keyspace: Keyspace,
+    exactly_once: bool,
+) -> None:
+    """Another parallelism than the namespace's (or a rescale cut short): move the state first.
+
+    Only with ``--rescale``: a parallelism forgotten on a restart (the default is 2) must not
+    move a large pipeline's state by surprise. The plan must be the stored one (or accepted)
+    before anything moves.
+    """
+    stored = int(store_for(client).hget(keyspace.meta, "parallelism") or 0)
+    record = underway(client, keyspace)
+    if stored == opts.parallelism and record is None:
+        return
+    if not opts.rescale:
+        what = (
+            f"a rescale to {record['target']} partitions was cut short"
+            if record is not None
+            else f"was made with parallelism={stored}, this run asks for {opts.parallelism}"
+        )
+        msg = (
+            f"pipeline namespace {keyspace.namespace!r} {what}: pass --rescale to move its "
+            f"keyed state and dedup history to {opts.parallelism} partitions first (onceflow "
+            f"rescale does the same on its own), or run with --parallelism {stored}"
+        )
+        raise ConfigError(msg)
+    pin_plan(client, keyspace, job, stored, opts.accept_plan_change, exactly_once)
+    rescale(
+        client,
+        keyspace.namespace,
+        opts.parallelism,
+        connect=lambda tag: redis_client(redis, tag),
+        wait_s=HEARTBEAT_TTL_MS / 1000 + 5,
+        say=print_step,
+    )
 
 
 def _durability(opts: RunConfig, masters: list[Any]) -> Durability:
@@ -299,6 +334,7 @@ def _guards(
     sinks' delivery marks (see :mod:`onceflow.runtime.task.sink_delivery`).
     """
     epoch = store_for(ns.client).incr(ns.keyspace.epoch)
+    refuse_while_rescaling(ns.client, ns.keyspace)  # after the epoch: see the function
     if mode is Guarantee.EXACTLY_ONCE and ns.durability is not None:
         raise_epochs(ns.scopes, epoch, connect)  # fences older drivers' tasks in every scope
         return epoch, ExactlyOnceGuards(

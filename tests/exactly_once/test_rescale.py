@@ -95,9 +95,14 @@ def test_rescale_up_and_down_under_kill_9_keeps_every_count(broker, redis_server
     _resend(scn, rng, 150)
     before = set().union(*_seen_ids(client, scn))
     assert before, "the count stage marked IDs seen"
+    # another parallelism without --rescale: refused in one line, nothing moved
+    refused = run_pipeline(PIPELINE, _args(scn, 7), env=scn.env)
+    assert refused.returncode not in (0, None) and "pass --rescale" in refused.output
+    assert "Traceback" not in refused.output, refused.output[-2000:]
+    assert read_scopes(client, Keyspace(scn.name)).parallelism == 4
     # 7: the run moves the state itself, then is killed -9 in the count stage of batch 3
     crash = Crash("after_commit", stage="count", batch=3)
-    first = run_pipeline(PIPELINE, _args(scn, 7), env=scn.env, crash=crash)
+    first = run_pipeline(PIPELINE, _args(scn, 7, "--rescale"), env=scn.env, crash=crash)
     assert first.crashed, first.output[-3000:]
     assert "rescaling" in first.output and "to 7 partitions" in first.output
     _check_placement(client, scn, 7)
@@ -114,7 +119,7 @@ def test_rescale_up_and_down_under_kill_9_keeps_every_count(broker, redis_server
         code, said = _rescale_cli(scn, 2, kill_after_line=cut)
         assert cut in said, said
         assert client.hget(Keyspace(scn.name).meta, "rescaling") is not None
-    last = run_pipeline(PIPELINE, _args(scn, 2), env=scn.env).check()
+    last = run_pipeline(PIPELINE, _args(scn, 2, "--rescale"), env=scn.env).check()
     assert "rescaled" in last.output, last.output[-3000:]
     _check_placement(client, scn, 2)
     assert all(before <= ids for ids in _seen_ids(client, scn)), "seen-IDs lost in the move"

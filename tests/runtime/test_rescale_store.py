@@ -18,7 +18,7 @@ import pytest
 
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.key_hash import exchange_partition
-from onceflow.kernel.keyspace import Keyspace
+from onceflow.kernel.keyspace import GC_FLOOR_FIELD, Keyspace
 from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.seen_layout import seen_id
 from onceflow.runtime.driver.rescale import rescale
@@ -61,6 +61,9 @@ def test_every_key_moves_to_its_new_partition_with_its_state(redis_server, targe
     client = redis_server.client()
     name = f"rescale-{target}"
     build(client, name, KEYS, IDS)
+    old = read_scopes(client, Keyspace(name))
+    client.hset(old.keyspace(STAGE, 1).gc, GC_FLOOR_FIELD, 1234)  # GC's floors, per scope
+    client.hset(old.keyspace(STAGE, 2).gc, GC_FLOOR_FIELD, 999)
     state, timers, seen, _ = _contents(client, name)
     report = rescale(client, name, target)
     assert (report.before, report.after, report.keys) == (4, target, KEYS + KEYS // 10)
@@ -81,6 +84,9 @@ def test_every_key_moves_to_its_new_partition_with_its_state(redis_server, targe
     seqs = [int(client.get(read_scopes(client, home).keyspace(STAGE, p).filter_seq(STAGE)))
             for p in range(target)]  # fmt: skip
     assert min(seqs) > 10 + 3
+    new = read_scopes(client, home)
+    floors = {client.hget(new.keyspace(STAGE, p).gc, GC_FLOOR_FIELD) for p in range(target)}
+    assert floors == {b"1234"}, "every new partition keeps the highest GC floor"
 
 
 def test_a_rescale_cut_short_while_staging_starts_over_from_the_live_keys(redis_server):
@@ -104,6 +110,7 @@ def test_what_cannot_move_is_refused_before_any_write(redis_server):
     build(client, "refused", 200, 50)
     home = Keyspace("refused")
     scopes = read_scopes(client, home)
+
     def dumps():
         read = {
             b"hash": client.hgetall,
@@ -121,15 +128,29 @@ def test_what_cannot_move_is_refused_before_any_write(redis_server):
     client.set(home.driver, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     refused("a driver of namespace 'refused' is running")
     client.delete(home.driver)
-    client.hset(home.batch(5), "time", 1)  # started, never acknowledged
-    refused("micro-batch 5 in flight")
-    client.delete(home.batch(5))
+    client.set(home.acked, 4)
+    client.hset(home.batch(5), "time", 1)  # started, never acknowledged, nothing committed
+    backup = scopes.keyspace(STAGE, 2).backup(STAGE, 5, 2)
+    client.hset(backup, "c0", b"x")  # a task of it committed a chunk
+    refused("micro-batch 5 in flight: stage 'count' committed work of it")
+    client.delete(backup)
     client.hset(scopes.keyspace(STAGE, 1).pending("out/delivered", 1), "marker", "x")
     refused("sink 'out/delivered' of partition 1 has a delivery pending")
     client.delete(scopes.keyspace(STAGE, 1).pending("out/delivered", 1))
     client.hset(home.state("legacy", 0), b"k", b"v")
     refused("keeps the state of 'legacy' per partition outside a partition scope")
     client.delete(home.state("legacy", 0))
+    client.set(f"{scopes.keyspace(STAGE, 3).root}:mystery:1", b"?")
+    refused("a rescale does not know what to do with")
+    client.delete(f"{scopes.keyspace(STAGE, 3).root}:mystery:1")
+    client.hset(scopes.keyspace(STAGE, 3).lanes, "t:0", 5)  # a kind scopes never hold
+    refused("a rescale does not know what to do with")
+    client.delete(scopes.keyspace(STAGE, 3).lanes)
+    client.set(home.rescale, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    refused("a rescale of namespace 'refused' is under way")
+    client.set(home.rescale, json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7}))
+    assert rescale(client, "refused", 3).after == 3, "the lock of a process gone is taken"
+    assert client.get(home.rescale) is None, "and let go"
     with pytest.raises(ConfigError, match="parallelism must be at least 1"):
         rescale(client, "refused", 0)
-    assert rescale(client, "refused", 4).keys == 0, "the same parallelism: nothing to do"
+    assert rescale(client, "refused", 3).keys == 0, "the same parallelism: nothing to do"
