@@ -26,6 +26,7 @@ from onceflow.cli.config import (
 from onceflow.cli.dev import add_dev_command
 from onceflow.cli.ops import add_commands
 from onceflow.cli.rescale import add_rescale_command
+from onceflow.cli.savepoint import add_savepoint_command
 from onceflow.cli.state import add_state_command
 from onceflow.kernel.errors import ConfigError, OnceflowError
 from onceflow.runtime.driver.run_config import (
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compact_command(sub)
     add_state_command(sub)
     add_rescale_command(sub)
+    add_savepoint_command(sub)
     for command in sub.choices.values():
         _add_config_arg(command)
     return parser

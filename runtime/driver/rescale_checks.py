@@ -53,25 +53,43 @@ def check(
     record = underway(client, home)
     if record is None and scopes.parallelism != parallelism:
         _refuse_unscoped_state(client, home)
-        acked = acknowledged(client, home)
-        for ks in [home, *scopes.partition_keyspaces()]:
-            _refuse_what_cannot_move(tag(ks.tag), ks, acked, scopes.parallelism)
-        targets = [(ks, tag(ks.tag)) for ks in scopes.keyspaces()]
-        check_markers(targets, acked if acked >= 0 else None, home.namespace)
+        refuse_unfinished(client, home, tag, scopes, what="rescale", strict=True)
     return scopes, record
 
 
-def _refuse_what_cannot_move(client: Any, ks: Keyspace, acked: int, parallelism: int) -> None:
+def refuse_unfinished(
+    client: Any, home: Keyspace, tag: Connect, scopes: Scopes, *, what: str, strict: bool = False
+) -> None:
+    """Refuse a namespace a micro-batch is unfinished in, or whose Redis lost keys.
+
+    ``what`` is done after (``rescale``, ``create the savepoint``); ``strict``: a key of a
+    kind a rescale does not know is refused too.
+    """
+    acked = acknowledged(client, home)
+    finish = (
+        f"Run the pipeline once more with --parallelism {scopes.parallelism} "
+        f"--stop-after-batches 1 (it finishes that micro-batch with the partitions it started "
+        f"with), then {what}"
+    )
+    for ks in [home, *scopes.partition_keyspaces()]:
+        _refuse_what_cannot_move(tag(ks.tag), ks, acked, finish, strict)
+    targets = [(ks, tag(ks.tag)) for ks in scopes.keyspaces()]
+    check_markers(targets, acked if acked >= 0 else None, home.namespace)
+
+
+def _refuse_what_cannot_move(
+    client: Any, ks: Keyspace, acked: int, finish: str, strict: bool
+) -> None:
     """Work of an unacknowledged batch, a pending delivery, or a key of an unknown kind."""
     store = store_for(client)
-    finish = (
-        f"Run the pipeline once more with --parallelism {parallelism} --stop-after-batches 1 "
-        "(it finishes that micro-batch with the partitions it started with), then rescale"
-    )
     for raw in store.scan_iter(ks.pattern(), SCAN):
         q = ks.parse(raw)
         if q is None:
-            if ks.scope is not None and not raw.decode().startswith(f"{ks.root}:{STAGED}"):
+            if (
+                strict
+                and ks.scope is not None
+                and not raw.decode().startswith(f"{ks.root}:{STAGED}")
+            ):
                 msg = f"a rescale does not know what to do with {raw!r}; this is an Onceflow bug"
                 raise ConfigError(msg)
             continue
@@ -87,7 +105,7 @@ def _refuse_what_cannot_move(client: Any, ks: Keyspace, acked: int, parallelism:
                 f"micro-batch did not finish. {finish}"
             )
             raise ConfigError(msg)
-        if ks.scope is not None and q.kind not in HANDLED:
+        if strict and q.kind not in HANDLED:
             msg = f"a rescale does not know what to do with {raw!r}; this is an Onceflow bug"
             raise ConfigError(msg)
 
@@ -107,8 +125,13 @@ def _refuse_unscoped_state(client: Any, home: Keyspace) -> None:
             raise ConfigError(msg)
 
 
-def wait_for_driver(
-    client: Any, home: Keyspace, wait_s: float, force: bool, tell: Callable[[str], None]
+def wait_for_driver(  # noqa: PLR0913 - what waits, and how long
+    client: Any,
+    home: Keyspace,
+    wait_s: float,
+    force: bool,
+    tell: Callable[[str], None],
+    what: str = "rescale",
 ) -> None:
     """Return once no driver of the namespace runs; raise if one still does after ``wait_s``.
 
@@ -122,10 +145,11 @@ def wait_for_driver(
         if dead_here(driver):
             return
         if time.monotonic() >= deadline:
+            force_it = ", or give onceflow rescale --force" if what == "rescale" else ""
             msg = (
                 f"a driver of namespace {home.namespace!r} is running ({_who(driver)}): stop "
-                "it before a rescale. If it is gone for good (its machine was lost), its "
-                "heartbeat expires within 30 s, or give onceflow rescale --force"
+                f"it before a {what}. If it is gone for good (its machine was lost), its "
+                f"heartbeat expires within 30 s{force_it}"
             )
             raise ConfigError(msg)
         if not told:

@@ -136,7 +136,9 @@ class RunConfig:
         None, "further keyword arguments of the Redis client (passwords, TLS)", secret=True
     )
     namespace: str | None = _option(
-        None, "Redis namespace of the pipeline's state (default: the pipeline's name)"
+        None,
+        "Redis namespace of the pipeline's state (default: the pipeline's name)",
+        flag="--namespace",
     )
     checkpoint: str | None = _option(
         None,

@@ -178,15 +178,16 @@ def expected_emissions(scn):
     return emissions
 
 
-def verify(scn, redis_client, *, copies_in=(), connect=None):
+def verify(scn, redis_client, *, copies_in=(), connect=None, namespace=None):
     """Check keyed state, every emission of the counts topic and the copy topic.
 
     ``copies_in`` names the topics ("copy", "counts") where sink copies are legitimate (a
-    crash after that sink's write); their number is returned per topic.
+    crash after that sink's write); their number is returned per topic. ``namespace``: where
+    the keyed state is (default the pipeline's name; another after a savepoint's restore).
     """
     settings = KafkaSettings(scn.bootstrap)
     # 1. keyed state in Redis: one count per unique event, per user
-    stored = node_state(redis_client, scn.name, "count", connect)
+    stored = node_state(redis_client, namespace or scn.name, "count", connect)
     state = {codec.decode(k): codec.decode(v) for k, v in stored.items()}
     report = compare_counts(scn.expected, state)
     assert report.ok, f"keyed state: {report}"
