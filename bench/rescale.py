@@ -1,9 +1,10 @@
-"""Time and Redis memory of a rescale (``onceflow rescale``) of N keys, beside a plain copy.
+"""Time and Redis memory of a rescale and of a savepoint of N keys, beside a plain copy.
 
 Builds a stopped pipeline's namespace in a fresh local Redis, as a run at parallelism 4 leaves
 it: one keyed stage (``count``) whose N keys each hold a count in the partition the exchange
 sends them to, an event-time timer for every tenth key, and ``--ids`` seen-IDs spread over
-the partitions' scopes. Then it rescales 4 -> 7 -> 2 and prints, for each move, the seconds,
+the partitions' scopes. Then it takes a savepoint (``onceflow savepoint create``) and restores it
+into another namespace, rescales 4 -> 7 -> 2, and prints, for each, the seconds,
 Redis ``used_memory`` before and after (seen-IDs are copied into every new partition), and the
 Python process's peak RSS. The baseline beside it is the floor of any move of that data: a
 plain copy of every state, timer and seen-ID key to new names (DUMP + RESTORE, one pipeline
@@ -22,6 +23,7 @@ import os
 import random
 import resource
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -34,6 +36,7 @@ from onceflow.kernel.key_hash import exchange_partition
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import PLAN_FIELD, SCOPED_FIELD, Scopes
 from onceflow.kernel.seen_layout import seen_field, shard_of
+from onceflow.operations import savepoint
 from onceflow.runtime.driver.rescale import rescale
 from onceflow.runtime.driver.rescale_staging import Layout, scope_shards
 from onceflow.testing.services import LocalRedis
@@ -113,6 +116,7 @@ def _round(keys: int, ids: int) -> list[dict[str, Any]]:
     with LocalRedis() as server:
         client = redis.Redis.from_url(server.url)
         build(client, "bench", keys, ids)
+        rows += _savepoint(client)
         for target in (7, 2):
             before = _used(client)
             started = time.perf_counter()
@@ -131,10 +135,36 @@ def _round(keys: int, ids: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _savepoint(client: Any) -> list[dict[str, Any]]:
+    """``onceflow savepoint create`` of the namespace, then ``restore`` into another one."""
+    with tempfile.TemporaryDirectory() as work:
+        checkpoint = os.path.join(work, "checkpoint")
+        os.makedirs(os.path.join(checkpoint, "commits"))
+        folder = os.path.join(work, "savepoint")
+        before = _used(client)
+        started = time.perf_counter()
+        made = savepoint.create(client, "bench", folder, checkpoint)
+        create_s = time.perf_counter() - started
+        size = os.path.getsize(os.path.join(folder, savepoint.DATA)) / 1e6
+        started = time.perf_counter()
+        savepoint.restore(client, folder, "bench-copy", os.path.join(work, "restored"))
+        restore_s = time.perf_counter() - started
+        after = _used(client)
+        for key in client.scan_iter("of:{bench-copy*", count=1000):
+            client.unlink(key)
+    return [
+        {"move": f"savepoint create ({made.keys:,} keys, {size:.0f} MB file)",
+         "seconds": create_s, "before_mb": before / 1e6, "after_mb": before / 1e6},
+        {"move": "savepoint restore (another namespace)", "seconds": restore_s,
+         "before_mb": before / 1e6, "after_mb": after / 1e6},
+    ]  # fmt: skip
+
+
 def table(runs: list[list[dict[str, Any]]], args: argparse.Namespace) -> list[str]:
     """The printed table (Markdown), one row per move, median and spread of the rounds."""
     lines = [
-        f"Rescale of {args.keys:,} keys (every 10th with a timer) and {args.ids:,} seen-IDs, "
+        f"Savepoint and rescale of {args.keys:,} keys (every 10th with a timer) and "
+        f"{args.ids:,} seen-IDs, "
         f"{len(runs)} rounds:",
         "",
         "| move | seconds, median (min-max) | Redis MB before / after |",

@@ -82,14 +82,11 @@ def _refuse_what_cannot_move(
 ) -> None:
     """Work of an unacknowledged batch, a pending delivery, or a key of an unknown kind."""
     store = store_for(client)
+    strict = strict and ks.scope is not None  # the namespace's own tag holds every kind
     for raw in store.scan_iter(ks.pattern(), SCAN):
         q = ks.parse(raw)
         if q is None:
-            if (
-                strict
-                and ks.scope is not None
-                and not raw.decode().startswith(f"{ks.root}:{STAGED}")
-            ):
+            if strict and not raw.decode().startswith(f"{ks.root}:{STAGED}"):
                 msg = f"a rescale does not know what to do with {raw!r}; this is an Onceflow bug"
                 raise ConfigError(msg)
             continue
