@@ -35,7 +35,7 @@ from onceflow.kernel import codec
 from onceflow.kernel.key_hash import exchange_partition
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import PLAN_FIELD, SCOPED_FIELD, Scopes
-from onceflow.kernel.seen_layout import seen_field, shard_of
+from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD, seen_field, shard_of
 from onceflow.operations import savepoint
 from onceflow.runtime.driver.rescale import rescale
 from onceflow.runtime.driver.rescale_staging import Layout, scope_shards
@@ -59,6 +59,7 @@ def build(client: Any, namespace: str, keys: int, ids: int, parallelism: int = 4
             "shards": shards,
             "bucket_ms": DedupConfig().bucket_ms,
             SCOPED_FIELD: json.dumps([STAGE]),
+            LAYOUT_FIELD: LAYOUT,
             PLAN_FIELD: json.dumps(plan, sort_keys=True),
         },
     )

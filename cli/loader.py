@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import traceback
 import warnings
 from typing import Any
 
 from onceflow.cli.errors import PipelineFileError
+from onceflow.kernel.errors import OnceflowError
 from onceflow.pipeline.api import Pipeline
 
 RUN_NAME = "__onceflow__"
@@ -34,7 +36,7 @@ def load_pipeline(path: str, attr: str | None = None) -> Pipeline:
     if folder not in sys.path:
         sys.path.insert(0, folder)  # let the file import its neighbours
     warnings.filterwarnings("default", category=DeprecationWarning, module=RUN_NAME)
-    namespace = runpy.run_path(path, run_name=RUN_NAME)
+    namespace = _run_file(path)
     if attr is not None:
         if attr not in namespace:
             msg = f"{path} has no attribute {attr!r}; pass the name of a Pipeline or a builder"
@@ -54,6 +56,33 @@ def load_pipeline(path: str, attr: str | None = None) -> Pipeline:
         names = ", ".join(sorted(found))
         msg = f"{path} defines several pipelines ({names}); pick one with --pipeline"
     raise PipelineFileError(msg)
+
+
+def _run_file(path: str) -> dict[str, Any]:
+    """The file's module namespace; an error of its own code as one line naming where.
+
+    The pipeline file is the user's code: a missing environment variable or an import it
+    cannot make is said in one line with the file's line, not a traceback through runpy.
+    """
+    try:
+        return runpy.run_path(path, run_name=RUN_NAME)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except OnceflowError:  # already one line a user can act on
+        raise
+    except Exception as exc:  # noqa: BLE001 - any error of the user's module becomes one line
+        here = os.path.abspath(path)
+        frames = [
+            f
+            for f in traceback.extract_tb(exc.__traceback__)
+            if os.path.abspath(f.filename) == here
+        ]
+        where = f"{path}:{frames[-1].lineno}" if frames else path
+        what = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, KeyError):
+            what += " (a name the file reads is not set: an environment variable?)"
+        msg = f"loading {where} failed: {what}"
+        raise PipelineFileError(msg) from exc
 
 
 def _as_pipeline(path: str, name: str, value: Any) -> Pipeline:

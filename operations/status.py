@@ -23,6 +23,7 @@ from onceflow.kernel.scopes import PLAN_FIELD, Connect, read_scopes, tag_client
 from onceflow.kernel.seen_layout import LAYOUT, LAYOUT_FIELD
 from onceflow.operations.gc import DEFAULT_SCAN_COUNT, read_meta, scan_steps
 from onceflow.runtime.driver.heartbeat import running_driver
+from onceflow.runtime.driver.rescale_checks import underway
 
 # Counters shown per receiver, in this order (others follow, sorted).
 _FIELDS = (
@@ -67,6 +68,8 @@ class Status:
     # stage -> the steps it runs (the stored plan): a receiver is a stage, and a stage the
     # optimizer fused from unrelated steps is named after what they share (events/shuffled)
     stages: dict[str, list[str]] = field(default_factory=dict)
+    parallelism: int = 0
+    rescaling: dict[str, Any] | None = None  # a rescale under way (see runtime.driver.rescale)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -88,6 +91,12 @@ class Status:
             lines.append(
                 f"  running: process {self.driver.get('pid', '?')} on "
                 f"{self.driver.get('host', '?')} (driver epoch {self.driver.get('epoch', '?')})"
+            )
+        if self.rescaling is not None:
+            lines.append(
+                f"  rescale under way from {self.parallelism} to "
+                f"{self.rescaling.get('target')} partitions ({self.rescaling.get('phase')}): "
+                "finish it with onceflow rescale, or a run with --rescale"
             )
         if self.lanes:
             newest = max(v["event_time_ms"] for v in self.lanes.values())
@@ -195,6 +204,8 @@ def status(
             for lane, (newest, seen) in sorted(lanes_of(client, ks).items())
         },
         stages=json.loads(meta.get(PLAN_FIELD) or "{}").get("stages", {}),
+        parallelism=int(meta.get("parallelism") or 0),
+        rescaling=underway(client, ks),
     )
 
 

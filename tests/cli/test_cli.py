@@ -160,3 +160,15 @@ def test_a_renamed_argument_in_a_pipeline_file_is_shown(tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"{path}:3: DeprecationWarning: KafkaSource(options=...) is deprecated" in result.stderr
     assert "pass connection=... instead" in result.stderr
+
+
+def test_an_error_in_the_pipeline_file_is_one_line_naming_its_line(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("import os\n\nTOPIC = os.environ['NO_SUCH_VARIABLE_X']\n")
+    with pytest.raises(PipelineFileError) as info:
+        load_pipeline(str(path))
+    said = str(info.value)
+    assert said == (
+        f"loading {path}:3 failed: KeyError: 'NO_SUCH_VARIABLE_X' (a name the file reads is "
+        "not set: an environment variable?)"
+    )

@@ -21,6 +21,7 @@ from onceflow.kernel.key_hash import exchange_partition
 from onceflow.kernel.keyspace import GC_FLOOR_FIELD, Keyspace
 from onceflow.kernel.scopes import read_scopes
 from onceflow.kernel.seen_layout import seen_id
+from onceflow.operations.status import status
 from onceflow.runtime.driver.rescale import rescale
 from onceflow.runtime.driver.rescale_staging import Layout, scope_shards
 
@@ -99,7 +100,10 @@ def test_a_rescale_cut_short_while_staging_starts_over_from_the_live_keys(redis_
     client.hset(home.meta, "rescaling", json.dumps(record))
     stray = read_scopes(client, home).keyspace(STAGE, 5)
     client.hset(f"{stray.root}:rs:st:{STAGE}:5", b"\xa4junk", b"\x01")
+    said = status(client, "cut").text()
+    assert "rescale under way from 4 to 6 partitions (staging)" in said, said
     rescale(client, "cut", 2)
+    assert "rescale under way" not in status(client, "cut").text()
     state2, timers2, seen2, _ = _contents(client, "cut")
     assert state2 == state and timers2 == timers
     assert all(ids == set().union(*seen) for ids in seen2)
