@@ -28,7 +28,7 @@ from onceflow.connectors.kafka.connection import KafkaSettings
 from onceflow.connectors.kafka.topics import produce, read_topic
 from onceflow.kernel import codec
 from onceflow.kernel.scopes import node_state
-from onceflow.testing.harness import compare_counts
+from onceflow.testing.harness import compare_counts, kill_session
 
 PIPELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e_pipelines", "orders.py")
 EVENTS = 3000
@@ -139,6 +139,47 @@ def run_with_fault(scn, fault, after="batch 0:"):
     assert injected, "the fault was never injected:\n" + "".join(lines[-40:])
     lines.append(f"exit status {code}\n")
     return lines
+
+
+def onceflow_cli(*args, kill_after_s=None, kill_after_line=None):
+    """``python -m onceflow ARGS``, killed -9 (its whole session) after ``kill_after_s``
+    seconds or after a line holding ``kill_after_line``. Returns (exit status, output)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceflow", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    if kill_after_s is not None:
+        time.sleep(kill_after_s)
+        kill_session(proc.pid)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if kill_after_line and kill_after_line in line:
+            kill_session(proc.pid)
+            break
+    code = proc.wait(120)
+    return code, "".join(lines)
+
+
+def cli_killed_then_done(args, rng):
+    """``onceflow ARGS`` killed -9 once at a random moment, then run to its end.
+
+    The kill may land after it finished: then the second run finds its work done (a savepoint
+    folder that exists, a namespace restored). Returns the second run's output.
+    """
+    onceflow_cli(*args, kill_after_s=rng.uniform(0.3, 2.0))
+    code, out = onceflow_cli(*args)
+    assert code == 0 or "exists" in out or "holds a pipeline" in out, out
+    return out
+
+
+def run_args(scn, redis_url, workdir, parallelism, *extra):
+    """The scenario's run arguments on another Redis and work folder (checkpoint, outputs)."""
+    args = list(scn.args)
+    args[args.index("--redis-url") + 1] = redis_url
+    args[args.index("--checkpoint") + 1] = os.path.join(workdir, "checkpoint")
+    args[args.index("--output-dir") + 1] = os.path.join(workdir, "out")
+    return [*args, "--parallelism", str(parallelism), *extra]
 
 
 def batches_read(scn):

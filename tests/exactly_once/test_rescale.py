@@ -1,30 +1,42 @@
-"""Rescale with state: a pipeline's parallelism changed between runs, under kill -9.
+"""Rescale with state and savepoints: a pipeline's parallelism changed between runs, its state
+moved to another Redis, under kill -9.
 
 ``tests/e2e_pipelines/orders.py`` (a non-deterministic map, a copy topic, a count per user in
 keyed state, a counts topic) runs at parallelism 4, then 7 (the run rescales itself, and is
 killed -9 inside a micro-batch; a rescale asked while that batch is in flight is refused), then
-2 (``onceflow rescale`` killed -9 in the middle of its move, the run resuming the move). Copies
-of events already counted are sent again across both changes. ``verify`` compares the keyed
-state, every emission of the counts topic (batch by batch, from Spark's offset log) and the
-copy topic with an independent count of the input: nothing lost, nothing counted twice.
+2 (``onceflow rescale`` killed -9 while staging and while switching, a third finishing it);
+then a savepoint is taken and restored on another Redis under another namespace (each killed
+-9 at a random moment and run again) and the restored pipeline rescales to 3 and runs to the
+end. Copies of events already counted are sent again across every change. ``verify`` compares
+the keyed state, every emission of the counts topic (batch by batch, from Spark's offset log)
+and the copy topic with an independent count of the input: nothing lost, nothing counted twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
-import subprocess
-import sys
 
 import pytest
+import redis
 
 from onceflow.kernel.key_hash import exchange_partition
 from onceflow.kernel.keyspace import Keyspace
 from onceflow.kernel.scopes import node_keyspaces, read_scopes
 from onceflow.kernel.seen_layout import seen_id
 from onceflow.runtime.driver.rescale_staging import Layout, scope_shards
-from onceflow.testing.harness import Crash, kill_session, run_pipeline
-from tests.exactly_once.scenario import PIPELINE, make_scenario, produce_sends, verify
+from onceflow.testing.harness import Crash, run_pipeline
+from onceflow.testing.services import LocalRedis
+from tests.exactly_once.scenario import (
+    PIPELINE,
+    cli_killed_then_done,
+    make_scenario,
+    onceflow_cli,
+    produce_sends,
+    run_args,
+    verify,
+)
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
@@ -35,19 +47,10 @@ def _args(scn, parallelism, *extra):
 
 def _rescale_cli(scn, parallelism, kill_after_line=None):
     """``onceflow rescale``; killed -9 (its whole session) after a line containing the text."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "onceflow", "rescale", "--namespace", scn.name,
-         "--parallelism", str(parallelism), "--redis-url", scn.redis_url],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    return onceflow_cli(
+        "rescale", "--namespace", scn.name, "--parallelism", str(parallelism),
+        "--redis-url", scn.redis_url, kill_after_line=kill_after_line,
     )  # fmt: skip
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if kill_after_line and kill_after_line in line:
-            kill_session(proc.pid)
-            break
-    code = proc.wait(120)
-    return code, "".join(lines)
 
 
 def _resend(scn, rng, n):
@@ -56,11 +59,12 @@ def _resend(scn, rng, n):
     produce_sends(scn, [(e, rng.randrange(2)) for e in rng.sample(sent, n)])
 
 
-def _check_placement(client, scn, parallelism):
+def _check_placement(client, scn, parallelism, namespace=None):
     """Every key's state is in the partition the exchange sends it to; no scope left over."""
-    scopes = read_scopes(client, Keyspace(scn.name))
+    namespace = namespace or scn.name
+    scopes = read_scopes(client, Keyspace(namespace))
     assert scopes.parallelism == parallelism
-    for p, ks in enumerate(node_keyspaces(client, scn.name, "count")):
+    for p, ks in enumerate(node_keyspaces(client, namespace, "count")):
         for field in client.hkeys(ks.state("count", p)):
             assert exchange_partition(field, parallelism) == p, (field, p)
     wanted = {ks.tag for ks in scopes.partition_keyspaces()}
@@ -113,16 +117,36 @@ def test_rescale_up_and_down_under_kill_9_keeps_every_count(broker, redis_server
     assert code != 0 and "micro-batch 3 in flight" in said and "Traceback" not in said, said
     run_pipeline(PIPELINE, _args(scn, 7, "--stop-after-batches", "1"), env=scn.env).check()
     _resend(scn, rng, 150)
-    # 2: onceflow rescale killed -9 after its first partition; the run resumes the move
+    # 2: onceflow rescale killed -9 while staging, then while switching; a third finishes it
     before = set().union(*_seen_ids(client, scn))
     for cut in ("partition 1 of 2 staged", "scope 1 of 2 switched"):  # staging, switching
         code, said = _rescale_cli(scn, 2, kill_after_line=cut)
         assert cut in said, said
         assert client.hget(Keyspace(scn.name).meta, "rescaling") is not None
-    last = run_pipeline(PIPELINE, _args(scn, 2, "--rescale"), env=scn.env).check()
-    assert "rescaled" in last.output, last.output[-3000:]
+    code, said = _rescale_cli(scn, 2)
+    assert code == 0 and "finishing the rescale" in said and "rescaled" in said, said
     _check_placement(client, scn, 2)
     assert all(before <= ids for ids in _seen_ids(client, scn)), "seen-IDs lost in the move"
     assert client.hget(Keyspace(scn.name).meta, "rescaling") is None
-    verify(scn, client)
-    assert os.path.isdir(os.path.join(scn.workdir, "checkpoint"))
+    # a savepoint (its create killed -9 at a random moment, then taken), restored on another
+    # Redis under another namespace (killed -9, then restored): the restored pipeline, asked
+    # for 3 partitions, rescales and runs to the end; copies re-sent before it are dropped
+    folder = str(tmp_path / "savepoint")
+    checkpoint = os.path.join(scn.workdir, "checkpoint")
+    create = ["savepoint", "create", "--namespace", scn.name, "--checkpoint", checkpoint,
+              "--to", folder, "--redis-url", scn.redis_url]  # fmt: skip
+    cli_killed_then_done(create, rng)
+    with LocalRedis() as other:
+        copy, restored = f"{scn.name}-copy", str(tmp_path / "restored")
+        restore = ["savepoint", "restore", "--from", folder, "--namespace", copy,
+                   "--checkpoint", os.path.join(restored, "checkpoint"), "--redis-url",
+                   other.url]  # fmt: skip
+        cli_killed_then_done(restore, rng)
+        _resend(scn, rng, 150)
+        args = run_args(scn, other.url, restored, 3, "--rescale", "--namespace", copy)
+        last = run_pipeline(PIPELINE, args, env=scn.env).check()
+        assert "rescaled" in last.output and "duplicates dropped" in last.output, last.output
+        moved = redis.Redis.from_url(other.url)
+        _check_placement(moved, scn, 3, namespace=copy)
+        verify(dataclasses.replace(scn, workdir=restored), moved, namespace=copy)
+    assert not client.exists(Keyspace(scn.name).driver), "the original was never run again"

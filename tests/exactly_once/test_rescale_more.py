@@ -52,7 +52,9 @@ from tests.exactly_once.scenario import (
 )
 from tests.exactly_once.test_redis_cluster import cluster_url, tag_clients
 
-pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+# CI time: longer variants of test_rescale.py's default round (a rescale up and down under
+# kill -9, with a savepoint restored on another Redis); they run with --long.
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.long]
 
 
 def _args(scn, parallelism, *extra):

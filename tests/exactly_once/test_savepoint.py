@@ -16,8 +16,6 @@ import json
 import os
 import random
 import socket
-import subprocess
-import sys
 import time
 
 import msgpack
@@ -27,57 +25,38 @@ import redis
 from onceflow.kernel.errors import ConfigError
 from onceflow.kernel.scopes import Scopes
 from onceflow.operations import savepoint
-from onceflow.testing.harness import kill_session, run_pipeline
+from onceflow.testing.harness import run_pipeline
 from onceflow.testing.services import LocalRedis
-from tests.exactly_once.scenario import PIPELINE, make_scenario, produce_sends, verify
+from tests.exactly_once.scenario import (
+    PIPELINE,
+    cli_killed_then_done,
+    make_scenario,
+    produce_sends,
+    run_args,
+    verify,
+)
 
 pytestmark = [pytest.mark.crash, pytest.mark.kafka, pytest.mark.redis]
 
 
-def _cli(*args, kill_after_s=None):
-    """``onceflow savepoint ...``; killed -9 (its whole session) after ``kill_after_s``."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "onceflow", "savepoint", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    if kill_after_s is not None:
-        time.sleep(kill_after_s)
-        kill_session(proc.pid)
-    out, _ = proc.communicate(timeout=120)
-    return proc.returncode, out
-
-
-def _until_done(args, rng):
-    """Kill it once at a random moment, then run it to its end (a kill may land after it)."""
-    _cli(*args, kill_after_s=rng.uniform(0.3, 2.0))
-    code, out = _cli(*args)
-    assert code == 0 or "exists" in out or "holds a pipeline" in out, out
-    return out
-
-
-def _args(scn, redis_url, workdir, namespace=None):
-    args = list(scn.args)
-    args[args.index("--redis-url") + 1] = redis_url
-    args[args.index("--checkpoint") + 1] = os.path.join(workdir, "checkpoint")
-    args[args.index("--output-dir") + 1] = os.path.join(workdir, "out")
-    return [*args, "--parallelism", "3", *(["--namespace", namespace] if namespace else [])]
-
-
+# CI time: the default suite takes a savepoint and restores it on another Redis inside
+# test_rescale.py's round; this one, on its own, runs with --long.
+@pytest.mark.long
 def test_a_savepoint_restored_on_another_redis_continues_exactly_once(
     broker, redis_server, tmp_path
 ):
     scn = make_scenario(broker, redis_server.url, tmp_path / "a")
     rng = random.Random(5)
     os.makedirs(tmp_path / "a", exist_ok=True)
-    first = _args(scn, redis_server.url, scn.workdir)
-    run_pipeline(PIPELINE, [*first, "--stop-after-batches", "2"], env=scn.env).check()
+    first = run_args(scn, redis_server.url, scn.workdir, 3, "--stop-after-batches", "2")
+    run_pipeline(PIPELINE, first, env=scn.env).check()
     sent = [e for events in scn.sent.values() for e in events]
     produce_sends(scn, [(e, rng.randrange(2)) for e in rng.sample(sent, 150)])
     folder = str(tmp_path / "savepoint")
     create = ["create", "--namespace", scn.name, "--checkpoint",
               os.path.join(scn.workdir, "checkpoint"), "--to", folder,
               "--redis-url", redis_server.url]  # fmt: skip
-    _until_done(create, rng)
+    cli_killed_then_done(["savepoint", *create], rng)
     manifest = savepoint.read_manifest(folder)
     assert manifest["namespace"] == scn.name and manifest["parallelism"] == 3
     assert not [n for n in os.listdir(tmp_path) if ".partial-" in n] or os.path.isdir(folder)
@@ -87,10 +66,10 @@ def test_a_savepoint_restored_on_another_redis_continues_exactly_once(
         os.makedirs(restored)
         restore = ["restore", "--from", folder, "--namespace", copy, "--checkpoint",
                    str(restored / "checkpoint"), "--redis-url", other.url]  # fmt: skip
-        _until_done(restore, rng)
+        cli_killed_then_done(["savepoint", *restore], rng)
         assert not os.path.exists(restored / "checkpoint" / savepoint.RESTORING)
         produce_sends(scn, [(e, rng.randrange(2)) for e in rng.sample(sent, 150)])
-        args = _args(scn, other.url, str(restored), namespace=copy)
+        args = run_args(scn, other.url, str(restored), 3, "--namespace", copy)
         last = run_pipeline(PIPELINE, args, env=scn.env).check()
         assert "duplicates dropped" in last.output
         restored_redis = redis.Redis.from_url(other.url)
