@@ -101,6 +101,7 @@ def _run(tmp_path: Path, how: str, env: dict[str, str]) -> tuple[dict[int, str],
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # a signal to this test's group must not reach it
+            preexec_fn=_default_signals,  # noqa: PLW1509 - signal dispositions only
         )
     started: dict[int, str] = {}
     try:
@@ -122,6 +123,17 @@ def _run(tmp_path: Path, how: str, env: dict[str, str]) -> tuple[dict[int, str],
             if _alive(pid) and _cmdline(pid) == command:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def _default_signals() -> None:
+    """The child's SIGINT and SIGHUP as a terminal's would be, whatever started the suite.
+
+    A suite started in the background (``cmd &`` in a script: SIGINT ignored) or under
+    ``nohup`` (SIGHUP ignored) passes the ignoring on through exec, and Python keeps an
+    ignored SIGINT ignored: the benchmark would rightly go on running, as its user asked.
+    """
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _environment(kafka: bool) -> dict[str, str]:

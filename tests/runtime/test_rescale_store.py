@@ -111,8 +111,8 @@ def test_a_rescale_cut_short_while_staging_starts_over_from_the_live_keys(redis_
 
 def test_what_cannot_move_is_refused_before_any_write(redis_server):
     client = redis_server.client()
-    build(client, "refused", 200, 50)
-    home = Keyspace("refused")
+    build(client, "refusals", 200, 50)
+    home = Keyspace("refusals")
     scopes = read_scopes(client, home)
 
     def dumps():
@@ -120,17 +120,19 @@ def test_what_cannot_move_is_refused_before_any_write(redis_server):
             b"hash": client.hgetall,
             b"zset": lambda k: client.zrange(k, 0, -1, withscores=True),
             b"string": client.get,
+            b"list": lambda k: client.lrange(k, 0, -1),
         }
-        return {k: read[client.type(k)](k) for k in client.scan_iter("of:{refused*")}
+        keys = [*client.scan_iter("of:{refusals}:*"), *client.scan_iter("of:{refusals:*")]
+        return {k: read[client.type(k)](k) for k in keys}  # this namespace's keys only
 
     def refused(match):
         before = dumps()
         with pytest.raises(ConfigError, match=match):
-            rescale(client, "refused", 3)
+            rescale(client, "refusals", 3)
         assert dumps() == before, "a refused rescale wrote something"
 
     client.set(home.driver, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    refused("a driver of namespace 'refused' is running")
+    refused("a driver of namespace 'refusals' is running")
     client.delete(home.driver)
     client.set(home.acked, 4)
     client.hset(home.batch(5), "time", 1)  # started, never acknowledged, nothing committed
@@ -151,10 +153,10 @@ def test_what_cannot_move_is_refused_before_any_write(redis_server):
     refused("a rescale does not know what to do with")
     client.delete(scopes.keyspace(STAGE, 3).lanes)
     client.set(home.rescale, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    refused("a rescale of namespace 'refused' is under way")
+    refused("a rescale of namespace 'refusals' is under way")
     client.set(home.rescale, json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7}))
-    assert rescale(client, "refused", 3).after == 3, "the lock of a process gone is taken"
+    assert rescale(client, "refusals", 3).after == 3, "the lock of a process gone is taken"
     assert client.get(home.rescale) is None, "and let go"
     with pytest.raises(ConfigError, match="parallelism must be at least 1"):
-        rescale(client, "refused", 0)
-    assert rescale(client, "refused", 3).keys == 0, "the same parallelism: nothing to do"
+        rescale(client, "refusals", 0)
+    assert rescale(client, "refusals", 3).keys == 0, "the same parallelism: nothing to do"
